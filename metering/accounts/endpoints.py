@@ -1,0 +1,116 @@
+"""Admin routes for accounts and their API keys."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+from sqlalchemy import and_, or_, select
+
+from metering.accounts import service
+from metering.accounts.schemas import AccountCreate, ApiKeyCreate, ApiKeyUpdate
+from metering.kit.errors import InvalidRequest
+from metering.kit.money import parse_cents
+from metering.kit.pagination import PageParams, decode_cursor, page
+from metering.kit.timeutil import format_timestamp, parse_timestamp
+from metering.models import Account, ApiKey
+from metering.web.deps import AdminDep, NowDep, SessionDep
+from metering.web.jsonio import MeteringRoute
+
+admin_router = APIRouter(
+    prefix="/admin/v1", route_class=MeteringRoute, dependencies=[AdminDep], tags=["admin: accounts"]
+)
+
+
+@admin_router.post("/accounts", status_code=201)
+def create_account(body: AccountCreate, session: SessionDep, now: NowDep) -> dict[str, Any]:
+    """Create an account (prepaid: spends credit; unbilled: usage recorded, never charged)."""
+    return service.account_body(service.create_account(session, body.name, body.billing, now))
+
+
+@admin_router.get("/accounts")
+def list_accounts(session: SessionDep, paging: PageParams) -> dict[str, Any]:
+    """List accounts, oldest first."""
+    limit, after = paging
+    query = select(Account).order_by(Account.created_at, Account.id).limit(limit + 1)
+    if after:
+        created, last_id = decode_cursor(after, 2)
+        created_at = parse_timestamp(created, "after")
+        query = query.where(
+            or_(
+                Account.created_at > created_at,
+                and_(Account.created_at == created_at, Account.id > str(last_id)),
+            )
+        )
+    rows = session.execute(query).scalars().all()
+    return page(rows, limit, service.account_body, lambda a: (format_timestamp(a.created_at), a.id))
+
+
+@admin_router.get("/accounts/{account_id}")
+def get_account(account_id: str, session: SessionDep) -> dict[str, Any]:
+    """One account."""
+    return service.account_body(service.get_account(session, account_id))
+
+
+@admin_router.post("/accounts/{account_id}/api-keys", status_code=201)
+def create_api_key(
+    account_id: str, body: ApiKeyCreate, session: SessionDep, now: NowDep
+) -> dict[str, Any]:
+    """Create an API key; its secret is in this response only (only a hash is stored)."""
+    limit = None
+    if body.monthly_spend_limit_cents is not None:
+        limit = parse_cents(body.monthly_spend_limit_cents, "monthly_spend_limit_cents")
+    account = service.get_account(session, account_id)
+    key, secret = service.create_api_key(session, account, body.name, limit, now)
+    return {**service.api_key_body(key), "key": secret}
+
+
+@admin_router.get("/accounts/{account_id}/api-keys")
+def list_api_keys(account_id: str, session: SessionDep, paging: PageParams) -> dict[str, Any]:
+    """List an account's API keys (revoked ones included), oldest first."""
+    limit, after = paging
+    service.get_account(session, account_id)
+    query = (
+        select(ApiKey)
+        .where(ApiKey.account_id == account_id)
+        .order_by(ApiKey.created_at, ApiKey.id)
+        .limit(limit + 1)
+    )
+    if after:
+        created, last_id = decode_cursor(after, 2)
+        created_at = parse_timestamp(created, "after")
+        query = query.where(
+            or_(
+                ApiKey.created_at > created_at,
+                and_(ApiKey.created_at == created_at, ApiKey.id > str(last_id)),
+            )
+        )
+    rows = session.execute(query).scalars().all()
+    return page(rows, limit, service.api_key_body, lambda k: (format_timestamp(k.created_at), k.id))
+
+
+@admin_router.patch("/api-keys/{key_id}")
+def update_api_key(key_id: str, body: ApiKeyUpdate, session: SessionDep) -> dict[str, Any]:
+    """Rename a key or change its monthly spend limit (null removes the limit)."""
+    key = service.get_api_key(session, key_id)
+    if "name" in body.model_fields_set:
+        if body.name is None:
+            raise InvalidRequest("name must not be null", param="name")
+        key.name = body.name
+    if "monthly_spend_limit_cents" in body.model_fields_set:
+        raw = body.monthly_spend_limit_cents
+        key.monthly_spend_limit_microcents = (
+            None if raw is None else parse_cents(raw, "monthly_spend_limit_cents")
+        )
+    session.flush()
+    return service.api_key_body(key)
+
+
+@admin_router.delete("/api-keys/{key_id}")
+def revoke_api_key(key_id: str, session: SessionDep, now: NowDep) -> dict[str, Any]:
+    """Revoke a key: it is refused (401) from now on. Revoking twice is harmless."""
+    key = service.get_api_key(session, key_id)
+    if key.revoked_at is None:
+        key.revoked_at = now
+        session.flush()
+    return service.api_key_body(key)

@@ -1,0 +1,33 @@
+"""Request bodies for accounts and keys."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from metering.kit.money import CentsInput
+
+Name = Field(min_length=1, max_length=200)
+
+
+class AccountCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Name
+    billing: Literal["prepaid", "unbilled"] = "prepaid"
+
+
+class ApiKeyCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Name
+    # Cents with at most 6 decimals; null = no limit. Parsed exactly by ``parse_cents``.
+    monthly_spend_limit_cents: CentsInput | None = None
+
+
+class ApiKeyUpdate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str | None = Field(default=None, min_length=1, max_length=200)
+    monthly_spend_limit_cents: CentsInput | None = None

@@ -1,0 +1,59 @@
+"""The FastAPI application: routers, plumbing, state (settings, database, clock)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from metering import __version__
+from metering.db import Database
+from metering.kit.clock import Clock, SystemClock
+from metering.settings import Settings
+from metering.web.errors import install_error_handlers
+from metering.web.jsonio import ExactJSONResponse
+from metering.web.middleware import RequestContextMiddleware
+
+
+def create_app(
+    settings: Settings,
+    *,
+    database: Database | None = None,
+    clock: Clock | None = None,
+) -> FastAPI:
+    owns_database = database is None
+    db = database or Database.from_url(
+        settings.effective_database_url, pool_size=settings.db_pool_size
+    )
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        yield
+        if owns_database:
+            db.dispose()
+
+    app = FastAPI(
+        title="metering",
+        version=__version__,
+        description="Billing, metering and usage reporting for an LLM inference API.",
+        default_response_class=ExactJSONResponse,
+        lifespan=lifespan,
+        strict_content_type=False,
+    )
+    app.state.settings = settings
+    app.state.database = db
+    app.state.clock = clock or SystemClock()
+
+    install_error_handlers(app)
+    app.add_middleware(RequestContextMiddleware, max_body_bytes=settings.max_body_bytes)
+
+    from metering import health
+    from metering.accounts import endpoints as accounts
+    from metering.catalog import endpoints as catalog
+
+    app.include_router(health.router)
+    app.include_router(catalog.router)
+    app.include_router(catalog.admin_router)
+    app.include_router(accounts.admin_router)
+    return app

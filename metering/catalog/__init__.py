@@ -1,0 +1,1 @@
+"""The model catalog: metadata, effective-dated list prices, account rate overrides."""

@@ -1,0 +1,88 @@
+"""The public model list and the operators' catalog routes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Response
+from sqlalchemy import select
+
+from metering.catalog import service
+from metering.catalog.schemas import AccountRateSpec, ModelSpec, PriceSpec
+from metering.kit.pagination import PageParams, decode_cursor, page
+from metering.models import CatalogModel, PriceVersion
+from metering.web.deps import AdminDep, NowDep, OptionalAccountKeyDep, SessionDep
+from metering.web.jsonio import MeteringRoute
+
+router = APIRouter(prefix="/v1", route_class=MeteringRoute, tags=["catalog"])
+admin_router = APIRouter(
+    prefix="/admin/v1", route_class=MeteringRoute, dependencies=[AdminDep], tags=["admin: catalog"]
+)
+
+
+@router.get("/models")
+def list_models(session: SessionDep, key: OptionalAccountKeyDep, now: NowDep) -> dict[str, Any]:
+    """List the models in service with the prices in force now (your account's with a key)."""
+    prices = service.prices_in_force(session, now, key.account_id if key else None)
+    models = session.execute(
+        select(CatalogModel).where(CatalogModel.hidden.is_(False)).order_by(CatalogModel.id)
+    ).scalars()
+    cards = [
+        service.model_card(model, prices[model.id], now)
+        for model in models
+        if model.id in prices and not service.is_retired(model, now)
+    ]
+    cards.sort(key=lambda card: card["id"].encode())
+    return {"object": "list", "data": cards}
+
+
+@admin_router.put("/models/{model_id}")
+def put_model(
+    model_id: str, body: ModelSpec, session: SessionDep, now: NowDep, response: Response
+) -> dict[str, Any]:
+    """Create or replace a model's metadata (201 when created)."""
+    model, created = service.put_model(session, model_id, body, now)
+    if created:
+        response.status_code = 201
+    return service.model_admin_body(model)
+
+
+@admin_router.get("/models")
+def list_catalog(session: SessionDep, paging: PageParams) -> dict[str, Any]:
+    """Every model, hidden and retired ones included, by id."""
+    limit, after = paging
+    query = select(CatalogModel).order_by(CatalogModel.id).limit(limit + 1)
+    if after:
+        (last_id,) = decode_cursor(after, 1)
+        query = query.where(CatalogModel.id > str(last_id))
+    rows = session.execute(query).scalars().all()
+    return page(rows, limit, service.model_admin_body, lambda m: (m.id,))
+
+
+@admin_router.get("/models/{model_id}")
+def get_model(model_id: str, session: SessionDep) -> dict[str, Any]:
+    """One model with its whole list-price history, oldest first."""
+    model = service.require_model(session, model_id)
+    versions = session.execute(
+        select(PriceVersion)
+        .where(PriceVersion.model_id == model.id)
+        .order_by(PriceVersion.effective_at)
+    ).scalars()
+    return {
+        **service.model_admin_body(model),
+        "prices": [service.price_version_body(v) for v in versions],
+    }
+
+
+@admin_router.post("/models/{model_id}/prices", status_code=201)
+def add_price(model_id: str, body: PriceSpec, session: SessionDep, now: NowDep) -> dict[str, Any]:
+    """Add a list price version, effective now or later (past prices never change)."""
+    return service.price_version_body(service.add_price_version(session, model_id, body, now))
+
+
+@admin_router.post("/accounts/{account_id}/rates", status_code=201)
+def add_account_rate(
+    account_id: str, body: AccountRateSpec, session: SessionDep, now: NowDep
+) -> dict[str, Any]:
+    """Add an account's rate override version for a model (all rates null ends the override)."""
+    return service.account_rate_body(service.add_account_rate(session, account_id, body, now))

@@ -1,0 +1,153 @@
+"""``metering catalog import``: load models and price history from a JSON file, idempotently.
+
+Unlike the admin API it may add versions dated in the past (to seed history), but it refuses,
+changing nothing, anything that would alter the price of a charge already recorded.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+from pydantic import ValidationError
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from metering.catalog import service
+from metering.catalog.schemas import CatalogFile, ModelSpec, PriceSpec
+from metering.kit.ids import new_id
+from metering.kit.timeutil import format_timestamp, parse_timestamp
+from metering.models import PriceVersion
+
+SHIPPED_CATALOG = Path(__file__).resolve().parent.parent / "data" / "catalog.json"
+
+
+class CatalogImportError(Exception):
+    """The file cannot be imported; nothing was changed."""
+
+
+@dataclass
+class ImportSummary:
+    models_created: list[str] = field(default_factory=list)
+    models_updated: list[str] = field(default_factory=list)
+    versions_added: int = 0
+    versions_changed: int = 0
+    versions_unchanged: int = 0
+
+    def lines(self) -> list[str]:
+        return [
+            f"models created: {len(self.models_created)} {' '.join(self.models_created)}".rstrip(),
+            f"models updated: {len(self.models_updated)} {' '.join(self.models_updated)}".rstrip(),
+            f"price versions added: {self.versions_added}, changed: {self.versions_changed}, "
+            f"unchanged: {self.versions_unchanged}",
+        ]
+
+
+def load_catalog_file(path: Path) -> CatalogFile:
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise CatalogImportError(f"{path}: cannot read JSON: {exc}") from exc
+    try:
+        return CatalogFile.model_validate(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        raise CatalogImportError(f"{path}: {where}: {first['msg']}") from exc
+
+
+def import_catalog(session: Session, catalog: CatalogFile, now: datetime) -> ImportSummary:
+    """Apply ``catalog`` inside the caller's transaction; raise (so it rolls back) on a refusal."""
+    summary = ImportSummary()
+    seen: set[str] = set()
+    for entry in catalog.models:
+        if entry.id.lower() in seen:
+            raise CatalogImportError(f"model {entry.id!r} appears twice")
+        seen.add(entry.id.lower())
+        spec = ModelSpec.model_validate(entry.model_dump(exclude={"id", "prices"}))
+        existing = service.find_model(session, entry.id)
+        if existing is None or _metadata_differs(existing, spec):
+            model, created = service.put_model(session, entry.id, spec, now)
+            (summary.models_created if created else summary.models_updated).append(model.id)
+        else:
+            model = existing
+        _import_prices(session, model.id, entry.prices, summary, now)
+    return summary
+
+
+def _metadata_differs(model: object, spec: ModelSpec) -> bool:
+    return any(getattr(model, name) != value for name, value in spec.model_dump().items())
+
+
+def _import_prices(
+    session: Session,
+    model_id: str,
+    prices: list[PriceSpec],
+    summary: ImportSummary,
+    now: datetime,
+) -> None:
+    existing = {
+        v.effective_at: v
+        for v in session.execute(
+            select(PriceVersion).where(PriceVersion.model_id == model_id)
+        ).scalars()
+    }
+    wanted: dict[datetime, PriceSpec] = {}
+    for spec in prices:
+        try:
+            at = parse_timestamp(spec.effective_at, "effective_at")
+        except Exception as exc:
+            raise CatalogImportError(f"{model_id}: {exc}") from exc
+        if at in wanted:
+            raise CatalogImportError(f"{model_id}: two versions at {format_timestamp(at)}")
+        wanted[at] = spec
+    for at in sorted(wanted):
+        spec = wanted[at]
+        rates = (
+            spec.input_microcents_per_million,
+            spec.output_microcents_per_million,
+            spec.cache_read_microcents_per_million,
+        )
+        version = existing.get(at)
+        if version is not None:
+            if (
+                version.input_microcents_per_million,
+                version.output_microcents_per_million,
+                version.cache_read_microcents_per_million,
+            ) == rates:
+                summary.versions_unchanged += 1
+                continue
+            if service.version_has_charges(session, version.id):
+                raise CatalogImportError(
+                    f"{model_id}: the version at {format_timestamp(at)} already priced recorded "
+                    "charges; its rates cannot change (add a new version instead)"
+                )
+            (
+                version.input_microcents_per_million,
+                version.output_microcents_per_million,
+                version.cache_read_microcents_per_million,
+            ) = rates
+            summary.versions_changed += 1
+            continue
+        following = [t for t in existing if t > at]
+        until = min(following) if following else None
+        if service.list_priced_charges_between(session, model_id, at, until):
+            raise CatalogImportError(
+                f"{model_id}: a version at {format_timestamp(at)} would reprice charges already "
+                "recorded after that instant"
+            )
+        version = PriceVersion(
+            id=new_id("price"),
+            model_id=model_id,
+            effective_at=at,
+            input_microcents_per_million=rates[0],
+            output_microcents_per_million=rates[1],
+            cache_read_microcents_per_million=rates[2],
+            created_at=now,
+        )
+        session.add(version)
+        existing[at] = version
+        summary.versions_added += 1
+    session.flush()

@@ -1,0 +1,306 @@
+"""Catalog rules: model lookup, the price in force for an account at an instant, new versions."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from metering.accounts.service import get_account
+from metering.catalog.schemas import AccountRateSpec, ModelSpec, PriceSpec, check_model_id
+from metering.kit.errors import Conflict, InvalidRequest, NotFound
+from metering.kit.ids import new_id
+from metering.kit.money import is_whole_cents, whole_cents
+from metering.kit.timeutil import format_timestamp, parse_timestamp
+from metering.models import AccountRate, CatalogModel, PriceVersion
+from metering.pricing import ModelLimits, Rates
+
+
+@dataclass(frozen=True, slots=True)
+class PriceInForce:
+    version_id: str  # price_… (list) or rate_… (account override): stored with every charge
+    rates: Rates
+
+
+def find_model(session: Session, model_id: str) -> CatalogModel | None:
+    """Model ids are case-insensitive on input."""
+    return session.execute(
+        select(CatalogModel).where(CatalogModel.id_key == model_id.lower())
+    ).scalar_one_or_none()
+
+
+def require_model(session: Session, model_id: str, *, lock: bool = False) -> CatalogModel:
+    query = select(CatalogModel).where(CatalogModel.id_key == model_id.lower())
+    if lock:
+        query = query.with_for_update()
+    model = session.execute(query).scalar_one_or_none()
+    if model is None:
+        raise NotFound(f"model {model_id!r} does not exist", code="model_not_found", param="model")
+    return model
+
+
+def is_retired(model: CatalogModel, at: datetime) -> bool:
+    """Retired from the start (UTC) of its deprecation date."""
+    return model.deprecation_date is not None and at.date() >= model.deprecation_date
+
+
+def limits_of(model: CatalogModel) -> ModelLimits:
+    return ModelLimits(
+        context_length=model.context_length,
+        max_output_tokens=model.max_output_tokens,
+        reasoning_headroom_tokens=model.reasoning_headroom_tokens,
+    )
+
+
+def _rates_of(row: PriceVersion | AccountRate) -> Rates:
+    assert row.input_microcents_per_million is not None
+    assert row.output_microcents_per_million is not None
+    assert row.cache_read_microcents_per_million is not None
+    return Rates(
+        input_microcents_per_million=row.input_microcents_per_million,
+        output_microcents_per_million=row.output_microcents_per_million,
+        cache_read_microcents_per_million=row.cache_read_microcents_per_million,
+    )
+
+
+def price_in_force(
+    session: Session, model_id: str, at: datetime, account_id: str | None
+) -> PriceInForce | None:
+    """The account's override in force at ``at`` if any, else the list price then, else None."""
+    if account_id is not None:
+        override = session.execute(
+            select(AccountRate)
+            .where(
+                AccountRate.account_id == account_id,
+                AccountRate.model_id == model_id,
+                AccountRate.effective_at <= at,
+            )
+            .order_by(AccountRate.effective_at.desc())
+            .limit(1)
+        ).scalar_one_or_none()
+        if override is not None and override.input_microcents_per_million is not None:
+            return PriceInForce(override.id, _rates_of(override))
+    listed = session.execute(
+        select(PriceVersion)
+        .where(PriceVersion.model_id == model_id, PriceVersion.effective_at <= at)
+        .order_by(PriceVersion.effective_at.desc())
+        .limit(1)
+    ).scalar_one_or_none()
+    return None if listed is None else PriceInForce(listed.id, _rates_of(listed))
+
+
+def prices_in_force(
+    session: Session, at: datetime, account_id: str | None
+) -> dict[str, PriceInForce]:
+    """Every model's price in force at ``at`` for the account (or list prices), by model id."""
+    result: dict[str, PriceInForce] = {}
+    for version in session.execute(
+        select(PriceVersion)
+        .where(PriceVersion.effective_at <= at)
+        .order_by(PriceVersion.model_id, PriceVersion.effective_at)
+    ).scalars():
+        result[version.model_id] = PriceInForce(version.id, _rates_of(version))
+    if account_id is None:
+        return result
+    overrides: dict[str, AccountRate] = {}
+    for rate in session.execute(
+        select(AccountRate)
+        .where(AccountRate.account_id == account_id, AccountRate.effective_at <= at)
+        .order_by(AccountRate.model_id, AccountRate.effective_at)
+    ).scalars():
+        overrides[rate.model_id] = rate
+    for model_id, rate in overrides.items():
+        if rate.input_microcents_per_million is not None:
+            result[model_id] = PriceInForce(rate.id, _rates_of(rate))
+    return result
+
+
+def version_has_charges(session: Session, version_id: str) -> bool:
+    """Whether any recorded charge was priced by this version."""
+    # Charges are recorded by the usage ingest; until that exists nothing has been priced.
+    del session, version_id
+    return False
+
+
+def list_priced_charges_between(
+    session: Session, model_id: str, start: datetime, end: datetime | None
+) -> bool:
+    """Whether charges of ``model_id`` at list prices occurred in [start, end)."""
+    del session, model_id, start, end
+    return False
+
+
+def put_model(
+    session: Session, model_id: str, spec: ModelSpec, now: datetime
+) -> tuple[CatalogModel, bool]:
+    """Create or replace a model's metadata; returns the model and whether it was created."""
+    model = find_model(session, model_id)
+    created = model is None
+    if model is None:
+        problem = check_model_id(model_id)
+        if problem:
+            raise InvalidRequest(problem, param="model_id")
+        model = CatalogModel(id=model_id, id_key=model_id.lower(), created_at=now)
+        session.add(model)
+    model.display_name = spec.display_name
+    model.owned_by = spec.owned_by
+    model.context_length = spec.context_length
+    model.max_output_tokens = spec.max_output_tokens
+    model.reasoning_headroom_tokens = spec.reasoning_headroom_tokens
+    model.hidden = spec.hidden
+    model.deprecation_date = spec.deprecation_date
+    model.updated_at = now
+    session.flush()
+    return model, created
+
+
+def _check_new_version_time(effective_at: datetime, newest: datetime | None, now: datetime) -> None:
+    if effective_at < now:
+        raise Conflict(
+            "effective_at is in the past: price history is immutable, add a version from now on",
+            code="price_history_immutable",
+            param="effective_at",
+        )
+    if newest is not None and effective_at <= newest:
+        raise Conflict(
+            f"effective_at must be after the newest version ({format_timestamp(newest)})",
+            code="price_history_immutable",
+            param="effective_at",
+        )
+
+
+def add_price_version(
+    session: Session, model_id: str, spec: PriceSpec, now: datetime
+) -> PriceVersion:
+    """A new list price version, effective now or later and after every existing version."""
+    effective_at = parse_timestamp(spec.effective_at, "effective_at")
+    model = require_model(session, model_id, lock=True)  # serialises versions of one model
+    newest = session.execute(
+        select(PriceVersion.effective_at)
+        .where(PriceVersion.model_id == model.id)
+        .order_by(PriceVersion.effective_at.desc())
+        .limit(1)
+    ).scalar_one_or_none()
+    _check_new_version_time(effective_at, newest, now)
+    version = PriceVersion(
+        id=new_id("price"),
+        model_id=model.id,
+        effective_at=effective_at,
+        input_microcents_per_million=spec.input_microcents_per_million,
+        output_microcents_per_million=spec.output_microcents_per_million,
+        cache_read_microcents_per_million=spec.cache_read_microcents_per_million,
+        created_at=now,
+    )
+    session.add(version)
+    session.flush()
+    return version
+
+
+def add_account_rate(
+    session: Session, account_id: str, spec: AccountRateSpec, now: datetime
+) -> AccountRate:
+    """A new override version for one account and model (all-null rates end the override)."""
+    effective_at = parse_timestamp(spec.effective_at, "effective_at")
+    get_account(session, account_id, lock=True)  # serialises the account's rate versions
+    model = require_model(session, spec.model)
+    newest = session.execute(
+        select(AccountRate.effective_at)
+        .where(AccountRate.account_id == account_id, AccountRate.model_id == model.id)
+        .order_by(AccountRate.effective_at.desc())
+        .limit(1)
+    ).scalar_one_or_none()
+    _check_new_version_time(effective_at, newest, now)
+    rate = AccountRate(
+        id=new_id("rate"),
+        account_id=account_id,
+        model_id=model.id,
+        effective_at=effective_at,
+        input_microcents_per_million=spec.input_microcents_per_million,
+        output_microcents_per_million=spec.output_microcents_per_million,
+        cache_read_microcents_per_million=spec.cache_read_microcents_per_million,
+        created_at=now,
+    )
+    session.add(rate)
+    session.flush()
+    return rate
+
+
+def pricing_body(rates: Rates) -> dict[str, Any]:
+    """A card's ``pricing``: whole cents always, exact microcents where cents would lie."""
+    body: dict[str, Any] = {
+        "currency": "usd",
+        "input_cents_per_million": whole_cents(rates.input_microcents_per_million),
+        "output_cents_per_million": whole_cents(rates.output_microcents_per_million),
+        "cache_read_cents_per_million": whole_cents(rates.cache_read_microcents_per_million),
+        "cache_read_microcents_per_million": rates.cache_read_microcents_per_million,
+    }
+    if not is_whole_cents(rates.input_microcents_per_million):
+        body["input_microcents_per_million"] = rates.input_microcents_per_million
+    if not is_whole_cents(rates.output_microcents_per_million):
+        body["output_microcents_per_million"] = rates.output_microcents_per_million
+    return body
+
+
+def model_card(model: CatalogModel, price: PriceInForce, now: datetime) -> dict[str, Any]:
+    wafer: dict[str, Any] = {
+        "display_name": model.display_name,
+        "context_length": model.context_length,
+        "max_output_tokens": model.max_output_tokens,
+    }
+    if model.deprecation_date is not None:
+        wafer["deprecation_date"] = model.deprecation_date.isoformat()
+    wafer["pricing"] = pricing_body(price.rates)
+    return {
+        "id": model.id,
+        "object": "model",
+        "created": int(now.timestamp()),
+        "owned_by": model.owned_by,
+        "max_model_len": model.context_length,
+        "wafer": wafer,
+    }
+
+
+def model_admin_body(model: CatalogModel) -> dict[str, Any]:
+    return {
+        "id": model.id,
+        "object": "model",
+        "display_name": model.display_name,
+        "owned_by": model.owned_by,
+        "context_length": model.context_length,
+        "max_output_tokens": model.max_output_tokens,
+        "reasoning_headroom_tokens": model.reasoning_headroom_tokens,
+        "hidden": model.hidden,
+        "deprecation_date": model.deprecation_date.isoformat() if model.deprecation_date else None,
+        "created_at": format_timestamp(model.created_at),
+        "updated_at": format_timestamp(model.updated_at),
+    }
+
+
+def price_version_body(version: PriceVersion) -> dict[str, Any]:
+    return {
+        "id": version.id,
+        "object": "price_version",
+        "model": version.model_id,
+        "effective_at": format_timestamp(version.effective_at),
+        "input_microcents_per_million": version.input_microcents_per_million,
+        "output_microcents_per_million": version.output_microcents_per_million,
+        "cache_read_microcents_per_million": version.cache_read_microcents_per_million,
+        "created_at": format_timestamp(version.created_at),
+    }
+
+
+def account_rate_body(rate: AccountRate) -> dict[str, Any]:
+    return {
+        "id": rate.id,
+        "object": "account_rate",
+        "account_id": rate.account_id,
+        "model": rate.model_id,
+        "effective_at": format_timestamp(rate.effective_at),
+        "input_microcents_per_million": rate.input_microcents_per_million,
+        "output_microcents_per_million": rate.output_microcents_per_million,
+        "cache_read_microcents_per_million": rate.cache_read_microcents_per_million,
+        "created_at": format_timestamp(rate.created_at),
+    }

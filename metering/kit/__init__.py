@@ -1,0 +1,1 @@
+"""Shared helpers that are not domain rules."""

@@ -1,0 +1,101 @@
+"""Integer microcents and their exact decimal renderings. No float ever touches an amount.
+
+1 cent = 1,000,000 microcents; 1 USD = 100,000,000 microcents.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Annotated
+
+from pydantic import Strict
+
+from metering.kit.errors import InvalidRequest
+
+MICROCENTS_PER_CENT = 1_000_000
+MICROCENTS_PER_USD = 100_000_000
+CENTS_DECIMALS = 6
+USD_DECIMALS = 8
+# Money inputs beyond ±9×10^12 cents are refused (the contract's bound; 9×10^18 microcents still
+# fits a signed 64-bit column).
+MAX_INPUT_CENTS = 9 * 10**12
+INT64_MAX = 2**63 - 1
+
+
+# A money input as the exact JSON parser hands it over: an int, or a Decimal for a JSON number with
+# a fraction. Strings and booleans are refused; ``parse_cents`` then checks decimals and range.
+CentsInput = Annotated[int, Strict()] | Annotated[Decimal, Strict()]
+
+
+class ExactNumber(str):
+    """A JSON number written verbatim (plain notation) by ``metering.kit.jsonenc``.
+
+    Only constructed from integers by the functions below, so its text is always a valid number.
+    """
+
+    __slots__ = ()
+
+
+def round_half_up_div(numerator: int, denominator: int) -> int:
+    """``numerator / denominator`` rounded to the nearest integer, halves towards +infinity.
+
+    The one rounding function of the service: every charge component and rate rounding uses it.
+    """
+    if denominator <= 0:
+        raise ValueError("denominator must be positive")
+    return (2 * numerator + denominator) // (2 * denominator)
+
+
+def scaled_text(value: int, decimals: int) -> str:
+    """``value / 10**decimals`` as exact plain decimal text without trailing zeros."""
+    sign = "-" if value < 0 else ""
+    digits = str(abs(value)).rjust(decimals + 1, "0")
+    whole, frac = digits[:-decimals], digits[-decimals:].rstrip("0")
+    return f"{sign}{whole}.{frac}" if frac else f"{sign}{whole}"
+
+
+def cents(microcents: int) -> ExactNumber:
+    """Microcents rendered as an exact JSON number of cents (``87460`` → ``0.08746``)."""
+    return ExactNumber(scaled_text(microcents, CENTS_DECIMALS))
+
+
+def usd(microcents: int) -> ExactNumber:
+    """Microcents rendered as an exact JSON number of US dollars (``87460`` → ``0.0008746``)."""
+    return ExactNumber(scaled_text(microcents, USD_DECIMALS))
+
+
+def usd_text(microcents: int) -> str:
+    """The same exact dollars as plain text, for CSV and Parquet."""
+    return scaled_text(microcents, USD_DECIMALS)
+
+
+def whole_cents(rate_microcents: int) -> int:
+    """A rate rounded to whole cents, halves up (the card's ``*_cents_per_million``)."""
+    return round_half_up_div(rate_microcents, MICROCENTS_PER_CENT)
+
+
+def is_whole_cents(microcents: int) -> bool:
+    return microcents % MICROCENTS_PER_CENT == 0
+
+
+def parse_cents(value: object, param: str, *, allow_negative: bool = False) -> int:
+    """An ``amount_cents``-style input (int or Decimal from the JSON parser) to microcents.
+
+    At most 6 decimals, finite, within ±9×10^12 cents; anything else is a 400 naming ``param``.
+    """
+    if isinstance(value, bool) or not isinstance(value, int | Decimal):
+        raise InvalidRequest(f"{param} must be a number of cents", param=param)
+    amount = Decimal(value)
+    if not amount.is_finite():
+        raise InvalidRequest(f"{param} must be a finite number", param=param)
+    if abs(amount) > MAX_INPUT_CENTS:
+        raise InvalidRequest(
+            f"{param} must be between -{MAX_INPUT_CENTS} and {MAX_INPUT_CENTS} cents", param=param
+        )
+    scaled = amount.scaleb(CENTS_DECIMALS)
+    if scaled != scaled.to_integral_value():
+        raise InvalidRequest(f"{param} may have at most 6 decimals", param=param)
+    microcents = int(scaled)
+    if microcents < 0 and not allow_negative:
+        raise InvalidRequest(f"{param} must not be negative", param=param)
+    return microcents

@@ -1,0 +1,58 @@
+"""Cursor pagination for admin lists (§1): ``?limit=`` 1–1000 (default 100), ``?after=``."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from collections.abc import Callable, Sequence
+from typing import Annotated, Any, TypeVar
+
+from fastapi import Depends, Query
+
+from metering.kit.errors import InvalidRequest
+
+T = TypeVar("T")
+
+
+def encode_cursor(*values: Any) -> str:
+    raw = json.dumps(list(values), separators=(",", ":")).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str, arity: int) -> list[Any]:
+    try:
+        padded = cursor + "=" * (-len(cursor) % 4)
+        values = json.loads(base64.urlsafe_b64decode(padded.encode()))
+    except (ValueError, binascii.Error, UnicodeDecodeError):
+        values = None
+    if not isinstance(values, list) or len(values) != arity:
+        raise InvalidRequest("after is not a cursor this list returned", param="after")
+    return values
+
+
+def page_request(
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    after: Annotated[str | None, Query(max_length=500)] = None,
+) -> tuple[int, str | None]:
+    return limit, after
+
+
+PageParams = Annotated[tuple[int, str | None], Depends(page_request)]
+
+
+def page(
+    rows: Sequence[T],
+    limit: int,
+    render: Callable[[T], dict[str, Any]],
+    cursor_of: Callable[[T], tuple[Any, ...]],
+) -> dict[str, Any]:
+    """The list body from up to ``limit + 1`` fetched rows (the extra one says ``has_more``)."""
+    has_more = len(rows) > limit
+    shown = rows[:limit]
+    return {
+        "object": "list",
+        "data": [render(row) for row in shown],
+        "has_more": has_more,
+        "next_cursor": encode_cursor(*cursor_of(shown[-1])) if has_more and shown else None,
+    }

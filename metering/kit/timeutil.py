@@ -1,0 +1,82 @@
+"""Timestamps: RFC 3339 with an offset in, UTC with ``Z`` out."""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, date, datetime, time, timedelta, timezone
+
+from metering.kit.errors import InvalidRequest
+
+_RFC3339 = re.compile(
+    r"^(\d{4})-(\d{2})-(\d{2})[Tt ](\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,9}))?([Zz]|[+-]\d{2}:\d{2})$"
+)
+_DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
+
+
+def parse_timestamp(text: object, param: str, *, allow_date: bool = False) -> datetime:
+    """An RFC 3339 timestamp (offset required) as an aware UTC datetime; 400 naming ``param``."""
+    if not isinstance(text, str):
+        raise InvalidRequest(
+            f"{param} must be an RFC 3339 timestamp", code="invalid_timestamp", param=param
+        )
+    if allow_date and _DATE.match(text):
+        try:
+            return datetime.combine(date.fromisoformat(text), time(), UTC)
+        except ValueError:
+            raise InvalidRequest(
+                f"{param} is not a valid date", code="invalid_timestamp", param=param
+            ) from None
+    match = _RFC3339.match(text)
+    if not match:
+        expected = "an RFC 3339 timestamp or a YYYY-MM-DD date" if allow_date else "RFC 3339"
+        raise InvalidRequest(
+            f"{param} must be {expected} with an offset, e.g. 2026-11-29T12:00:00Z",
+            code="invalid_timestamp",
+            param=param,
+        )
+    year, month, day, hour, minute, second, fraction, offset = match.groups()
+    micro = int((fraction or "0")[:6].ljust(6, "0"))
+    try:
+        if offset in ("Z", "z"):
+            tz = UTC
+        else:
+            sign = 1 if offset[0] == "+" else -1
+            hours, minutes = int(offset[1:3]), int(offset[4:6])
+            if hours > 23 or minutes > 59:
+                raise ValueError("offset out of range")
+            tz = timezone(sign * timedelta(hours=hours, minutes=minutes))
+        local = datetime(
+            int(year), int(month), int(day), int(hour), int(minute), int(second), micro, tzinfo=tz
+        )
+        return local.astimezone(UTC)
+    except (ValueError, OverflowError):
+        raise InvalidRequest(
+            f"{param} is not a valid timestamp", code="invalid_timestamp", param=param
+        ) from None
+
+
+def format_timestamp(value: datetime) -> str:
+    """``2026-11-29T12:00:03Z`` (fractional seconds only when present)."""
+    if value.tzinfo is None:
+        raise ValueError("naive datetime")
+    value = value.astimezone(UTC)
+    text = value.strftime("%Y-%m-%dT%H:%M:%S")
+    if value.microsecond:
+        text += f".{value.microsecond:06d}".rstrip("0")
+    return text + "Z"
+
+
+def floor_hour(value: datetime) -> datetime:
+    return value.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
+
+
+def floor_day(value: datetime) -> datetime:
+    return value.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+
+
+def start_of_day(day: date) -> datetime:
+    return datetime.combine(day, time(), UTC)
+
+
+def start_of_month(value: datetime) -> datetime:
+    return floor_day(value).replace(day=1)

@@ -1,0 +1,77 @@
+"""Start-up: the settings a process actually runs with, and the embedded quick start's setup."""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+
+from metering.settings import Settings
+
+DEV_TOKENS_FILE = "dev-tokens.env"
+ADMIN_VAR = "METERING_ADMIN_TOKEN"
+GATEWAY_VAR = "METERING_GATEWAY_TOKEN"
+
+
+@dataclass(frozen=True)
+class DevTokens:
+    admin: str
+    gateway: str
+    path: Path
+    created: bool
+
+
+def dev_tokens_path(settings: Settings) -> Path:
+    return settings.data_dir / DEV_TOKENS_FILE
+
+
+def ensure_dev_tokens(settings: Settings) -> DevTokens:
+    """The embedded quick start's tokens, generated on first start and kept (mode 0600) in the
+    data directory as shell assignments, so ``. data/dev-tokens.env`` sets them for curl."""
+    path = dev_tokens_path(settings)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    created = False
+    if not path.exists():
+        text = (
+            f"{ADMIN_VAR}=mt_admin_{secrets.token_urlsafe(24)}\n"
+            f"{GATEWAY_VAR}=mt_gw_{secrets.token_urlsafe(24)}\n"
+        )
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            pass  # another worker won the race; read theirs
+        else:
+            with os.fdopen(fd, "w") as handle:
+                handle.write(text)
+            created = True
+    values = dict(line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)
+    return DevTokens(values[ADMIN_VAR], values[GATEWAY_VAR], path, created)
+
+
+def runtime_settings(settings: Settings | None = None) -> Settings:
+    """Settings from the environment; with the embedded database and no tokens configured, the
+    generated dev tokens. A server database without tokens is a configuration error."""
+    settings = settings or Settings()
+    if settings.admin_tokens and settings.gateway_tokens:
+        return settings
+    if not settings.is_embedded:
+        raise SystemExit(
+            "METERING_ADMIN_TOKENS and METERING_GATEWAY_TOKENS must be set when "
+            "METERING_DATABASE_URL points at a server database"
+        )
+    tokens = ensure_dev_tokens(settings)
+    return settings.model_copy(
+        update={
+            "admin_tokens": settings.admin_tokens or [tokens.admin],
+            "gateway_tokens": settings.gateway_tokens or [tokens.gateway],
+        }
+    )
+
+
+def configure_logging(level: str) -> None:
+    logging.basicConfig(
+        level=level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )

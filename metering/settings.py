@@ -1,0 +1,50 @@
+"""The one place configuration is read from the environment (prefix ``METERING_``)."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+DEFAULT_BODY_LIMIT = 16 * 1024 * 1024
+
+
+def _split_tokens(value: object) -> object:
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    return value
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="METERING_", extra="ignore")
+
+    data_dir: Path = Path("./data")
+    # Empty means the embedded SQLite file ``<data_dir>/metering.sqlite3``.
+    database_url: str = ""
+    gateway_tokens: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    admin_tokens: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    hold_ttl_seconds: int = Field(default=3600, ge=1, le=7 * 24 * 3600)
+    export_dir: Path = Path("./data/exports")
+    max_body_bytes: int = Field(default=DEFAULT_BODY_LIMIT, ge=1024)
+    db_pool_size: int = Field(default=20, ge=1)
+    log_level: str = "INFO"
+
+    _split = field_validator("gateway_tokens", "admin_tokens", mode="before")(_split_tokens)
+
+    @property
+    def is_embedded(self) -> bool:
+        return not self.database_url
+
+    @property
+    def effective_database_url(self) -> str:
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{(self.data_dir / 'metering.sqlite3').resolve()}"
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    return Settings()

@@ -1,0 +1,135 @@
+"""Request-scoped dependencies: the unit of work, the clock, settings and credentials."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Annotated
+
+from fastapi import Depends, Request
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from metering.db import Database
+from metering.kit.clock import Clock
+from metering.kit.errors import AuthenticationFailed
+from metering.models import Account, ApiKey
+from metering.settings import Settings
+
+
+def get_database(request: Request) -> Database:
+    database: Database = request.app.state.database
+    return database
+
+
+def get_settings(request: Request) -> Settings:
+    settings: Settings = request.app.state.settings
+    return settings
+
+
+def get_clock(request: Request) -> Clock:
+    clock: Clock = request.app.state.clock
+    return clock
+
+
+def _session(request: Request) -> Iterator[Session]:
+    """The request's unit of work: commits after the endpoint returns, before the response is
+    sent (so a failed commit is an error response, never a lost write); rolls back on error."""
+    with get_database(request).unit_of_work() as session:
+        yield session
+
+
+# scope="function": the commit runs when the endpoint returns, not after the response is sent.
+SessionDep = Annotated[Session, Depends(_session, scope="function")]
+ClockDep = Annotated[Clock, Depends(get_clock)]
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+
+
+def now(clock: ClockDep) -> datetime:
+    return clock.now()
+
+
+NowDep = Annotated[datetime, Depends(now)]
+
+
+def presented_credential(request: Request) -> str | None:
+    """``Authorization: Bearer <x>`` or ``x-api-key: <x>``."""
+    auth = request.headers.get("authorization")
+    if auth:
+        scheme, _, value = auth.partition(" ")
+        if scheme.lower() == "bearer" and value.strip():
+            return value.strip()
+    key = request.headers.get("x-api-key")
+    return key.strip() if key and key.strip() else None
+
+
+def _require_token(request: Request, tokens: list[str]) -> None:
+    credential = presented_credential(request)
+    if credential is None:
+        raise AuthenticationFailed(
+            "no credential: send Authorization: Bearer <token>", code="missing_api_key"
+        )
+    presented = credential.encode()
+    # Compare against every token so timing does not reveal which one (if any) matched.
+    matched = False
+    for token in tokens:
+        matched |= hmac.compare_digest(presented, token.encode())
+    if not matched:
+        raise AuthenticationFailed("invalid credential", code="invalid_api_key")
+
+
+def require_admin(request: Request) -> None:
+    _require_token(request, get_settings(request).admin_tokens)
+
+
+def require_gateway(request: Request) -> None:
+    _require_token(request, get_settings(request).gateway_tokens)
+
+
+def hash_secret(secret: str) -> str:
+    """SHA-256 of a key secret; the keys' 256 bits of entropy make a slow hash unnecessary."""
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class KeyPrincipal:
+    """An account key that authenticated a request."""
+
+    api_key_id: str
+    account_id: str
+    billing: str
+
+
+def resolve_key(session: Session, secret: str | None, *, param: str | None) -> KeyPrincipal:
+    """The live key behind ``secret``; 401 when missing, unknown or revoked (no hint which).
+
+    ``param`` is ``"api_key"`` for a client's key inside a gateway body, None for the caller's own.
+    """
+    if not secret:
+        raise AuthenticationFailed("no API key given", code="missing_api_key", param=param)
+    row = session.execute(
+        select(ApiKey.id, ApiKey.account_id, Account.billing)
+        .join(Account, Account.id == ApiKey.account_id)
+        .where(ApiKey.secret_hash == hash_secret(secret), ApiKey.revoked_at.is_(None))
+    ).first()
+    if row is None:
+        raise AuthenticationFailed("invalid API key", code="invalid_api_key", param=param)
+    return KeyPrincipal(api_key_id=row.id, account_id=row.account_id, billing=row.billing)
+
+
+def account_key(request: Request, session: SessionDep) -> KeyPrincipal:
+    return resolve_key(session, presented_credential(request), param=None)
+
+
+def optional_account_key(request: Request, session: SessionDep) -> KeyPrincipal | None:
+    credential = presented_credential(request)
+    return None if credential is None else resolve_key(session, credential, param=None)
+
+
+AccountKeyDep = Annotated[KeyPrincipal, Depends(account_key)]
+OptionalAccountKeyDep = Annotated[KeyPrincipal | None, Depends(optional_account_key)]
+AdminDep = Depends(require_admin)
+GatewayDep = Depends(require_gateway)

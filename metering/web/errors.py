@@ -1,0 +1,120 @@
+"""The one place errors become the contract's error body (§1)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from metering.kit.errors import (
+    InternalError,
+    InvalidRequest,
+    MeteringError,
+    MethodNotAllowed,
+    NotFound,
+)
+from metering.web.jsonio import ExactJSONResponse
+from metering.web.middleware import request_id_of
+
+log = logging.getLogger("metering.errors")
+
+
+def error_response(request: Request, error: MeteringError) -> Response:
+    request_id = request_id_of(request.scope)
+    return ExactJSONResponse(
+        error.body(request_id), status_code=error.status, headers={"x-request-id": request_id}
+    )
+
+
+def _param_of(loc: tuple[Any, ...]) -> str | None:
+    parts = [part for part in loc if part not in ("body", "query", "path", "header")]
+    if not parts:
+        return None
+    text = ""
+    for part in parts:
+        if isinstance(part, int):
+            text += f"[{part}]"
+        else:
+            text += f".{part}" if text else str(part)
+    return text or None
+
+
+_BODY_SHAPE_ERRORS = {"model_attributes_type", "dict_type", "model_type", "json_invalid"}
+
+
+def validation_error(exc: RequestValidationError) -> MeteringError:
+    """FastAPI's 422 never leaves the service: the first problem becomes a 400 naming its field."""
+    errors = exc.errors()
+    if not errors:
+        return InvalidRequest("invalid request", code="invalid_parameter")
+    first = errors[0]
+    kind = first.get("type", "")
+    loc = tuple(first.get("loc", ()))
+    param = _param_of(loc)
+    if kind == "json_invalid":
+        detail = (first.get("ctx") or {}).get("error", "malformed JSON")
+        return InvalidRequest(
+            f"request body is not valid JSON: {detail}", code="invalid_json_request"
+        )
+    if loc[:1] == ("body",) and param is None:
+        if kind == "missing":
+            message = (
+                "request body is required: send a JSON object (Content-Type: application/json)"
+            )
+        else:
+            message = "request body must be a JSON object (Content-Type: application/json)"
+        return InvalidRequest(message, code="invalid_json_request")
+    message = f"{param}: {first.get('msg', 'invalid value')}" if param else first.get("msg", "")
+    if kind == "missing":
+        return InvalidRequest(f"{param} is required", code="missing_parameter", param=param)
+    if kind in ("literal_error", "enum"):
+        return InvalidRequest(message, code="unsupported_value", param=param)
+    if kind == "extra_forbidden":
+        return InvalidRequest(
+            f"{param} is not a known field", code="invalid_parameter", param=param
+        )
+    return InvalidRequest(message, code="invalid_parameter", param=param)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    async def on_metering_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, MeteringError)
+        return error_response(request, exc)
+
+    async def on_validation_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, RequestValidationError)
+        return error_response(request, validation_error(exc))
+
+    async def on_http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, StarletteHTTPException)
+        error: MeteringError
+        if isinstance(exc.__cause__, MeteringError):
+            # Raised while FastAPI read the body (e.g. the size limit); it wraps it in a 400.
+            error = exc.__cause__
+        elif exc.status_code == 404:
+            error = NotFound(f"no route {request.method} {request.url.path}", code="not_found")
+        elif exc.status_code == 405:
+            error = MethodNotAllowed(f"{request.method} is not allowed on {request.url.path}")
+        elif exc.status_code == 400:
+            error = InvalidRequest("request body is not valid JSON", code="invalid_json_request")
+        else:
+            error = InvalidRequest(str(exc.detail), code="invalid_request")
+            response = error_response(request, error)
+            response.status_code = exc.status_code
+            return response
+        return error_response(request, error)
+
+    async def on_unexpected(request: Request, exc: Exception) -> Response:
+        request_id = request_id_of(request.scope)
+        log.exception(
+            "unhandled error (request_id=%s, %s %s)", request_id, request.method, request.url.path
+        )
+        return error_response(request, InternalError("internal error; quote the request_id"))
+
+    app.add_exception_handler(MeteringError, on_metering_error)
+    app.add_exception_handler(RequestValidationError, on_validation_error)
+    app.add_exception_handler(StarletteHTTPException, on_http_error)
+    app.add_exception_handler(Exception, on_unexpected)

@@ -1,0 +1,71 @@
+"""Request bodies parsed without floats, responses written with exact decimals."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Coroutine
+from decimal import Decimal
+from typing import Any
+
+from fastapi import Request, Response
+from fastapi.datastructures import DefaultPlaceholder
+from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
+
+from metering.kit import jsonenc
+
+
+class ExactJSONResponse(JSONResponse):
+    media_type = "application/json"
+
+    def render(self, content: Any) -> bytes:
+        return jsonenc.dumps(content)
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def loads_exact(body: bytes) -> Any:
+    """JSON with every non-integer number as a Decimal; NaN, Infinity, bad UTF-8 and absurd
+    nesting are all reported as JSON errors."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise json.JSONDecodeError("request body is not valid UTF-8", "", exc.start) from None
+    try:
+        return json.loads(text, parse_float=Decimal, parse_constant=_refuse_constant)
+    except json.JSONDecodeError:
+        raise
+    except RecursionError:
+        raise json.JSONDecodeError("JSON nesting is too deep", text, 0) from None
+    except ValueError as exc:
+        raise json.JSONDecodeError(str(exc), text, 0) from None
+
+
+class ExactJSONRequest(Request):
+    async def json(self) -> Any:
+        if not hasattr(self, "_json"):
+            self._json = loads_exact(await self.body())
+        return self._json
+
+
+class MeteringRoute(APIRoute):
+    """Every route parses JSON bodies with ``loads_exact`` (money never passes through float) and
+    returns its content as built: no response model is inferred from the return annotation, so
+    exact decimals are never re-serialised through pydantic (which would quote them)."""
+
+    def __init__(self, path: str, endpoint: Callable[..., Any], **kwargs: Any) -> None:
+        if isinstance(kwargs.get("response_model"), DefaultPlaceholder) or (
+            "response_model" not in kwargs
+        ):
+            kwargs["response_model"] = None
+        super().__init__(path, endpoint, **kwargs)
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def exact_handler(request: Request) -> Response:
+            return await handler(ExactJSONRequest(request.scope, request.receive))
+
+        return exact_handler

@@ -1,0 +1,98 @@
+"""Pure ASGI middleware: a request id on every response, and the request body limit."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from metering.kit.errors import BodyTooLarge
+from metering.kit.ids import new_request_id
+
+REQUEST_ID_HEADER = b"x-request-id"
+
+
+def request_id_of(scope: Scope) -> str:
+    state = scope.setdefault("state", {})
+    request_id = state.get("request_id")
+    if request_id is None:
+        request_id = state["request_id"] = new_request_id()
+    return str(request_id)
+
+
+class RequestContextMiddleware:
+    """Gives each request its id (``x-request-id``) and refuses bodies over ``max_body_bytes``.
+
+    An oversized body is refused from its Content-Length before it is read, and a chunked one as
+    soon as the running count passes the limit.
+    """
+
+    def __init__(self, app: ASGIApp, max_body_bytes: int) -> None:
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request_id = request_id_of(scope)
+        header_value = request_id.encode()
+        limit = self.max_body_bytes
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = [(k, v) for k, v in message.get("headers", []) if k != REQUEST_ID_HEADER]
+                headers.append((REQUEST_ID_HEADER, header_value))
+                message["headers"] = headers
+            await send(message)
+
+        declared = _content_length(scope)
+        if declared is not None and declared > limit:
+            await _send_error(BodyTooLarge(_too_large(limit), limit_bytes=limit), request_id, send)
+            return
+
+        received = 0
+
+        async def limited_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    raise BodyTooLarge(_too_large(limit), limit_bytes=limit)
+            return message
+
+        await self.app(scope, limited_receive, send_with_id)
+
+
+def _too_large(limit: int) -> str:
+    return f"request body is larger than the limit of {limit} bytes"
+
+
+def _content_length(scope: Scope) -> int | None:
+    for key, value in scope.get("headers", []):
+        if key == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
+
+
+async def _send_error(error: Any, request_id: str, send: Send) -> None:
+    from metering.kit import jsonenc
+
+    body = jsonenc.dumps(error.body(request_id))
+    await send(
+        {
+            "type": "http.response.start",
+            "status": error.status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (REQUEST_ID_HEADER, request_id.encode()),
+                (b"connection", b"close"),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})

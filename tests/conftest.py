@@ -1,0 +1,198 @@
+"""Test harness: the real app on real databases (SQLite and PostgreSQL), schema by migrations.
+
+* ``METERING_TEST_BACKENDS`` (default ``sqlite,postgresql``) picks the backends; PostgreSQL is
+  required unless it is explicitly left out: an unreachable server fails the run, loudly.
+* ``METERING_TEST_PG_URL`` is a maintenance connection to the server (default
+  ``postgresql+psycopg://postgres@127.0.0.1:5432/postgres``); each test session creates its own
+  fresh database there and drops it at the end, so concurrent runs never share data.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+
+from metering import migrate
+from metering.app import create_app
+from metering.db import Database
+from metering.kit.clock import FrozenClock
+from metering.settings import Settings
+
+ADMIN_TOKEN = "test-admin-token"
+GATEWAY_TOKEN = "test-gateway-token"
+# The default "now" of every test; tests that move time set it back via the ``clock`` fixture.
+NOW = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
+
+BACKENDS = [
+    b.strip() for b in os.environ.get("METERING_TEST_BACKENDS", "sqlite,postgresql").split(",")
+]
+PG_MAINTENANCE_URL = os.environ.get(
+    "METERING_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+)
+
+
+def _check_postgres() -> None:
+    engine = create_engine(PG_MAINTENANCE_URL)
+    try:
+        with engine.connect() as connection:
+            connection.execute(text("SELECT 1"))
+    except Exception as exc:
+        pytest.exit(
+            f"PostgreSQL is required for the test suite and is unreachable at "
+            f"{make_url(PG_MAINTENANCE_URL).render_as_string(hide_password=True)}: {exc}\n"
+            "Start it, or set METERING_TEST_BACKENDS=sqlite to run the SQLite half only.",
+            returncode=3,
+        )
+    finally:
+        engine.dispose()
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if "postgresql" in BACKENDS:
+        _check_postgres()
+
+
+@contextmanager
+def fresh_pg_database() -> Iterator[str]:
+    """A new, empty PostgreSQL database for the duration of the block; its URL."""
+    name = f"metering_t_{secrets.token_hex(6)}"
+    admin = create_engine(PG_MAINTENANCE_URL, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as connection:
+            connection.execute(text(f'CREATE DATABASE "{name}"'))
+        url = make_url(PG_MAINTENANCE_URL).set(database=name)
+        yield url.render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as connection:
+            connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+@contextmanager
+def fresh_database(backend: str, tmp_dir: Path) -> Iterator[str]:
+    """A new empty database of ``backend`` (no schema yet); its URL."""
+    if backend == "postgresql":
+        with fresh_pg_database() as url:
+            yield url
+    else:
+        path = tmp_dir / f"metering-{secrets.token_hex(4)}.sqlite3"
+        yield f"sqlite:///{path}"
+
+
+@contextmanager
+def migrated_database(backend: str, tmp_dir: Path) -> Iterator[str]:
+    with fresh_database(backend, tmp_dir) as url:
+        migrate.upgrade(url)
+        yield url
+
+
+def make_settings(url: str, tmp_dir: Path, **overrides: Any) -> Settings:
+    values: dict[str, Any] = {
+        "database_url": url,
+        "data_dir": tmp_dir,
+        "export_dir": tmp_dir / "exports",
+        "admin_tokens": [ADMIN_TOKEN],
+        "gateway_tokens": [GATEWAY_TOKEN],
+    }
+    values.update(overrides)
+    return Settings(**values)
+
+
+@dataclass
+class Api:
+    """The real app behind a TestClient, with the three kinds of credential at hand."""
+
+    client: TestClient
+    backend: str
+    url: str
+    clock: FrozenClock
+    database: Database
+    settings: Settings
+    admin_headers: dict[str, str] = field(
+        default_factory=lambda: {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    )
+    gateway_headers: dict[str, str] = field(
+        default_factory=lambda: {"Authorization": f"Bearer {GATEWAY_TOKEN}"}
+    )
+
+    def admin(self, method: str, path: str, **kwargs: Any) -> Any:
+        return self.client.request(method, path, headers=self.admin_headers, **kwargs)
+
+    def gateway(self, method: str, path: str, **kwargs: Any) -> Any:
+        return self.client.request(method, path, headers=self.gateway_headers, **kwargs)
+
+    def as_key(self, secret: str, method: str, path: str, **kwargs: Any) -> Any:
+        headers = {"Authorization": f"Bearer {secret}", **kwargs.pop("headers", {})}
+        return self.client.request(method, path, headers=headers, **kwargs)
+
+
+@contextmanager
+def running_api(backend: str, url: str, tmp_dir: Path, **settings: Any) -> Iterator[Api]:
+    config = make_settings(url, tmp_dir, **settings)
+    clock = FrozenClock(NOW)
+    database = Database.from_url(url, pool_size=5)
+    app = create_app(config, database=database, clock=clock)
+    try:
+        with TestClient(app, raise_server_exceptions=False) as client:
+            yield Api(client, backend, url, clock, database, config)
+    finally:
+        database.dispose()
+
+
+@pytest.fixture(scope="session")
+def session_tmp(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("metering")
+
+
+@pytest.fixture(scope="session")
+def _shared_apis(session_tmp: Path) -> Iterator[dict[str, Api]]:
+    """One migrated database and app per backend for the whole session (tests create their own
+    accounts and models with fresh ids, so they never see each other's data)."""
+    from contextlib import ExitStack
+
+    with ExitStack() as stack:
+        apis = {}
+        for backend in BACKENDS:
+            url = stack.enter_context(migrated_database(backend, session_tmp))
+            apis[backend] = stack.enter_context(running_api(backend, url, session_tmp))
+        yield apis
+
+
+@pytest.fixture(params=BACKENDS)
+def api(request: pytest.FixtureRequest, _shared_apis: dict[str, Api]) -> Iterator[Api]:
+    """The real app on each backend in turn; the clock starts at ``NOW`` in every test."""
+    shared = _shared_apis[request.param]
+    shared.clock.set(NOW)
+    yield shared
+    shared.clock.set(NOW)
+
+
+@pytest.fixture(params=BACKENDS)
+def fresh_api(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Api]:
+    """The real app on a database of its own (for tests that need an empty catalog)."""
+    with (
+        migrated_database(request.param, tmp_path) as url,
+        running_api(request.param, url, tmp_path) as fresh,
+    ):
+        yield fresh
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    """A fresh, migrated PostgreSQL database (for multi-process and concurrency tests)."""
+    if "postgresql" not in BACKENDS:
+        pytest.fail("this test needs PostgreSQL (METERING_TEST_BACKENDS excludes it)")
+    with fresh_pg_database() as url:
+        migrate.upgrade(url)
+        yield url
