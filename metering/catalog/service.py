@@ -15,7 +15,7 @@ from metering.kit.errors import Conflict, InvalidRequest, NotFound
 from metering.kit.ids import new_id
 from metering.kit.money import is_whole_cents, whole_cents
 from metering.kit.timeutil import format_timestamp, parse_timestamp
-from metering.models import AccountRate, CatalogModel, PriceVersion
+from metering.models import AccountRate, CatalogModel, PriceVersion, UsageEvent
 from metering.pricing import ModelLimits, Rates
 
 
@@ -120,17 +120,27 @@ def prices_in_force(
 
 def version_has_charges(session: Session, version_id: str) -> bool:
     """Whether any recorded charge was priced by this version."""
-    # Charges are recorded by the usage ingest; until that exists nothing has been priced.
-    del session, version_id
-    return False
+    found = session.execute(
+        select(UsageEvent.id).where(UsageEvent.price_version_id == version_id).limit(1)
+    ).first()
+    return found is not None
 
 
 def list_priced_charges_between(
     session: Session, model_id: str, start: datetime, end: datetime | None
 ) -> bool:
-    """Whether charges of ``model_id`` at list prices occurred in [start, end)."""
-    del session, model_id, start, end
-    return False
+    """Whether charges of ``model_id`` priced at a list price occurred in [start, end): a new
+    list version there would have priced them differently."""
+    query = select(UsageEvent.id).where(
+        UsageEvent.model_id == model_id,
+        UsageEvent.occurred_at >= start,
+        UsageEvent.price_version_id.in_(
+            select(PriceVersion.id).where(PriceVersion.model_id == model_id)
+        ),
+    )
+    if end is not None:
+        query = query.where(UsageEvent.occurred_at < end)
+    return session.execute(query.limit(1)).first() is not None
 
 
 def put_model(

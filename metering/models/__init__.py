@@ -1,7 +1,22 @@
 """All ORM tables, imported in one place so Alembic sees the whole schema."""
 
 from metering.models.accounts import Account, ApiKey
-from metering.models.base import Base
+from metering.models.base import Base, table
 from metering.models.catalog import AccountRate, CatalogModel, PriceVersion
+from metering.models.ledger import Authorization, LedgerEntry
+from metering.models.usage import QuarantinedEvent, UsageEvent, UsageRollup
 
-__all__ = ["Account", "AccountRate", "ApiKey", "Base", "CatalogModel", "PriceVersion"]
+__all__ = [
+    "Account",
+    "AccountRate",
+    "ApiKey",
+    "Authorization",
+    "Base",
+    "CatalogModel",
+    "LedgerEntry",
+    "PriceVersion",
+    "QuarantinedEvent",
+    "UsageEvent",
+    "UsageRollup",
+    "table",
+]

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import BigInteger, DateTime, Integer, MetaData
+from sqlalchemy import BigInteger, DateTime, Integer, MetaData, Table
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase
 from sqlalchemy.types import TypeDecorator
@@ -50,3 +50,8 @@ class UTCDateTime(TypeDecorator[datetime]):
 
 # An auto-incrementing 64-bit key: SQLite only auto-increments an INTEGER PRIMARY KEY.
 BigIntPK = BigInteger().with_variant(Integer(), "sqlite")
+
+
+def table(model: type[Base]) -> Table:
+    """A mapped class's Core table, for set-based statements (typed for mypy)."""
+    return cast(Table, model.__table__)

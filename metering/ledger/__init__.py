@@ -1,0 +1,1 @@
+"""The credit ledger, balances and credit holds."""

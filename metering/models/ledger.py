@@ -1,0 +1,100 @@
+"""The credit ledger (append-only) and credit holds placed by pre-flight authorizations."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+    text,
+)
+from sqlalchemy.orm import Mapped, mapped_column
+
+from metering.models.base import Base, BigIntPK, UTCDateTime
+
+
+class LedgerEntry(Base):
+    """One movement of an account's balance. Never updated or deleted; corrections are new
+    entries. ``accounts.balance_microcents`` always equals the sum of an account's entries."""
+
+    __tablename__ = "ledger_entries"
+    __table_args__ = (
+        CheckConstraint("kind IN ('grant', 'adjustment', 'charge')", name="kind"),
+        CheckConstraint(
+            "(kind = 'grant' AND amount_microcents > 0) OR (kind = 'adjustment' AND "
+            "amount_microcents <> 0) OR (kind = 'charge' AND amount_microcents <= 0)",
+            name="amount_sign",
+        ),
+        # Grants and adjustments share one idempotency namespace per account.
+        UniqueConstraint("account_id", "idempotency_key"),
+        Index("ix_ledger_entries_account_id_id", "account_id", "id"),
+    )
+
+    id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
+    account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"))
+    kind: Mapped[str] = mapped_column(String(16))
+    amount_microcents: Mapped[int] = mapped_column(BigInteger)  # signed: charges are negative
+    idempotency_key: Mapped[str | None] = mapped_column(String(200))
+    # SHA-256 of the request's normalised body: the same key with another body is a conflict.
+    request_fingerprint: Mapped[str | None] = mapped_column(String(64))
+    note: Mapped[str | None] = mapped_column(Text)  # a grant's note, an adjustment's reason
+    # For charges: the usage event that caused it.
+    usage_event_id: Mapped[int | None] = mapped_column(BigInteger, index=True)
+    api_key_id: Mapped[str | None] = mapped_column(String(32))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class Authorization(Base):
+    """A credit hold of the estimated maximum cost of one LLM request.
+
+    It counts against ``available`` while status is 'active' and ``expires_at`` is in the
+    future: expiry needs no sweeper (a periodic tidy-up may set status 'expired')."""
+
+    __tablename__ = "authorizations"
+    __table_args__ = (
+        CheckConstraint("status IN ('active', 'settled', 'voided', 'expired')", name="status"),
+        CheckConstraint("estimate_microcents >= 0", name="estimate_non_negative"),
+        UniqueConstraint("account_id", "request_id"),
+        Index(
+            "ix_authorizations_active_account",
+            "account_id",
+            "expires_at",
+            sqlite_where=text("status = 'active'"),
+            postgresql_where=text("status = 'active'"),
+        ),
+        Index(
+            "ix_authorizations_active_key",
+            "api_key_id",
+            "expires_at",
+            sqlite_where=text("status = 'active'"),
+            postgresql_where=text("status = 'active'"),
+        ),
+        Index("ix_authorizations_status_expires_at", "status", "expires_at"),
+    )
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)  # auth_…
+    account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"))
+    api_key_id: Mapped[str] = mapped_column(ForeignKey("api_keys.id"))
+    request_id: Mapped[str | None] = mapped_column(String(64))
+    request_fingerprint: Mapped[str] = mapped_column(String(64))
+    model_id: Mapped[str] = mapped_column(ForeignKey("catalog_models.id"))
+    api: Mapped[str] = mapped_column(String(20))
+    prompt_tokens: Mapped[int] = mapped_column(Integer)
+    requested_max_tokens: Mapped[int | None] = mapped_column(Integer)
+    n: Mapped[int] = mapped_column(Integer)
+    reasoning: Mapped[bool] = mapped_column(Boolean)
+    max_tokens: Mapped[int] = mapped_column(Integer)  # the effective output limit
+    estimate_microcents: Mapped[int] = mapped_column(BigInteger)
+    status: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    closed_at: Mapped[datetime | None] = mapped_column(UTCDateTime)  # settled or voided
+    usage_event_id: Mapped[int | None] = mapped_column(BigInteger)  # the event that settled it

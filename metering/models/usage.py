@@ -1,0 +1,114 @@
+"""Recorded usage events with their charges, quarantined events, and report aggregates."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import (
+    BigInteger,
+    CheckConstraint,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import Mapped, mapped_column
+
+from metering.models.base import Base, BigIntPK, UTCDateTime
+
+
+class UsageEvent(Base):
+    """One billed LLM request and its charge (1:1, so the charge lives on the event row).
+
+    ``id`` is the ingest order. (account_id, request_id) is unique forever: the dedup key."""
+
+    __tablename__ = "usage_events"
+    __table_args__ = (
+        UniqueConstraint("account_id", "request_id"),
+        CheckConstraint("outcome IN ('completed', 'failed')", name="outcome"),
+        CheckConstraint("api IN ('chat_completions', 'responses', 'messages')", name="api"),
+        CheckConstraint(
+            "total_microcents = input_microcents + cache_read_microcents + output_microcents",
+            name="total_is_sum",
+        ),
+        # Which charges a price version change would touch (catalog import's refusal rule).
+        Index("ix_usage_events_model_id_occurred_at", "model_id", "occurred_at"),
+        Index("ix_usage_events_account_id_occurred_at", "account_id", "occurred_at"),
+    )
+
+    id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
+    account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"))
+    request_id: Mapped[str] = mapped_column(String(64))
+    api_key_id: Mapped[str] = mapped_column(ForeignKey("api_keys.id"))
+    model_id: Mapped[str] = mapped_column(ForeignKey("catalog_models.id"))
+    api: Mapped[str] = mapped_column(String(20))
+    outcome: Mapped[str] = mapped_column(String(10))
+    occurred_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    recorded_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    authorization_id: Mapped[str | None] = mapped_column(String(32))
+    # Normalised counts (contract §5): prompt includes cached, output includes reasoning.
+    prompt_tokens: Mapped[int] = mapped_column(Integer)
+    cached_tokens: Mapped[int] = mapped_column(Integer)
+    output_tokens: Mapped[int] = mapped_column(Integer)
+    reasoning_tokens: Mapped[int] = mapped_column(Integer)
+    # The charge: each component rounded half up to a microcent; zero for unbilled accounts.
+    input_microcents: Mapped[int] = mapped_column(BigInteger)
+    cache_read_microcents: Mapped[int] = mapped_column(BigInteger)
+    output_microcents: Mapped[int] = mapped_column(BigInteger)
+    total_microcents: Mapped[int] = mapped_column(BigInteger)
+    price_version_id: Mapped[str | None] = mapped_column(String(32), index=True)
+
+
+class QuarantinedEvent(Base):
+    """A keyed event that cannot be billed now, kept verbatim for an operator (never dropped)."""
+
+    __tablename__ = "quarantined_events"
+    __table_args__ = (
+        Index("ix_quarantined_events_code_id", "code", "id"),
+        Index("ix_quarantined_events_account_id_id", "account_id", "id"),
+    )
+
+    id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
+    # Null when the event's key is unknown (its account cannot be known).
+    account_id: Mapped[str | None] = mapped_column(String(32))
+    api_key_id: Mapped[str | None] = mapped_column(String(64))
+    request_id: Mapped[str] = mapped_column(String(64))
+    model: Mapped[str | None] = mapped_column(String(200))
+    code: Mapped[str] = mapped_column(String(32))
+    message: Mapped[str] = mapped_column(Text)
+    raw_event: Mapped[str] = mapped_column(Text)  # the event as received, canonical JSON
+    # SHA-256 of raw_event: the same unbillable event sent again is kept once.
+    raw_sha256: Mapped[str] = mapped_column(String(64), unique=True)
+    attempts: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
+    received_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    last_attempt_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class UsageRollup(Base):
+    """Pre-aggregated usage, maintained in the ingest transaction; reports read only these.
+
+    ``bucket_width`` is '1h' or '1d'; ``grouping`` says which dimensions the row keeps:
+    'key_model' (both), 'key' (model_id = ''), 'model' (api_key_id = '')."""
+
+    __tablename__ = "usage_rollups"
+    __table_args__ = (
+        CheckConstraint("bucket_width IN ('1h', '1d')", name="bucket_width"),
+        CheckConstraint("grouping IN ('key_model', 'key', 'model')", name="grouping"),
+    )
+
+    account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"), primary_key=True)
+    bucket_width: Mapped[str] = mapped_column(String(2), primary_key=True)
+    grouping: Mapped[str] = mapped_column(String(10), primary_key=True)
+    bucket_start: Mapped[datetime] = mapped_column(UTCDateTime, primary_key=True)
+    api_key_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    model_id: Mapped[str] = mapped_column(String(100), primary_key=True)
+    requests: Mapped[int] = mapped_column(BigInteger)
+    input_tokens: Mapped[int] = mapped_column(BigInteger)  # cache reads included
+    cache_read_tokens: Mapped[int] = mapped_column(BigInteger)
+    output_tokens: Mapped[int] = mapped_column(BigInteger)  # reasoning included
+    reasoning_tokens: Mapped[int] = mapped_column(BigInteger)
+    cost_microcents: Mapped[int] = mapped_column(BigInteger)
+    # The newest usage_events.id counted here: what an export saw, and whether it is stale.
+    last_event_id: Mapped[int] = mapped_column(BigInteger)
