@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Request, Response
 from sqlalchemy import text
 
 from metering.kit.errors import MeteringError
-from metering.web.deps import get_database
+from metering.metrics import REGISTRY
+from metering.web.deps import NowDep, SessionDep, get_database
 from metering.web.jsonio import MeteringRoute
 
 router = APIRouter(route_class=MeteringRoute, tags=["operations"])
@@ -33,3 +34,11 @@ def readyz(request: Request) -> dict[str, str]:
     except Exception as exc:
         raise NotReady("database unreachable") from exc
     return {"status": "ready"}
+
+
+@router.get("/metrics")
+def metrics(session: SessionDep, now: NowDep) -> Response:
+    """Prometheus metrics: this process's counters and latencies, and database-wide gauges."""
+    return Response(
+        REGISTRY.render(session, now), media_type="text/plain; version=0.0.4; charset=utf-8"
+    )

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from metering.kit.errors import BodyTooLarge
 from metering.kit.ids import new_request_id
+from metering.metrics import REQUEST_LATENCY
 
 REQUEST_ID_HEADER = b"x-request-id"
 
@@ -38,9 +40,13 @@ class RequestContextMiddleware:
         request_id = request_id_of(scope)
         header_value = request_id.encode()
         limit = self.max_body_bytes
+        started = time.perf_counter()
+        status = 500
 
         async def send_with_id(message: Message) -> None:
+            nonlocal status
             if message["type"] == "http.response.start":
+                status = message["status"]
                 headers = [(k, v) for k, v in message.get("headers", []) if k != REQUEST_ID_HEADER]
                 headers.append((REQUEST_ID_HEADER, header_value))
                 message["headers"] = headers
@@ -62,7 +68,15 @@ class RequestContextMiddleware:
                     raise BodyTooLarge(_too_large(limit), limit_bytes=limit)
             return message
 
-        await self.app(scope, limited_receive, send_with_id)
+        try:
+            await self.app(scope, limited_receive, send_with_id)
+        finally:
+            route = scope.get("route")
+            # The route template (not the raw path) keeps the label set small.
+            template = getattr(route, "path", None) or "unmatched"
+            REQUEST_LATENCY.observe(
+                time.perf_counter() - started, template, scope["method"], str(status)
+            )
 
 
 def _too_large(limit: int) -> str:
