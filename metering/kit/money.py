@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from decimal import Decimal
+from decimal import Context, Decimal, Inexact
 from typing import Annotated
 
 from pydantic import Strict
@@ -20,6 +20,9 @@ USD_DECIMALS = 8
 # fits a signed 64-bit column).
 MAX_INPUT_CENTS = 9 * 10**12
 INT64_MAX = 2**63 - 1
+# Scaling a money input to microcents must never round: the default context keeps 28 digits and
+# flushes tiny exponents to zero, which would accept e.g. 1.00000000000000000000000000001 cents.
+_EXACT = Context(prec=40, traps=[Inexact])
 
 
 # A money input as the exact JSON parser hands it over: an int, or a Decimal for a JSON number with
@@ -48,6 +51,8 @@ def round_half_up_div(numerator: int, denominator: int) -> int:
 
 def scaled_text(value: int, decimals: int) -> str:
     """``value / 10**decimals`` as exact plain decimal text without trailing zeros."""
+    if decimals == 0:
+        return str(value)
     sign = "-" if value < 0 else ""
     digits = str(abs(value)).rjust(decimals + 1, "0")
     whole, frac = digits[:-decimals], digits[-decimals:].rstrip("0")
@@ -88,12 +93,16 @@ def parse_cents(value: object, param: str, *, allow_negative: bool = False) -> i
     amount = Decimal(value)
     if not amount.is_finite():
         raise InvalidRequest(f"{param} must be a finite number", param=param)
-    if abs(amount) > MAX_INPUT_CENTS:
+    if amount.copy_abs() > MAX_INPUT_CENTS:  # exact: abs() rounds, and overflows on 1E+999999999
         raise InvalidRequest(
             f"{param} must be between -{MAX_INPUT_CENTS} and {MAX_INPUT_CENTS} cents", param=param
         )
-    scaled = amount.scaleb(CENTS_DECIMALS)
-    if scaled != scaled.to_integral_value():
+    try:
+        scaled = amount.scaleb(CENTS_DECIMALS, context=_EXACT)
+        whole = scaled == scaled.to_integral_value()
+    except Inexact:  # more significant digits than any valid amount has
+        whole = False
+    if not whole:
         raise InvalidRequest(f"{param} may have at most 6 decimals", param=param)
     microcents = int(scaled)
     if microcents < 0 and not allow_negative:

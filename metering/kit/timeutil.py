@@ -7,10 +7,12 @@ from datetime import UTC, date, datetime, time, timedelta, timezone
 
 from metering.kit.errors import InvalidRequest
 
+# ASCII digits only, matched in full (``$`` would also accept a trailing newline).
 _RFC3339 = re.compile(
-    r"^(\d{4})-(\d{2})-(\d{2})[Tt ](\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,9}))?([Zz]|[+-]\d{2}:\d{2})$"
+    r"(\d{4})-(\d{2})-(\d{2})[Tt ](\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,9}))?([Zz]|[+-]\d{2}:\d{2})",
+    re.ASCII,
 )
-_DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
+_DATE = re.compile(r"\d{4}-\d{2}-\d{2}", re.ASCII)
 
 
 def parse_timestamp(text: object, param: str, *, allow_date: bool = False) -> datetime:
@@ -19,14 +21,14 @@ def parse_timestamp(text: object, param: str, *, allow_date: bool = False) -> da
         raise InvalidRequest(
             f"{param} must be an RFC 3339 timestamp", code="invalid_timestamp", param=param
         )
-    if allow_date and _DATE.match(text):
+    if allow_date and _DATE.fullmatch(text):
         try:
             return datetime.combine(date.fromisoformat(text), time(), UTC)
         except ValueError:
             raise InvalidRequest(
                 f"{param} is not a valid date", code="invalid_timestamp", param=param
             ) from None
-    match = _RFC3339.match(text)
+    match = _RFC3339.fullmatch(text)
     if not match:
         expected = "an RFC 3339 timestamp or a YYYY-MM-DD date" if allow_date else "RFC 3339"
         raise InvalidRequest(
@@ -60,7 +62,11 @@ def format_timestamp(value: datetime) -> str:
     if value.tzinfo is None:
         raise ValueError("naive datetime")
     value = value.astimezone(UTC)
-    text = value.strftime("%Y-%m-%dT%H:%M:%S")
+    # Not strftime("%Y"): glibc writes year 5 as "5", not "0005".
+    text = (
+        f"{value.year:04d}-{value.month:02d}-{value.day:02d}"
+        f"T{value.hour:02d}:{value.minute:02d}:{value.second:02d}"
+    )
     if value.microsecond:
         text += f".{value.microsecond:06d}".rstrip("0")
     return text + "Z"
