@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import secrets
 from dataclasses import dataclass
 from datetime import datetime
@@ -86,3 +87,90 @@ def priced_model(
     model_id = put_model(api, **metadata)
     add_price(api, model_id, effective_at, rates)
     return model_id
+
+
+REQUEST_ID = re.compile(r"[0-9a-f]{12}")
+# §1: the HTTP status carries the category, and each status has exactly one error type.
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    402: "insufficient_credits",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    409: "conflict_error",
+    413: "invalid_request_error",
+    500: "api_error",
+}
+
+
+def assert_error(
+    response: Any, status: int, code: str, *, param: str | None = None
+) -> dict[str, Any]:
+    """The §1 error body with this status, type, code and param, and the matching request id."""
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert set(body) == {"error"}, body
+    error = body["error"]
+    assert {"message", "type", "param", "code", "request_id"} <= set(error), error
+    assert isinstance(error["message"], str) and error["message"], error
+    assert (error["type"], error["code"], error["param"]) == (ERROR_TYPES[status], code, param), (
+        error
+    )
+    assert REQUEST_ID.fullmatch(error["request_id"]), error
+    assert response.headers["x-request-id"] == error["request_id"]
+    return dict(error)
+
+
+def card_of(api: Api, model_id: str, secret: str | None = None) -> dict[str, Any] | None:
+    """``model_id``'s card in ``GET /v1/models`` (with an account key if given), or None."""
+    if secret is None:
+        response = api.client.get("/v1/models")
+    else:
+        response = api.as_key(secret, "GET", "/v1/models")
+    assert response.status_code == 200, response.text
+    cards = [card for card in response.json()["data"] if card["id"] == model_id]
+    assert len(cards) <= 1
+    return cards[0] if cards else None
+
+
+def chat_usage(prompt: int, completion: int, cached: int = 0, reasoning: int = 0) -> dict[str, Any]:
+    """A Chat Completions ``usage`` object as the API returns it."""
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
+        "completion_tokens_details": {"reasoning_tokens": reasoning},
+    }
+
+
+def usage_event(
+    key: Key,
+    model: str,
+    occurred_at: datetime,
+    usage: dict[str, Any] | None = None,
+    *,
+    request_id: str | None = None,
+    api: str = "chat_completions",
+    outcome: str = "completed",
+    **extra: Any,
+) -> dict[str, Any]:
+    """One event of ``POST /v1/usage/events`` (chat usage of 1000 prompt / 100 output tokens
+    unless ``usage`` is given)."""
+    return {
+        "request_id": request_id or secrets.token_hex(6),
+        "api_key_id": key.id,
+        "model": model,
+        "api": api,
+        "usage": usage if usage is not None else chat_usage(1000, 100),
+        "occurred_at": format_timestamp(occurred_at),
+        "outcome": outcome,
+        **extra,
+    }
+
+
+def ingest(api: Api, *events: dict[str, Any]) -> dict[str, Any]:
+    """Send events to ``POST /v1/usage/events`` as the gateway; the 200 body."""
+    response = api.gateway("POST", "/v1/usage/events", json={"events": list(events)})
+    assert response.status_code == 200, response.text
+    return dict(response.json())

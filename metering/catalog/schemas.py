@@ -6,7 +6,7 @@ import re
 from datetime import date
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, Strict, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationInfo, field_validator
 
 MAX_RATE = 10**12  # microcents per million tokens: $10,000 per million tokens
 MAX_TOKENS_LIMIT = 2**31 - 1
@@ -39,11 +39,14 @@ class ModelSpec(BaseModel):
     hidden: Annotated[bool, Strict()] = False
     deprecation_date: date | None = None
 
-    @model_validator(mode="after")
-    def _output_fits_context(self) -> ModelSpec:
-        if self.max_output_tokens is not None and self.max_output_tokens > self.context_length:
+    # A field validator (not a model one) so the 400 names the field at fault.
+    @field_validator("max_output_tokens")
+    @classmethod
+    def _output_fits_context(cls, value: int | None, info: ValidationInfo) -> int | None:
+        context_length = info.data.get("context_length")
+        if value is not None and context_length is not None and value > context_length:
             raise ValueError("max_output_tokens must not exceed context_length")
-        return self
+        return value
 
 
 class PriceSpec(BaseModel):
@@ -68,16 +71,15 @@ class AccountRateSpec(BaseModel):
     output_microcents_per_million: Rate | None
     cache_read_microcents_per_million: Rate | None
 
-    @model_validator(mode="after")
-    def _all_or_none(self) -> AccountRateSpec:
-        rates = (
-            self.input_microcents_per_million,
-            self.output_microcents_per_million,
-            self.cache_read_microcents_per_million,
-        )
-        if any(r is None for r in rates) and not all(r is None for r in rates):
+    # Field validators (not a model one) so the 400 names the first rate that disagrees.
+    @field_validator("output_microcents_per_million", "cache_read_microcents_per_million")
+    @classmethod
+    def _all_or_none(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if "input_microcents_per_million" in info.data and (value is None) != (
+            info.data["input_microcents_per_million"] is None
+        ):
             raise ValueError("give all three rates, or all three null to end the override")
-        return self
+        return value
 
     @property
     def ends_override(self) -> bool:

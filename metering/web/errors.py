@@ -29,6 +29,23 @@ def error_response(request: Request, error: MeteringError) -> Response:
     )
 
 
+def _field_path(loc: tuple[Any, ...], body: Any, kind: str) -> tuple[Any, ...]:
+    """The fields of a body error's location: pydantic appends a union member's tag (``int``,
+    ``decimal``) after the field, and that tag is not a field of the request."""
+    path: list[Any] = []
+    current = body
+    for index, part in enumerate(loc):
+        present = (isinstance(current, dict) and part in current) or (
+            isinstance(current, list) and isinstance(part, int) and 0 <= part < len(current)
+        )
+        if present:
+            current = current[part]
+        elif not (kind == "missing" and isinstance(current, dict) and index == len(loc) - 1):
+            break
+        path.append(part)
+    return tuple(path)
+
+
 def _param_of(loc: tuple[Any, ...]) -> str | None:
     parts = [part for part in loc if part not in ("body", "query", "path", "header")]
     if not parts:
@@ -53,13 +70,15 @@ def validation_error(exc: RequestValidationError) -> MeteringError:
     first = errors[0]
     kind = first.get("type", "")
     loc = tuple(first.get("loc", ()))
+    if loc[:1] == ("body",):
+        loc = ("body", *_field_path(loc[1:], exc.body, kind))
     param = _param_of(loc)
     if kind == "json_invalid":
         detail = (first.get("ctx") or {}).get("error", "malformed JSON")
         return InvalidRequest(
             f"request body is not valid JSON: {detail}", code="invalid_json_request"
         )
-    if loc[:1] == ("body",) and param is None:
+    if loc[:1] == ("body",) and param is None and (kind == "missing" or kind in _BODY_SHAPE_ERRORS):
         if kind == "missing":
             message = (
                 "request body is required: send a JSON object (Content-Type: application/json)"
@@ -67,7 +86,8 @@ def validation_error(exc: RequestValidationError) -> MeteringError:
         else:
             message = "request body must be a JSON object (Content-Type: application/json)"
         return InvalidRequest(message, code="invalid_json_request")
-    message = f"{param}: {first.get('msg', 'invalid value')}" if param else first.get("msg", "")
+    reason = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
+    message = f"{param}: {reason}" if param else reason
     if kind == "missing":
         return InvalidRequest(f"{param} is required", code="missing_parameter", param=param)
     if kind in ("literal_error", "enum"):

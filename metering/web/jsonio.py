@@ -22,19 +22,16 @@ class ExactJSONResponse(JSONResponse):
         return jsonenc.dumps(content)
 
 
-def _refuse_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not valid JSON")
-
-
 def loads_exact(body: bytes) -> Any:
-    """JSON with every non-integer number as a Decimal; NaN, Infinity, bad UTF-8 and absurd
-    nesting are all reported as JSON errors."""
+    """JSON with every non-integer number as a Decimal; bad UTF-8 and absurd nesting are reported
+    as JSON errors. NaN and ±Infinity become Decimal values, so the field they were sent in refuses
+    them by name (§1: a NaN money input is a 400 whose ``param`` names the field)."""
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise json.JSONDecodeError("request body is not valid UTF-8", "", exc.start) from None
     try:
-        return json.loads(text, parse_float=Decimal, parse_constant=_refuse_constant)
+        return json.loads(text, parse_float=Decimal, parse_constant=Decimal)
     except json.JSONDecodeError:
         raise
     except RecursionError:
