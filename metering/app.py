@@ -51,9 +51,17 @@ def create_app(
     from metering import health
     from metering.accounts import endpoints as accounts
     from metering.catalog import endpoints as catalog
+    from metering.ledger import endpoints as ledger
+    from metering.usage import endpoints as usage
 
+    # The gateway's hot path first: routes are matched in order, router by router.
+    app.include_router(ledger.gateway_router)
     app.include_router(health.router)
     app.include_router(catalog.router)
     app.include_router(catalog.admin_router)
     app.include_router(accounts.admin_router)
+    app.include_router(ledger.router)
+    app.include_router(ledger.admin_router)
+    app.include_router(usage.router)
+    app.include_router(usage.admin_router)
     return app

@@ -174,3 +174,61 @@ def ingest(api: Api, *events: dict[str, Any]) -> dict[str, Any]:
     response = api.gateway("POST", "/v1/usage/events", json={"events": list(events)})
     assert response.status_code == 200, response.text
     return dict(response.json())
+
+
+def exact_json(response: Any) -> Any:
+    """A response body with its decimal numbers as Decimal (money is never compared as float)."""
+    import json
+    from decimal import Decimal
+
+    return json.loads(response.text, parse_float=Decimal)
+
+
+def grant(
+    api: Api, account_id: str, amount_cents: Any, idempotency_key: str | None = None
+) -> dict[str, Any]:
+    """Prepaid credit through ``POST /admin/v1/accounts/{id}/grants``; the new ledger entry.
+    ``amount_cents`` may be a Decimal: it is sent as an exact JSON number."""
+    import json
+    from decimal import Decimal
+
+    amount = (
+        format(amount_cents, "f") if isinstance(amount_cents, Decimal) else json.dumps(amount_cents)
+    )
+    key = json.dumps(idempotency_key or unique("grant"))
+    response = api.client.post(
+        f"/admin/v1/accounts/{account_id}/grants",
+        content=f'{{"amount_cents": {amount}, "idempotency_key": {key}}}',
+        headers={**api.admin_headers, "Content-Type": "application/json"},
+    )
+    assert response.status_code == 201, response.text
+    return dict(exact_json(response))
+
+
+def authorization_request(key: Key, model: str, /, **fields: Any) -> dict[str, Any]:
+    """A ``POST /v1/authorizations`` body (chat, 1000 prompt tokens, max_tokens 100 unless
+    given); pass ``max_tokens=None`` to omit it."""
+    body: dict[str, Any] = {
+        "api_key": key.secret,
+        "request_id": secrets.token_hex(6),
+        "model": model,
+        "api": "chat_completions",
+        "prompt_tokens": 1000,
+        "max_tokens": 100,
+        **fields,
+    }
+    return {name: value for name, value in body.items() if value is not None}
+
+
+def authorize(api: Api, key: Key, model: str, /, **fields: Any) -> Any:
+    """``POST /v1/authorizations`` as the gateway; the response (any status)."""
+    return api.gateway(
+        "POST", "/v1/authorizations", json=authorization_request(key, model, **fields)
+    )
+
+
+def credits_of(api: Api, key: Key) -> dict[str, Any]:
+    """``GET /v1/credits`` with the key; the body with exact decimals."""
+    response = api.as_key(key.secret, "GET", "/v1/credits")
+    assert response.status_code == 200, response.text
+    return dict(exact_json(response))

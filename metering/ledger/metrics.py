@@ -1,0 +1,48 @@
+"""What /metrics says about credit holds: outcomes per process, lost usage from the database."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime
+
+from sqlalchemy import and_, func, or_, select
+from sqlalchemy.orm import Session
+
+from metering.metrics import REGISTRY
+from metering.models import Authorization, table
+
+_HOLDS = table(Authorization)
+
+AUTHORIZATIONS = REGISTRY.counter(
+    "metering_authorizations_total",
+    "Pre-flight authorizations by result: granted, replayed (an idempotent retry), or the error "
+    "code of a refusal (insufficient_credits, member_spend_limit, invalid_api_key, ...).",
+    ("result",),
+)
+VOIDS = REGISTRY.counter(
+    "metering_authorization_voids_total",
+    "DELETE /v1/authorizations/{id} by result: voided, or unchanged (no longer active).",
+    ("result",),
+)
+
+EXPIRED_WITHOUT_USAGE = "metering_authorizations_expired_without_usage"
+
+
+@REGISTRY.database_collector
+def expired_without_usage(session: Session, now: datetime) -> Iterable[str]:
+    """Holds that expired with no usage event: each is a sign of lost usage (contract §4).
+
+    Read from the database, so every process reports the same figure."""
+    count = session.execute(
+        select(func.count())
+        .select_from(_HOLDS)
+        .where(
+            or_(
+                _HOLDS.c.status == "expired",
+                and_(_HOLDS.c.status == "active", _HOLDS.c.expires_at <= now),
+            )
+        )
+    ).scalar_one()
+    yield f"# HELP {EXPIRED_WITHOUT_USAGE} Credit holds that expired without any usage event."
+    yield f"# TYPE {EXPIRED_WITHOUT_USAGE} gauge"
+    yield f"{EXPIRED_WITHOUT_USAGE} {int(count)}"

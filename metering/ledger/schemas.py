@@ -1,0 +1,56 @@
+"""Request bodies for credits (admin) and pre-flight authorizations (gateway)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, Strict
+
+from metering.kit.money import CentsInput
+from metering.pricing import MAX_TOKEN_COUNT
+
+# The characters of a request id (contract §5), so a hold and its usage event can name each other.
+REQUEST_ID_PATTERN = r"^[A-Za-z0-9._:\-]{1,64}$"
+# The inference API's own ceiling on ``n``; far enough below any overflow of an estimate.
+MAX_CHOICES = 128
+
+IdempotencyKey = Annotated[str, Field(min_length=1, max_length=200)]
+# Signs and positivity are the estimate's rules (metering.pricing, which names the field); the
+# upper bounds here only keep absurd integers (10**30) out of 32-bit columns.
+BoundedCount = Annotated[int, Strict(), Field(le=MAX_TOKEN_COUNT)]
+
+
+class GrantCreate(BaseModel):
+    """``POST /admin/v1/accounts/{id}/grants``: prepaid credit, in cents (> 0, ≤ 6 decimals)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    amount_cents: CentsInput
+    idempotency_key: IdempotencyKey
+    note: str | None = Field(default=None, max_length=2000)
+
+
+class AdjustmentCreate(BaseModel):
+    """``POST /admin/v1/accounts/{id}/adjustments``: a signed correction, in cents (≠ 0)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    amount_cents: CentsInput
+    idempotency_key: IdempotencyKey
+    reason: str = Field(min_length=1, max_length=2000)
+
+
+class AuthorizationCreate(BaseModel):
+    """``POST /v1/authorizations`` (contract §4). ``api_key`` is optional here so that a missing
+    key is the contract's 401 ``missing_api_key``, not a 400."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    api_key: str | None = None
+    request_id: str | None = Field(default=None, pattern=REQUEST_ID_PATTERN)
+    model: str = Field(min_length=1, max_length=200)
+    api: Literal["chat_completions", "responses", "messages"]
+    prompt_tokens: BoundedCount
+    max_tokens: BoundedCount | None = None
+    n: Annotated[int, Strict(), Field(le=MAX_CHOICES)] = 1
+    reasoning: Annotated[bool, Strict()] = False

@@ -1,0 +1,222 @@
+"""The credit ledger: grants and adjustments (idempotent), balances, holds counted, credits.
+
+An account's balance (``accounts.balance_microcents``) moves only in the transaction that appends
+its ledger entry, by an atomic ``balance = balance + x`` under the account's row lock, so it always
+equals the sum of the account's entries. ``held`` is never stored: it is the sum of the holds that
+are active now, so a hold stops counting at its ``expires_at`` without any sweeper.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import and_, bindparam, func, insert, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+from sqlalchemy.sql.elements import ColumnElement
+
+from metering.kit.errors import Conflict, InvalidRequest, NotFound
+from metering.kit.money import INT64_MAX, cents
+from metering.kit.pagination import decode_cursor, page
+from metering.kit.timeutil import format_timestamp
+from metering.models import Account, Authorization, LedgerEntry, table
+
+ACCOUNTS = table(Account)
+HOLDS = table(Authorization)
+ENTRIES = table(LedgerEntry)
+INT64_MIN = -INT64_MAX - 1
+
+
+def fingerprint(values: dict[str, Any]) -> str:
+    """SHA-256 of a request's normalised fields: what "the same body" means for idempotency."""
+    canonical = json.dumps(values, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def is_active(now: Any) -> ColumnElement[bool]:
+    """A hold counts while it is active and not yet expired: it stops at ``expires_at``."""
+    return and_(HOLDS.c.status == "active", HOLDS.c.expires_at > now)
+
+
+def held_by_account(account_id: Any, now: Any) -> Any:
+    """The sum of an account's holds in force at ``now`` (a scalar subquery)."""
+    return (
+        select(func.coalesce(func.sum(HOLDS.c.estimate_microcents), 0))
+        .where(HOLDS.c.account_id == account_id, is_active(now))
+        .scalar_subquery()
+    )
+
+
+# The account's row lock: every movement of its balance and every check-and-hold of its credit
+# takes it first. FOR NO KEY UPDATE (not FOR UPDATE) so that rows referencing the account (usage
+# events, entries, holds) can still be inserted by others meanwhile. SQLite has no row locks:
+# its BEGIN IMMEDIATE already serialises every writing transaction.
+LOCK_ACCOUNT = (
+    select(ACCOUNTS.c.balance_microcents, ACCOUNTS.c.billing)
+    .where(ACCOUNTS.c.id == bindparam("account_id"))
+    .with_for_update(key_share=True)
+)
+
+
+@dataclass(frozen=True, slots=True)
+class LockedAccount:
+    id: str
+    billing: str
+    balance_microcents: int
+
+
+def lock_account(session: Session, account_id: str) -> LockedAccount:
+    row = session.execute(LOCK_ACCOUNT, {"account_id": account_id}).first()
+    if row is None:
+        raise NotFound(f"no account {account_id}", param="account_id")
+    return LockedAccount(account_id, row.billing, row.balance_microcents)
+
+
+# -- credits -------------------------------------------------------------------------------------
+
+_CREDITS = select(
+    ACCOUNTS.c.balance_microcents,
+    held_by_account(ACCOUNTS.c.id, bindparam("now", type_=HOLDS.c.expires_at.type)).label("held"),
+).where(ACCOUNTS.c.id == bindparam("account_id"))
+
+
+def credit_balance(session: Session, account_id: str, now: datetime) -> dict[str, Any]:
+    """``credit_balance``: balance, held (holds in force now) and available, exactly."""
+    row = session.execute(_CREDITS, {"account_id": account_id, "now": now}).first()
+    if row is None:
+        raise NotFound(f"no account {account_id}", param="account_id")
+    balance, held = int(row.balance_microcents), int(row.held)
+    available = balance - held
+    return {
+        "object": "credit_balance",
+        "currency": "usd",
+        "balance_cents": cents(balance),
+        "held_cents": cents(held),
+        "available_cents": cents(available),
+        "balance_microcents": balance,
+        "held_microcents": held,
+        "available_microcents": available,
+    }
+
+
+# -- grants and adjustments ----------------------------------------------------------------------
+
+_ENTRY_BY_KEY = select(ENTRIES).where(
+    ENTRIES.c.account_id == bindparam("account_id"),
+    ENTRIES.c.idempotency_key == bindparam("idempotency_key"),
+)
+_MOVE_BALANCE = (
+    update(ACCOUNTS)
+    .where(ACCOUNTS.c.id == bindparam("account_id"))
+    .values(balance_microcents=ACCOUNTS.c.balance_microcents + bindparam("amount"))
+)
+
+
+def add_entry(
+    session: Session,
+    account_id: str,
+    kind: str,
+    amount_microcents: int,
+    idempotency_key: str,
+    note: str | None,
+    now: datetime,
+) -> tuple[dict[str, Any], bool]:
+    """Append a grant or an adjustment and move the balance with it; returns the entry's body
+    and whether it was created (False: the same request was made before, nothing changed).
+
+    The same idempotency key with a different request is a 409, whatever the kind: grants and
+    adjustments share one namespace per account.
+    """
+    account = lock_account(session, account_id)
+    print_ = fingerprint({"kind": kind, "amount_microcents": amount_microcents, "note": note})
+    params = {"account_id": account_id, "idempotency_key": idempotency_key}
+    existing = session.execute(_ENTRY_BY_KEY, params).first()
+    if existing is not None:
+        return _replayed(existing, print_), False
+    new_balance = account.balance_microcents + amount_microcents
+    if not INT64_MIN <= new_balance <= INT64_MAX:
+        raise InvalidRequest(
+            "amount_cents would take the balance beyond the largest amount the service holds",
+            param="amount_cents",
+        )
+    values = {
+        "account_id": account_id,
+        "kind": kind,
+        "amount_microcents": amount_microcents,
+        "idempotency_key": idempotency_key,
+        "request_fingerprint": print_,
+        "note": note,
+        "usage_event_id": None,
+        "api_key_id": None,
+        "created_at": now,
+    }
+    try:
+        # The account lock already serialises requests with this key; the unique constraint is
+        # the backstop, and a savepoint keeps the transaction usable if it ever fires.
+        with session.begin_nested():
+            entry_id = session.execute(
+                insert(ENTRIES).values(values).returning(ENTRIES.c.id)
+            ).scalar_one()
+    except IntegrityError:
+        existing = session.execute(_ENTRY_BY_KEY, params).first()
+        if existing is None:
+            raise
+        return _replayed(existing, print_), False
+    session.execute(_MOVE_BALANCE, {"account_id": account_id, "amount": amount_microcents})
+    return entry_body({**values, "id": entry_id}), True
+
+
+def _replayed(existing: Any, print_: str) -> dict[str, Any]:
+    if existing.request_fingerprint != print_:
+        raise Conflict(
+            f"idempotency_key {existing.idempotency_key!r} was already used for a different "
+            "request on this account",
+            code="idempotency_conflict",
+            param="idempotency_key",
+        )
+    return entry_body(existing._mapping)
+
+
+def entry_body(entry: Any) -> dict[str, Any]:
+    kind = entry["kind"]
+    amount = int(entry["amount_microcents"])
+    return {
+        "id": entry["id"],
+        "object": "ledger_entry",
+        "account_id": entry["account_id"],
+        "kind": kind,
+        "amount_cents": cents(amount),
+        "amount_microcents": amount,
+        "idempotency_key": entry["idempotency_key"],
+        "note": entry["note"] if kind == "grant" else None,
+        "reason": entry["note"] if kind == "adjustment" else None,
+        "usage_event_id": entry["usage_event_id"],
+        "api_key_id": entry["api_key_id"],
+        "created_at": format_timestamp(entry["created_at"]),
+    }
+
+
+def list_entries(
+    session: Session, account_id: str, limit: int, after: str | None
+) -> dict[str, Any]:
+    """An account's entries, newest first (by id: the order they were appended)."""
+    if session.execute(select(ACCOUNTS.c.id).where(ACCOUNTS.c.id == account_id)).first() is None:
+        raise NotFound(f"no account {account_id}", param="account_id")
+    query = (
+        select(ENTRIES)
+        .where(ENTRIES.c.account_id == account_id)
+        .order_by(ENTRIES.c.id.desc())
+        .limit(limit + 1)
+    )
+    if after:
+        (last_id,) = decode_cursor(after, 1)
+        valid = isinstance(last_id, int) and not isinstance(last_id, bool)
+        if not valid or not 0 < last_id <= INT64_MAX:
+            raise InvalidRequest("after is not a cursor this list returned", param="after")
+        query = query.where(ENTRIES.c.id < last_id)
+    rows = [row._mapping for row in session.execute(query)]
+    return page(rows, limit, entry_body, lambda row: (row["id"],))

@@ -1,0 +1,1 @@
+"""Usage ingest: recording, pricing and aggregating the gateway's usage events."""

@@ -1,0 +1,98 @@
+"""Usage ingest for the gateway; quarantine and single-event lookup for operators."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Response
+
+from metering.kit.pagination import PageParams
+from metering.metrics import REGISTRY
+from metering.usage import lookup, quarantine, service
+from metering.usage.schemas import EventBatch, QuarantineCode, ReprocessRequest
+from metering.web.deps import AdminDep, GatewayDep, NowDep, SessionDep
+from metering.web.jsonio import MeteringRoute
+
+EVENTS_TOTAL = REGISTRY.counter(
+    "metering_usage_events_total",
+    "Usage events received by POST /v1/usage/events, by result.",
+    ("status",),
+)
+REPROCESSED_TOTAL = REGISTRY.counter(
+    "metering_quarantine_reprocessed_total",
+    "Quarantined events retried, by result.",
+    ("status",),
+)
+
+router = APIRouter(
+    prefix="/v1", route_class=MeteringRoute, dependencies=[GatewayDep], tags=["usage ingest"]
+)
+admin_router = APIRouter(
+    prefix="/admin/v1", route_class=MeteringRoute, dependencies=[AdminDep], tags=["admin: usage"]
+)
+
+
+def _plain_json(content: dict[str, Any]) -> Response:
+    """The ingest answer holds only integers (microcents, token counts), strings and nulls, so
+    the C encoder writes it exactly; the exact encoder, written for decimal money, is an order of
+    magnitude slower on a 1000-event answer."""
+    return Response(
+        json.dumps(content, separators=(",", ":"), allow_nan=False).encode(),
+        media_type="application/json",
+    )
+
+
+@router.post("/usage/events")
+def ingest_events(body: EventBatch, session: SessionDep, now: NowDep) -> Response:
+    """Record 1–1000 usage events; each is recorded, a duplicate, quarantined or rejected."""
+    service.check_batch_size(body.events)
+    outcome = service.record_events(session, body.events, now)
+    quarantine.keep(session, outcome.quarantined, now)
+    counts = {status: outcome.count(status) for status in service.STATUSES}
+    for status, count in counts.items():
+        if count:
+            EVENTS_TOTAL.inc(status, amount=count)
+    return _plain_json(
+        {
+            "object": "list",
+            "data": [result.body() for result in outcome.results],
+            "recorded": counts[service.RECORDED],
+            "duplicates": counts[service.DUPLICATE],
+            "quarantined": counts[service.QUARANTINED],
+            "rejected": counts[service.REJECTED],
+        }
+    )
+
+
+@admin_router.get("/usage/events/{request_id}")
+def get_usage_event(
+    request_id: str, account_id: Annotated[str, Query()], session: SessionDep
+) -> dict[str, Any]:
+    """One recorded usage event of an account, with its charge and the price version used."""
+    return lookup.event_body(session, account_id, request_id)
+
+
+@admin_router.get("/quarantine")
+def list_quarantine(
+    session: SessionDep,
+    paging: PageParams,
+    code: QuarantineCode | None = None,
+    account_id: str | None = None,
+) -> dict[str, Any]:
+    """Quarantined events, oldest first, optionally of one code or account."""
+    limit, after = paging
+    return quarantine.list_entries(session, code, account_id, limit, after)
+
+
+@admin_router.post("/quarantine/reprocess")
+def reprocess_quarantine(
+    session: SessionDep, now: NowDep, body: ReprocessRequest | None = None
+) -> dict[str, Any]:
+    """Retry quarantined events (the ids given, or all): billable ones are recorded once."""
+    result = quarantine.reprocess(session, body.ids if body else None, now)
+    for status in (service.RECORDED, service.DUPLICATE, service.QUARANTINED):
+        count = sum(1 for item in result["data"] if item["status"] == status)
+        if count:
+            REPROCESSED_TOTAL.inc(status, amount=count)
+    return result

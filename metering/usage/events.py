@@ -1,0 +1,151 @@
+"""One usage event as the gateway sent it: keyed or rejected, then checked on its own.
+
+Pure: no session, no clock (``now`` is passed in). The batch pipeline in ``service`` resolves
+what needs the database (key, model, price) for every event at once.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from metering.kit.errors import InvalidRequest
+from metering.kit.timeutil import parse_timestamp
+from metering.pricing import API_NAMES, InvalidUsage, NormalizedUsage, normalize_usage
+
+REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
+OUTCOMES = ("completed", "failed")
+# occurred_at later than now + this is refused (clock skew between gateway and metering is fine).
+FUTURE_TOLERANCE = timedelta(minutes=5)
+# Longest authorization id stored; ours are ``auth_`` + 20 characters.
+MAX_AUTHORIZATION_ID = 32
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """Why an event is rejected or quarantined: its result's ``error``."""
+
+    code: str
+    message: str
+    param: str | None = None
+
+    def body(self) -> dict[str, Any]:
+        return {"code": self.code, "message": self.message, "param": self.param}
+
+
+@dataclass(frozen=True, slots=True)
+class Content:
+    """What "same content" compares (§5): the billing fields after normalisation — not the raw
+    bytes and not ``authorization_id``. ``model_id`` is in catalog spelling."""
+
+    api_key_id: str
+    model_id: str
+    api: str
+    usage: NormalizedUsage
+    occurred_at: datetime
+    outcome: str
+
+
+@dataclass(slots=True)
+class Event:
+    """A keyed event (it has a valid ``request_id``); ``problem`` is set once it is known to be
+    unbillable now."""
+
+    index: int
+    request_id: str
+    raw: Mapping[str, Any]
+    api_key_id: str | None
+    model: str | None
+    api: str
+    outcome: str
+    occurred_at: datetime | None
+    usage: NormalizedUsage | None
+    authorization_id: str | None
+    problem: Problem | None
+    # Resolved against the database by the batch pipeline:
+    account_id: str | None = None
+    billed: bool = False  # the account is prepaid
+    model_id: str | None = None  # catalog spelling
+
+    def content(self) -> Content:
+        assert self.api_key_id and self.model_id and self.usage and self.occurred_at
+        return Content(
+            self.api_key_id, self.model_id, self.api, self.usage, self.occurred_at, self.outcome
+        )
+
+
+def reject_reason(raw: object) -> Problem | None:
+    """Why ``raw`` cannot even be keyed (nothing is stored for it), or None."""
+    if not isinstance(raw, Mapping):
+        return Problem("invalid_parameter", "an event must be a JSON object")
+    request_id = raw.get("request_id")
+    if request_id is None:
+        return Problem("missing_parameter", "request_id is required", "request_id")
+    if not isinstance(request_id, str) or not REQUEST_ID.fullmatch(request_id):
+        return Problem(
+            "invalid_parameter",
+            "request_id must be 1–64 characters of A–Z a–z 0–9 . _ : -",
+            "request_id",
+        )
+    return None
+
+
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def parse_event(index: int, raw: Mapping[str, Any], now: datetime) -> Event:
+    """A keyed event with the problems that need no database: timestamp, api, outcome, usage.
+
+    An unknown ``api`` or ``outcome`` is ``invalid_usage``: the usage cannot be read (or billed)
+    without knowing which API reported it and how it ended."""
+    authorization_id = _text(raw.get("authorization_id"))
+    if authorization_id is not None and not 0 < len(authorization_id) <= MAX_AUTHORIZATION_ID:
+        # A malformed hold reference must not keep usage from being billed: it names no hold.
+        authorization_id = None
+    api = raw.get("api")
+    outcome = raw.get("outcome")
+    event = Event(
+        index=index,
+        request_id=raw["request_id"],
+        raw=raw,
+        api_key_id=_text(raw.get("api_key_id")),
+        model=_text(raw.get("model")),
+        api=api if isinstance(api, str) else "",
+        outcome=outcome if isinstance(outcome, str) else "",
+        occurred_at=None,
+        usage=None,
+        authorization_id=authorization_id,
+        problem=None,
+    )
+    try:
+        event.occurred_at = parse_timestamp(raw.get("occurred_at"), "occurred_at")
+    except InvalidRequest as exc:
+        event.problem = Problem("invalid_timestamp", exc.message, "occurred_at")
+        return event
+    if event.occurred_at > now + FUTURE_TOLERANCE:
+        event.problem = Problem(
+            "invalid_timestamp",
+            "occurred_at is more than 5 minutes in the future",
+            "occurred_at",
+        )
+        return event
+    if api not in API_NAMES:
+        event.problem = Problem(
+            "invalid_usage", f"api must be one of {', '.join(API_NAMES)}", "api"
+        )
+        return event
+    if outcome not in OUTCOMES:
+        event.problem = Problem(
+            "invalid_usage", f"outcome must be one of {', '.join(OUTCOMES)}", "outcome"
+        )
+        return event
+    try:
+        event.usage = normalize_usage(event.api, raw.get("usage"))
+    except InvalidUsage as exc:
+        param = f"usage.{exc.field}" if exc.field else "usage"
+        event.problem = Problem("invalid_usage", str(exc), param)
+    return event

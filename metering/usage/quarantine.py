@@ -1,0 +1,276 @@
+"""The quarantine: keyed events that cannot be billed now, kept verbatim for an operator.
+
+Usage is never dropped: an unbillable event is stored with its §5 code, once per distinct raw
+event (``raw_sha256``), and ``reprocess`` retries entries after the catalog or prices are fixed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator, Mapping, Sequence
+from datetime import datetime
+from decimal import Decimal
+from json.encoder import encode_basestring_ascii
+from typing import Any
+
+from sqlalchemy import bindparam, delete, select, update
+from sqlalchemy.orm import Session
+
+from metering.kit.money import ExactNumber
+from metering.kit.pagination import decode_cursor, page
+from metering.kit.timeutil import format_timestamp
+from metering.models import QuarantinedEvent, table
+from metering.usage.events import Event
+from metering.usage.schemas import MAX_BATCH
+from metering.usage.service import DUPLICATE, QUARANTINED, RECORDED, STATUSES, record_events
+from metering.usage.sql import Update, insert_rows
+from metering.web.jsonio import loads_exact
+
+QUARANTINE = table(QuarantinedEvent)
+MAX_API_KEY_ID = 64
+MAX_MODEL = 200
+
+
+def _canonical(value: Any, out: list[str]) -> None:
+    if value is None or value is True or value is False:
+        out.append({None: "null", True: "true", False: "false"}[value])
+    elif isinstance(value, str):
+        out.append(encode_basestring_ascii(value))
+    elif isinstance(value, int):
+        out.append(int.__repr__(value))
+    elif isinstance(value, Decimal):
+        # As sent (the exact parser keeps fractions as Decimal); NaN and infinities are not JSON.
+        text = str(value)
+        out.append(text if value.is_finite() else encode_basestring_ascii(text))
+    elif isinstance(value, Mapping):
+        out.append("{")
+        for position, key in enumerate(sorted(value, key=str)):
+            if position:
+                out.append(",")
+            out.append(encode_basestring_ascii(str(key)))
+            out.append(":")
+            _canonical(value[key], out)
+        out.append("}")
+    elif isinstance(value, list | tuple):
+        out.append("[")
+        for position, item in enumerate(value):
+            if position:
+                out.append(",")
+            _canonical(item, out)
+        out.append("]")
+    else:
+        raise TypeError(f"not a JSON value: {type(value).__name__}")
+
+
+def canonical_json(value: Any) -> str:
+    """Sorted keys, no spaces, numbers as sent: one text per distinct event."""
+    out: list[str] = []
+    _canonical(value, out)
+    return "".join(out)
+
+
+def _bounded(text: str | None, limit: int) -> str | None:
+    return text if text is not None and len(text) <= limit else None
+
+
+_COLUMNS = (
+    "account_id",
+    "api_key_id",
+    "request_id",
+    "model",
+    "code",
+    "message",
+    "raw_event",
+    "raw_sha256",
+    "attempts",
+    "received_at",
+    "last_attempt_at",
+)
+# The same raw event again: one more attempt, with its current reason.
+_ON_RESEND: dict[str, Update] = {
+    "account_id": "excluded",
+    "code": "excluded",
+    "message": "excluded",
+    "attempts": "add",
+    "last_attempt_at": "excluded",
+}
+
+
+def keep(session: Session, events: Sequence[Event], now: datetime) -> None:
+    """Store unbillable events, once per distinct raw event: the same one sent again only counts
+    another attempt and takes its current reason."""
+    rows: dict[str, list[Any]] = {}
+    for event in events:
+        assert event.problem is not None
+        raw = canonical_json(event.raw)
+        sha = hashlib.sha256(raw.encode()).hexdigest()
+        if sha in rows:
+            rows[sha][8] += 1  # attempts
+            continue
+        rows[sha] = [
+            event.account_id,
+            _bounded(event.api_key_id, MAX_API_KEY_ID),
+            event.request_id,
+            _bounded(event.model, MAX_MODEL),
+            event.problem.code,
+            event.problem.message,
+            raw,
+            sha,
+            1,
+            now,
+            now,
+        ]
+    insert_rows(
+        session,
+        QUARANTINE,
+        _COLUMNS,
+        [rows[sha] for sha in sorted(rows)],
+        conflict=["raw_sha256"],
+        update=_ON_RESEND,
+    )
+
+
+def _exact(value: Any) -> Any:
+    """A stored raw event as response content: fractions written exactly as they were sent."""
+    if isinstance(value, Decimal):
+        return ExactNumber(str(value)) if value.is_finite() else str(value)
+    if isinstance(value, dict):
+        return {k: _exact(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_exact(v) for v in value]
+    return value
+
+
+def entry_body(entry: QuarantinedEvent) -> dict[str, Any]:
+    return {
+        "id": entry.id,
+        "object": "quarantined_event",
+        "account_id": entry.account_id,
+        "api_key_id": entry.api_key_id,
+        "request_id": entry.request_id,
+        "model": entry.model,
+        "code": entry.code,
+        "message": entry.message,
+        "attempts": entry.attempts,
+        "received_at": format_timestamp(entry.received_at),
+        "last_attempt_at": format_timestamp(entry.last_attempt_at),
+        "event": _exact(loads_exact(entry.raw_event.encode())),
+    }
+
+
+def list_entries(
+    session: Session, code: str | None, account_id: str | None, limit: int, after: str | None
+) -> dict[str, Any]:
+    """Entries oldest first, optionally of one code and one account."""
+    query = select(QuarantinedEvent).order_by(QuarantinedEvent.id).limit(limit + 1)
+    if code is not None:
+        query = query.where(QuarantinedEvent.code == code)
+    if account_id is not None:
+        query = query.where(QuarantinedEvent.account_id == account_id)
+    if after:
+        (last_id,) = decode_cursor(after, 1)
+        if not isinstance(last_id, int):
+            last_id = 0
+        query = query.where(QuarantinedEvent.id > last_id)
+    rows = session.execute(query).scalars().all()
+    return page(rows, limit, entry_body, lambda entry: (entry.id,))
+
+
+def _chunks(session: Session, ids: Sequence[int] | None) -> Iterator[Sequence[QuarantinedEvent]]:
+    """Entries to retry, oldest first, at most one batch at a time."""
+    if ids is not None:
+        wanted = sorted(set(ids))
+        for start in range(0, len(wanted), MAX_BATCH):
+            chunk = wanted[start : start + MAX_BATCH]
+            yield (
+                session.execute(
+                    select(QuarantinedEvent)
+                    .where(QuarantinedEvent.id.in_(chunk))
+                    .order_by(QuarantinedEvent.id)
+                )
+                .scalars()
+                .all()
+            )
+        return
+    last_id = 0
+    while True:
+        entries = (
+            session.execute(
+                select(QuarantinedEvent)
+                .where(QuarantinedEvent.id > last_id)
+                .order_by(QuarantinedEvent.id)
+                .limit(MAX_BATCH)
+            )
+            .scalars()
+            .all()
+        )
+        if not entries:
+            return
+        yield entries
+        last_id = entries[-1].id
+
+
+def reprocess(session: Session, ids: Sequence[int] | None, now: datetime) -> dict[str, Any]:
+    """Retry entries (``ids``, or every entry; unknown ids are skipped): those billable now are
+    recorded exactly once and leave the quarantine (so do those recorded meanwhile by a resend,
+    as duplicates); the others stay with their current reason, one more attempt counted."""
+    data: list[dict[str, Any]] = []
+    counts = dict.fromkeys(STATUSES, 0)
+    for entries in _chunks(session, ids):
+        if entries:
+            _reprocess_chunk(session, entries, now, data, counts)
+    return {
+        "object": "quarantine_reprocess",
+        "recorded": counts[RECORDED],
+        "duplicates": counts[DUPLICATE],
+        "quarantined": counts[QUARANTINED],
+        "data": data,
+    }
+
+
+def _reprocess_chunk(
+    session: Session,
+    entries: Sequence[QuarantinedEvent],
+    now: datetime,
+    data: list[dict[str, Any]],
+    counts: dict[str, int],
+) -> None:
+    outcome = record_events(session, [loads_exact(e.raw_event.encode()) for e in entries], now)
+    resolved: list[int] = []
+    for entry, result in zip(entries, outcome.results, strict=True):
+        counts[result.status] += 1
+        if result.status != QUARANTINED:
+            resolved.append(entry.id)
+        data.append(
+            {
+                "id": entry.id,
+                "request_id": result.request_id,
+                "status": result.status,
+                "charge": result.charge,
+                "error": None if result.error is None else result.error.body(),
+            }
+        )
+    if resolved:
+        session.execute(delete(QuarantinedEvent).where(QuarantinedEvent.id.in_(resolved)))
+    still = [(entries[e.index], e) for e in outcome.quarantined]
+    if still:
+        session.connection().execute(
+            update(QUARANTINE)
+            .where(QUARANTINE.c.id == bindparam("b_id"))
+            .values(
+                account_id=bindparam("b_account_id"),
+                code=bindparam("b_code"),
+                message=bindparam("b_message"),
+                attempts=QUARANTINE.c.attempts + 1,
+                last_attempt_at=now,
+            ),
+            [
+                {
+                    "b_id": entry.id,
+                    "b_account_id": event.account_id,
+                    "b_code": event.problem.code if event.problem else entry.code,
+                    "b_message": event.problem.message if event.problem else entry.message,
+                }
+                for entry, event in sorted(still, key=lambda pair: pair[0].id)
+            ],
+        )

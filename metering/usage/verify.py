@@ -1,0 +1,173 @@
+"""``metering verify``: reconcile what is stored twice.
+
+* every account's balance equals the sum of its ledger entries;
+* every account's charge entries add up to its recorded events' charges;
+* every ``usage_rollups`` row equals the sum of its events, recomputed here in SQL from
+  ``usage_events`` for all six row kinds, both ways (a row missing, a row that should not exist).
+
+Read in one snapshot (REPEATABLE READ on PostgreSQL), so it may run beside live ingest.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import ColumnElement, func, literal, select, type_coerce
+from sqlalchemy.orm import Session
+
+from metering.kit.timeutil import format_timestamp
+from metering.models import Account, LedgerEntry, UsageEvent, UsageRollup, table
+from metering.models.base import UTCDateTime
+from metering.usage.rollups import COUNTERS, GROUPINGS, WIDTHS, RollupKey
+from metering.usage.sql import is_postgresql
+
+EVENTS = table(UsageEvent)
+ROLLUPS = table(UsageRollup)
+_FIELDS = (*COUNTERS, "last_event_id")
+
+
+@dataclass
+class Report:
+    accounts: int = 0
+    rollup_rows: int = 0
+    mismatches: list[str] | None = None
+
+    @property
+    def ok(self) -> bool:
+        return not self.mismatches
+
+
+def _bucket(session: Session, width: str) -> ColumnElement[Any]:
+    column = EVENTS.c.occurred_at
+    if is_postgresql(session):
+        expr = func.date_trunc("hour" if width == "1h" else "day", column, "UTC")
+    else:
+        # SQLite keeps UTC text 'YYYY-MM-DD HH:MM:SS.ffffff' (see UTCDateTime).
+        pattern = "%Y-%m-%d %H:00:00.000000" if width == "1h" else "%Y-%m-%d 00:00:00.000000"
+        expr = func.strftime(pattern, column)
+    return type_coerce(expr, UTCDateTime)
+
+
+def _expected_rollups(session: Session) -> dict[RollupKey, tuple[int, ...]]:
+    expected: dict[RollupKey, tuple[int, ...]] = {}
+    sums = (
+        func.count(),
+        func.sum(EVENTS.c.prompt_tokens),
+        func.sum(EVENTS.c.cached_tokens),
+        func.sum(EVENTS.c.output_tokens),
+        func.sum(EVENTS.c.reasoning_tokens),
+        func.sum(EVENTS.c.total_microcents),
+        func.max(EVENTS.c.id),
+    )
+    for width in WIDTHS:
+        bucket = _bucket(session, width).label("bucket")
+        for grouping in GROUPINGS:
+            key_column = EVENTS.c.api_key_id if grouping != "model" else None
+            model_column = EVENTS.c.model_id if grouping != "key" else None
+            group = [EVENTS.c.account_id, bucket]
+            group += [c for c in (key_column, model_column) if c is not None]
+            query = select(
+                EVENTS.c.account_id,
+                bucket,
+                key_column if key_column is not None else literal(""),
+                model_column if model_column is not None else literal(""),
+                *sums,
+            ).group_by(*group)
+            for row in session.execute(query):
+                account_id, start, key_id, model_id, *values = row
+                expected[(account_id, width, grouping, start, key_id, model_id)] = tuple(
+                    int(v) for v in values
+                )
+    return expected
+
+
+def _describe(key: RollupKey) -> str:
+    account_id, width, grouping, start, key_id, model_id = key
+    return (
+        f"rollup {account_id} {width} {grouping} {format_timestamp(start)} "
+        f"key={key_id or '-'} model={model_id or '-'}"
+    )
+
+
+def _check_rollups(session: Session, mismatches: list[str]) -> int:
+    expected = _expected_rollups(session)
+    seen = 0
+    for row in session.execute(select(ROLLUPS)):
+        seen += 1
+        key: RollupKey = (
+            row.account_id,
+            row.bucket_width,
+            row.grouping,
+            row.bucket_start,
+            row.api_key_id,
+            row.model_id,
+        )
+        stored = tuple(int(getattr(row, name)) for name in _FIELDS)
+        wanted = expected.pop(key, None)
+        if wanted is None:
+            mismatches.append(f"{_describe(key)}: stored, but no event counts in it")
+        elif stored != wanted:
+            diffs = ", ".join(
+                f"{name} {have} (events say {want})"
+                for name, have, want in zip(_FIELDS, stored, wanted, strict=True)
+                if have != want
+            )
+            mismatches.append(f"{_describe(key)}: {diffs}")
+    for key, wanted in sorted(expected.items()):
+        mismatches.append(f"{_describe(key)}: missing ({wanted[0]} events count in it)")
+    return seen
+
+
+def _check_balances(session: Session, mismatches: list[str]) -> int:
+    ledger = (
+        select(
+            LedgerEntry.account_id,
+            func.sum(LedgerEntry.amount_microcents).label("total"),
+            func.sum(LedgerEntry.amount_microcents)
+            .filter(LedgerEntry.kind == "charge")
+            .label("charges"),
+        )
+        .group_by(LedgerEntry.account_id)
+        .subquery()
+    )
+    charged = (
+        select(UsageEvent.account_id, func.sum(UsageEvent.total_microcents).label("total"))
+        .group_by(UsageEvent.account_id)
+        .subquery()
+    )
+    rows = session.execute(
+        select(
+            Account.id,
+            Account.balance_microcents,
+            func.coalesce(ledger.c.total, 0),
+            func.coalesce(ledger.c.charges, 0),
+            func.coalesce(charged.c.total, 0),
+        )
+        .outerjoin(ledger, ledger.c.account_id == Account.id)
+        .outerjoin(charged, charged.c.account_id == Account.id)
+        .order_by(Account.id)
+    ).all()
+    for account_id, balance, ledger_sum, charges, event_charges in rows:
+        if int(balance) != int(ledger_sum):
+            mismatches.append(
+                f"account {account_id}: balance {balance} microcents, ledger sum {ledger_sum}"
+            )
+        if -int(charges) != int(event_charges):
+            mismatches.append(
+                f"account {account_id}: charge entries total {-int(charges)} microcents, "
+                f"recorded events {event_charges}"
+            )
+    return len(rows)
+
+
+def verify(session: Session) -> Report:
+    if is_postgresql(session):
+        # One snapshot for every query, so concurrent ingest cannot show up half-counted.
+        session.connection(execution_options={"isolation_level": "REPEATABLE READ"})
+    mismatches: list[str] = []
+    report = Report()
+    report.accounts = _check_balances(session, mismatches)
+    report.rollup_rows = _check_rollups(session, mismatches)
+    report.mismatches = mismatches
+    return report

@@ -1,0 +1,433 @@
+"""The check-and-hold under concurrency, as deployed: two real uvicorn processes on one PostgreSQL
+database, loopback HTTP. Nothing may depend on process memory: whichever process answers, a
+balance (or a key's monthly limit) that covers exactly N holds grants exactly N, and at no
+instant does anyone see more credit held than exists. Idempotent retries sent at once to both
+processes take effect once. (The in-process variant of the retries also runs on SQLite.)"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import secrets
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import func, insert, select
+
+from bench.loadgen import Connection
+from metering import migrate
+from metering.accounts import service as accounts
+from metering.catalog import service as catalog
+from metering.catalog.schemas import ModelSpec, PriceSpec
+from metering.db import Database
+from metering.kit.timeutil import floor_day, format_timestamp
+from metering.ledger import service as ledger
+from metering.models import Account, Authorization, LedgerEntry, UsageRollup
+from tests.conftest import ADMIN_TOKEN, BACKENDS, GATEWAY_TOKEN, Api, fresh_pg_database
+from tests.factories import GLM_RATES, authorization_request, create_key
+from tests.ledger.helpers import expected_estimate, prepaid
+from tests.servers import ServerProcess, running_servers
+
+ESTIMATE = expected_estimate(1000, 100, GLM_RATES)  # each request below: 1000 prompt, 100 out
+GATEWAY = {"Authorization": f"Bearer {GATEWAY_TOKEN}"}
+ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+
+pg_only = pytest.mark.skipif("postgresql" not in BACKENDS, reason="needs PostgreSQL")
+
+
+@dataclass
+class Cluster:
+    url: str
+    servers: list[ServerProcess]
+    database: Database
+    model: str
+
+    def seed(
+        self, credit_microcents: int, limit_microcents: int | None = None
+    ) -> tuple[str, str, str]:
+        """An account with this much credit and one key; (account id, key id, secret)."""
+        now = datetime.now(UTC)
+        with self.database.unit_of_work() as session:
+            account = accounts.create_account(session, "race", "prepaid", now)
+            key, secret = accounts.create_api_key(session, account, "k", limit_microcents, now)
+            if credit_microcents:
+                ledger.add_entry(session, account.id, "grant", credit_microcents, "seed", None, now)
+            return account.id, key.id, secret
+
+    def books(self, account_id: str) -> dict[str, int]:
+        """What the database says, for the after-the-race checks."""
+        with self.database.unit_of_work() as session:
+            balance = session.execute(
+                select(Account.balance_microcents).where(Account.id == account_id)
+            ).scalar_one()
+            entries = session.execute(
+                select(func.coalesce(func.sum(LedgerEntry.amount_microcents), 0)).where(
+                    LedgerEntry.account_id == account_id
+                )
+            ).scalar_one()
+            rows = session.execute(
+                select(Authorization.status, Authorization.estimate_microcents).where(
+                    Authorization.account_id == account_id
+                )
+            ).all()
+        return {
+            "balance": int(balance),
+            "ledger": int(entries),
+            "holds": len(rows),
+            "active": sum(1 for row in rows if row.status == "active"),
+            "voided": sum(1 for row in rows if row.status == "voided"),
+            "active_sum": sum(
+                int(row.estimate_microcents) for row in rows if row.status == "active"
+            ),
+        }
+
+
+def _start(tmp: Path, ttl: int | None = None) -> Iterator[Cluster]:
+    with fresh_pg_database() as url:
+        migrate.upgrade(url)
+        database = Database.from_url(url, pool_size=2)
+        now = datetime.now(UTC)
+        model = f"Race-{secrets.token_hex(3)}"
+        with database.unit_of_work() as session:
+            catalog.put_model(
+                session, model, ModelSpec(display_name=model, context_length=8192), now
+            )
+            catalog.add_price_version(
+                session,
+                model,
+                PriceSpec(
+                    effective_at=format_timestamp(now),
+                    input_microcents_per_million=GLM_RATES[0],
+                    output_microcents_per_million=GLM_RATES[1],
+                    cache_read_microcents_per_million=GLM_RATES[2],
+                ),
+                now,
+            )
+        env = {"METERING_HOLD_TTL_SECONDS": str(ttl)} if ttl else {}
+        try:
+            with running_servers(url, tmp, 2, extra_env=env) as servers:
+                yield Cluster(url, servers, database, model)
+        finally:
+            database.dispose()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    if "postgresql" not in BACKENDS:
+        pytest.skip("needs PostgreSQL")
+    yield from _start(tmp_path_factory.mktemp("race"))
+
+
+@pytest.fixture(scope="module")
+def short_ttl_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """Holds that live one second, so they expire in the middle of a run."""
+    if "postgresql" not in BACKENDS:
+        pytest.skip("needs PostgreSQL")
+    yield from _start(tmp_path_factory.mktemp("race-ttl"), ttl=1)
+
+
+def _connection(server: ServerProcess, headers: dict[str, str]) -> Connection:
+    return Connection("127.0.0.1", server.port, headers)
+
+
+@dataclass
+class Sampler:
+    """Polls GET /v1/credits on every process while a race runs."""
+
+    secret: str
+    samples: list[dict[str, int]] = field(default_factory=list)
+
+    async def run(self, cluster: Cluster, done: asyncio.Event) -> None:
+        headers = {"Authorization": f"Bearer {self.secret}"}
+        connections = [_connection(server, headers) for server in cluster.servers]
+        try:
+            index = 0
+            while not done.is_set():
+                response = await connections[index % 2].request("GET", "/v1/credits")
+                assert response.status == 200, response.body
+                self.samples.append(response.json())
+                index += 1
+        finally:
+            for connection in connections:
+                await connection.close()
+
+    def check(self, balance: int, cap: int | None = None) -> None:
+        assert len(self.samples) >= 5, "the sampler did not run during the race"
+        for sample in self.samples:
+            assert sample["available_microcents"] >= 0, sample
+            assert sample["balance_microcents"] == balance, sample
+            assert sample["held_microcents"] <= (balance if cap is None else cap), sample
+
+
+async def _race(cluster: Cluster, secret: str, count: int, sampler: Sampler) -> list[int]:
+    """``count`` authorizations at once, spread over both processes; their statuses."""
+    connections = [_connection(cluster.servers[i % 2], GATEWAY) for i in range(count)]
+    for connection in connections:
+        await connection.request("GET", "/healthz")  # connected before the start line
+    done = asyncio.Event()
+    sampling = asyncio.create_task(sampler.run(cluster, done))
+    await asyncio.sleep(0.05)
+    body = {
+        "api_key": secret,
+        "model": cluster.model,
+        "api": "chat_completions",
+        "prompt_tokens": 1000,
+        "max_tokens": 100,
+    }
+    try:
+        responses = await asyncio.gather(
+            *(
+                c.request("POST", "/v1/authorizations", {**body, "request_id": f"race-{i}"})
+                for i, c in enumerate(connections)
+            )
+        )
+    finally:
+        await asyncio.sleep(0.05)
+        done.set()
+        await sampling
+        for connection in connections:
+            await connection.close()
+    for response in responses:
+        assert response.status in (200, 402), response.body
+    return [r.status if r.status == 200 else _code(r.json()) for r in responses]
+
+
+def _code(body: dict[str, Any]) -> Any:
+    return body["error"]["code"]
+
+
+@pg_only
+def test_a_balance_covering_exactly_100_grants_exactly_100(cluster: Cluster) -> None:
+    account, _key, secret = cluster.seed(100 * ESTIMATE)
+    sampler = Sampler(secret)
+    outcomes = asyncio.run(_race(cluster, secret, 200, sampler))
+    assert outcomes.count(200) == 100
+    assert outcomes.count("insufficient_credits") == 100
+    sampler.check(balance=100 * ESTIMATE)
+    books = cluster.books(account)
+    assert books["balance"] == books["ledger"] == 100 * ESTIMATE
+    assert (books["holds"], books["active"], books["active_sum"]) == (100, 100, 100 * ESTIMATE)
+
+
+@pg_only
+def test_a_monthly_limit_covering_exactly_100_grants_exactly_100(cluster: Cluster) -> None:
+    spent = 123_457
+    account, key_id, secret = cluster.seed(10**12, limit_microcents=spent + 100 * ESTIMATE)
+    with cluster.database.unit_of_work() as session:
+        session.execute(
+            insert(UsageRollup).values(
+                account_id=account,
+                bucket_width="1d",
+                grouping="key",
+                bucket_start=floor_day(datetime.now(UTC)),
+                api_key_id=key_id,
+                model_id="",
+                requests=1,
+                input_tokens=0,
+                cache_read_tokens=0,
+                output_tokens=0,
+                reasoning_tokens=0,
+                cost_microcents=spent,
+                last_event_id=0,
+            )
+        )
+    sampler = Sampler(secret)
+    outcomes = asyncio.run(_race(cluster, secret, 200, sampler))
+    assert outcomes.count(200) == 100
+    assert outcomes.count("member_spend_limit") == 100
+    sampler.check(balance=10**12, cap=100 * ESTIMATE)
+    books = cluster.books(account)
+    assert (books["active"], books["active_sum"]) == (100, 100 * ESTIMATE)
+
+
+async def _churn(
+    cluster: Cluster, secret: str, clients: int, seconds: float, sampler: Sampler
+) -> dict[str, int]:
+    """Clients authorize for ``seconds``; each hold is voided at once, or left to expire."""
+    counts = {"granted": 0, "refused": 0, "voided": 0}
+    stop_at = time.monotonic() + seconds
+    rng = random.Random(7)
+
+    async def client(index: int) -> None:
+        connection = _connection(cluster.servers[index % 2], GATEWAY)
+        try:
+            while time.monotonic() < stop_at:
+                body = {
+                    "api_key": secret,
+                    "request_id": secrets.token_hex(8),
+                    "model": cluster.model,
+                    "api": "chat_completions",
+                    "prompt_tokens": 1000,
+                    "max_tokens": 100,
+                }
+                response = await connection.request("POST", "/v1/authorizations", body)
+                if response.status == 402:
+                    counts["refused"] += 1
+                    await asyncio.sleep(0.01)
+                    continue
+                assert response.status == 200, response.body
+                counts["granted"] += 1
+                if rng.random() < 0.5:
+                    hold = response.json()
+                    voided = await connection.request("DELETE", f"/v1/authorizations/{hold['id']}")
+                    assert voided.status == 200, voided.body
+                    counts["voided"] += 1
+        finally:
+            await connection.close()
+
+    done = asyncio.Event()
+    sampling = asyncio.create_task(sampler.run(cluster, done))
+    try:
+        await asyncio.gather(*(client(i) for i in range(clients)))
+    finally:
+        done.set()
+        await sampling
+    return counts
+
+
+@pg_only
+@pytest.mark.parametrize("constraint", ["credits", "monthly_limit"])
+def test_voids_and_expiries_interleaved(short_ttl_cluster: Cluster, constraint: str) -> None:
+    cluster = short_ttl_cluster
+    capacity = 10 * ESTIMATE
+    if constraint == "credits":
+        account, _key, secret = cluster.seed(capacity)
+        balance = capacity
+    else:
+        account, _key, secret = cluster.seed(10**12, limit_microcents=capacity)
+        balance = 10**12
+    sampler = Sampler(secret)
+    counts = asyncio.run(_churn(cluster, secret, 24, 3.0, sampler))
+    sampler.check(balance=balance, cap=capacity)
+    # Voids and expiries free capacity that was granted again, many times over.
+    assert counts["granted"] > 3 * 10, counts
+    assert counts["refused"] > 0, counts
+    books = cluster.books(account)
+    assert books["balance"] == books["ledger"] == balance
+    assert books["holds"] == counts["granted"]
+    assert books["voided"] == counts["voided"]
+    time.sleep(1.1)  # every hold left has expired now
+    credits = json.loads(_get(cluster, "/v1/credits", {"Authorization": f"Bearer {secret}"}))
+    assert (credits["held_microcents"], credits["available_microcents"]) == (0, balance)
+    expired = json.loads(
+        _get(
+            cluster,
+            f"/admin/v1/authorizations?status=expired&account_id={account}&limit=1000",
+            ADMIN,
+        )
+    )
+    assert len(expired["data"]) == counts["granted"] - counts["voided"]
+
+
+def _get(cluster: Cluster, path: str, headers: dict[str, str]) -> bytes:
+    async def fetch() -> bytes:
+        connection = _connection(cluster.servers[1], headers)
+        try:
+            response = await connection.request("GET", path)
+            assert response.status == 200, response.body
+            return response.body
+        finally:
+            await connection.close()
+
+    return asyncio.run(fetch())
+
+
+@pg_only
+def test_ten_identical_authorizations_at_once_hold_once(cluster: Cluster) -> None:
+    account, _key, secret = cluster.seed(10**9)
+    body = {
+        "api_key": secret,
+        "request_id": "retried",
+        "model": cluster.model,
+        "api": "chat_completions",
+        "prompt_tokens": 1000,
+        "max_tokens": 100,
+    }
+
+    async def burst() -> list[Any]:
+        connections = [_connection(cluster.servers[i % 2], GATEWAY) for i in range(10)]
+        for connection in connections:
+            await connection.request("GET", "/healthz")
+        try:
+            return list(
+                await asyncio.gather(
+                    *(c.request("POST", "/v1/authorizations", body) for c in connections)
+                )
+            )
+        finally:
+            for connection in connections:
+                await connection.close()
+
+    responses = asyncio.run(burst())
+    assert [r.status for r in responses] == [200] * 10
+    assert len({r.json()["id"] for r in responses}) == 1
+    books = cluster.books(account)
+    assert (books["holds"], books["active_sum"]) == (1, ESTIMATE)
+
+
+@pg_only
+@pytest.mark.parametrize("kind", ["grants", "adjustments"])
+def test_ten_identical_ledger_entries_at_once_count_once(cluster: Cluster, kind: str) -> None:
+    account, _key, _secret = cluster.seed(0)
+    body: dict[str, Any] = {"amount_cents": 12.5, "idempotency_key": "retried"}
+    body["note" if kind == "grants" else "reason"] = "once"
+
+    async def burst() -> list[Any]:
+        connections = [_connection(cluster.servers[i % 2], ADMIN) for i in range(10)]
+        for connection in connections:
+            await connection.request("GET", "/healthz")
+        try:
+            return list(
+                await asyncio.gather(
+                    *(
+                        c.request("POST", f"/admin/v1/accounts/{account}/{kind}", body)
+                        for c in connections
+                    )
+                )
+            )
+        finally:
+            for connection in connections:
+                await connection.close()
+
+    responses = asyncio.run(burst())
+    assert sorted(r.status for r in responses) == [200] * 9 + [201]
+    assert len({r.json()["id"] for r in responses}) == 1
+    books = cluster.books(account)
+    assert books["balance"] == books["ledger"] == 12_500_000
+
+
+def test_concurrent_retries_in_process(api: Api) -> None:
+    """The same retries through threads against the app in this process, on each backend."""
+    setup = prepaid(api, 1)
+    body = authorization_request(setup.key, setup.model, request_id="threads")
+    grant_body = {"amount_cents": 3, "idempotency_key": "threads"}
+    barrier = threading.Barrier(10)
+
+    def authorize_once(_: int) -> Any:
+        barrier.wait()
+        return api.gateway("POST", "/v1/authorizations", json=body)
+
+    with ThreadPoolExecutor(10) as pool:
+        responses = list(pool.map(authorize_once, range(10)))
+    assert [r.status_code for r in responses] == [200] * 10
+    assert len({r.json()["id"] for r in responses}) == 1
+
+    def grant_once(_: int) -> Any:
+        barrier.wait()
+        return api.admin("POST", f"/admin/v1/accounts/{setup.account}/grants", json=grant_body)
+
+    with ThreadPoolExecutor(10) as pool:
+        responses = list(pool.map(grant_once, range(10)))
+    assert sorted(r.status_code for r in responses) == [200] * 9 + [201]
+    other = create_key(api, setup.account)
+    credits = api.as_key(other.secret, "GET", "/v1/credits").json()
+    assert credits["balance_microcents"] == 4_000_000
+    assert credits["held_microcents"] == ESTIMATE

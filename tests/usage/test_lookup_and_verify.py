@@ -1,0 +1,188 @@
+"""Support's single-event lookup, and ``metering verify`` reconciling balances and aggregates."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import text
+
+from metering.cli import main
+from tests.conftest import NOW, Api
+from tests.factories import (
+    assert_error,
+    chat_usage,
+    create_account,
+    create_key,
+    ingest,
+    priced_model,
+    usage_event,
+)
+
+AT = NOW - timedelta(minutes=10)
+
+
+class TestEventLookup:
+    def test_shows_the_event_its_charge_and_price_version(self, api: Api) -> None:
+        key = create_key(api, create_account(api))
+        model = priced_model(api, NOW - timedelta(days=2))
+        event = usage_event(
+            key,
+            model,
+            AT,
+            chat_usage(4508, 20, cached=4352, reasoning=16),
+            outcome="failed",
+            authorization_id="auth_x",
+        )
+        sent = ingest(api, event)["data"][0]["charge"]
+        response = api.admin(
+            "GET",
+            f"/admin/v1/usage/events/{event['request_id']}",
+            params={"account_id": key.account_id},
+        )
+        assert response.status_code == 200, response.text
+        body = response.json()
+        assert body["object"] == "usage_event"
+        assert (body["request_id"], body["account_id"], body["api_key_id"]) == (
+            event["request_id"],
+            key.account_id,
+            key.id,
+        )
+        assert (body["model"], body["api"], body["outcome"]) == (
+            model,
+            "chat_completions",
+            "failed",
+        )
+        assert body["occurred_at"] == "2026-11-29T11:50:00Z"
+        assert body["authorization_id"] == "auth_x"
+        assert body["usage"] == {
+            "prompt_tokens": 4508,
+            "cached_tokens": 4352,
+            "output_tokens": 20,
+            "reasoning_tokens": 16,
+        }
+        assert body["charge"] == sent
+        assert body["charge"]["total_microcents"] == 87460
+        version = body["price_version"]
+        assert version["id"] == sent["price_version_id"]
+        assert (version["kind"], version["effective_at"]) == ("list", "2026-11-27T12:00:00Z")
+        assert version["input_microcents_per_million"] == 22_000_000
+
+    def test_not_found_and_account_scoped(self, api: Api) -> None:
+        key = create_key(api, create_account(api))
+        model = priced_model(api, NOW - timedelta(days=2))
+        event = usage_event(key, model, AT)
+        ingest(api, event)
+        other = create_account(api)
+        path = f"/admin/v1/usage/events/{event['request_id']}"
+        assert_error(
+            api.admin("GET", path, params={"account_id": other}),
+            404,
+            "not_found",
+            param="request_id",
+        )
+        assert_error(
+            api.admin("GET", "/admin/v1/usage/events/nope", params={"account_id": key.account_id}),
+            404,
+            "not_found",
+            param="request_id",
+        )
+        assert_error(api.admin("GET", path), 400, "missing_parameter", param="account_id")
+        assert_error(
+            api.gateway("GET", path, params={"account_id": key.account_id}), 401, "invalid_api_key"
+        )
+
+
+def run_verify(
+    api: Api, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> tuple[int, str]:
+    monkeypatch.setenv("METERING_DATABASE_URL", api.url)
+    code = main(["verify"])
+    return code, capsys.readouterr().out
+
+
+class TestVerify:
+    def test_agrees_then_names_each_tampering(
+        self, fresh_api: Api, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        api = fresh_api
+        account = create_account(api)
+        key = create_key(api, account)
+        unbilled = create_key(api, create_account(api, billing="unbilled"))
+        model = priced_model(api, NOW - timedelta(days=2))
+        ingest(
+            api,
+            *[
+                usage_event(key, model, AT - timedelta(hours=i), chat_usage(100 * i, i))
+                for i in range(12)
+            ],
+            usage_event(unbilled, model, AT),
+        )
+        code, out = run_verify(api, monkeypatch, capsys)
+        assert code == 0, out
+        assert "verified 2 accounts" in out
+
+        with api.database.engine.begin() as connection:
+            connection.execute(
+                text(
+                    "UPDATE accounts SET balance_microcents = balance_microcents - 1 WHERE id = :id"
+                ),
+                {"id": account},
+            )
+            connection.execute(
+                text(
+                    "UPDATE usage_rollups SET output_tokens = output_tokens + 7 "
+                    "WHERE account_id = :id AND bucket_width = '1d' AND grouping = 'model'"
+                ),
+                {"id": account},
+            )
+            connection.execute(
+                text(
+                    "DELETE FROM usage_rollups WHERE account_id = :id AND bucket_width = '1h' "
+                    "AND grouping = 'key'"
+                ),
+                {"id": unbilled.account_id},
+            )
+        code, out = run_verify(api, monkeypatch, capsys)
+        assert code == 1
+        lines = [line for line in out.splitlines() if line.startswith("MISMATCH")]
+        assert any(f"account {account}: balance" in line for line in lines), out
+        assert any(
+            f"rollup {account} 1d model 2026-11-29T00:00:00Z" in line and "output_tokens" in line
+            for line in lines
+        ), out
+        assert any(
+            f"rollup {unbilled.account_id} 1h key" in line and "missing" in line for line in lines
+        ), out
+        assert len(lines) == 3, out
+
+    def test_an_extra_rollup_row_and_a_lost_debit(
+        self, fresh_api: Api, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        api = fresh_api
+        account = create_account(api)
+        key = create_key(api, account)
+        model = priced_model(api, NOW - timedelta(days=2))
+        ingest(api, usage_event(key, model, AT, chat_usage(1000, 100)))
+        with api.database.engine.begin() as connection:
+            connection.execute(
+                text(
+                    "INSERT INTO usage_rollups SELECT account_id, bucket_width, grouping, "
+                    "bucket_start, 'key_ghost', model_id, requests, input_tokens, "
+                    "cache_read_tokens, output_tokens, reasoning_tokens, cost_microcents, "
+                    "last_event_id FROM usage_rollups "
+                    "WHERE account_id = :id AND grouping = 'key_model' AND bucket_width = '1h'"
+                ),
+                {"id": account},
+            )
+            # A debit lost together with its balance movement: the ledger still sums up.
+            connection.execute(
+                text("DELETE FROM ledger_entries WHERE account_id = :id"), {"id": account}
+            )
+            connection.execute(
+                text("UPDATE accounts SET balance_microcents = 0 WHERE id = :id"), {"id": account}
+            )
+        code, out = run_verify(api, monkeypatch, capsys)
+        assert code == 1
+        assert "key=key_ghost" in out and "no event counts in it" in out
+        assert f"account {account}: charge entries total 0 microcents, recorded events 55900" in out
