@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Sequence
+from datetime import date
 from pathlib import Path
 
 from metering.settings import Settings
@@ -36,7 +37,32 @@ def build_parser() -> argparse.ArgumentParser:
     catalog_sub = catalog.add_subparsers(dest="catalog_command", required=True)
     load = catalog_sub.add_parser("import", help="load models and prices from a JSON file")
     load.add_argument("file", nargs="?", type=Path, help="default: the shipped catalog")
+
+    sub.add_parser(
+        "verify", help="reconcile balances with the ledger and usage aggregates with their events"
+    )
+
+    scheduler = sub.add_parser(
+        "scheduler", help="run the scheduler: daily exports, late re-exports, hold tidy-up"
+    )
+    scheduler.add_argument("--interval", type=float, default=60.0, help="seconds between ticks")
+    scheduler.add_argument("--once", action="store_true", help="run one tick, then exit")
+    scheduler.add_argument("--heartbeat", type=Path, help="file rewritten after every tick")
+
+    export = sub.add_parser("export", help="export UTC days by hand (backfills)")
+    days = export.add_mutually_exclusive_group(required=True)
+    days.add_argument("--date", type=_iso_date, help="one day, YYYY-MM-DD")
+    days.add_argument("--from", dest="first", type=_iso_date, help="first day (with --to)")
+    export.add_argument("--to", dest="last", type=_iso_date, help="last day, included")
+    export.add_argument("--account", help="only this account's files")
     return parser
+
+
+def _iso_date(text: str) -> date:
+    try:
+        return date.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a YYYY-MM-DD date: {text!r}") from None
 
 
 def _schema_is_current(url: str) -> bool:
@@ -95,8 +121,28 @@ def catalog(args: argparse.Namespace, settings: Settings) -> int:
     return _import(settings, args.file or SHIPPED_CATALOG)
 
 
-def _prepare_embedded(settings: Settings) -> None:
-    """First start on the embedded database: schema, shipped catalog, dev tokens."""
+@command("verify")
+def verify(args: argparse.Namespace, settings: Settings) -> int:
+    from metering.db import Database
+    from metering.usage.verify import verify as reconcile
+
+    database = Database.from_url(settings.effective_database_url)
+    try:
+        with database.unit_of_work() as session:
+            report = reconcile(session)
+    finally:
+        database.dispose()
+    for mismatch in report.mismatches or []:
+        print(f"MISMATCH {mismatch}")
+    if not report.ok:
+        print(f"verify failed: {len(report.mismatches or [])} mismatches", file=sys.stderr)
+        return 1
+    print(f"verified {report.accounts} accounts and {report.rollup_rows} usage aggregate rows")
+    return 0
+
+
+def _prepare_embedded(settings: Settings, base_url: str = "http://127.0.0.1:8000") -> None:
+    """First start on the embedded database: schema, shipped catalog, dev tokens, demo data."""
     from sqlalchemy import func, select
 
     from metering import migrate as migrations
@@ -124,6 +170,33 @@ def _prepare_embedded(settings: Settings) -> None:
             print(f"  gateway token: {tokens.gateway}")
         else:
             print(f"Development tokens are in {tokens.path} (`. {tokens.path}` sets them)")
+    if settings.demo:
+        from metering import demo
+
+        demo.first_start(settings, base_url)
+
+
+@command("scheduler")
+def scheduler(args: argparse.Namespace, settings: Settings) -> int:
+    from metering import scheduler as jobs
+
+    if not _schema_is_current(settings.effective_database_url):
+        print("the database schema is not current: run `metering migrate`", file=sys.stderr)
+        return 1
+    return jobs.command(settings, args.interval, args.once, args.heartbeat)
+
+
+@command("export")
+def export(args: argparse.Namespace, settings: Settings) -> int:
+    from metering.exports.commands import export as export_days
+
+    if (args.first is None) != (args.last is None):
+        print("--from and --to go together", file=sys.stderr)
+        return 2
+    if not _schema_is_current(settings.effective_database_url):
+        print("the database schema is not current: run `metering migrate`", file=sys.stderr)
+        return 1
+    return export_days(settings, args.date, args.first, args.last, args.account)
 
 
 @command("serve")
@@ -133,7 +206,9 @@ def serve(args: argparse.Namespace, settings: Settings) -> int:
     from metering.runtime import runtime_settings
 
     if settings.is_embedded:
-        _prepare_embedded(settings)
+        from metering.demo import local_url
+
+        _prepare_embedded(settings, local_url(args.host, args.port))
     elif not _schema_is_current(settings.effective_database_url):
         print("the database schema is not current: run `metering migrate`", file=sys.stderr)
         return 1

@@ -28,6 +28,10 @@ class Settings(BaseSettings):
     admin_tokens: Annotated[list[str], NoDecode] = Field(default_factory=list)
     hold_ttl_seconds: int = Field(default=3600, ge=1, le=7 * 24 * 3600)
     export_dir: Path = Path("./data/exports")
+    # The scheduler exports a UTC day this many minutes after it ends (late events: re-export).
+    export_after_minutes: int = Field(default=15, ge=0, le=24 * 60)
+    # The embedded quick start seeds a demo account with 7 days of usage on its first start.
+    demo: bool = True
     max_body_bytes: int = Field(default=DEFAULT_BODY_LIMIT, ge=1024)
     db_pool_size: int = Field(default=20, ge=1)
     log_level: str = "INFO"

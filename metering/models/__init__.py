@@ -3,6 +3,7 @@
 from metering.models.accounts import Account, ApiKey
 from metering.models.base import Base, table
 from metering.models.catalog import AccountRate, CatalogModel, PriceVersion
+from metering.models.exports import ExportDay, ExportRun
 from metering.models.ledger import Authorization, LedgerEntry
 from metering.models.usage import QuarantinedEvent, UsageEvent, UsageRollup
 
@@ -13,6 +14,8 @@ __all__ = [
     "Authorization",
     "Base",
     "CatalogModel",
+    "ExportDay",
+    "ExportRun",
     "LedgerEntry",
     "PriceVersion",
     "QuarantinedEvent",

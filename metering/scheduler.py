@@ -1,0 +1,162 @@
+"""``metering scheduler``: the process that runs the periodic jobs, on APScheduler 3.
+
+One interval job, the tick (every minute by default), decides what is due from the database
+alone, so a restart, a crash or a second replica never misses or repeats work:
+
+* tidy-up: holds past their expiry are marked 'expired' (nothing depends on it: an active hold
+  stops counting at its ``expires_at`` anyway);
+* exports: every ended day (``METERING_EXPORT_AFTER_MINUTES`` past its end) whose rollups hold
+  more than its last successful export included: never exported, failed, or late events since.
+
+Replicas coordinate through the database (the day's row lock, see ``metering.exports.service``),
+never through process memory.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import tempfile
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from types import FrameType
+
+from metering.db import Database
+from metering.exports.service import FAILED, DayResult, Exporter
+from metering.kit.clock import Clock
+from metering.kit.timeutil import format_timestamp
+from metering.settings import Settings
+
+log = logging.getLogger("metering.scheduler")
+
+DEFAULT_INTERVAL_SECONDS = 60.0
+
+
+@dataclass
+class TickReport:
+    at: datetime
+    expired_holds: int | None = None  # None: the tidy-up failed (logged)
+    exports: list[DayResult] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors and all(r.outcome != FAILED for r in self.exports)
+
+
+class Scheduler:
+    """The jobs of one tick; the clock is injectable so tests can move time."""
+
+    def __init__(
+        self,
+        database: Database,
+        settings: Settings,
+        clock: Clock,
+        *,
+        heartbeat: Path | None = None,
+        runner: str | None = None,
+    ) -> None:
+        self.database = database
+        self.clock = clock
+        self.after = timedelta(minutes=settings.export_after_minutes)
+        self.exporter = Exporter(database, settings.export_dir, clock, runner)
+        self.heartbeat = heartbeat
+
+    def tick(self) -> TickReport:
+        now = self.clock.now()
+        report = TickReport(now)
+        report.expired_holds = self._expire_holds(now, report)
+        try:
+            due = self.exporter.due_days(now, self.after)
+        except Exception as exc:
+            log.exception("could not find the days due for export")
+            report.errors.append(f"due days: {type(exc).__name__}: {exc}")
+            due = []
+        for day in due:
+            try:
+                result = self.exporter.export_day(day, trigger="scheduled", wait=False)
+            except Exception as exc:  # the failure could not even be recorded (database down)
+                log.exception("export of %s failed and could not be recorded", day)
+                report.errors.append(f"{day}: {type(exc).__name__}: {exc}")
+                continue
+            report.exports.append(result)
+            if result.outcome == FAILED:
+                log.error("%s (retried on the next tick)", result.describe())
+            else:
+                log.info("%s", result.describe())
+        self._beat(now)
+        return report
+
+    def _expire_holds(self, now: datetime, report: TickReport) -> int | None:
+        from metering.ledger.authorizations import expire_holds
+
+        try:
+            with self.database.unit_of_work() as session:
+                expired = expire_holds(session, now)
+        except Exception as exc:
+            log.exception("tidy-up of expired holds failed")
+            report.errors.append(f"expire holds: {type(exc).__name__}: {exc}")
+            return None
+        if expired:
+            log.info("marked %d expired holds", expired)
+        return expired
+
+    def _beat(self, now: datetime) -> None:
+        """The heartbeat file a container healthcheck reads: rewritten after every tick."""
+        if self.heartbeat is None:
+            return
+        try:
+            self.heartbeat.parent.mkdir(parents=True, exist_ok=True)
+            fd, temp = tempfile.mkstemp(dir=self.heartbeat.parent, prefix=".heartbeat.")
+            with os.fdopen(fd, "w") as handle:
+                handle.write(format_timestamp(now) + "\n")
+            os.replace(temp, self.heartbeat)
+        except OSError:
+            log.exception("could not write the heartbeat file %s", self.heartbeat)
+
+
+def run(scheduler: Scheduler, interval_seconds: float = DEFAULT_INTERVAL_SECONDS) -> None:
+    """Block, ticking every ``interval_seconds`` (the first tick at once) until SIGTERM/SIGINT."""
+    from apscheduler.schedulers.blocking import BlockingScheduler
+    from apscheduler.triggers.interval import IntervalTrigger
+
+    blocking = BlockingScheduler(timezone=UTC)
+    blocking.add_job(
+        scheduler.tick,
+        IntervalTrigger(seconds=interval_seconds, timezone=UTC),
+        id="tick",
+        name="exports and tidy-up",
+        next_run_time=datetime.now(UTC),
+        max_instances=1,  # a slow tick delays the next one; it never runs twice at once
+        coalesce=True,
+        misfire_grace_time=max(1, int(interval_seconds)),
+    )
+
+    def stop(signum: int, _frame: FrameType | None) -> None:
+        log.info("signal %d: stopping after the current tick", signum)
+        blocking.shutdown(wait=False)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    log.info("scheduler started: a tick every %ss", interval_seconds)
+    blocking.start()
+
+
+def command(settings: Settings, interval_seconds: float, once: bool, heartbeat: Path | None) -> int:
+    """``metering scheduler``: tick forever (or ``--once``, exiting 1 when something failed)."""
+    from metering.kit.clock import SystemClock
+    from metering.runtime import configure_logging
+
+    configure_logging(settings.log_level)
+    logging.getLogger("apscheduler").setLevel(logging.WARNING)  # not a line per tick
+    database = Database.from_url(settings.effective_database_url, pool_size=2)
+    try:
+        scheduler = Scheduler(database, settings, SystemClock(), heartbeat=heartbeat)
+        if once:
+            return 0 if scheduler.tick().ok else 1
+        run(scheduler, interval_seconds)
+    finally:
+        database.dispose()
+    return 0
