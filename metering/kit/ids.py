@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import base64
 import secrets
-
-_ALPHABET = "0123456789abcdefghijklmnopqrstuvwxyz"
 
 
 def _random_text(length: int) -> str:
-    return "".join(secrets.choice(_ALPHABET) for _ in range(length))
+    """``length`` random characters of ``a–z2–7`` (5 bits each): one call into the OS's random
+    source, base32-encoded (drawing one character at a time cost ~50 µs per id)."""
+    raw = secrets.token_bytes((length * 5 + 7) // 8)
+    return base64.b32encode(raw).decode("ascii").lower()[:length]
 
 
 def new_id(prefix: str, length: int = 20) -> str:
-    """``acct_…``, ``key_…``, ``auth_…``: ~103 bits at the default length."""
+    """``acct_…``, ``key_…``, ``auth_…``: 100 random bits at the default length."""
     return f"{prefix}_{_random_text(length)}"
 
 
