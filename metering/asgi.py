@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 from fastapi import FastAPI
 
 from metering.app import create_app
@@ -11,4 +13,8 @@ from metering.runtime import configure_logging, runtime_settings
 def create() -> FastAPI:
     settings = runtime_settings()
     configure_logging(settings.log_level)
-    return create_app(settings)
+    app = create_app(settings)
+    # Everything built so far lives as long as the process: keep it out of the collector's
+    # scans, which otherwise cost tens of milliseconds per large ingest batch.
+    gc.freeze()
+    return app
