@@ -52,6 +52,7 @@ def create_app(
     from metering.accounts import endpoints as accounts
     from metering.catalog import endpoints as catalog
     from metering.ledger import endpoints as ledger
+    from metering.reports import endpoints as reports
     from metering.usage import endpoints as usage
 
     # The gateway's hot path first: routes are matched in order, router by router.
@@ -64,4 +65,5 @@ def create_app(
     app.include_router(ledger.admin_router)
     app.include_router(usage.router)
     app.include_router(usage.admin_router)
+    app.include_router(reports.router)
     return app

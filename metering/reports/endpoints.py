@@ -1,0 +1,59 @@
+"""``GET /v1/usage``: the caller's account usage per time bucket (contract §6)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request, Response
+
+from metering.reports import params, render, service
+from metering.web.deps import AccountKeyDep, NowDep, SessionDep
+from metering.web.jsonio import MeteringRoute
+
+router = APIRouter(prefix="/v1", route_class=MeteringRoute, tags=["usage reports"])
+
+TIME = "An RFC 3339 timestamp with an offset, or a YYYY-MM-DD date (midnight UTC)."
+
+
+@router.get("/usage")
+def usage_report(
+    request: Request,
+    session: SessionDep,
+    key: AccountKeyDep,
+    now: NowDep,
+    starting_at: Annotated[str | None, Query(description=f"Required. {TIME}")] = None,
+    ending_at: Annotated[
+        str | None, Query(description=f"Exclusive; default: the end of the current bucket. {TIME}")
+    ] = None,
+    bucket_width: Annotated[str | None, Query(description="1d (default) or 1h")] = None,
+    group_by: Annotated[str | None, Query(description="model (default) or api_key")] = None,
+    models: Annotated[list[str] | None, Query(description="Repeatable model filter")] = None,
+    api_key_ids: Annotated[list[str] | None, Query(description="Repeatable key filter")] = None,
+    output_format: Annotated[str | None, Query(alias="format", description="json or csv")] = None,
+) -> Response:
+    """Your account's requests, tokens and cost per UTC day or hour, by model or by API key."""
+    params.check_parameter_names(name for name, _ in request.query_params.multi_items())
+    query = params.parse_report_query(
+        starting_at=starting_at,
+        ending_at=ending_at,
+        bucket_width=bucket_width,
+        group_by=group_by,
+        models=models or (),
+        api_key_ids=api_key_ids or (),
+        output_format=output_format,
+        now=now,
+    )
+    with service.cyclic_gc_paused():
+        report = service.usage_report(session, key.account_id, key.billing, query)
+        if query.output_format == "csv":
+            body = render.report_csv(report).encode()
+        else:
+            body = render.report_json(report)
+    if query.output_format == "csv":
+        span = "_".join(f"{t:%Y%m%dT%H%MZ}" for t in (query.starting_at, query.ending_at))
+        return Response(
+            body,
+            media_type="text/csv; charset=utf-8",
+            headers={"content-disposition": f'attachment; filename="usage_{span}.csv"'},
+        )
+    return Response(body, media_type="application/json")

@@ -1,0 +1,219 @@
+"""Usage sent through the real ingest route, and the report it must produce, computed here in
+plain Python from the events themselves (never through the code under test)."""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+from metering.kit.timeutil import format_timestamp
+from tests.conftest import Api
+from tests.factories import Key
+
+HOUR = timedelta(hours=1)
+DAY = timedelta(days=1)
+PRICED_FROM = datetime(2026, 1, 1, tzinfo=UTC)
+MEASURES = ("requests", "input_tokens", "cache_read_tokens", "output_tokens")
+
+
+def utc(*parts: int) -> datetime:
+    return datetime(*parts, tzinfo=UTC)  # type: ignore[misc]
+
+
+@dataclass(frozen=True)
+class Sent:
+    """One recorded event: what the report must count for it."""
+
+    key: Key
+    model: str  # catalog spelling
+    occurred_at: datetime
+    input_tokens: int  # all prompt tokens, cache reads included
+    cache_read_tokens: int
+    output_tokens: int  # reasoning included
+    cost_microcents: int  # the charge the ingest response reported
+
+
+def usage_object(api_name: str, prompt: int, cached: int, output: int, reasoning: int) -> Any:
+    """The usage object as each API reports it (§5's normalisation table, read backwards)."""
+    if api_name == "chat_completions":
+        return {
+            "prompt_tokens": prompt,
+            "completion_tokens": output,
+            "total_tokens": prompt + output,
+            "prompt_tokens_details": {"cached_tokens": cached},
+            "completion_tokens_details": {"reasoning_tokens": reasoning},
+        }
+    if api_name == "responses":
+        return {
+            "input_tokens": prompt,
+            "output_tokens": output,
+            "total_tokens": prompt + output,
+            "input_tokens_details": {"cached_tokens": cached},
+            "output_tokens_details": {"reasoning_tokens": reasoning},
+        }
+    # messages: input_tokens already includes the cache reads on this API
+    return {
+        "input_tokens": prompt,
+        "output_tokens": output,
+        "cache_read_input_tokens": cached,
+        "cache_creation_input_tokens": 0,
+    }
+
+
+def send_usage(
+    api: Api,
+    key: Key,
+    model: str,
+    occurred_at: datetime,
+    prompt: int = 1000,
+    cached: int = 0,
+    output: int = 100,
+    *,
+    reasoning: int = 0,
+    api_name: str = "chat_completions",
+    outcome: str = "completed",
+    model_as_sent: str | None = None,
+) -> Sent:
+    """One event through ``POST /v1/usage/events``; it must be recorded."""
+    return send_batch(
+        api,
+        [
+            (key, model, occurred_at, prompt, cached, output),
+        ],
+        reasoning=reasoning,
+        api_name=api_name,
+        outcome=outcome,
+        model_as_sent=model_as_sent,
+    )[0]
+
+
+def send_batch(
+    api: Api,
+    specs: Iterable[tuple[Key, str, datetime, int, int, int]],
+    *,
+    reasoning: int = 0,
+    api_name: str = "chat_completions",
+    outcome: str = "completed",
+    model_as_sent: str | None = None,
+) -> list[Sent]:
+    specs = list(specs)
+    events = [
+        {
+            "request_id": f"req_{secrets.token_hex(8)}",
+            "api_key_id": key.id,
+            "model": model_as_sent or model,
+            "api": api_name,
+            "usage": usage_object(api_name, prompt, cached, output, reasoning),
+            "occurred_at": format_timestamp(at),
+            "outcome": outcome,
+        }
+        for key, model, at, prompt, cached, output in specs
+    ]
+    response = api.gateway("POST", "/v1/usage/events", json={"events": events})
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["recorded"] == len(events), body
+    sent = []
+    for (key, model, at, prompt, cached, output), result in zip(specs, body["data"], strict=True):
+        charge = result["charge"]
+        assert result["status"] == "recorded" and charge["total_microcents"] == (
+            charge["input_microcents"]
+            + charge["cache_read_microcents"]
+            + charge["output_microcents"]
+        ), result
+        sent.append(Sent(key, model, at, prompt, cached, output, charge["total_microcents"]))
+    return sent
+
+
+def get_report(api: Api, key: Key, **params: Any) -> Any:
+    response = api.as_key(key.secret, "GET", "/v1/usage", params=params)
+    assert response.status_code == 200, response.text
+    assert response.headers["content-type"].startswith("application/json")
+    return parse_exact(response.text)
+
+
+# A JSON number (after ``:``, ``[`` or ``,``) written with an exponent.
+_EXPONENT = re.compile(r"[:\[,]-?[0-9]+(\.[0-9]+)?[eE]")
+
+
+def parse_exact(text: str) -> Any:
+    """The body with decimals as Decimal; no number may use an exponent (§1)."""
+    assert not _EXPONENT.search(text), text
+    return json.loads(text, parse_float=Decimal)
+
+
+def _usd(microcents: int) -> Decimal:
+    return Decimal(microcents).scaleb(-8)
+
+
+def _measures(events: list[Sent], billed: bool, with_usd: bool = True) -> dict[str, Any]:
+    cost = sum(e.cost_microcents for e in events)
+    return {
+        "requests": len(events),
+        "input_tokens": sum(e.input_tokens for e in events),
+        "cache_read_tokens": sum(e.cache_read_tokens for e in events),
+        "output_tokens": sum(e.output_tokens for e in events),
+        "cost_usd": _usd(cost) if billed and with_usd else None,
+        "cost_microcents": cost if billed else None,
+    }
+
+
+def expected_report(
+    sent: Iterable[Sent],
+    starting_at: datetime,
+    ending_at: datetime,
+    *,
+    bucket_width: str = "1d",
+    group_by: str = "model",
+    billed: bool = True,
+    hidden: Iterable[str] = (),
+    key_names: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """The §6 body for these events, summed here event by event."""
+    sent = list(sent)
+    hidden = set(hidden)
+    width = DAY if bucket_width == "1d" else HOUR
+    data = []
+    start = starting_at
+    while start < ending_at:
+        inside = [e for e in sent if start <= e.occurred_at < start + width]
+        groups: dict[str, list[Sent]] = {}
+        for e in inside:
+            if group_by == "api_key":
+                group = e.key.id
+            else:
+                group = "unavailable" if e.model in hidden else e.model
+            groups.setdefault(group, []).append(e)
+        results = []
+        for group in sorted(groups, key=str.encode):
+            if group_by == "api_key":
+                names = key_names or {}
+                label = {"api_key": group, "api_key_name": names[group]}
+                results.append({**label, **_measures(groups[group], billed, with_usd=False)})
+            else:
+                results.append({"model": group, **_measures(groups[group], billed)})
+        data.append(
+            {
+                "starting_at": format_timestamp(start),
+                "ending_at": format_timestamp(start + width),
+                **_measures(inside, billed),
+                "results": results,
+            }
+        )
+        start += width
+    in_window = [e for e in sent if starting_at <= e.occurred_at < ending_at]
+    return {
+        "object": "usage_report",
+        "bucket_width": bucket_width,
+        "group_by": group_by,
+        "cost_status": "billed" if billed else "not_applicable",
+        "currency": "usd",
+        "totals": _measures(in_window, billed),
+        "data": data,
+    }
