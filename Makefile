@@ -31,12 +31,14 @@ typecheck: $(STAMP)
 unit: $(STAMP)
 	$(BIN)/pytest $(PYTEST_ARGS)
 
+# `make bench` runs every benchmark; `make bench BENCH="ledger ingest"` runs those named.
 bench: $(STAMP)
-	$(BIN)/python -m bench
+	$(BIN)/python -m bench $(BENCH)
 
 # Re-pin every dependency to what is installed in .venv now.
 lock: $(STAMP)
-	$(BIN)/python -m pip freeze --exclude-editable | grep -v '^metering' > requirements.lock
+	$(BIN)/python -m pip freeze --exclude-editable \
+		| grep -v -i -E '^(metering|yappi|py-spy|pyinstrument)' > requirements.lock
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache
