@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from metering.kit.money import CentsInput
+from metering.kit.text import Text
 
 Name = Field(min_length=1, max_length=200)
 
@@ -14,14 +15,14 @@ Name = Field(min_length=1, max_length=200)
 class AccountCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    name: str = Name
+    name: Text = Name
     billing: Literal["prepaid", "unbilled"] = "prepaid"
 
 
 class ApiKeyCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    name: str = Name
+    name: Text = Name
     # Cents with at most 6 decimals; null = no limit. Parsed exactly by ``parse_cents``.
     monthly_spend_limit_cents: CentsInput | None = None
 
@@ -29,5 +30,5 @@ class ApiKeyCreate(BaseModel):
 class ApiKeyUpdate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    name: str | None = Field(default=None, min_length=1, max_length=200)
+    name: Text | None = Field(default=None, min_length=1, max_length=200)
     monthly_spend_limit_cents: CentsInput | None = None

@@ -8,6 +8,8 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationInfo, field_validator
 
+from metering.kit.text import Text
+
 MAX_RATE = 10**12  # microcents per million tokens: $10,000 per million tokens
 MAX_TOKENS_LIMIT = 2**31 - 1
 MODEL_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:+-]{0,99}$")
@@ -31,8 +33,8 @@ class ModelSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    display_name: str = Field(min_length=1, max_length=200)
-    owned_by: str = Field(default="metering", min_length=1, max_length=100)
+    display_name: Text = Field(min_length=1, max_length=200)
+    owned_by: Text = Field(default="metering", min_length=1, max_length=100)
     context_length: TokenCount
     max_output_tokens: TokenCount | None = None
     reasoning_headroom_tokens: Annotated[int, Strict(), Field(ge=0, le=MAX_TOKENS_LIMIT)] = 0
@@ -65,7 +67,7 @@ class AccountRateSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    model: str = Field(min_length=1, max_length=100)
+    model: Text = Field(min_length=1, max_length=100)
     effective_at: str
     input_microcents_per_million: Rate | None
     output_microcents_per_million: Rate | None

@@ -16,6 +16,12 @@ from metering.kit.money import ExactNumber
 from metering.kit.timeutil import format_timestamp
 
 
+class RawJSON(str):
+    """JSON text that is already valid (a stored canonical document), written verbatim."""
+
+    __slots__ = ()
+
+
 def _encode(value: Any, out: list[str]) -> None:
     if value is None:
         out.append("null")
@@ -23,7 +29,7 @@ def _encode(value: Any, out: list[str]) -> None:
         out.append("true")
     elif value is False:
         out.append("false")
-    elif isinstance(value, ExactNumber):
+    elif isinstance(value, ExactNumber | RawJSON):
         out.append(str.__str__(value))
     elif isinstance(value, Enum):
         _encode(value.value, out)

@@ -11,6 +11,8 @@ from typing import Annotated, Any, TypeVar
 from fastapi import Depends, Query
 
 from metering.kit.errors import InvalidRequest
+from metering.kit.money import INT64_MAX
+from metering.kit.text import storable
 
 T = TypeVar("T")
 
@@ -26,9 +28,19 @@ def decode_cursor(cursor: str, arity: int) -> list[Any]:
         values = json.loads(base64.urlsafe_b64decode(padded.encode()))
     except (ValueError, binascii.Error, UnicodeDecodeError):
         values = None
-    if not isinstance(values, list) or len(values) != arity:
+    if not isinstance(values, list) or len(values) != arity or not all(map(_is_key, values)):
         raise InvalidRequest("after is not a cursor this list returned", param="after")
     return values
+
+
+def _is_key(value: Any) -> bool:
+    """A cursor holds only what ``encode_cursor`` put there: ids, timestamps and 64-bit row ids
+    (anything else would reach the database as a value it cannot bind)."""
+    if isinstance(value, str):
+        return storable(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        return False
+    return -INT64_MAX - 1 <= value <= INT64_MAX
 
 
 def page_request(

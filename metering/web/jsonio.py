@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 
 from metering.kit import jsonenc
+from metering.kit.text import check_url_text
 
 
 class ExactJSONResponse(JSONResponse):
@@ -63,6 +64,7 @@ class MeteringRoute(APIRoute):
         handler = super().get_route_handler()
 
         async def exact_handler(request: Request) -> Response:
+            check_url_text(request.path_params, request.scope["query_string"])
             return await handler(ExactJSONRequest(request.scope, request.receive))
 
         return exact_handler

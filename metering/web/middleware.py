@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from metering.kit.errors import BodyTooLarge
+from metering.kit.errors import BodyTooLarge, InternalError
 from metering.kit.ids import new_request_id
 from metering.metrics import REQUEST_LATENCY
 
 REQUEST_ID_HEADER = b"x-request-id"
+log = logging.getLogger("metering.errors")
 
 
 def request_id_of(scope: Scope) -> str:
@@ -42,11 +44,12 @@ class RequestContextMiddleware:
         limit = self.max_body_bytes
         started = time.perf_counter()
         status = 500
+        responded = False
 
         async def send_with_id(message: Message) -> None:
-            nonlocal status
+            nonlocal status, responded
             if message["type"] == "http.response.start":
-                status = message["status"]
+                status, responded = message["status"], True
                 headers = [(k, v) for k, v in message.get("headers", []) if k != REQUEST_ID_HEADER]
                 headers.append((REQUEST_ID_HEADER, header_value))
                 message["headers"] = headers
@@ -70,6 +73,16 @@ class RequestContextMiddleware:
 
         try:
             await self.app(scope, limited_receive, send_with_id)
+        except Exception:
+            if responded:
+                raise
+            # Answered here: Starlette's outermost middleware would answer too, then re-raise,
+            # and uvicorn closes the connection on that, failing the client's next request on it.
+            log.exception(
+                "unhandled error (request_id=%s, %s %s)", request_id, scope["method"], scope["path"]
+            )
+            error = InternalError("internal error; quote the request_id")
+            await _send_error(error, request_id, send_with_id, close=False)
         finally:
             route = scope.get("route")
             # The route template (not the raw path) keeps the label set small.
@@ -93,7 +106,7 @@ def _content_length(scope: Scope) -> int | None:
     return None
 
 
-async def _send_error(error: Any, request_id: str, send: Send) -> None:
+async def _send_error(error: Any, request_id: str, send: Send, *, close: bool = True) -> None:
     from metering.kit import jsonenc
 
     body = jsonenc.dumps(error.body(request_id))
@@ -105,7 +118,7 @@ async def _send_error(error: Any, request_id: str, send: Send) -> None:
                 (b"content-type", b"application/json"),
                 (b"content-length", str(len(body)).encode()),
                 (REQUEST_ID_HEADER, request_id.encode()),
-                (b"connection", b"close"),
+                *([(b"connection", b"close")] if close else []),
             ],
         }
     )

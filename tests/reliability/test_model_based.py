@@ -1,0 +1,914 @@
+"""Model-based test: random interleavings of everything that moves money, checked after every step
+against a plain in-memory model.
+
+A hypothesis ``RuleBasedStateMachine`` drives the real app (in process, on each backend) with
+grants and adjustments (idempotency keys reused on purpose), authorizations (fresh, retried,
+conflicting, refused), voids, the clock moving past hold expiries and month ends, usage batches
+(new events, duplicates, conflicts, events naming holds, and every quarantine reason), reprocess
+of the quarantine, and list-price and account-rate changes. The model is plain Python and integer
+arithmetic written from the contract (§3–§6) — it does not import ``metering.pricing`` — and after
+every step ``GET /v1/credits`` (balance, held, available) and ``GET /v1/usage`` (totals and each
+day) must equal it for a prepaid and an unbilled account, and the quarantine must hold exactly the
+model's entries with their codes. Every response is also checked against the model as it comes.
+
+Reproducing a failure: hypothesis prints the failing steps as code and a
+``@reproduce_failure(...)`` blob; outside CI it also replays the failure from its example
+database on the next run. Under CI the runs are derandomized (the same steps every run).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, event, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+
+from tests.conftest import BACKENDS, NOW, Api, migrated_database, running_api
+from tests.factories import exact_json
+from tests.security.helpers import assert_books_reconcile, assert_contract_response
+
+IN_CI = bool(os.environ.get("CI"))
+# What the runs exercised (printed by the test: `pytest -s` shows it).
+SEEN: Counter[str] = Counter()
+EXAMPLES = int(os.environ.get("METERING_MODEL_EXAMPLES", "8"))
+STEPS = int(os.environ.get("METERING_MODEL_STEPS", "40"))
+TTL = 600  # seconds a hold counts
+MICRO = 1_000_000  # microcents per cent
+
+
+def seen(what: str) -> None:
+    event(what)
+    SEEN[what] += 1
+
+
+# -- the model: plain integers, written from the contract ------------------------------------
+
+
+def half_up(numerator: int, denominator: int) -> int:
+    return (2 * numerator + denominator) // (2 * denominator)
+
+
+def cents_text(microcents: int) -> str:
+    sign = "-" if microcents < 0 else ""
+    whole, frac = divmod(abs(microcents), MICRO)
+    return f"{sign}{whole}.{frac:06d}"
+
+
+def iso(at: datetime) -> str:
+    return at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+Rates = tuple[int, int, int]  # input, output, cache read: microcents per million tokens
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    id: str
+    context_length: int
+    max_output_tokens: int | None
+    headroom: int
+
+
+@dataclass
+class Hold:
+    id: str
+    account: str
+    key: str
+    request_id: str | None
+    fingerprint: tuple[Any, ...]
+    estimate: int
+    max_tokens: int
+    expires_at: datetime
+    status: str = "active"  # active | voided | settled (expiry is read from the clock)
+
+    def status_at(self, now: datetime) -> str:
+        return "expired" if self.status == "active" and self.expires_at <= now else self.status
+
+
+@dataclass
+class Recorded:
+    account: str
+    request_id: str
+    content: tuple[Any, ...]  # key, model, api, counts, occurred_at, outcome
+    counts: tuple[int, int, int, int]  # prompt, cached, output, reasoning
+    occurred_at: datetime
+    key: str
+    total: int
+    charge: dict[str, int]
+
+
+@dataclass
+class Entry:
+    """A quarantined raw event: kept once per distinct raw event."""
+
+    raw: dict[str, Any]
+    code: str
+    id: int | None = None  # learned from the admin list
+
+
+@dataclass
+class Account:
+    id: str
+    billed: bool
+    keys: dict[str, int | None] = field(default_factory=dict)  # key id -> monthly limit (µ¢)
+    secrets: dict[str, str] = field(default_factory=dict)
+    balance: int = 0
+    entries: dict[str, tuple[str, int, str | None]] = field(default_factory=dict)  # idem key
+    overrides: dict[str, list[tuple[datetime, Rates | None]]] = field(default_factory=dict)
+
+
+@dataclass
+class World:
+    api: Api
+
+
+class Billing(RuleBasedStateMachine):
+    """See the module docstring. One instance is one sequence of steps on fresh accounts."""
+
+    world: World  # set by the test
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.api = self.world.api
+        self.prefix = secrets.token_hex(3)
+        self.counter = 0
+        self.accounts: dict[str, Account] = {}
+        self.key_owner: dict[str, str] = {}
+        self.models: dict[str, ModelSpec] = {}
+        self.list_prices: dict[str, list[tuple[datetime, Rates]]] = {}
+        self.holds: list[Hold] = []
+        self.recorded: dict[tuple[str, str], Recorded] = {}
+        self.quarantine: dict[str, Entry] = {}  # canonical raw -> entry
+        self.raws: list[dict[str, Any]] = []  # every raw event sent, for resends
+        self.late_model: str | None = None
+        self.hold_bodies: dict[str, dict[str, Any]] = {}  # hold id -> the request that made it
+        self.raw_of_recorded: dict[tuple[str, str], dict[str, Any]] = {}
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    @property
+    def now(self) -> datetime:
+        return self.api.clock.now()
+
+    def next_id(self, what: str) -> str:
+        self.counter += 1
+        return f"{self.prefix}-{what}-{self.counter}"
+
+    def check(self, response: Any, status: int, code: str | None = None) -> Any:
+        seen(f"{response.request.method} {response.status_code} {code or ''}".strip())
+        assert_contract_response(response)
+        assert response.status_code == status, (status, code, response.text)
+        if code is not None:
+            assert response.json()["error"]["code"] == code, response.text
+        return (
+            response.json()
+            if response.headers.get("content-type", "").startswith("application/json")
+            else None
+        )
+
+    def price_at(self, account: Account, model_id: str, at: datetime) -> Rates | None:
+        override = [r for eff, r in account.overrides.get(model_id, []) if eff <= at]
+        if override and override[-1] is not None:
+            return override[-1]
+        listed = [r for eff, r in self.list_prices.get(model_id, []) if eff <= at]
+        return listed[-1] if listed else None
+
+    def add_list_price(self, model_id: str, at: datetime, rates: Rates) -> None:
+        saved = self.now
+        self.api.clock.set(min(saved, at))
+        try:
+            body = {
+                "effective_at": iso(at),
+                "input_microcents_per_million": rates[0],
+                "output_microcents_per_million": rates[1],
+                "cache_read_microcents_per_million": rates[2],
+            }
+            response = self.api.admin("POST", f"/admin/v1/models/{model_id}/prices", json=body)
+        finally:
+            self.api.clock.set(saved)
+        self.check(response, 201)
+        self.list_prices.setdefault(model_id, []).append((at, rates))
+
+    def put_model(self, spec: ModelSpec) -> None:
+        body = {
+            "display_name": spec.id,
+            "context_length": spec.context_length,
+            "max_output_tokens": spec.max_output_tokens,
+            "reasoning_headroom_tokens": spec.headroom,
+        }
+        self.check(self.api.admin("PUT", f"/admin/v1/models/{spec.id}", json=body), 201)
+        self.models[spec.id] = spec
+
+    # -- setup -----------------------------------------------------------------------------
+
+    @initialize()
+    def setup(self) -> None:
+        self.api.clock.set(NOW)
+        m1 = ModelSpec(f"M1-{self.prefix}", 131_072, None, 1000)
+        m2 = ModelSpec(f"M2-{self.prefix}", 32_768, 4096, 0)
+        for spec in (m1, m2):
+            self.put_model(spec)
+        self.add_list_price(m1.id, NOW - timedelta(days=30), (22_000_000, 339_000_000, 17_750_000))
+        # M2 has no price before yesterday: older events of prepaid accounts are unpriceable.
+        self.add_list_price(m2.id, NOW - timedelta(days=1), (1_000_001, 2_500_003, 333_333))
+        for name, billing in (("A", "prepaid"), ("U", "unbilled")):
+            response = self.api.admin(
+                "POST", "/admin/v1/accounts", json={"name": name, "billing": billing}
+            )
+            account = Account(self.check(response, 201)["id"], billing == "prepaid")
+            self.accounts[name] = account
+        # A's second key has a monthly limit of 30 cents; U's key has none.
+        for name, limit in (("A", None), ("A", 30 * MICRO), ("U", None)):
+            account = self.accounts[name]
+            body = {"name": "k", "monthly_spend_limit_cents": None if limit is None else 30}
+            created = self.check(
+                self.api.admin("POST", f"/admin/v1/accounts/{account.id}/api-keys", json=body),
+                201,
+            )
+            account.keys[created["id"]] = limit
+            account.secrets[created["id"]] = created["key"]
+            self.key_owner[created["id"]] = name
+        self.ledger_entry("A", "grant", 60 * MICRO, False, "seed", None)
+
+    def keys(self) -> list[str]:
+        return [key for account in self.accounts.values() for key in account.keys]
+
+    # -- credits ---------------------------------------------------------------------------
+
+    @rule(
+        account=st.sampled_from(["A", "A", "U"]),
+        kind=st.sampled_from(["grant", "adjustment"]),
+        amount=st.sampled_from([1, 999_999, 25 * MICRO, 100 * MICRO, 3_000 * MICRO]),
+        negative=st.booleans(),
+        idempotency=st.sampled_from(["i0", "i1", "i2", "i3", "i4"]),
+        note=st.sampled_from([None, "n"]),
+    )
+    def ledger_entry(
+        self,
+        account: str,
+        kind: str,
+        amount: int,
+        negative: bool,
+        idempotency: str,
+        note: str | None,
+    ) -> None:
+        model = self.accounts[account]
+        if kind == "adjustment":
+            amount = -amount if negative else amount
+            note = note or "r"
+        text = f'{{"amount_cents": {cents_text(amount)}, "idempotency_key": "{idempotency}"'
+        text += f', "{"note" if kind == "grant" else "reason"}": {json.dumps(note)}}}'
+        response = self.api.client.post(
+            f"/admin/v1/accounts/{model.id}/{kind}s",
+            content=text.encode(),
+            headers={**self.api.admin_headers, "Content-Type": "application/json"},
+        )
+        previous = model.entries.get(idempotency)
+        if previous is None:
+            body = self.check(response, 201)
+            model.entries[idempotency] = (kind, amount, note)
+            model.balance += amount
+            assert body["amount_microcents"] == amount
+        elif previous == (kind, amount, note):
+            assert self.check(response, 200)["amount_microcents"] == amount
+        else:
+            self.check(response, 409, "idempotency_conflict")
+
+    # -- authorizations --------------------------------------------------------------------
+
+    def expected_estimate(
+        self, spec: ModelSpec, rates: Rates, body: dict[str, Any]
+    ) -> tuple[int, int] | str:
+        """(effective output limit, estimate µ¢), or the 400's code."""
+        api, prompt, max_tokens = body["api"], body["prompt_tokens"], body.get("max_tokens")
+        context = spec.context_length
+        if api == "messages" and max_tokens is None:
+            return "missing_parameter"
+        if prompt >= context:
+            return "context_length_exceeded"
+        default = (
+            spec.max_output_tokens
+            if spec.max_output_tokens is not None
+            else (min(65_536, context // 2))
+        )
+        default = min(default, context - prompt)
+        if max_tokens is None or max_tokens > context:
+            limit = default
+        else:
+            limit = max_tokens
+            if spec.max_output_tokens is not None:
+                limit = min(limit, spec.max_output_tokens)
+            if prompt + limit > context:
+                if api != "chat_completions":
+                    return "context_length_exceeded"
+                limit = default
+        reserved = (limit + (spec.headroom if body.get("reasoning") else 0)) * body.get("n", 1)
+        estimate = half_up(prompt * rates[0], MICRO) + half_up(reserved * rates[1], MICRO)
+        return limit, estimate
+
+    def held(self, account: Account, key: str | None = None) -> int:
+        return sum(
+            h.estimate
+            for h in self.holds
+            if h.account == account.id
+            and (key is None or h.key == key)
+            and h.status_at(self.now) == "active"
+        )
+
+    def month_spent(self, key: str) -> int:
+        start = self.now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+        end = (start + timedelta(days=32)).replace(day=1)
+        return sum(
+            r.total for r in self.recorded.values() if r.key == key and start <= r.occurred_at < end
+        )
+
+    @rule(
+        data=st.data(),
+        model=st.sampled_from(["M1", "M2", "m1", "none"]),
+        api=st.sampled_from(["chat_completions", "responses", "messages"]),
+        prompt=st.sampled_from([0, 1, 999, 5000, 32_768, 131_071]),
+        max_tokens=st.sampled_from([None, 1, 100, 4000, 5000, 200_000]),
+        n=st.sampled_from([1, 1, 2]),
+        reasoning=st.booleans(),
+        request=st.sampled_from(["new", "new", "none", "retry", "conflict"]),
+    )
+    def authorize(
+        self,
+        data: st.DataObject,
+        model: str,
+        api: str,
+        prompt: int,
+        max_tokens: int | None,
+        n: int,
+        reasoning: bool,
+        request: str,
+    ) -> None:
+        key = data.draw(st.sampled_from(self.keys()), label="key")
+        earlier = [h for h in self.holds if h.request_id is not None]
+        if request in ("retry", "conflict") and not earlier:
+            request = "new"
+        if request == "retry":
+            # The gateway retrying: the very same request.
+            hold = data.draw(st.sampled_from(earlier), label="hold")
+            self.send_authorization(self.hold_bodies[hold.id], hold.key)
+            return
+        model_id = {
+            "M1": f"M1-{self.prefix}",
+            "m1": f"m1-{self.prefix}",
+            "M2": f"M2-{self.prefix}",
+            "none": "No-Such-Model",
+        }[model]
+        account = self.accounts[self.key_owner[key]]
+        body: dict[str, Any] = {
+            "api_key": account.secrets[key],
+            "model": model_id,
+            "api": api,
+            "prompt_tokens": prompt,
+            "n": n,
+            "reasoning": reasoning,
+        }
+        if max_tokens is not None:
+            body["max_tokens"] = max_tokens
+        if request == "new":
+            body["request_id"] = self.next_id("auth")
+        elif request == "conflict":
+            # Another request under an earlier request id (in its account, when the key is).
+            body["request_id"] = data.draw(st.sampled_from(earlier), label="hold").request_id
+        self.send_authorization(body, key)
+
+    def send_authorization(self, body: dict[str, Any], key: str) -> None:
+        account = self.accounts[self.key_owner[key]]
+        response = self.api.gateway("POST", "/v1/authorizations", json=body)
+        print_ = (
+            key,
+            body["model"].lower(),
+            body["api"],
+            body["prompt_tokens"],
+            body.get("max_tokens"),
+            body.get("n", 1),
+            body.get("reasoning", False),
+        )
+        request_id = body.get("request_id")
+        existing = (
+            next(
+                (h for h in self.holds if h.account == account.id and h.request_id == request_id),
+                None,
+            )
+            if request_id is not None
+            else None
+        )
+        if existing is not None:
+            if existing.fingerprint == print_:
+                got = self.check(response, 200)
+                assert (got["id"], got["status"]) == (existing.id, existing.status_at(self.now))
+            else:
+                self.check(response, 409, "idempotency_conflict")
+            return
+        spec = self.models.get(body["model"].replace("m1-", "M1-"))
+        rates = self.price_at(account, spec.id, self.now) if spec else None
+        if spec is None or rates is None:
+            self.check(response, 404, "model_not_found")
+            return
+        outcome = self.expected_estimate(spec, rates, body)
+        if isinstance(outcome, str):
+            self.check(response, 400, outcome)
+            return
+        limit, estimate = outcome
+        if account.billed:
+            available = account.balance - self.held(account)
+            spend_limit = account.keys[key]
+            if estimate > available:
+                self.check(response, 402, "insufficient_credits")
+                return
+            if spend_limit is not None and (
+                self.month_spent(key) + self.held(account, key) + estimate > spend_limit
+            ):
+                self.check(response, 402, "member_spend_limit")
+                return
+        got = self.check(response, 200)
+        seen("authorization granted")
+        assert (got["estimate_microcents"], got["max_tokens"], got["status"]) == (
+            estimate,
+            limit,
+            "active",
+        ), (got, estimate, limit)
+        hold = Hold(
+            got["id"],
+            account.id,
+            key,
+            request_id,
+            print_,
+            estimate,
+            limit,
+            self.now + timedelta(seconds=TTL),
+        )
+        self.holds.append(hold)
+        self.hold_bodies[hold.id] = body
+
+    @precondition(lambda self: bool(self.holds))
+    @rule(data=st.data(), unknown=st.sampled_from([False, False, False, True]))
+    def void(self, data: st.DataObject, unknown: bool) -> None:
+        if unknown:
+            self.check(self.api.gateway("DELETE", "/v1/authorizations/auth_nope"), 404, "not_found")
+            return
+        hold = data.draw(st.sampled_from(self.holds), label="hold")
+        response = self.api.gateway("DELETE", f"/v1/authorizations/{hold.id}")
+        if hold.status_at(self.now) == "active":
+            hold.status = "voided"
+        assert self.check(response, 200)["status"] == hold.status_at(self.now)
+
+    # -- time and prices -------------------------------------------------------------------
+
+    @precondition(lambda self: self.now < NOW + timedelta(days=40))
+    @rule(seconds=st.sampled_from([1, 59, TTL - 1, TTL, TTL + 1, 3600, 86_400, 3 * 86_400]))
+    def advance(self, seconds: int) -> None:
+        self.api.clock.advance(seconds=seconds)
+
+    @rule(
+        versioned=st.sampled_from(["list M1", "list M2", "account A M1"]),
+        when=st.sampled_from(["after newest", "after newest", "now", "newest"]),
+        delay=st.sampled_from([0, 1, 3600]),
+        rates=st.sampled_from(
+            [
+                (22_000_000, 339_000_000, 17_750_000),
+                (1_000_001, 2_500_003, 333_333),
+                (7, 0, 1),
+                None,  # on an account: ends the override; on a list price: the GLM rates
+            ]
+        ),
+    )
+    def price_change(self, versioned: str, when: str, delay: int, rates: Rates | None) -> None:
+        """A new list-price or account-rate version, in force from now or later; one dated
+        before now or not after the newest version is refused (price history is immutable)."""
+        account = self.accounts["A"]
+        model_id = f"{versioned.split()[-1]}-{self.prefix}"
+        if versioned.startswith("list"):
+            history: list[tuple[datetime, Any]] = self.list_prices[model_id]
+            rates = rates or (22_000_000, 339_000_000, 17_750_000)
+            path = f"/admin/v1/models/{model_id}/prices"
+            body: dict[str, Any] = {}
+        else:
+            history = account.overrides.setdefault(model_id, [])
+            path = f"/admin/v1/accounts/{account.id}/rates"
+            body = {"model": model_id.lower()}
+        newest = history[-1][0] if history else None
+        if when == "newest" and newest is not None:
+            at = newest
+        elif when == "after newest" and newest is not None:
+            at = max(self.now, newest + timedelta(seconds=1)) + timedelta(seconds=delay)
+        else:
+            at = self.now + timedelta(seconds=delay)
+        values = rates or (None, None, None)
+        body.update(
+            {
+                "effective_at": iso(at),
+                "input_microcents_per_million": values[0],
+                "output_microcents_per_million": values[1],
+                "cache_read_microcents_per_million": values[2],
+            }
+        )
+        response = self.api.admin("POST", path, json=body)
+        if at < self.now or (newest is not None and at <= newest):
+            self.check(response, 409, "price_history_immutable")
+        else:
+            self.check(response, 201)
+            history.append((at, rates))
+
+    @precondition(lambda self: self.late_model is None)
+    @rule()
+    def add_late_model(self) -> None:
+        """M3 is named by events before it exists (quarantined), then added with a price from
+        now on: reprocess records what is priceable, and an unbilled account's usage."""
+        spec = ModelSpec(f"M3-{self.prefix}", 8192, 1024, 0)
+        self.put_model(spec)
+        self.add_list_price(spec.id, self.now, (5_000_000, 5_000_000, 5_000_000))
+        self.late_model = spec.id
+
+    # -- usage -----------------------------------------------------------------------------
+
+    def usage_object(self, api: str, counts: tuple[int, int, int, int]) -> dict[str, Any]:
+        prompt, cached, output, reasoning = counts
+        if api == "chat_completions":
+            return {
+                "prompt_tokens": prompt,
+                "completion_tokens": output,
+                "total_tokens": prompt + output,
+                "prompt_tokens_details": {"cached_tokens": cached},
+                "completion_tokens_details": {"reasoning_tokens": reasoning},
+            }
+        if api == "responses":
+            return {
+                "input_tokens": prompt,
+                "input_tokens_details": {"cached_tokens": cached},
+                "output_tokens": output,
+                "output_tokens_details": {"reasoning_tokens": reasoning},
+            }
+        return {"input_tokens": prompt, "cache_read_input_tokens": cached, "output_tokens": output}
+
+    def draw_event(self, data: st.DataObject) -> dict[str, Any]:
+        kind = data.draw(
+            st.sampled_from(
+                [
+                    "new",
+                    "new",
+                    "new",
+                    "settles",
+                    "names_hold",
+                    "duplicate",
+                    "conflict",
+                    "resend_quarantined",
+                    "unknown_key",
+                    "invalid_usage",
+                    "late_model",
+                ]
+            ),
+            label="event kind",
+        )
+        if kind == "duplicate" and self.recorded:
+            original = data.draw(st.sampled_from(list(self.recorded)), label="original")
+            raw = dict(self.raw_of_recorded[original])
+            if data.draw(st.booleans(), label="respell model"):
+                raw["model"] = raw["model"].lower()
+            return raw
+        if kind == "conflict" and self.recorded:
+            original = data.draw(st.sampled_from(list(self.recorded)), label="original")
+            raw = json.loads(json.dumps(self.raw_of_recorded[original]))
+            change = data.draw(st.sampled_from(["outcome", "usage", "time", "key"]), label="chg")
+            if change == "outcome":
+                raw["outcome"] = "failed" if raw["outcome"] == "completed" else "completed"
+            elif change == "usage":
+                raw["usage"] = self.usage_object(raw["api"], (1, 0, 1, 0))
+            elif change == "time":
+                raw["occurred_at"] = iso(self.now - timedelta(seconds=7))
+            else:
+                owner = self.accounts[self.key_owner[raw["api_key_id"]]]
+                others = [k for k in owner.keys if k != raw["api_key_id"]]
+                raw["api_key_id"] = others[0] if others else raw["api_key_id"]
+                raw["outcome"] = "failed" if raw["outcome"] == "completed" else "completed"
+            return raw
+        if kind == "resend_quarantined" and self.quarantine:
+            return json.loads(data.draw(st.sampled_from(list(self.quarantine)), label="raw"))
+        key = data.draw(st.sampled_from(self.keys()), label="key")
+        model = data.draw(st.sampled_from(["M1", "M2", "m2"]), label="model")
+        model_id = {"M1": f"M1-{self.prefix}", "M2": f"M2-{self.prefix}"}.get(
+            model, f"m2-{self.prefix}"
+        )
+        api = data.draw(st.sampled_from(["chat_completions", "responses", "messages"]), label="api")
+        prompt = data.draw(st.sampled_from([0, 1, 1000, 123_457]), label="prompt")
+        cached = data.draw(st.sampled_from([0, prompt // 3, prompt]), label="cached")
+        output = data.draw(st.sampled_from([0, 1, 777, 50_001]), label="output")
+        reasoning = (
+            0
+            if api == "messages"
+            else data.draw(st.sampled_from([0, output // 2]), label="reasoning")
+        )
+        if kind == "invalid_usage":
+            cached = prompt + 1
+        offsets = [-3 * 86_400, -86_400 - 1, -3600, -1, 0, 240, 300, 301, 900]
+        offset = data.draw(st.sampled_from(offsets), label="offset seconds")
+        occurred_at = self.now + timedelta(seconds=offset)
+        boundaries = [
+            at
+            for history in (*self.list_prices.values(), *self.accounts["A"].overrides.values())
+            for at, _ in history
+            if self.now - timedelta(days=3) <= at <= self.now + timedelta(minutes=5)
+        ]
+        if boundaries and data.draw(st.booleans(), label="at a price boundary"):
+            occurred_at = data.draw(st.sampled_from(sorted(boundaries)), label="boundary")
+        raw: dict[str, Any] = {
+            "request_id": self.next_id("ev"),
+            "api_key_id": key,
+            "model": model_id,
+            "api": api,
+            "usage": self.usage_object(api, (prompt, cached, output, reasoning)),
+            "occurred_at": iso(occurred_at),
+            "outcome": data.draw(st.sampled_from(["completed", "failed"]), label="outcome"),
+        }
+        if kind == "unknown_key":
+            raw["api_key_id"] = "key_" + secrets.token_hex(10)
+        if kind == "late_model":
+            raw["model"] = f"M3-{self.prefix}"
+        if kind in ("settles", "names_hold") and self.holds:
+            hold = data.draw(st.sampled_from(self.holds), label="hold")
+            if kind == "names_hold":
+                raw["authorization_id"] = hold.id
+            elif hold.request_id is not None:
+                raw["request_id"] = hold.request_id
+            raw["api_key_id"] = hold.key if data.draw(st.booleans(), label="same key") else key
+        return raw
+
+    def classify(self, raws: list[dict[str, Any]]) -> list[tuple[str, Any]]:
+        """The §5 result of each event of one batch, in order; applies it to the model."""
+        results: list[tuple[str, Any]] = []
+        recorded_now: list[Recorded] = []
+        for raw in raws:
+            key = raw["api_key_id"]
+            owner = self.key_owner.get(key)
+            if owner is None:
+                results.append(("quarantined", "unknown_api_key"))
+                continue
+            account = self.accounts[owner]
+            occurred_at = datetime.fromisoformat(raw["occurred_at"].replace("Z", "+00:00"))
+            if occurred_at > self.now + timedelta(minutes=5):
+                results.append(("quarantined", "invalid_timestamp"))
+                continue
+            usage = raw["usage"]
+            if raw["api"] == "chat_completions":
+                counts = (
+                    usage["prompt_tokens"],
+                    usage["prompt_tokens_details"]["cached_tokens"],
+                    usage["completion_tokens"],
+                    usage["completion_tokens_details"]["reasoning_tokens"],
+                )
+            elif raw["api"] == "responses":
+                counts = (
+                    usage["input_tokens"],
+                    usage["input_tokens_details"]["cached_tokens"],
+                    usage["output_tokens"],
+                    usage["output_tokens_details"]["reasoning_tokens"],
+                )
+            else:
+                counts = (
+                    usage["input_tokens"],
+                    usage["cache_read_input_tokens"],
+                    usage["output_tokens"],
+                    0,
+                )
+            if counts[1] > counts[0] or counts[3] > counts[2]:
+                results.append(("quarantined", "invalid_usage"))
+                continue
+            model_id = next((m for m in self.models if m.lower() == raw["model"].lower()), None)
+            if model_id is None:
+                results.append(("quarantined", "model_not_found"))
+                continue
+            if account.billed:
+                rates = self.price_at(account, model_id, occurred_at)
+                if rates is None:
+                    results.append(("quarantined", "price_not_found"))
+                    continue
+            else:
+                rates = (0, 0, 0)
+            content = (key, model_id, raw["api"], counts, occurred_at, raw["outcome"])
+            original = self.recorded.get((account.id, raw["request_id"]))
+            if original is not None:
+                if original.content == content:
+                    results.append(("duplicate", original.charge))
+                else:
+                    results.append(("quarantined", "idempotency_conflict"))
+                continue
+            prompt, cached, output, _ = counts
+            charge = {
+                "input_microcents": half_up((prompt - cached) * rates[0], MICRO),
+                "cache_read_microcents": half_up(cached * rates[2], MICRO),
+                "output_microcents": half_up(output * rates[1], MICRO),
+            }
+            total = sum(charge.values())
+            charge["total_microcents"] = total
+            entry = Recorded(
+                account.id, raw["request_id"], content, counts, occurred_at, key, total, charge
+            )
+            self.recorded[(account.id, raw["request_id"])] = entry
+            self.raw_of_recorded[(account.id, raw["request_id"])] = raw
+            recorded_now.append(entry)
+            if account.billed:
+                account.balance -= total
+            results.append(("recorded", charge))
+            self.settle(account, raw)
+        return results
+
+    def settle(self, account: Account, raw: dict[str, Any]) -> None:
+        """The hold the event names (in its own account), else the account's open hold with
+        the event's request_id, becomes settled; voided and settled holds stay as they are."""
+        named = raw.get("authorization_id")
+        for hold in self.holds:
+            if hold.account != account.id or hold.status != "active":
+                continue
+            if (named and hold.id == named) or (not named and hold.request_id == raw["request_id"]):
+                hold.status = "settled"
+                seen("hold settled")
+
+    def keep(self, raws: list[dict[str, Any]], results: list[tuple[str, Any]]) -> None:
+        for raw, (status, code) in zip(raws, results, strict=True):
+            if status == "quarantined":
+                canonical = json.dumps(raw, sort_keys=True)
+                entry = self.quarantine.setdefault(canonical, Entry(raw, code))
+                entry.code = code
+
+    @rule(data=st.data(), size=st.integers(1, 4))
+    def ingest(self, data: st.DataObject, size: int) -> None:
+        raws = [self.draw_event(data) for _ in range(size)]
+        if data.draw(st.booleans(), label="repeat an event in the batch") and raws:
+            raws.append(dict(raws[0]))
+        response = self.api.gateway("POST", "/v1/usage/events", json={"events": raws})
+        body = self.check(response, 200)
+        expected = self.classify(raws)
+        for status, detail in expected:
+            seen(f"event {status} {detail if isinstance(detail, str) else ''}".strip())
+        self.keep(raws, expected)
+        got = [
+            (r["status"], r["error"]["code"] if r["error"] else r["charge"]) for r in body["data"]
+        ]
+        trimmed = [
+            (status, {k: v for k, v in detail.items() if k in _CHARGE_FIELDS})
+            if isinstance(detail, dict)
+            else (status, detail)
+            for status, detail in got
+        ]
+        assert trimmed == expected, (raws, got, expected)
+        self.check_quarantine()
+
+    @precondition(lambda self: bool(self.quarantine))
+    @rule(data=st.data(), everything=st.booleans())
+    def reprocess(self, data: st.DataObject, everything: bool) -> None:
+        self.learn_quarantine_ids()
+        # Drawn in the model's own (insertion) order, so a replay picks the same entries; sent
+        # and processed by the service in id order.
+        entries = list(self.quarantine.items())
+        if not everything:
+            chosen = data.draw(
+                st.lists(
+                    st.sampled_from(entries), min_size=1, max_size=4, unique_by=lambda e: e[0]
+                ),
+                label="entries",
+            )
+            entries = chosen
+        entries = sorted(entries, key=lambda item: item[1].id or 0)
+        body = {"ids": [entry.id for _, entry in entries]}
+        response = self.api.admin("POST", "/admin/v1/quarantine/reprocess", json=body)
+        got = self.check(response, 200)
+        expected = self.classify([entry.raw for _, entry in entries])
+        for status, detail in expected:
+            seen(f"reprocess {status} {detail if isinstance(detail, str) else ''}".strip())
+        for (canonical, entry), (status, detail) in zip(entries, expected, strict=True):
+            if status == "quarantined":
+                entry.code = detail
+            else:
+                del self.quarantine[canonical]
+        statuses = [(item["id"], item["status"]) for item in got["data"]]
+        assert statuses == [
+            (entry.id, status) for (_, entry), (status, _) in zip(entries, expected, strict=True)
+        ]
+        self.check_quarantine()
+
+    def learn_quarantine_ids(self) -> dict[str, str]:
+        listed = self.api.admin("GET", "/admin/v1/quarantine?limit=1000").json()["data"]
+        mine = {}
+        for item in listed:
+            if not str(item["request_id"]).startswith(self.prefix):
+                continue
+            canonical = json.dumps(item["event"], sort_keys=True)
+            entry = self.quarantine.get(canonical)
+            assert entry is not None, ("unexpected quarantine entry", item)
+            entry.id = item["id"]
+            mine[canonical] = item["code"]
+        return mine
+
+    def check_quarantine(self) -> None:
+        assert self.learn_quarantine_ids() == {
+            canonical: entry.code for canonical, entry in self.quarantine.items()
+        }
+
+    # -- what must always agree ------------------------------------------------------------
+
+    @invariant()
+    def credits_and_reports_agree(self) -> None:
+        if not self.accounts:
+            return
+        start = NOW.replace(hour=0, minute=0, second=0, microsecond=0) - timedelta(days=4)
+        end = self.now.replace(hour=0, minute=0, second=0, microsecond=0) + timedelta(days=2)
+        for account in self.accounts.values():
+            secret = next(iter(account.secrets.values()))
+            credits = exact_json(self.api.as_key(secret, "GET", "/v1/credits"))
+            held = self.held(account)
+            assert (
+                credits["balance_microcents"],
+                credits["held_microcents"],
+                credits["available_microcents"],
+            ) == (account.balance, held, account.balance - held), credits
+            assert (credits["balance_cents"], credits["available_cents"]) == (
+                Decimal(cents_text(account.balance)),
+                Decimal(cents_text(account.balance - held)),
+            )
+            report = self.api.as_key(
+                secret,
+                "GET",
+                f"/v1/usage?starting_at={start:%Y-%m-%d}&ending_at={end:%Y-%m-%d}",
+            )
+            assert report.status_code == 200, report.text
+            got = report.json()
+            days: dict[datetime, list[int]] = {}
+            for r in self.recorded.values():
+                if r.account == account.id and start <= r.occurred_at < end:
+                    day = r.occurred_at.replace(hour=0, minute=0, second=0, microsecond=0)
+                    sums = days.setdefault(day, [0, 0, 0, 0, 0])
+                    for index, value in enumerate(
+                        (1, r.counts[0], r.counts[1], r.counts[2], r.total)
+                    ):
+                        sums[index] += value
+            totals = [sum(s[i] for s in days.values()) for i in range(5)]
+            cost = totals[4] if account.billed else None
+            assert [
+                got["totals"][m]
+                for m in ("requests", "input_tokens", "cache_read_tokens", "output_tokens")
+            ] + [got["totals"]["cost_microcents"]] == [*totals[:4], cost], (got["totals"], totals)
+            for bucket in got["data"]:
+                day = datetime.fromisoformat(bucket["starting_at"].replace("Z", "+00:00"))
+                sums = days.get(day, [0, 0, 0, 0, 0])
+                assert bucket["requests"] == sums[0], (bucket, sums)
+                assert bucket["cost_microcents"] == (sums[4] if account.billed else None)
+
+    def teardown(self) -> None:
+        if self.accounts:
+            assert_books_reconcile(self.api)
+
+
+_CHARGE_FIELDS = (
+    "input_microcents",
+    "cache_read_microcents",
+    "output_microcents",
+    "total_microcents",
+)
+
+
+@pytest.fixture(params=BACKENDS)
+def world(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[World]:
+    with (
+        migrated_database(request.param, tmp_path) as url,
+        running_api(request.param, url, tmp_path, hold_ttl_seconds=TTL) as api,
+    ):
+        yield World(api)
+
+
+def test_the_service_agrees_with_a_plain_model(world: World) -> None:
+    Billing.world = world
+    SEEN.clear()
+    run_state_machine_as_test(
+        Billing,
+        settings=settings(
+            max_examples=EXAMPLES,
+            stateful_step_count=STEPS,
+            deadline=None,
+            derandomize=IN_CI,
+            suppress_health_check=list(HealthCheck),
+            print_blob=True,
+        ),
+    )
+    print("\n".join(f"{count:5d} {what}" for what, count in sorted(SEEN.items())))
