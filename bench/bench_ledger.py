@@ -229,7 +229,8 @@ def _compare(ours_url: str, base_url: str, clients: int, make_load: Callable[[bo
 
 
 def _check_hot_account(url: str, account_id: str) -> list[str]:
-    """Lost updates show as a balance that is not its ledger's sum, or holds left open."""
+    """Lost updates show as a balance that is not its ledger's sum, a held counter that is not
+    the sum of the holds it counts, or holds left open."""
     database = Database.from_url(url, pool_size=1)
     problems: list[str] = []
     try:
@@ -257,6 +258,7 @@ def _check_hot_account(url: str, account_id: str) -> list[str]:
                 .select_from(Authorization)
                 .where(Authorization.account_id == account_id, Authorization.status == "settled")
             ).scalar_one()
+            problems += [m for m in ledger.held_counter_mismatches(session) if account_id in m]
     finally:
         database.dispose()
     if balance != total:

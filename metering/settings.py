@@ -33,7 +33,8 @@ class Settings(BaseSettings):
     # The embedded quick start seeds a demo account with 7 days of usage on its first start.
     demo: bool = True
     max_body_bytes: int = Field(default=DEFAULT_BODY_LIMIT, ge=1024)
-    db_pool_size: int = Field(default=20, ge=1)
+    # Connections per process: this many for the thread-pool routes, as many for the gateway's.
+    db_pool_size: int = Field(default=10, ge=1, le=100)
     log_level: str = "INFO"
 
     _split = field_validator("gateway_tokens", "admin_tokens", mode="before")(_split_tokens)

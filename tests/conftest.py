@@ -178,6 +178,18 @@ def api(request: pytest.FixtureRequest, _shared_apis: dict[str, Api]) -> Iterato
     shared.clock.set(NOW)
 
 
+@pytest.fixture
+def pg_api(_shared_apis: dict[str, Api]) -> Iterator[Api]:
+    """The shared app on PostgreSQL only, for behaviour that exists only there (row locks,
+    the asynchronous driver path); never a skipped SQLite twin."""
+    if "postgresql" not in BACKENDS:
+        pytest.fail("this test needs PostgreSQL (METERING_TEST_BACKENDS excludes it)")
+    shared = _shared_apis["postgresql"]
+    shared.clock.set(NOW)
+    yield shared
+    shared.clock.set(NOW)
+
+
 @pytest.fixture(params=BACKENDS)
 def fresh_api(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Api]:
     """The real app on a database of its own (for tests that need an empty catalog)."""

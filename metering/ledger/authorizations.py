@@ -1,26 +1,30 @@
 """Pre-flight authorizations (contract §4): the check-and-hold of an LLM request's maximum cost.
 
-The check and the hold are atomic per account. The first statement resolves the client's key
-and locks its account's row (FOR NO KEY UPDATE on PostgreSQL, which returns the row as last
-committed; SQLite's BEGIN IMMEDIATE serialises writers instead); the holds, charges and request
-ids the decision reads come from a later statement, which sees everything committed before the
-lock was granted. Nothing depends on process memory, so any number of API processes may share
-one database. A granted request costs five round trips: BEGIN, resolve-and-lock, the decision's
-state, the insert, COMMIT.
+An authorization is a resolving read (the client's key, its account, the model, the price in
+force, any earlier hold with the same request id; no lock), the estimate in Python (the pure
+rules), then the check-and-hold, atomic per account (metering.ledger.placement: one server-side
+function call on PostgreSQL, so the account's row lock is held only while it runs and commits).
+On PostgreSQL both run in autocommit on the event loop: two round trips, no BEGIN or COMMIT,
+no thread-pool hop. Nothing depends on process memory, so any number of API processes may
+share one database.
+
+The steps are written once, as a generator that yields each database step and is sent its
+result (``_authorize_steps``); PostgreSQL's async statements and SQLite's, in a worker thread
+inside one BEGIN IMMEDIATE transaction, each drive it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable, Generator
 from datetime import datetime, timedelta
-from functools import cache
-from typing import Any
+from typing import Any, TypeVar
 
-from sqlalchemy import Select, and_, bindparam, func, insert, or_, select, update
+from sqlalchemy import and_, or_, select, update
 from sqlalchemy.orm import Session
-from sqlalchemy.sql.elements import BindParameter, ColumnElement
+from sqlalchemy.sql.elements import ColumnElement
+from starlette.concurrency import run_in_threadpool
 
-from metering.catalog.service import is_retired, limits_of
+from metering.db import Database
 from metering.kit.errors import (
     AuthenticationFailed,
     Conflict,
@@ -34,155 +38,48 @@ from metering.kit.money import cents
 from metering.kit.pagination import decode_cursor, page
 from metering.kit.timeutil import format_timestamp, parse_timestamp, start_of_month
 from metering.ledger.metrics import AUTHORIZATIONS, VOIDS
+from metering.ledger.placement import Placement, PostgresHolds, Resolved, SqliteHolds
 from metering.ledger.schemas import AuthorizationCreate
-from metering.ledger.service import HOLDS, fingerprint, held_by_account, is_active
-from metering.models import (
-    Account,
-    AccountRate,
-    ApiKey,
-    CatalogModel,
-    PriceVersion,
-    UsageRollup,
-    table,
-)
-from metering.pricing import Estimate, EstimateError, EstimateRequest, Rates, estimate_cost
-from metering.web.deps import KeyPrincipal, hash_secret
+from metering.ledger.service import HOLDS, fingerprint, is_active
+from metering.pricing import Estimate, EstimateError, EstimateRequest, ModelLimits, estimate_cost
+from metering.web.deps import hash_secret
 
-_KEYS = table(ApiKey)
-_ACCOUNTS = table(Account)
-_MODELS = table(CatalogModel)
-_LIST_PRICES = table(PriceVersion)
-_ACCOUNT_RATES = table(AccountRate)
-_ROLLUPS = table(UsageRollup)
-_NOW = bindparam("now", type_=HOLDS.c.expires_at.type)
-_ACCOUNT_ID: BindParameter[str] = bindparam("account_id")
-_KEY_ID: BindParameter[str] = bindparam("api_key_id")
-_RATES = (
-    "input_microcents_per_million",
-    "output_microcents_per_million",
-    "cache_read_microcents_per_million",
-)
+T = TypeVar("T")
+# A database step: called with the backend (PostgresHolds or SqliteHolds), it returns the
+# step's result (awaitable on PostgreSQL).
+Step = Callable[[Any], Any]
+Steps = Generator[Step, Any, T]
 
 
-def _latest_rate(source: Any, column: str, *match: ColumnElement[bool]) -> Any:
-    """A rate of the newest version of ``source`` in force at :now (a scalar subquery)."""
-    return (
-        select(source.c[column])
-        .where(*match, source.c.effective_at <= _NOW)
-        .order_by(source.c.effective_at.desc())
-        .limit(1)
-        .scalar_subquery()
-    )
+def _run(steps: Steps[T], backend: SqliteHolds) -> T:
+    result = None
+    try:
+        while True:
+            result = steps.send(result)(backend)
+    except StopIteration as finished:
+        return finished.value
 
 
-# The hot path's first statement: the client's key, its account (row-locked: FOR NO KEY UPDATE
-# OF accounts, so rows referencing the account can still be inserted meanwhile), the model and
-# the price in force now, in one round trip. The price is catalog.service.price_in_force's rule
-# (the account's override in force, unless that version ends the override, else the list price);
-# tests/ledger/test_resolution.py holds the two to the same answers.
-_RESOLVE = (
-    select(
-        _KEYS.c.id.label("api_key_id"),
-        _KEYS.c.account_id,
-        _KEYS.c.monthly_spend_limit_microcents,
-        _ACCOUNTS.c.billing,
-        _ACCOUNTS.c.balance_microcents,
-        _MODELS.c.id.label("model_id"),
-        _MODELS.c.context_length,
-        _MODELS.c.max_output_tokens,
-        _MODELS.c.reasoning_headroom_tokens,
-        _MODELS.c.deprecation_date,
-        *(
-            _latest_rate(
-                _ACCOUNT_RATES,
-                rate,
-                _ACCOUNT_RATES.c.account_id == _ACCOUNTS.c.id,
-                _ACCOUNT_RATES.c.model_id == _MODELS.c.id,
-            ).label(f"override_{rate}")
-            for rate in _RATES
-        ),
-        *(
-            _latest_rate(_LIST_PRICES, rate, _LIST_PRICES.c.model_id == _MODELS.c.id).label(
-                f"list_{rate}"
-            )
-            for rate in _RATES
-        ),
-    )
-    .select_from(
-        _KEYS.join(_ACCOUNTS, _ACCOUNTS.c.id == _KEYS.c.account_id).outerjoin(
-            _MODELS, _MODELS.c.id_key == bindparam("model_key")
-        )
-    )
-    .where(_KEYS.c.secret_hash == bindparam("secret_hash"), _KEYS.c.revoked_at.is_(None))
-    .with_for_update(of=_ACCOUNTS, key_share=True)
-)
+async def _run_async(steps: Steps[T], backend: PostgresHolds) -> T:
+    result = None
+    try:
+        while True:
+            result = await steps.send(result)(backend)
+    except StopIteration as finished:
+        return finished.value
 
 
-@cache
-def _decision_state(prepaid: bool, limited: bool, idempotent: bool) -> Select[Any]:
-    """What the decision reads once the account is locked (so each later statement sees every
-    hold committed before the lock was granted), in one statement with only the parts needed:
-    the account's holds in force, the key's holds and its charges this calendar month (UTC, from
-    the daily per-key rollups the ingest transaction maintains), a hold with this request id."""
-    columns: list[Any] = []
-    if prepaid:
-        columns.append(held_by_account(_ACCOUNT_ID, _NOW).label("held"))
-    if prepaid and limited:
-        columns.append(
-            select(func.coalesce(func.sum(HOLDS.c.estimate_microcents), 0))
-            .where(
-                HOLDS.c.account_id == _ACCOUNT_ID, HOLDS.c.api_key_id == _KEY_ID, is_active(_NOW)
-            )
-            .scalar_subquery()
-            .label("key_held")
-        )
-        start = bindparam("month_start", type_=_ROLLUPS.c.bucket_start.type)
-        end = bindparam("month_end", type_=_ROLLUPS.c.bucket_start.type)
-        columns.append(
-            select(func.coalesce(func.sum(_ROLLUPS.c.cost_microcents), 0))
-            .where(
-                _ROLLUPS.c.account_id == _ACCOUNT_ID,
-                _ROLLUPS.c.bucket_width == "1d",
-                _ROLLUPS.c.grouping == "key",
-                _ROLLUPS.c.bucket_start >= start,
-                _ROLLUPS.c.bucket_start < end,
-                _ROLLUPS.c.api_key_id == _KEY_ID,
-            )
-            .scalar_subquery()
-            .label("month_spent")
-        )
-    if idempotent:
-        columns.append(
-            select(HOLDS.c.id)
-            .where(HOLDS.c.account_id == _ACCOUNT_ID, HOLDS.c.request_id == bindparam("request_id"))
-            .scalar_subquery()
-            .label("existing_id")
-        )
-    return select(*columns)
-
-
-_BY_REQUEST_ID = select(HOLDS).where(
-    HOLDS.c.account_id == _ACCOUNT_ID, HOLDS.c.request_id == bindparam("request_id")
-)
-_INSERT = insert(HOLDS)
-
-
-@dataclass(frozen=True, slots=True)
-class _Resolved:
-    """The key, its account (locked) and the model with its price in force."""
-
-    key: KeyPrincipal
-    spend_limit: int | None
-    balance: int
-    row: Any  # the model and rate columns of _RESOLVE
-
-
-def authorize(
-    session: Session, request: AuthorizationCreate, now: datetime, ttl_seconds: int
+async def authorize(
+    database: Database, request: AuthorizationCreate, now: datetime, ttl_seconds: int
 ) -> dict[str, Any]:
     """Place a hold of the request's maximum cost, or refuse it (401, 404, 400, 402, 409)."""
+    steps = _authorize_steps(request, now, ttl_seconds)
     try:
-        body, result = _authorize(session, request, now, ttl_seconds)
+        if database.dialect == "postgresql":
+            async with database.async_driver_autocommit() as connection:
+                body, result = await _run_async(steps, PostgresHolds(connection))
+        else:
+            body, result = await run_in_threadpool(_run_sqlite, database, steps)
     except MeteringError as error:
         AUTHORIZATIONS.inc(error.code)
         raise
@@ -190,61 +87,46 @@ def authorize(
     return body
 
 
-def _authorize(
-    session: Session, request: AuthorizationCreate, now: datetime, ttl_seconds: int
-) -> tuple[dict[str, Any], str]:
-    resolved = _resolve(session, request, now)
-    key = resolved.key
-    print_ = _fingerprint(key, request)
-    try:
-        estimate, model_id = _estimate(resolved.row, request, now)
-    except MeteringError:
-        # A retry of a request authorized before (say) the model's retirement still gets the
-        # original authorization: idempotency wins over re-validation.
-        replayed = _replay(session, key.account_id, request.request_id, print_, now)
-        if replayed is None:
-            raise
-        return replayed, "replayed"
+def _run_sqlite(database: Database, steps: Steps[T]) -> T:
+    """In one transaction; a refusal keeps what the check wrote (the releases it stopped
+    counting), as PostgreSQL's autocommit does."""
+    with database.unit_of_work() as session:
+        try:
+            return _run(steps, SqliteHolds(session.connection()))
+        except MeteringError as error:
+            refusal = error
+    raise refusal
 
-    prepaid = key.billing == "prepaid"
-    limited = resolved.spend_limit is not None
-    idempotent = request.request_id is not None
-    if prepaid or idempotent:
-        month_start = start_of_month(now)
-        state = (
-            session.connection()
-            .execute(
-                _decision_state(prepaid, limited, idempotent),
-                {
-                    "account_id": key.account_id,
-                    "api_key_id": key.api_key_id,
-                    "now": now,
-                    "month_start": month_start,
-                    "month_end": _next_month(month_start),
-                    "request_id": request.request_id,
-                },
-            )
-            .one()
-        )
-        if idempotent and state.existing_id is not None:
-            replayed = _replay(session, key.account_id, request.request_id, print_, now)
-            assert replayed is not None
-            return replayed, "replayed"
-        if prepaid:
-            _check_credit(
-                estimate,
-                available=resolved.balance - int(state.held),
-                spend_limit=resolved.spend_limit,
-                key_committed=int(state.month_spent) + int(state.key_held) if limited else 0,
-            )
 
+def _authorize_steps(
+    request: AuthorizationCreate, now: datetime, ttl_seconds: int
+) -> Steps[tuple[dict[str, Any], str]]:
+    if not request.api_key:
+        raise AuthenticationFailed("no API key given", code="missing_api_key", param="api_key")
+    secret_hash, model_key = hash_secret(request.api_key), request.model.lower()
+    resolved: Resolved | None = yield lambda holds: holds.resolve(
+        secret_hash, model_key, request.request_id, now
+    )
+    if resolved is None:
+        raise AuthenticationFailed("invalid API key", code="invalid_api_key", param="api_key")
+    print_ = _fingerprint(resolved.api_key_id, request)
+    if resolved.known_request:
+        # A retry gets the authorization as it now stands, even if (say) the model has been
+        # retired since: idempotency wins over re-validation.
+        account_id, request_id = resolved.account_id, request.request_id
+        assert request_id is not None
+        existing = yield lambda holds: holds.by_request_id(account_id, request_id)
+        return _replay(existing, print_, now), "replayed"
+
+    estimate = _estimate(resolved, request, now)
+    assert resolved.model is not None
     values = {
         "id": new_id("auth"),
-        "account_id": key.account_id,
-        "api_key_id": key.api_key_id,
+        "account_id": resolved.account_id,
+        "api_key_id": resolved.api_key_id,
         "request_id": request.request_id,
         "request_fingerprint": print_,
-        "model_id": model_id,
+        "model_id": resolved.model.id,
         "api": request.api,
         "prompt_tokens": request.prompt_tokens,
         "requested_max_tokens": request.max_tokens,
@@ -252,45 +134,51 @@ def _authorize(
         "reasoning": request.reasoning,
         "max_tokens": estimate.max_tokens,
         "estimate_microcents": estimate.total_microcents,
-        "status": "active",
         "created_at": now,
         "expires_at": now + timedelta(seconds=ttl_seconds),
-        "closed_at": None,
-        "usage_event_id": None,
     }
-    session.connection().execute(_INSERT, values)
-    return hold_body(values, now), "granted"
-
-
-def _resolve(session: Session, request: AuthorizationCreate, now: datetime) -> _Resolved:
-    """401 for a missing, unknown or revoked client key (``param`` "api_key", never a hint of
-    which); otherwise the key with its account locked, and the model's columns (null when the
-    model does not exist)."""
-    if not request.api_key:
-        raise AuthenticationFailed("no API key given", code="missing_api_key", param="api_key")
-    row = (
-        session.connection()
-        .execute(
-            _RESOLVE,
-            {
-                "secret_hash": hash_secret(request.api_key),
-                "model_key": request.model.lower(),
-                "now": now,
-            },
+    placement: Placement
+    if resolved.billing == "prepaid":
+        month_start = start_of_month(now)
+        limit, month_end = resolved.spend_limit, _next_month(month_start)
+        placement = yield lambda holds: holds.place(values, limit, month_start, month_end)
+    else:
+        # Unbilled accounts always pass; the hold is still recorded (not counted).
+        inserted = yield lambda holds: holds.insert_unbilled(values)
+        placement = Placement("granted" if inserted else "exists", 0)
+    outcome = placement.outcome
+    if outcome == "exists":
+        # The same request id was authorized meanwhile (a concurrent retry).
+        assert request.request_id is not None
+        account_id, request_id = resolved.account_id, request.request_id
+        existing = yield lambda holds: holds.by_request_id(account_id, request_id)
+        assert existing is not None
+        return _replay(existing, print_, now), "replayed"
+    if outcome == "insufficient_credits":
+        raise InsufficientCredits(
+            "the credit balance is too low for this request's maximum cost; add credits, or "
+            "set a smaller max_tokens",
+            code="insufficient_credits",
+            credits_available_cents=cents(placement.available),
+            credits_required_cents_estimate=cents(estimate.total_microcents),
         )
-        .first()
-    )
-    if row is None:
-        raise AuthenticationFailed("invalid API key", code="invalid_api_key", param="api_key")
-    key = KeyPrincipal(api_key_id=row.api_key_id, account_id=row.account_id, billing=row.billing)
-    return _Resolved(key, row.monthly_spend_limit_microcents, row.balance_microcents, row)
+    if outcome == "member_spend_limit":
+        assert resolved.spend_limit is not None
+        raise InsufficientCredits(
+            "this API key's monthly spend limit would be exceeded by this request's maximum cost",
+            code="member_spend_limit",
+            monthly_spend_limit_cents=cents(resolved.spend_limit),
+            credits_required_cents_estimate=cents(estimate.total_microcents),
+        )
+    assert outcome == "granted", outcome
+    return hold_body({**values, "status": "active"}, now), "granted"
 
 
-def _fingerprint(key: KeyPrincipal, request: AuthorizationCreate) -> str:
+def _fingerprint(api_key_id: str, request: AuthorizationCreate) -> str:
     """The request as billing sees it: the key by id, the model case-folded, defaults applied."""
     return fingerprint(
         {
-            "api_key_id": key.api_key_id,
+            "api_key_id": api_key_id,
             "model": request.model.lower(),
             "api": request.api,
             "prompt_tokens": request.prompt_tokens,
@@ -301,34 +189,28 @@ def _fingerprint(key: KeyPrincipal, request: AuthorizationCreate) -> str:
     )
 
 
-def _estimate(row: Any, request: AuthorizationCreate, now: datetime) -> tuple[Estimate, str]:
-    """The maximum cost at the account's rates in force now, and the model's catalog id."""
-    if row.model_id is None:
+def _estimate(resolved: Resolved, request: AuthorizationCreate, now: datetime) -> Estimate:
+    """The maximum cost at the account's rates in force now (404 for a model that is unknown,
+    retired, or without a price; 400 for the estimate's rules)."""
+    model = resolved.model
+    if model is None:
         raise NotFound(
             f"model {request.model!r} does not exist", code="model_not_found", param="model"
         )
-    model = CatalogModel(
-        id=row.model_id,
-        context_length=row.context_length,
-        max_output_tokens=row.max_output_tokens,
-        reasoning_headroom_tokens=row.reasoning_headroom_tokens,
-        deprecation_date=row.deprecation_date,
-    )
-    if is_retired(model, now):
-        assert model.deprecation_date is not None
+    # catalog.service.is_retired's rule: retired from the start (UTC) of its deprecation date.
+    if model.deprecation_date is not None and now.date() >= model.deprecation_date:
         raise NotFound(
             f"model {model.id!r} was retired on {model.deprecation_date.isoformat()}",
             code="model_not_found",
             param="model",
         )
-    rates = _rates_in_force(row)
-    if rates is None:
+    if resolved.rates is None:
         # A model nobody can be billed for cannot be served: the same answer as an unknown one.
         raise NotFound(
             f"model {model.id!r} has no price in force", code="model_not_found", param="model"
         )
     try:
-        estimate = estimate_cost(
+        return estimate_cost(
             EstimateRequest(
                 api=request.api,
                 prompt_tokens=request.prompt_tokens,
@@ -336,67 +218,30 @@ def _estimate(row: Any, request: AuthorizationCreate, now: datetime) -> tuple[Es
                 n=request.n,
                 reasoning=request.reasoning,
             ),
-            limits_of(model),
-            rates,
+            ModelLimits(
+                context_length=model.context_length,
+                max_output_tokens=model.max_output_tokens,
+                reasoning_headroom_tokens=model.reasoning_headroom_tokens,
+            ),
+            resolved.rates,
         )
     except EstimateError as error:
         extra = dict(error.extra)
         if "context_length_limit" in extra:
             extra["model"] = model.id
         raise InvalidRequest(str(error), code=error.code, param=error.param, **extra) from None
-    return estimate, model.id
 
 
-def _rates_in_force(row: Any) -> Rates | None:
-    """The override's rates unless there is none in force or it ends the override (all null),
-    else the list price's; None when neither is in force."""
-    for source in ("override", "list"):
-        values = [getattr(row, f"{source}_{rate}") for rate in _RATES]
-        if values[0] is not None:
-            return Rates(*values)
-    return None
-
-
-def _check_credit(
-    estimate: Estimate, *, available: int, spend_limit: int | None, key_committed: int
-) -> None:
-    required = estimate.total_microcents
-    if required > available:
-        raise InsufficientCredits(
-            "the credit balance is too low for this request's maximum cost; add credits, or "
-            "set a smaller max_tokens",
-            code="insufficient_credits",
-            credits_available_cents=cents(available),
-            credits_required_cents_estimate=cents(required),
-        )
-    if spend_limit is not None and key_committed + required > spend_limit:
-        raise InsufficientCredits(
-            "this API key's monthly spend limit would be exceeded by this request's maximum cost",
-            code="member_spend_limit",
-            monthly_spend_limit_cents=cents(spend_limit),
-            credits_required_cents_estimate=cents(required),
-        )
-
-
-def _replay(
-    session: Session, account_id: str, request_id: str | None, print_: str, now: datetime
-) -> dict[str, Any] | None:
-    """The authorization already made for ``request_id`` as it now stands, None if there is
-    none; 409 when it was made for a different request."""
-    if request_id is None:
-        return None
-    row = session.execute(
-        _BY_REQUEST_ID, {"account_id": account_id, "request_id": request_id}
-    ).first()
-    if row is None:
-        return None
-    if row.request_fingerprint != print_:
+def _replay(existing: dict[str, Any], print_: str, now: datetime) -> dict[str, Any]:
+    """The authorization already made for this request id as it now stands; 409 when it was
+    made for a different request."""
+    if existing["request_fingerprint"] != print_:
         raise Conflict(
-            f"request_id {request_id!r} was already authorized for a different request",
+            f"request_id {existing['request_id']!r} was already authorized for a different request",
             code="idempotency_conflict",
             param="request_id",
         )
-    return hold_body(row._mapping, now)
+    return hold_body(existing, now)
 
 
 def _next_month(month_start: datetime) -> datetime:
@@ -441,43 +286,29 @@ def admin_hold_body(row: Any, now: datetime) -> dict[str, Any]:
 
 # -- void, list, tidy up -------------------------------------------------------------------------
 
-# What the gateway's view of a hold needs, and no more (the hot path pays per column).
-_BODY_COLUMNS = [
-    HOLDS.c[name]
-    for name in (
-        "id",
-        "status",
-        "request_id",
-        "account_id",
-        "api_key_id",
-        "model_id",
-        "max_tokens",
-        "estimate_microcents",
-        "expires_at",
-    )
-]
-_VOID = (
-    update(HOLDS)
-    .where(HOLDS.c.id == bindparam("hold_id"), is_active(_NOW))
-    .values(status="voided", closed_at=_NOW)
-    .returning(*_BODY_COLUMNS)
-)
-_BY_ID = select(*_BODY_COLUMNS).where(HOLDS.c.id == bindparam("hold_id"))
 
-
-def void(session: Session, hold_id: str, now: datetime) -> dict[str, Any]:
+async def void(database: Database, hold_id: str, now: datetime) -> dict[str, Any]:
     """Release a hold whose request was rejected before generation (it will not be charged).
 
-    A hold no longer active (settled, voided, expired) is returned as it stands."""
-    row = session.connection().execute(_VOID, {"hold_id": hold_id, "now": now}).first()
-    if row is not None:
-        VOIDS.inc("voided")
-        return hold_body(row._mapping, now)
-    row = session.connection().execute(_BY_ID, {"hold_id": hold_id}).first()
+    A hold no longer active (settled, voided, expired) is returned as it stands. The account's
+    held counter is not touched here (no wait for the account's lock): its next check-and-hold
+    stops counting the hold."""
+    if database.dialect == "postgresql":
+        async with database.async_driver_autocommit() as connection:
+            row, voided = await PostgresHolds(connection).void(hold_id, now)
+    else:
+        row, voided = await run_in_threadpool(_void_sqlite, database, hold_id, now)
     if row is None:
         raise NotFound(f"no authorization {hold_id}", param="authorization_id")
-    VOIDS.inc("unchanged")
-    return hold_body(row._mapping, now)
+    VOIDS.inc("voided" if voided else "unchanged")
+    return hold_body(row, now)
+
+
+def _void_sqlite(
+    database: Database, hold_id: str, now: datetime
+) -> tuple[dict[str, Any] | None, bool]:
+    with database.unit_of_work() as session:
+        return SqliteHolds(session.connection()).void(hold_id, now)
 
 
 def status_filter(status: str, now: datetime) -> ColumnElement[bool]:
@@ -526,10 +357,17 @@ def list_holds(
 
 def expire_holds(session: Session, now: datetime) -> int:
     """Mark holds past their ``expires_at`` as 'expired'; returns how many. A tidy-up for the
-    scheduler: nothing depends on it, since an active hold stops counting at its expiry."""
-    result = session.execute(
-        update(HOLDS)
+    scheduler: nothing depends on it, since an active hold stops counting at its expiry.
+
+    Holds locked by someone else (a check-and-hold expiring them itself, a settlement) are
+    skipped rather than waited for, so the tidy-up never takes part in a deadlock; the account's
+    held counter stops counting the rest at its next check-and-hold."""
+    overdue = (
+        select(HOLDS.c.id)
         .where(HOLDS.c.status == "active", HOLDS.c.expires_at <= now)
-        .values(status="expired")
+        .with_for_update(skip_locked=True)
+    )
+    result = session.execute(
+        update(HOLDS).where(HOLDS.c.id.in_(overdue.scalar_subquery())).values(status="expired")
     )
     return int(result.rowcount)  # type: ignore[attr-defined]

@@ -17,8 +17,9 @@ from metering.web.deps import (
     GatewayDep,
     NowDep,
     SessionDep,
-    SettingsDep,
-    unit_of_work,
+    get_clock,
+    get_database,
+    get_settings,
 )
 from metering.web.jsonio import ExactJSONResponse, MeteringRoute
 
@@ -37,25 +38,31 @@ def get_credits(key: AccountKeyDep, session: SessionDep, now: NowDep) -> dict[st
     return service.credit_balance(session, key.account_id, now)
 
 
-# The gateway's two routes are the hot path: each opens its unit of work itself and answers
-# with a ready response (no generator dependency, no re-encoding of the returned dict).
+# The gateway's two routes are the hot path: each runs on the event loop and its own statements
+# (on PostgreSQL asynchronously in autocommit, on SQLite in a worker thread: see
+# metering.ledger.authorizations), reads the clock and settings from the app itself (each
+# dependency costs FastAPI a resolution per request), and answers with a ready response (no
+# generator dependency, no re-encoding of the returned dict).
 
 
 @gateway_router.post("/authorizations")
-def authorize(
-    body: AuthorizationCreate, request: Request, now: NowDep, settings: SettingsDep
-) -> Response:
+async def authorize(body: AuthorizationCreate, request: Request) -> Response:
     """Pre-flight check of a request: hold its maximum cost, or refuse it (402, 404, 400)."""
-    with unit_of_work(request) as session:
-        hold = authorizations.authorize(session, body, now, settings.hold_ttl_seconds)
+    hold = await authorizations.authorize(
+        get_database(request),
+        body,
+        get_clock(request).now(),
+        get_settings(request).hold_ttl_seconds,
+    )
     return ExactJSONResponse(hold)
 
 
 @gateway_router.delete("/authorizations/{authorization_id}")
-def void_authorization(authorization_id: str, request: Request, now: NowDep) -> Response:
+async def void_authorization(authorization_id: str, request: Request) -> Response:
     """Release a hold whose request was rejected before generation (not charged)."""
-    with unit_of_work(request) as session:
-        hold = authorizations.void(session, authorization_id, now)
+    hold = await authorizations.void(
+        get_database(request), authorization_id, get_clock(request).now()
+    )
     return ExactJSONResponse(hold)
 
 

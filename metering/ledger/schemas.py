@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, Strict
 
 from metering.kit.money import CentsInput
+from metering.kit.text import Text
 from metering.pricing import MAX_TOKEN_COUNT
 
 # The characters of a request id (contract §5), so a hold and its usage event can name each other.
@@ -14,7 +15,7 @@ REQUEST_ID_PATTERN = r"^[A-Za-z0-9._:\-]{1,64}$"
 # The inference API's own ceiling on ``n``; far enough below any overflow of an estimate.
 MAX_CHOICES = 128
 
-IdempotencyKey = Annotated[str, Field(min_length=1, max_length=200)]
+IdempotencyKey = Annotated[Text, Field(min_length=1, max_length=200)]
 # Signs and positivity are the estimate's rules (metering.pricing, which names the field); the
 # upper bounds here only keep absurd integers (10**30) out of 32-bit columns.
 BoundedCount = Annotated[int, Strict(), Field(le=MAX_TOKEN_COUNT)]
@@ -27,7 +28,7 @@ class GrantCreate(BaseModel):
 
     amount_cents: CentsInput
     idempotency_key: IdempotencyKey
-    note: str | None = Field(default=None, max_length=2000)
+    note: Text | None = Field(default=None, max_length=2000)
 
 
 class AdjustmentCreate(BaseModel):
@@ -37,7 +38,7 @@ class AdjustmentCreate(BaseModel):
 
     amount_cents: CentsInput
     idempotency_key: IdempotencyKey
-    reason: str = Field(min_length=1, max_length=2000)
+    reason: Text = Field(min_length=1, max_length=2000)
 
 
 class AuthorizationCreate(BaseModel):
@@ -48,7 +49,7 @@ class AuthorizationCreate(BaseModel):
 
     api_key: str | None = None
     request_id: str | None = Field(default=None, pattern=REQUEST_ID_PATTERN)
-    model: str = Field(min_length=1, max_length=200)
+    model: Text = Field(min_length=1, max_length=200)
     api: Literal["chat_completions", "responses", "messages"]
     prompt_tokens: BoundedCount
     max_tokens: BoundedCount | None = None

@@ -2,8 +2,10 @@
 
 An account's balance (``accounts.balance_microcents``) moves only in the transaction that appends
 its ledger entry, by an atomic ``balance = balance + x`` under the account's row lock, so it always
-equals the sum of the account's entries. ``held`` is never stored: it is the sum of the holds that
-are active now, so a hold stops counting at its ``expires_at`` without any sweeper.
+equals the sum of the account's entries. ``held`` as credits show it is the sum of the holds that
+are active now, so a hold stops counting at its ``expires_at`` without any sweeper; the
+check-and-hold compares with a maintained counter instead (metering.ledger.placement), which
+``held_counter_mismatches`` reconciles.
 """
 
 from __future__ import annotations
@@ -101,6 +103,37 @@ def credit_balance(session: Session, account_id: str, now: datetime) -> dict[str
         "held_microcents": held,
         "available_microcents": available,
     }
+
+
+def held_counter_mismatches(session: Session) -> list[str]:
+    """For ``metering verify``: every account's ``held_microcents`` equals the sum of the holds
+    it counts, and no active hold of a prepaid account goes uncounted (either would let a
+    check-and-hold grant credit that is not there, or refuse credit that is)."""
+    counted = (
+        select(HOLDS.c.account_id, func.sum(HOLDS.c.estimate_microcents).label("total"))
+        .where(HOLDS.c.counted)
+        .group_by(HOLDS.c.account_id)
+        .subquery()
+    )
+    mismatches = [
+        f"account {account_id}: held counter {held} microcents, counted holds {total}"
+        for account_id, held, total in session.execute(
+            select(ACCOUNTS.c.id, ACCOUNTS.c.held_microcents, func.coalesce(counted.c.total, 0))
+            .outerjoin(counted, counted.c.account_id == ACCOUNTS.c.id)
+            .where(ACCOUNTS.c.held_microcents != func.coalesce(counted.c.total, 0))
+            .order_by(ACCOUNTS.c.id)
+        )
+    ]
+    mismatches += [
+        f"account {account_id}: active hold {hold_id} is not counted in its held counter"
+        for hold_id, account_id in session.execute(
+            select(HOLDS.c.id, HOLDS.c.account_id)
+            .join(ACCOUNTS, ACCOUNTS.c.id == HOLDS.c.account_id)
+            .where(HOLDS.c.status == "active", ~HOLDS.c.counted, ACCOUNTS.c.billing == "prepaid")
+            .order_by(HOLDS.c.id)
+        )
+    ]
+    return mismatches
 
 
 # -- grants and adjustments ----------------------------------------------------------------------

@@ -8,10 +8,12 @@ Set-based: a fixed number of statements per call, whatever the number of charges
 the rows travel as one JSON parameter (``json_to_recordset``); SQLite, in process, takes them as
 an executemany.
 
-Row locks are taken in one global order, so concurrent batches cannot deadlock: first the holds,
-by id; then the accounts, by id. The account row is the one every authorization of the account
-waits for, so it is taken last: called as the last write of the ingest transaction, it is held
-only until the commit.
+Row locks are taken in one global order, so concurrent batches cannot deadlock: first the
+holds, by id; then the accounts, by id. The account row is the one every authorization of the
+account waits for, so it is taken last: called as the last write of the ingest transaction, it
+is held only until the commit. (A check-and-hold takes its account first, then the account's
+released holds, but it skips any hold locked by someone else, so it never waits in the
+opposite order: see metering.ledger.placement.)
 """
 
 from __future__ import annotations
@@ -72,12 +74,19 @@ def _holds_to_settle(
     found: dict[tuple[str, str], str] = {}
     if unnamed:
         # Read without locks: settling re-checks each hold once it holds the hold's lock.
-        for row in connection.execute(
-            select(_HOLDS.c.id, _HOLDS.c.account_id, _HOLDS.c.request_id).where(
-                tuple_(_HOLDS.c.account_id, _HOLDS.c.request_id).in_(unnamed), _OPEN
+        if connection.dialect.name == "postgresql":
+            # One fixed statement whatever the batch (prepared once), not an IN list of pairs
+            # compiled anew for every batch.
+            rows = [{"account_id": a, "request_id": r} for a, r in unnamed]
+            result = connection.execute(_Postgres.OPEN_HOLDS, {"rows": _json(rows)})
+        else:
+            result = connection.execute(
+                select(_HOLDS.c.id, _HOLDS.c.account_id, _HOLDS.c.request_id).where(
+                    tuple_(_HOLDS.c.account_id, _HOLDS.c.request_id).in_(unnamed), _OPEN
+                )
             )
-        ):
-            found[(row.account_id, row.request_id)] = row.id
+        for hold_id, account_id, request_id in result:
+            found[(account_id, request_id)] = hold_id
     targets: dict[tuple[str, str], int] = {}
     for c in charges:
         hold_id = c.authorization_id or found.get((c.account_id, c.request_id))
@@ -87,6 +96,12 @@ def _holds_to_settle(
 
 
 class _Postgres:
+    OPEN_HOLDS = text(
+        "SELECT h.id, h.account_id, h.request_id FROM authorizations AS h "
+        "JOIN json_to_recordset(CAST(:rows AS json)) AS t(account_id text, request_id text) "
+        "ON h.account_id = t.account_id AND h.request_id = t.request_id "
+        "WHERE h.status IN ('active', 'expired')"
+    )
     _HOLD_ROWS = (
         "json_to_recordset(CAST(:rows AS json)) AS t(id text, account_id text, event_id bigint)"
     )

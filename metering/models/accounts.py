@@ -19,6 +19,11 @@ class Account(Base):
     billing: Mapped[str] = mapped_column(String(16))
     # grants + adjustments − charges; moved only together with a ledger entry, in one transaction.
     balance_microcents: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    # The sum of the estimates of the account's holds with ``counted`` set: what the check-and-
+    # hold compares with the balance, in O(1). Moved only under the account's row lock, by the
+    # check-and-hold itself, which first stops counting the holds released since (see
+    # metering.ledger.placement). ``GET /v1/credits`` sums the holds in force instead.
+    held_microcents: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
 
 

@@ -33,8 +33,16 @@ class LedgerEntry(Base):
             "amount_microcents <> 0) OR (kind = 'charge' AND amount_microcents <= 0)",
             name="amount_sign",
         ),
-        # Grants and adjustments share one idempotency namespace per account.
-        UniqueConstraint("account_id", "idempotency_key"),
+        # Grants and adjustments share one idempotency namespace per account. Charges have no
+        # key and stay out of the index (migration 0006): one per usage event, on the hot path.
+        Index(
+            "uq_ledger_entries_account_id_idempotency_key",
+            "account_id",
+            "idempotency_key",
+            unique=True,
+            sqlite_where=text("idempotency_key IS NOT NULL"),
+            postgresql_where=text("idempotency_key IS NOT NULL"),
+        ),
         Index("ix_ledger_entries_account_id_id", "account_id", "id"),
     )
 
@@ -46,8 +54,8 @@ class LedgerEntry(Base):
     # SHA-256 of the request's normalised body: the same key with another body is a conflict.
     request_fingerprint: Mapped[str | None] = mapped_column(String(64))
     note: Mapped[str | None] = mapped_column(Text)  # a grant's note, an adjustment's reason
-    # For charges: the usage event that caused it.
-    usage_event_id: Mapped[int | None] = mapped_column(BigInteger, index=True)
+    # For charges: the usage event that caused it (not indexed: nothing looks entries up by it).
+    usage_event_id: Mapped[int | None] = mapped_column(BigInteger)
     api_key_id: Mapped[str | None] = mapped_column(String(32))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
 
@@ -56,7 +64,14 @@ class Authorization(Base):
     """A credit hold of the estimated maximum cost of one LLM request.
 
     It counts against ``available`` while status is 'active' and ``expires_at`` is in the
-    future: expiry needs no sweeper (a periodic tidy-up may set status 'expired')."""
+    future: expiry needs no sweeper (a periodic tidy-up may set status 'expired').
+
+    ``counted``: the estimate is included in ``accounts.held_microcents`` (prepaid accounts'
+    holds, from the moment they are placed). Releasing a hold (void, settlement, tidy-up) only
+    changes its status; the account's next check-and-hold stops counting it, under the
+    account's lock, so releases never wait for that lock. An active hold of a prepaid account
+    is always counted: it stops being counted only once released or past its expiry (it then
+    becomes 'expired')."""
 
     __tablename__ = "authorizations"
     __table_args__ = (
@@ -78,6 +93,13 @@ class Authorization(Base):
             postgresql_where=text("status = 'active'"),
         ),
         Index("ix_authorizations_status_expires_at", "status", "expires_at"),
+        # Released holds still counted: what the next check-and-hold of the account collects.
+        Index(
+            "ix_authorizations_released",
+            "account_id",
+            sqlite_where=text("counted AND status <> 'active'"),
+            postgresql_where=text("counted AND status <> 'active'"),
+        ),
     )
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True)  # auth_…
@@ -98,3 +120,4 @@ class Authorization(Base):
     expires_at: Mapped[datetime] = mapped_column(UTCDateTime)
     closed_at: Mapped[datetime | None] = mapped_column(UTCDateTime)  # settled or voided
     usage_event_id: Mapped[int | None] = mapped_column(BigInteger)  # the event that settled it
+    counted: Mapped[bool] = mapped_column(Boolean, default=False, server_default="0")

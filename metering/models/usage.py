@@ -22,7 +22,12 @@ from metering.models.base import Base, BigIntPK, UTCDateTime
 class UsageEvent(Base):
     """One billed LLM request and its charge (1:1, so the charge lives on the event row).
 
-    ``id`` is the ingest order. (account_id, request_id) is unique forever: the dedup key."""
+    ``id`` is the ingest order. (account_id, request_id) is unique forever: the dedup key.
+
+    No foreign keys (migration 0006): the ingest writes the account, key and model it read in
+    the same transaction, and none of them is ever deleted; the checks cost half of the insert
+    and share-locked the account row that authorizations wait for, once per event.
+    ``metering verify`` names any event whose account, key or model is missing."""
 
     __tablename__ = "usage_events"
     __table_args__ = (
@@ -33,16 +38,15 @@ class UsageEvent(Base):
             "total_microcents = input_microcents + cache_read_microcents + output_microcents",
             name="total_is_sum",
         ),
-        # Which charges a price version change would touch (catalog import's refusal rule).
-        Index("ix_usage_events_model_id_occurred_at", "model_id", "occurred_at"),
-        Index("ix_usage_events_account_id_occurred_at", "account_id", "occurred_at"),
+        # Which charges a price version priced, and when (catalog import's refusal rules).
+        Index("ix_usage_events_price_version_id_occurred_at", "price_version_id", "occurred_at"),
     )
 
     id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
-    account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"))
+    account_id: Mapped[str] = mapped_column(String(32))
     request_id: Mapped[str] = mapped_column(String(64))
-    api_key_id: Mapped[str] = mapped_column(ForeignKey("api_keys.id"))
-    model_id: Mapped[str] = mapped_column(ForeignKey("catalog_models.id"))
+    api_key_id: Mapped[str] = mapped_column(String(32))
+    model_id: Mapped[str] = mapped_column(String(100))
     api: Mapped[str] = mapped_column(String(20))
     outcome: Mapped[str] = mapped_column(String(10))
     occurred_at: Mapped[datetime] = mapped_column(UTCDateTime)
@@ -58,7 +62,7 @@ class UsageEvent(Base):
     cache_read_microcents: Mapped[int] = mapped_column(BigInteger)
     output_microcents: Mapped[int] = mapped_column(BigInteger)
     total_microcents: Mapped[int] = mapped_column(BigInteger)
-    price_version_id: Mapped[str | None] = mapped_column(String(32), index=True)
+    price_version_id: Mapped[str | None] = mapped_column(String(32))
 
 
 class QuarantinedEvent(Base):

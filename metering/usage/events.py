@@ -13,10 +13,12 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from metering.kit.errors import InvalidRequest
+from metering.kit.text import storable
 from metering.kit.timeutil import parse_timestamp
-from metering.pricing import API_NAMES, InvalidUsage, NormalizedUsage, normalize_usage
+from metering.pricing import API_NAMES, Charge, InvalidUsage, NormalizedUsage, normalize_usage
 
 REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
+_REQUEST_ID_MATCH = REQUEST_ID.fullmatch
 OUTCOMES = ("completed", "failed")
 # occurred_at later than now + this is refused (clock skew between gateway and metering is fine).
 FUTURE_TOLERANCE = timedelta(minutes=5)
@@ -49,6 +51,21 @@ class Content:
     outcome: str
 
 
+# A result's ``charge`` (§5) as values, in CHARGE_FIELDS order.
+ChargeValues = tuple[int, int, int, int, int, int, int, int, str | None]
+CHARGE_FIELDS = (
+    "uncached_input_tokens",
+    "cache_read_tokens",
+    "output_tokens",
+    "reasoning_tokens",
+    "input_microcents",
+    "cache_read_microcents",
+    "output_microcents",
+    "total_microcents",
+    "price_version_id",
+)
+
+
 @dataclass(slots=True)
 class Event:
     """A keyed event (it has a valid ``request_id``); ``problem`` is set once it is known to be
@@ -69,12 +86,38 @@ class Event:
     account_id: str | None = None
     billed: bool = False  # the account is prepaid
     model_id: str | None = None  # catalog spelling
+    # Priced (billable now): the charge and the price version used (None: unbilled account).
+    charge: Charge | None = None
+    price_version_id: str | None = None
 
     def content(self) -> Content:
         assert self.api_key_id and self.model_id and self.usage and self.occurred_at
         return Content(
             self.api_key_id, self.model_id, self.api, self.usage, self.occurred_at, self.outcome
         )
+
+    def charge_values(self) -> ChargeValues:
+        charge = self.charge
+        assert charge is not None
+        return (
+            charge.uncached_input_tokens,
+            charge.cache_read_tokens,
+            charge.output_tokens,
+            charge.reasoning_tokens,
+            charge.input_microcents,
+            charge.cache_read_microcents,
+            charge.output_microcents,
+            charge.total_microcents,
+            self.price_version_id,
+        )
+
+
+def is_keyed(raw: object) -> bool:
+    """The common case, checked first: a JSON object with a valid ``request_id``."""
+    if type(raw) is not dict:
+        return isinstance(raw, Mapping) and reject_reason(raw) is None
+    request_id = raw.get("request_id")
+    return type(request_id) is str and _REQUEST_ID_MATCH(request_id) is not None
 
 
 def reject_reason(raw: object) -> Problem | None:
@@ -94,7 +137,9 @@ def reject_reason(raw: object) -> Problem | None:
 
 
 def _text(value: object) -> str | None:
-    return value if isinstance(value, str) else None
+    """A string field as sent, or None when absent, not a string, or not storable text (a NUL
+    or an unpaired surrogate names no key, model or hold, and cannot be stored in a column)."""
+    return value if isinstance(value, str) and storable(value) else None
 
 
 def parse_event(index: int, raw: Mapping[str, Any], now: datetime) -> Event:

@@ -16,14 +16,22 @@ from typing import Any
 from sqlalchemy import bindparam, delete, select, update
 from sqlalchemy.orm import Session
 
-from metering.kit.money import ExactNumber
+from metering.kit.jsonenc import RawJSON
+from metering.kit.money import INT64_MAX
 from metering.kit.pagination import decode_cursor, page
 from metering.kit.timeutil import format_timestamp
 from metering.models import QuarantinedEvent, table
 from metering.usage.events import Event
 from metering.usage.schemas import MAX_BATCH
-from metering.usage.service import DUPLICATE, QUARANTINED, RECORDED, STATUSES, record_events
-from metering.usage.sql import Update, insert_rows
+from metering.usage.service import (
+    DUPLICATE,
+    QUARANTINED,
+    RECORDED,
+    STATUSES,
+    BatchOutcome,
+    record_events,
+)
+from metering.usage.sql import Update, Upsert
 from metering.web.jsonio import loads_exact
 
 QUARANTINE = table(QuarantinedEvent)
@@ -94,6 +102,7 @@ _ON_RESEND: dict[str, Update] = {
     "attempts": "add",
     "last_attempt_at": "excluded",
 }
+_KEEP = Upsert(QUARANTINE, _COLUMNS, conflict=("raw_sha256",), update=_ON_RESEND)
 
 
 def keep(session: Session, events: Sequence[Event], now: datetime) -> None:
@@ -120,25 +129,7 @@ def keep(session: Session, events: Sequence[Event], now: datetime) -> None:
             now,
             now,
         ]
-    insert_rows(
-        session,
-        QUARANTINE,
-        _COLUMNS,
-        [rows[sha] for sha in sorted(rows)],
-        conflict=["raw_sha256"],
-        update=_ON_RESEND,
-    )
-
-
-def _exact(value: Any) -> Any:
-    """A stored raw event as response content: fractions written exactly as they were sent."""
-    if isinstance(value, Decimal):
-        return ExactNumber(str(value)) if value.is_finite() else str(value)
-    if isinstance(value, dict):
-        return {k: _exact(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_exact(v) for v in value]
-    return value
+    _KEEP.run(session, [rows[sha] for sha in sorted(rows)])
 
 
 def entry_body(entry: QuarantinedEvent) -> dict[str, Any]:
@@ -154,7 +145,9 @@ def entry_body(entry: QuarantinedEvent) -> dict[str, Any]:
         "attempts": entry.attempts,
         "received_at": format_timestamp(entry.received_at),
         "last_attempt_at": format_timestamp(entry.last_attempt_at),
-        "event": _exact(loads_exact(entry.raw_event.encode())),
+        # Stored as canonical JSON (numbers as sent), so written verbatim: never re-parsed and
+        # re-encoded, which recursed once per nesting level and failed on deep events.
+        "event": RawJSON(entry.raw_event),
     }
 
 
@@ -179,7 +172,9 @@ def list_entries(
 def _chunks(session: Session, ids: Sequence[int] | None) -> Iterator[Sequence[QuarantinedEvent]]:
     """Entries to retry, oldest first, at most one batch at a time."""
     if ids is not None:
-        wanted = sorted(set(ids))
+        # An id beyond a 64-bit row id is as unknown as any other: skipped (the database could
+        # not even compare it).
+        wanted = sorted({i for i in ids if -INT64_MAX - 1 <= i <= INT64_MAX})
         for start in range(0, len(wanted), MAX_BATCH):
             chunk = wanted[start : start + MAX_BATCH]
             yield (
@@ -235,7 +230,26 @@ def _reprocess_chunk(
     data: list[dict[str, Any]],
     counts: dict[str, int],
 ) -> None:
-    outcome = record_events(session, [loads_exact(e.raw_event.encode()) for e in entries], now)
+    record_events(
+        session,
+        [loads_exact(e.raw_event.encode()) for e in entries],
+        now,
+        before_settlement=lambda outcome: _update_entries(
+            session, entries, outcome, now, data, counts
+        ),
+    )
+
+
+def _update_entries(
+    session: Session,
+    entries: Sequence[QuarantinedEvent],
+    outcome: BatchOutcome,
+    now: datetime,
+    data: list[dict[str, Any]],
+    counts: dict[str, int],
+) -> None:
+    """The entries' fate, written before the charges' settlement locks the accounts: those
+    recorded (or found recorded) leave the quarantine, the others take their current reason."""
     resolved: list[int] = []
     for entry, result in zip(entries, outcome.results, strict=True):
         counts[result.status] += 1

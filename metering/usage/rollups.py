@@ -1,21 +1,26 @@
 """The report aggregates (``usage_rollups``), maintained in the ingest transaction.
 
 Every recorded event adds to six rows: bucket width {1h, 1d} × grouping {key_model, key (model
-'' ), model (api key '')}. A batch is summed in Python first and written with one multi-row
-upsert, its rows sorted so concurrent batches lock them in the same order (no deadlock).
+'' ), model (api key '')}. A batch's additions are summed and encoded here first (``prepare``),
+then written with one multi-row upsert, its rows sorted so concurrent batches lock them in the
+same order (no deadlock).
+
+Every concurrent batch of the same accounts adds to the same rows, so the upsert is the ingest
+transaction's last statement (after the settlement locked the account rows; see
+``metering.usage.service``): a row lock taken there is held only until the commit.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
-from datetime import datetime
+from collections.abc import Callable, Iterable, Iterator
+from datetime import UTC, datetime
 
 from sqlalchemy.orm import Session
 
 from metering.kit.timeutil import floor_day, floor_hour
 from metering.models import UsageRollup, table
-from metering.usage.sql import Update, insert_rows
+from metering.usage.events import Event
+from metering.usage.sql import Upsert
 
 ROLLUPS = table(UsageRollup)
 GROUPINGS = ("key_model", "key", "model")
@@ -31,22 +36,6 @@ COUNTERS = (
 
 # (account_id, bucket_width, grouping, bucket_start, api_key_id, model_id): the primary key.
 RollupKey = tuple[str, str, str, datetime, str, str]
-
-
-@dataclass(frozen=True, slots=True)
-class RecordedUsage:
-    """What one recorded event adds to the aggregates."""
-
-    event_id: int
-    account_id: str
-    api_key_id: str
-    model_id: str
-    occurred_at: datetime
-    prompt_tokens: int  # cache reads included
-    cached_tokens: int
-    output_tokens: int  # reasoning included
-    reasoning_tokens: int
-    cost_microcents: int
 
 
 def rollup_keys(
@@ -65,26 +54,41 @@ def _add(into: list[int], values: list[int]) -> None:
     into[6] = max(into[6], values[6])
 
 
-def aggregate(events: Iterable[RecordedUsage]) -> dict[RollupKey, list[int]]:
-    """Counters (COUNTERS order, then last_event_id) per rollup row: summed per key, model and
-    hour first (one step per event), then spread over the six row kinds."""
+def aggregate(recorded: Iterable[tuple[int, Event]]) -> dict[RollupKey, list[int]]:
+    """Counters (COUNTERS order, then last_event_id) per rollup row of the recorded events (new
+    id, event): summed per key, model and hour first (one step per event), then spread over the
+    six row kinds."""
     hourly: dict[tuple[str, str, str, datetime], list[int]] = {}
-    for e in events:
-        values = [
-            1,
-            e.prompt_tokens,
-            e.cached_tokens,
-            e.output_tokens,
-            e.reasoning_tokens,
-            e.cost_microcents,
-            e.event_id,
-        ]
-        group = (e.account_id, e.api_key_id, e.model_id, floor_hour(e.occurred_at))
+    hours: dict[tuple[int, int, int, int], datetime] = {}  # a batch spans a few hours at most
+    for event_id, e in recorded:
+        usage, charge, at = e.usage, e.charge, e.occurred_at
+        assert usage is not None and charge is not None and at is not None
+        assert at.tzinfo is UTC  # as parsed: the hour is the UTC hour
+        hour_of = (at.year, at.month, at.day, at.hour)
+        hour = hours.get(hour_of)
+        if hour is None:
+            hour = hours[hour_of] = floor_hour(at)
+        group = (e.account_id or "", e.api_key_id or "", e.model_id or "", hour)
         found = hourly.get(group)
         if found is None:
-            hourly[group] = values
+            hourly[group] = [
+                1,
+                usage.prompt_tokens,  # cache reads included
+                usage.cached_tokens,
+                usage.output_tokens,  # reasoning included
+                usage.reasoning_tokens,
+                charge.total_microcents,
+                event_id,
+            ]
         else:
-            _add(found, values)
+            found[0] += 1
+            found[1] += usage.prompt_tokens
+            found[2] += usage.cached_tokens
+            found[3] += usage.output_tokens
+            found[4] += usage.reasoning_tokens
+            found[5] += charge.total_microcents
+            if event_id > found[6]:
+                found[6] = event_id
     rows: dict[RollupKey, list[int]] = {}
     for group, values in hourly.items():
         for key in rollup_keys(*group):
@@ -106,17 +110,16 @@ _COLUMNS = (
     *COUNTERS,
     "last_event_id",
 )
-_KEY = _COLUMNS[:6]
-_ADD: dict[str, Update] = {**dict.fromkeys(COUNTERS, "add"), "last_event_id": "greatest"}
+_UPSERT = Upsert(
+    ROLLUPS,
+    _COLUMNS,
+    conflict=_COLUMNS[:6],
+    update={**dict.fromkeys(COUNTERS, "add"), "last_event_id": "greatest"},
+)
 
 
-def add_to_rollups(session: Session, events: Iterable[RecordedUsage]) -> None:
-    rows = aggregate(events)
-    insert_rows(
-        session,
-        ROLLUPS,
-        _COLUMNS,
-        [(*key, *values) for key, values in sorted(rows.items())],
-        conflict=_KEY,
-        update=_ADD,
-    )
+def prepare(session: Session, recorded: Iterable[tuple[int, Event]]) -> Callable[[], object]:
+    """The upsert adding the recorded events (new id, event) to their rollup rows, sorted by
+    key, summed and encoded now; the returned call only sends it."""
+    rows = [(*key, *values) for key, values in sorted(aggregate(recorded).items())]
+    return _UPSERT.prepare(session, rows)

@@ -1,4 +1,5 @@
-"""Multi-row ``INSERT … ON CONFLICT`` for both backends, one statement per call.
+"""SQL helpers of the ingest: the driver connection, and multi-row ``INSERT … ON CONFLICT`` for
+both backends, one statement per call.
 
 PostgreSQL gets the rows as one JSON document, ``INSERT … SELECT FROM json_populate_recordset``:
 one short statement whatever the row count, a single bind parameter (the driver's per-element
@@ -10,14 +11,16 @@ multi-row VALUES pages.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Literal
 
+import psycopg
 from sqlalchemy import Table, func
 from sqlalchemy.dialects import sqlite
-from sqlalchemy.engine import Row
+from sqlalchemy.dialects.postgresql import psycopg as postgresql_psycopg
 from sqlalchemy.orm import Session
+from sqlalchemy.sql import ClauseElement
 
 from metering.models.base import UTCDateTime
 
@@ -29,24 +32,99 @@ def is_postgresql(session: Session) -> bool:
     return session.get_bind().dialect.name == "postgresql"
 
 
-def insert_rows(
-    session: Session,
-    table: Table,
-    columns: Sequence[str],
-    rows: Sequence[Sequence[Any]],
-    *,
-    conflict: Sequence[str],
-    update: Mapping[str, Update] | None = None,
-    returning: Sequence[str] = (),
-) -> list[Row[Any]]:
-    """Insert ``rows`` (tuples in ``columns`` order, inserted in that order) with ``ON CONFLICT
-    (conflict) DO NOTHING``, or ``DO UPDATE`` of the ``update`` columns; the RETURNING rows.
+def driver_connection(session: Session) -> psycopg.Connection[Any]:
+    """The session's own psycopg connection, inside the session's transaction.
 
-    Datetimes must be aware (UTCDateTime's rule, checked on both backends)."""
-    if not rows:
-        return []
-    if is_postgresql(session):
-        return _insert_recordset(session, table, columns, rows, conflict, update, returning)
+    The ingest's statements go straight to the driver: SQLAlchemy's execution layer (statement
+    cache key, execution context, result wrapping) costs about 70 µs of Python per statement,
+    twice the driver's own, which a single-event request pays on every round trip."""
+    connection = session.connection().connection.driver_connection
+    assert isinstance(connection, psycopg.Connection)
+    return connection
+
+
+def postgresql_text(statement: ClauseElement) -> str:
+    """A Core statement as PostgreSQL text with ``%(name)s`` parameters, for the driver: built
+    once at import, so the hot path neither compiles nor looks up a compiled form."""
+    return str(statement.compile(dialect=postgresql_psycopg.dialect()))
+
+
+class Upsert:
+    """A multi-row ``INSERT … ON CONFLICT (conflict) DO NOTHING`` (or ``DO UPDATE`` of the
+    ``update`` columns) into one table, its statement built once; the rows are tuples in
+    ``columns`` order, inserted in that order."""
+
+    def __init__(
+        self,
+        table: Table,
+        columns: Sequence[str],
+        *,
+        conflict: Sequence[str],
+        update: Mapping[str, Update] | None = None,
+        returning: Sequence[str] = (),
+    ) -> None:
+        self.table, self.columns, self.returning = table, tuple(columns), tuple(returning)
+        self._temporal = [
+            i for i, name in enumerate(columns) if isinstance(table.c[name].type, UTCDateTime)
+        ]
+        self._postgresql = _recordset_sql(table, self.columns, conflict, update, self.returning)
+        self._sqlite = _sqlite_statement(table, conflict, update, self.returning)
+
+    def prepare(self, session: Session, rows: Sequence[Sequence[Any]]) -> Callable[[], list[Any]]:
+        """Everything but the round trip: the statement to run (and the RETURNING rows, as
+        tuples in ``returning`` order), so that a caller about to hold contended locks does its
+        Python work first. Datetimes must be aware (UTCDateTime's rule, on both backends)."""
+        if not rows:
+            return list
+        if is_postgresql(session):
+            payload = self._json(rows)
+            sql, returning = self._postgresql, self.returning
+
+            def run_postgresql() -> list[Any]:
+                cursor = driver_connection(session).execute(sql, (payload,))
+                return cursor.fetchall() if returning else []
+
+            return run_postgresql
+        params = [dict(zip(self.columns, row, strict=True)) for row in rows]
+
+        def run_sqlite() -> list[Any]:
+            result = session.connection().execute(self._sqlite, params)
+            found = list(result) if self.returning else []
+            result.close()
+            return found
+
+        return run_sqlite
+
+    def run(self, session: Session, rows: Sequence[Sequence[Any]]) -> list[Any]:
+        return self.prepare(session, rows)()
+
+    def _json(self, rows: Sequence[Sequence[Any]]) -> str:
+        """The rows as one JSON document: one short statement whatever the row count, and a
+        single bind parameter (the driver's per-element array quoting costs more than the whole
+        insert), typed by the table's own row type on the way in."""
+        columns, temporal = self.columns, self._temporal
+        records = []
+        for row in rows:
+            record = dict(zip(columns, row, strict=True))
+            for index in temporal:
+                record[columns[index]] = _json_time(row[index])
+            records.append(record)
+        return json.dumps(records, separators=(",", ":"), allow_nan=False)
+
+
+def _json_time(value: Any) -> Any:
+    if not isinstance(value, datetime) or value.tzinfo is None:
+        raise ValueError("UTCDateTime needs an aware datetime")
+    return value.isoformat()
+
+
+def _sqlite_statement(
+    table: Table,
+    conflict: Sequence[str],
+    update: Mapping[str, Update] | None,
+    returning: Sequence[str],
+) -> Any:
+    """The same statement through SQLAlchemy Core (so datetimes pass through UTCDateTime)."""
     statement: Any = sqlite.insert(table)
     if update:
         excluded = statement.excluded
@@ -63,39 +141,16 @@ def insert_rows(
         statement = statement.on_conflict_do_nothing(index_elements=list(conflict))
     # RETURNING makes SQLAlchemy send multi-row VALUES pages ("insertmanyvalues") rather than
     # one statement per row.
-    statement = statement.returning(*(table.c[name] for name in returning or conflict[:1]))
-    result = session.connection().execute(
-        statement, [dict(zip(columns, row, strict=True)) for row in rows]
-    )
-    found = list(result) if returning else []
-    result.close()
-    return found
+    return statement.returning(*(table.c[name] for name in returning or conflict[:1]))
 
 
-def _json_value(value: Any) -> Any:
-    if isinstance(value, datetime):
-        if value.tzinfo is None:
-            raise ValueError("UTCDateTime needs an aware datetime")
-        return value.isoformat()
-    return value
-
-
-def _insert_recordset(
-    session: Session,
+def _recordset_sql(
     table: Table,
     columns: Sequence[str],
-    rows: Sequence[Sequence[Any]],
     conflict: Sequence[str],
     update: Mapping[str, Update] | None,
     returning: Sequence[str],
-) -> list[Row[Any]]:
-    temporal = [i for i, name in enumerate(columns) if isinstance(table.c[name].type, UTCDateTime)]
-    records = []
-    for row in rows:
-        record = dict(zip(columns, row, strict=True))
-        for index in temporal:
-            record[columns[index]] = _json_value(row[index])
-        records.append(record)
+) -> str:
     quoted = ", ".join(f'"{name}"' for name in columns)
     sql = (
         f'INSERT INTO "{table.name}" ({quoted}) SELECT {quoted} '
@@ -117,8 +172,4 @@ def _insert_recordset(
         sql += "DO NOTHING"
     if returning:
         sql += " RETURNING " + ", ".join(f'"{name}"' for name in returning)
-    payload = json.dumps(records, separators=(",", ":"), allow_nan=False)
-    result = session.connection().exec_driver_sql(sql, (payload,))
-    found = list(result) if returning else []
-    result.close()
-    return found
+    return sql

@@ -3,7 +3,10 @@
 * every account's balance equals the sum of its ledger entries;
 * every account's charge entries add up to its recorded events' charges;
 * every ``usage_rollups`` row equals the sum of its events, recomputed here in SQL from
-  ``usage_events`` for all six row kinds, both ways (a row missing, a row that should not exist).
+  ``usage_events`` for all six row kinds, both ways (a row missing, a row that should not exist);
+* every usage event's account, API key (of that account) and model exist (usage_events has no
+  foreign keys: see migration 0006);
+* every account's held counter equals the sum of the holds it counts (metering.ledger).
 
 Read in one snapshot (REPEATABLE READ on PostgreSQL), so it may run beside live ingest.
 """
@@ -17,7 +20,16 @@ from sqlalchemy import ColumnElement, func, literal, select, type_coerce
 from sqlalchemy.orm import Session
 
 from metering.kit.timeutil import format_timestamp
-from metering.models import Account, LedgerEntry, UsageEvent, UsageRollup, table
+from metering.ledger.service import held_counter_mismatches
+from metering.models import (
+    Account,
+    ApiKey,
+    CatalogModel,
+    LedgerEntry,
+    UsageEvent,
+    UsageRollup,
+    table,
+)
 from metering.models.base import UTCDateTime
 from metering.usage.rollups import COUNTERS, GROUPINGS, WIDTHS, RollupKey
 from metering.usage.sql import is_postgresql
@@ -161,6 +173,43 @@ def _check_balances(session: Session, mismatches: list[str]) -> int:
     return len(rows)
 
 
+def _check_references(session: Session, mismatches: list[str]) -> None:
+    accounts, keys, models = table(Account), table(ApiKey), table(CatalogModel)
+    query = (
+        select(
+            EVENTS.c.id,
+            EVENTS.c.account_id,
+            EVENTS.c.request_id,
+            accounts.c.id.is_(None),
+            keys.c.id.is_(None),
+            models.c.id.is_(None),
+        )
+        .select_from(
+            EVENTS.outerjoin(accounts, accounts.c.id == EVENTS.c.account_id)
+            .outerjoin(
+                keys,
+                (keys.c.id == EVENTS.c.api_key_id) & (keys.c.account_id == EVENTS.c.account_id),
+            )
+            .outerjoin(models, models.c.id == EVENTS.c.model_id)
+        )
+        .where(accounts.c.id.is_(None) | keys.c.id.is_(None) | models.c.id.is_(None))
+        .order_by(EVENTS.c.id)
+    )
+    for event_id, account_id, request_id, no_account, no_key, no_model in session.execute(query):
+        missing = [
+            name
+            for name, gone in (
+                ("account", no_account),
+                ("API key of the account", no_key),
+                ("model", no_model),
+            )
+            if gone
+        ]
+        mismatches.append(
+            f"usage event {event_id} ({account_id} {request_id}): no such {', '.join(missing)}"
+        )
+
+
 def verify(session: Session) -> Report:
     if is_postgresql(session):
         # One snapshot for every query, so concurrent ingest cannot show up half-counted.
@@ -169,5 +218,7 @@ def verify(session: Session) -> Report:
     report = Report()
     report.accounts = _check_balances(session, mismatches)
     report.rollup_rows = _check_rollups(session, mismatches)
+    _check_references(session, mismatches)
+    mismatches += held_counter_mismatches(session)
     report.mismatches = mismatches
     return report

@@ -109,7 +109,8 @@ async def require_gateway(request: Request) -> None:
 
 def hash_secret(secret: str) -> str:
     """SHA-256 of a key secret; the keys' 256 bits of entropy make a slow hash unnecessary."""
-    return hashlib.sha256(secret.encode()).hexdigest()
+    # surrogatepass: a JSON body can carry a lone surrogate, which is simply no key (401).
+    return hashlib.sha256(secret.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 @dataclass(frozen=True, slots=True)

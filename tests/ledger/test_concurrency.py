@@ -111,7 +111,12 @@ def _start(tmp: Path, ttl: int | None = None) -> Iterator[Cluster]:
                 ),
                 now,
             )
-        env = {"METERING_HOLD_TTL_SECONDS": str(ttl)} if ttl else {}
+        # Small pools: four server processes of this module run at once, on a PostgreSQL whose
+        # connection limit other test runs share. A race queues for its connections all the
+        # same, so it still contends on the account as much as ever.
+        env = {"METERING_DB_POOL_SIZE": "6"}
+        if ttl:
+            env["METERING_HOLD_TTL_SECONDS"] = str(ttl)
         try:
             with running_servers(url, tmp, 2, extra_env=env) as servers:
                 yield Cluster(url, servers, database, model)

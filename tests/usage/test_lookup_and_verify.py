@@ -18,6 +18,7 @@ from tests.factories import (
     priced_model,
     usage_event,
 )
+from tests.usage.helpers import events_of
 
 AT = NOW - timedelta(minutes=10)
 
@@ -186,3 +187,28 @@ class TestVerify:
         assert code == 1
         assert "key=key_ghost" in out and "no event counts in it" in out
         assert f"account {account}: charge entries total 0 microcents, recorded events 55900" in out
+
+    def test_an_event_whose_key_or_model_does_not_exist(
+        self, fresh_api: Api, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        # usage_events has no foreign keys (migration 0006): verify checks the references.
+        api = fresh_api
+        key = create_key(api, create_account(api))
+        other = create_key(api, create_account(api))
+        model = priced_model(api, NOW - timedelta(days=2))
+        ingest(api, usage_event(key, model, AT), usage_event(key, model, AT))
+        first, second = (e.id for e in events_of(api, key.account_id))
+        with api.database.engine.begin() as connection:
+            connection.execute(
+                text("UPDATE usage_events SET model_id = 'Gone-1' WHERE id = :id"), {"id": first}
+            )
+            connection.execute(
+                text("UPDATE usage_events SET api_key_id = :key WHERE id = :id"),
+                {"key": other.id, "id": second},
+            )
+        code, out = run_verify(api, monkeypatch, capsys)
+        assert code == 1
+        assert f"usage event {first} ({key.account_id} " in out
+        assert "): no such model" in out
+        assert f"usage event {second} ({key.account_id} " in out
+        assert "): no such API key of the account" in out

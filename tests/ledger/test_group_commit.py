@@ -1,0 +1,110 @@
+"""Group commit for a busy account (``metering.ledger.placement.postgres._Queue``, PostgreSQL):
+holds of an account that arrive while one of its check-and-holds is in flight go to the database
+together, each decided as if alone, and a failure reaches every request of its call without
+stranding the next ones."""
+
+from __future__ import annotations
+
+import asyncio
+from decimal import Decimal
+from typing import Any
+
+import pytest
+
+from metering.kit.errors import InsufficientCredits
+from metering.ledger import authorizations
+from metering.ledger.placement import PostgresHolds
+from metering.ledger.schemas import AuthorizationCreate
+from metering.ledger.service import held_counter_mismatches
+from tests.conftest import NOW, Api
+from tests.factories import GLM_RATES
+from tests.ledger.helpers import Setup, expected_estimate, holds, prepaid
+
+ESTIMATE = expected_estimate(1000, 100, GLM_RATES)
+
+
+@pytest.fixture
+def batches(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The size of every call to the database; the first call is held back a little, so that
+    the requests behind it queue (as they do when the account's lock is busy)."""
+    sizes: list[int] = []
+    place_all = PostgresHolds.place_all
+
+    async def recorded(self: PostgresHolds, batch: list[Any]) -> Any:
+        sizes.append(len(batch))
+        if len(sizes) == 1:
+            await asyncio.sleep(0.3)
+        return await place_all(self, batch)
+
+    monkeypatch.setattr(PostgresHolds, "place_all", recorded)
+    return sizes
+
+
+def request(setup: Setup, request_id: str) -> AuthorizationCreate:
+    return AuthorizationCreate(
+        api_key=setup.key.secret,
+        request_id=request_id,
+        model=setup.model,
+        api="chat_completions",
+        prompt_tokens=1000,
+        max_tokens=100,
+    )
+
+
+def authorize_at_once(api: Api, requests: list[AuthorizationCreate]) -> list[Any]:
+    async def all_at_once() -> list[Any]:
+        return list(
+            await asyncio.gather(
+                *(authorizations.authorize(api.database, r, NOW, 3600) for r in requests),
+                return_exceptions=True,
+            )
+        )
+
+    return asyncio.run(all_at_once())
+
+
+def test_holds_arriving_together_are_placed_together_each_as_if_alone(
+    pg_api: Api, batches: list[int]
+) -> None:
+    setup = prepaid(pg_api, Decimal(3 * ESTIMATE) / 10**6)
+    requests = [request(setup, f"together-{i}") for i in range(8)]
+    requests.append(request(setup, "together-0"))  # a retry, in the same call as its original
+    outcomes = authorize_at_once(pg_api, requests)
+
+    assert batches[0] == 1 and max(batches) > 1, batches
+    granted = [o for o in outcomes if isinstance(o, dict)]
+    refused = [o for o in outcomes if isinstance(o, InsufficientCredits)]
+    assert len(refused) + len(granted) == len(outcomes), outcomes
+    assert len({hold["id"] for hold in granted}) == 3
+    assert len(granted) in (3, 4)  # the retry gets its original, if that one was granted
+    assert all(e.code == "insufficient_credits" for e in refused)
+    placed = holds(pg_api, setup.account)
+    assert sorted(h.request_id for h in placed) == sorted({h["request_id"] for h in granted})
+    assert sum(h.estimate_microcents for h in placed) == 3 * ESTIMATE
+    with pg_api.database.unit_of_work() as session:
+        assert [m for m in held_counter_mismatches(session) if setup.account in m] == []
+
+
+def test_a_failed_call_fails_its_requests_and_the_next_ones_proceed(
+    pg_api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    setup = prepaid(pg_api, 1)
+    sizes: list[int] = []
+    place_all = PostgresHolds.place_all
+
+    async def failing_second(self: PostgresHolds, batch: list[Any]) -> Any:
+        sizes.append(len(batch))
+        if len(sizes) == 1:
+            await asyncio.sleep(0.3)
+        if len(sizes) == 2:
+            raise RuntimeError("the database went away")
+        return await place_all(self, batch)
+
+    monkeypatch.setattr(PostgresHolds, "place_all", failing_second)
+    outcomes = authorize_at_once(pg_api, [request(setup, f"fail-{i}") for i in range(5)])
+    assert sizes[:2] == [1, 4], sizes
+    assert sum(isinstance(o, RuntimeError) for o in outcomes) == 4
+    assert sum(isinstance(o, dict) for o in outcomes) == 1
+    # Nothing is left waiting: the account's next holds go through.
+    again = authorize_at_once(pg_api, [request(setup, "after-0"), request(setup, "after-1")])
+    assert all(isinstance(o, dict) for o in again), again

@@ -1,0 +1,55 @@
+"""The ingest answer is written by a template on the hot path: it must be exactly the JSON the
+generic encoder writes for the same results (same keys, same order, same escaping)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from metering.usage.endpoints import render_answer
+from metering.usage.events import CHARGE_FIELDS, Problem
+from metering.usage.service import (
+    DUPLICATE,
+    QUARANTINED,
+    RECORDED,
+    REJECTED,
+    BatchOutcome,
+    Result,
+)
+
+
+def generic(outcome: BatchOutcome) -> bytes:
+    counts = outcome.counts()
+    body: dict[str, Any] = {
+        "object": "list",
+        "data": [result.body() for result in outcome.results],
+        "recorded": counts[RECORDED],
+        "duplicates": counts[DUPLICATE],
+        "quarantined": counts[QUARANTINED],
+        "rejected": counts[REJECTED],
+    }
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+def test_every_kind_of_result_is_written_as_the_generic_encoder_writes_it() -> None:
+    charge = (156, 4352, 20, 16, 3432, 77248, 6780, 87460, "price_ghv2")
+    unbilled = (82, 256, 29, 0, 0, 0, 0, 0, None)
+    outcome = BatchOutcome(
+        [
+            Result(0, "req-1.a:b_c", RECORDED, charge),
+            Result(1, "req-1.a:b_c", DUPLICATE, charge),
+            Result(2, "req-2", RECORDED, unbilled),
+            Result(
+                3, "req-3", QUARANTINED, error=Problem("model_not_found", "no «model»", "model")
+            ),
+            Result(4, None, REJECTED, error=Problem("invalid_parameter", "an event must be…")),
+            Result(5, 'quote"and\\slash', REJECTED, error=Problem("invalid_parameter", "x")),
+            Result(6, "req-4", RECORDED, (0, 0, 0, 0, 0, 0, 0, 0, 'odd "version"')),
+        ]
+    )
+    answer = render_answer(outcome, outcome.counts())
+    assert answer == generic(outcome)
+    decoded = json.loads(answer)
+    assert decoded["data"][0]["charge"] == dict(zip(CHARGE_FIELDS, charge, strict=True))
+    assert decoded["data"][2]["charge"]["price_version_id"] is None
+    assert (decoded["recorded"], decoded["duplicates"], decoded["rejected"]) == (3, 1, 2)
