@@ -13,6 +13,21 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
 
+def is_postgresql(session: Session) -> bool:
+    return session.get_bind().dialect.name == "postgresql"
+
+
+def driver_connection(session: Session) -> psycopg.Connection[Any]:
+    """The session's own psycopg connection, inside the session's transaction.
+
+    The ingest's statements go straight to the driver: SQLAlchemy's execution layer (statement
+    cache key, execution context, result wrapping) costs about 70 µs of Python per statement,
+    twice the driver's own, which a single-event request pays on every round trip."""
+    connection = session.connection().connection.driver_connection
+    assert isinstance(connection, psycopg.Connection)
+    return connection
+
+
 def make_engine(url: str, *, pool_size: int = 10) -> Engine:
     if url.startswith("sqlite"):
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})

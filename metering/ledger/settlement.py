@@ -5,8 +5,9 @@ it, expired, voided, settled by another event, or none), and the balance may go 
 authorizations are then refused until credit is added).
 
 Set-based: a fixed number of statements per call, whatever the number of charges. On PostgreSQL
-the rows travel as one JSON parameter (``json_to_recordset``); SQLite, in process, takes them as
-an executemany.
+one: the server-side function ``metering_settle_charges`` (migration 0007), the charges as one
+JSON parameter; SQLite, in process and one writer at a time, runs the same steps here as
+executemany statements.
 
 Row locks are taken in one global order, so concurrent batches cannot deadlock: first the
 holds, by id; then the accounts, by id. The account row is the one every authorization of the
@@ -25,9 +26,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, and_, bindparam, insert, or_, select, text, tuple_, update
+from sqlalchemy import Connection, and_, bindparam, insert, or_, select, tuple_, update
 from sqlalchemy.orm import Session
 
+from metering.db import driver_connection, is_postgresql
 from metering.models import Account, Authorization, LedgerEntry, table
 
 _ACCOUNTS = table(Account)
@@ -52,17 +54,35 @@ class ChargeToSettle:
 def settle_charges(session: Session, charges: Sequence[ChargeToSettle], now: datetime) -> None:
     if not charges:
         return
+    if is_postgresql(session):
+        # One round trip: the steps below, as the server-side function of migration 0007.
+        rows = [
+            {
+                "account_id": c.account_id,
+                "api_key_id": c.api_key_id,
+                "request_id": c.request_id,
+                "event_id": c.usage_event_id,
+                "amount": c.charge_microcents,
+                "authorization_id": c.authorization_id or None,
+                "billed": c.billed,
+            }
+            for c in sorted(charges, key=lambda c: c.usage_event_id)
+        ]
+        driver_connection(session).execute(_PG_SETTLE, {"now": now, "rows": _json(rows)})
+        return
     connection = session.connection()
-    backend = _Postgres if connection.dialect.name == "postgresql" else _Sqlite
     holds = _holds_to_settle(connection, charges)
     if holds:
-        backend.settle_holds(connection, holds, now)
+        _Sqlite.settle_holds(connection, holds, now)
     billed = [c for c in charges if c.billed]
     if billed:
         totals: dict[str, int] = defaultdict(int)
         for c in billed:
             totals[c.account_id] += c.charge_microcents
-        backend.debit(connection, billed, sorted(totals.items()), now)
+        _Sqlite.debit(connection, billed, sorted(totals.items()), now)
+
+
+_PG_SETTLE = "SELECT metering_settle_charges(%(now)s, %(rows)s::json)"
 
 
 def _holds_to_settle(
@@ -74,96 +94,19 @@ def _holds_to_settle(
     found: dict[tuple[str, str], str] = {}
     if unnamed:
         # Read without locks: settling re-checks each hold once it holds the hold's lock.
-        if connection.dialect.name == "postgresql":
-            # One fixed statement whatever the batch (prepared once), not an IN list of pairs
-            # compiled anew for every batch.
-            rows = [{"account_id": a, "request_id": r} for a, r in unnamed]
-            result = connection.execute(_Postgres.OPEN_HOLDS, {"rows": _json(rows)})
-        else:
-            result = connection.execute(
-                select(_HOLDS.c.id, _HOLDS.c.account_id, _HOLDS.c.request_id).where(
-                    tuple_(_HOLDS.c.account_id, _HOLDS.c.request_id).in_(unnamed), _OPEN
-                )
+        result = connection.execute(
+            select(_HOLDS.c.id, _HOLDS.c.account_id, _HOLDS.c.request_id).where(
+                tuple_(_HOLDS.c.account_id, _HOLDS.c.request_id).in_(unnamed), _OPEN
             )
+        )
         for hold_id, account_id, request_id in result:
             found[(account_id, request_id)] = hold_id
     targets: dict[tuple[str, str], int] = {}
-    for c in charges:
+    for c in sorted(charges, key=lambda c: c.usage_event_id):
         hold_id = c.authorization_id or found.get((c.account_id, c.request_id))
         if hold_id is not None:
             targets.setdefault((hold_id, c.account_id), c.usage_event_id)
     return [(hold, account, event) for (hold, account), event in sorted(targets.items())]
-
-
-class _Postgres:
-    OPEN_HOLDS = text(
-        "SELECT h.id, h.account_id, h.request_id FROM authorizations AS h "
-        "JOIN json_to_recordset(CAST(:rows AS json)) AS t(account_id text, request_id text) "
-        "ON h.account_id = t.account_id AND h.request_id = t.request_id "
-        "WHERE h.status IN ('active', 'expired')"
-    )
-    _HOLD_ROWS = (
-        "json_to_recordset(CAST(:rows AS json)) AS t(id text, account_id text, event_id bigint)"
-    )
-    # Several holds: lock them in id order first (an UPDATE … FROM locks in plan order).
-    LOCK_HOLDS = text(
-        f"SELECT h.id FROM authorizations AS h JOIN {_HOLD_ROWS} "
-        "ON h.id = t.id AND h.account_id = t.account_id "
-        "WHERE h.status IN ('active', 'expired') ORDER BY h.id FOR NO KEY UPDATE OF h"
-    )
-    SETTLE_HOLDS = text(
-        "UPDATE authorizations AS h SET status = 'settled', closed_at = :now, "
-        f"usage_event_id = t.event_id FROM {_HOLD_ROWS} "
-        "WHERE h.id = t.id AND h.account_id = t.account_id AND h.status IN ('active', 'expired')"
-    )
-    INSERT_ENTRIES = text(
-        "INSERT INTO ledger_entries "
-        "(account_id, kind, amount_microcents, usage_event_id, api_key_id, created_at) "
-        "SELECT t.account_id, 'charge', -t.amount, t.event_id, t.api_key_id, :now "
-        "FROM json_to_recordset(CAST(:rows AS json)) "
-        "AS t(account_id text, amount bigint, event_id bigint, api_key_id text)"
-    )
-    _ACCOUNT_ROWS = "json_to_recordset(CAST(:rows AS json)) AS t(id text, amount bigint)"
-    LOCK_ACCOUNTS = text(
-        f"SELECT a.id FROM accounts AS a JOIN {_ACCOUNT_ROWS} ON a.id = t.id "
-        "ORDER BY a.id FOR NO KEY UPDATE OF a"
-    )
-    DEBIT_ACCOUNTS = text(
-        "UPDATE accounts AS a SET balance_microcents = a.balance_microcents - t.amount "
-        f"FROM {_ACCOUNT_ROWS} WHERE a.id = t.id"
-    )
-
-    @classmethod
-    def settle_holds(
-        cls, connection: Connection, holds: list[tuple[str, str, int]], now: datetime
-    ) -> None:
-        rows = _json([{"id": h, "account_id": a, "event_id": e} for h, a, e in holds])
-        if len(holds) > 1:
-            connection.execute(cls.LOCK_HOLDS, {"rows": rows})
-        connection.execute(cls.SETTLE_HOLDS, {"rows": rows, "now": now})
-
-    @classmethod
-    def debit(
-        cls,
-        connection: Connection,
-        billed: list[ChargeToSettle],
-        totals: list[tuple[str, int]],
-        now: datetime,
-    ) -> None:
-        entries = [
-            {
-                "account_id": c.account_id,
-                "amount": c.charge_microcents,
-                "event_id": c.usage_event_id,
-                "api_key_id": c.api_key_id,
-            }
-            for c in billed
-        ]
-        connection.execute(cls.INSERT_ENTRIES, {"rows": _json(entries), "now": now})
-        rows = _json([{"id": account, "amount": amount} for account, amount in totals])
-        if len(totals) > 1:
-            connection.execute(cls.LOCK_ACCOUNTS, {"rows": rows})
-        connection.execute(cls.DEBIT_ACCOUNTS, {"rows": rows})
 
 
 class _Sqlite:

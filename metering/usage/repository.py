@@ -2,7 +2,7 @@
 stored events a batch collided with.
 
 Each is one statement whatever the batch size. On PostgreSQL they run on the session's driver
-connection (``sql.driver_connection``) as text built once at import; on SQLite through
+connection (``metering.db.driver_connection``) as text built once at import; on SQLite through
 SQLAlchemy Core.
 """
 
@@ -30,6 +30,7 @@ from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.expression import CompoundSelect
 
+from metering.db import driver_connection, is_postgresql
 from metering.models import (
     Account,
     AccountRate,
@@ -43,7 +44,7 @@ from metering.models.base import UTCDateTime
 from metering.pricing import NormalizedUsage
 from metering.usage.events import ChargeValues, Content, Event
 from metering.usage.prices import PriceBook, PriceRow
-from metering.usage.sql import Upsert, driver_connection, is_postgresql, postgresql_text
+from metering.usage.sql import Upsert, postgresql_text
 
 KEYS, ACCOUNTS = table(ApiKey), table(Account)
 MODELS, PRICES, RATES = table(CatalogModel), table(PriceVersion), table(AccountRate)

@@ -19,6 +19,7 @@ from typing import Any
 from sqlalchemy import ColumnElement, func, literal, select, type_coerce
 from sqlalchemy.orm import Session
 
+from metering.db import is_postgresql
 from metering.kit.timeutil import format_timestamp
 from metering.ledger.service import held_counter_mismatches
 from metering.models import (
@@ -32,7 +33,6 @@ from metering.models import (
 )
 from metering.models.base import UTCDateTime
 from metering.usage.rollups import COUNTERS, GROUPINGS, WIDTHS, RollupKey
-from metering.usage.sql import is_postgresql
 
 EVENTS = table(UsageEvent)
 ROLLUPS = table(UsageRollup)
