@@ -233,7 +233,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:  # a bad METERING_* value: say which, without a traceback
         print(f"configuration error: {exc}", file=sys.stderr)
         return 2
-    return COMMANDS[args.command](args, settings)
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import OperationalError
+
+    try:
+        return COMMANDS[args.command](args, settings)
+    except OperationalError as exc:  # the database is down or unreachable: say so, briefly
+        where = make_url(settings.effective_database_url).render_as_string(hide_password=True)
+        reason = str(exc.orig or exc).strip().splitlines()[0]
+        print(f"cannot use the database {where}: {reason}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

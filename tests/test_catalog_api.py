@@ -236,6 +236,21 @@ class TestModelList:
         response = api.client.get("/v1/models", headers={"x-api-key": key.secret})
         assert_error(response, 401, "invalid_api_key")
 
+    @pytest.mark.parametrize(
+        "headers",
+        [
+            {"Authorization": "Bearer "},
+            {"Authorization": "Basic dXNlcjpwYXNz"},
+            {"Authorization": ""},
+            {"x-api-key": " "},
+        ],
+    )
+    def test_a_credential_header_without_a_usable_key_is_401_not_list_prices(
+        self, api: Api, headers: dict[str, str]
+    ) -> None:
+        assert_error(api.client.get("/v1/models", headers=headers), 401, "invalid_api_key")
+        assert api.client.get("/v1/models").status_code == 200  # no header at all: list prices
+
 
 class TestListPriceVersions:
     def test_version_in_force_on_half_open_interval(self, api: Api) -> None:

@@ -295,6 +295,25 @@ class TestMigrate:
             assert main(["serve"]) == 1
             assert "metering migrate" in capsys.readouterr().err
 
+    @pytest.mark.parametrize("command", ["serve", "migrate", "verify", "scheduler"])
+    def test_an_unreachable_database_is_one_clear_line_not_a_traceback(
+        self,
+        command: str,
+        monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str],
+    ) -> None:
+        with socket.socket() as probe:  # a port nothing listens on
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        url = f"postgresql+psycopg://metering:s3cret@127.0.0.1:{port}/nowhere"
+        monkeypatch.setenv("METERING_DATABASE_URL", url)
+        monkeypatch.setenv("METERING_ADMIN_TOKENS", "a")
+        monkeypatch.setenv("METERING_GATEWAY_TOKENS", "g")
+        assert main([command, "--once"] if command == "scheduler" else [command]) == 1
+        err = capsys.readouterr().err
+        assert f"cannot use the database postgresql+psycopg://metering:***@127.0.0.1:{port}" in err
+        assert "Traceback" not in err and "s3cret" not in err
+
 
 def _clean_env(**extra: str) -> dict[str, str]:
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"}
