@@ -11,7 +11,7 @@ from metering import __version__
 from metering.db import Database
 from metering.kit.clock import Clock, SystemClock
 from metering.settings import Settings
-from metering.web.errors import install_error_handlers
+from metering.web.errors import ERROR_RESPONSES, install_error_handlers
 from metering.web.jsonio import ExactJSONResponse
 from metering.web.middleware import RequestContextMiddleware
 
@@ -56,14 +56,14 @@ def create_app(
     from metering.usage import endpoints as usage
 
     # The gateway's hot path first: routes are matched in order, router by router.
-    app.include_router(ledger.gateway_router)
-    app.include_router(health.router)
-    app.include_router(catalog.router)
-    app.include_router(catalog.admin_router)
-    app.include_router(accounts.admin_router)
-    app.include_router(ledger.router)
-    app.include_router(ledger.admin_router)
-    app.include_router(usage.router)
-    app.include_router(usage.admin_router)
-    app.include_router(reports.router)
+    app.include_router(ledger.gateway_router, responses=ERROR_RESPONSES)
+    app.include_router(health.router, responses=ERROR_RESPONSES)
+    app.include_router(catalog.router, responses=ERROR_RESPONSES)
+    app.include_router(catalog.admin_router, responses=ERROR_RESPONSES)
+    app.include_router(accounts.admin_router, responses=ERROR_RESPONSES)
+    app.include_router(ledger.router, responses=ERROR_RESPONSES)
+    app.include_router(ledger.admin_router, responses=ERROR_RESPONSES)
+    app.include_router(usage.router, responses=ERROR_RESPONSES)
+    app.include_router(usage.admin_router, responses=ERROR_RESPONSES)
+    app.include_router(reports.router, responses=ERROR_RESPONSES)
     return app

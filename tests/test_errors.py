@@ -311,3 +311,30 @@ class TestHealth:
         assert body["code"] == "database_unavailable"
         assert body["request_id"] == response.headers["x-request-id"]
         assert "127.0.0.1" not in response.text and "psycopg" not in response.text
+
+
+class TestOpenAPIErrors:
+    """The published schema tells clients the truth about errors: FastAPI's 422 is never
+    answered (validation errors are 400), and every error has the §1 body."""
+
+    def test_every_operation_declares_the_error_body_and_no_422(self, api: Api) -> None:
+        spec = api.client.get("/openapi.json").json()
+        operations = [op for ops in spec["paths"].values() for op in ops.values()]
+        assert len(operations) >= 25
+        for operation in operations:
+            responses = operation["responses"]
+            assert "422" not in responses, operation["operationId"]
+            for status in ("4XX", "500"):
+                schema = responses[status]["content"]["application/json"]["schema"]
+                assert schema == {"$ref": "#/components/schemas/ErrorBody"}
+        error = spec["components"]["schemas"]["ErrorObject"]
+        assert set(error["required"]) == {"message", "type", "param", "code", "request_id"}
+
+    def test_a_real_error_matches_the_declared_body(self, api: Api) -> None:
+        body = {"name": "x", "billing": "postpaid"}
+        response = api.admin("POST", "/admin/v1/accounts", json=body)
+        assert response.status_code == 400
+        spec = api.client.get("/openapi.json").json()
+        declared = spec["components"]["schemas"]["ErrorObject"]["properties"]
+        assert set(response.json()) == {"error"}
+        assert set(declared) <= set(response.json()["error"])

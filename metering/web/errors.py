@@ -7,6 +7,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from metering.kit.errors import (
@@ -20,6 +21,32 @@ from metering.web.jsonio import ExactJSONResponse
 from metering.web.middleware import request_id_of
 
 log = logging.getLogger("metering.errors")
+
+
+class ErrorObject(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: str
+    request_id: str
+
+
+class ErrorBody(BaseModel):
+    """Every error's body (§1); some codes add fields to ``error`` (for instance
+    ``credits_available_cents`` on a 402, ``limit_bytes`` on a 413)."""
+
+    error: ErrorObject
+
+
+# Declared on every route in place of FastAPI's 422, which the service never answers.
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    "4XX": {
+        "model": ErrorBody,
+        "description": "A client error: 400 invalid request, 401 no or bad credential, 402 not "
+        "enough credit, 404 unknown, 405 method, 409 conflict, 413 body too large.",
+    },
+    "500": {"model": ErrorBody, "description": "An unexpected error (code internal_error)."},
+}
 
 
 def error_response(request: Request, error: MeteringError) -> Response:
