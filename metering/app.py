@@ -56,14 +56,17 @@ def create_app(
     from metering.usage import endpoints as usage
 
     # The gateway's hot path first: routes are matched in order, router by router.
-    app.include_router(ledger.gateway_router, responses=ERROR_RESPONSES)
-    app.include_router(health.router, responses=ERROR_RESPONSES)
-    app.include_router(catalog.router, responses=ERROR_RESPONSES)
-    app.include_router(catalog.admin_router, responses=ERROR_RESPONSES)
-    app.include_router(accounts.admin_router, responses=ERROR_RESPONSES)
-    app.include_router(ledger.router, responses=ERROR_RESPONSES)
-    app.include_router(ledger.admin_router, responses=ERROR_RESPONSES)
-    app.include_router(usage.router, responses=ERROR_RESPONSES)
-    app.include_router(usage.admin_router, responses=ERROR_RESPONSES)
-    app.include_router(reports.router, responses=ERROR_RESPONSES)
+    for router in (
+        ledger.gateway_router,
+        health.router,
+        catalog.router,
+        catalog.admin_router,
+        accounts.admin_router,
+        ledger.router,
+        ledger.admin_router,
+        usage.router,
+        usage.admin_router,
+        reports.router,
+    ):
+        app.include_router(router, responses=ERROR_RESPONSES)
     return app
