@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import date, datetime
 from typing import Any
 
-from sqlalchemy import BigInteger, and_, cast, func, select
+from sqlalchemy import BigInteger, and_, cast, func, literal_column, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -36,14 +36,19 @@ class DayMark:
     requests: int
 
 
+# The day rows of one grouping, written as constants: the condition of the partial index
+# ix_usage_rollups_day_key_model, which a prepared statement's generic plan could not match
+# with the values as parameters.
+_DAY_ROWS = (
+    ROLLUPS.c.bucket_width == literal_column("'1d'"),
+    ROLLUPS.c.grouping == literal_column("'key_model'"),
+)
+
+
 def account_days(session: Session, day: date, account_id: str | None = None) -> list[AccountDay]:
     """Every account's usage of ``day`` (or one account's), one line per api key × model."""
     r = ROLLUPS.c
-    conditions = [
-        r.bucket_width == "1d",
-        r.grouping == "key_model",
-        r.bucket_start == start_of_day(day),
-    ]
+    conditions = [*_DAY_ROWS, r.bucket_start == start_of_day(day)]
     if account_id is not None:
         conditions.append(r.account_id == account_id)
     statement = (
@@ -105,7 +110,7 @@ def ended_day_marks(session: Session, before: datetime) -> dict[date, DayMark]:
             # PostgreSQL's SUM(bigint) is numeric; the cast keeps it a Python int.
             cast(func.sum(r.requests), BigInteger),
         )
-        .where(r.bucket_width == "1d", r.grouping == "key_model", r.bucket_start < before)
+        .where(*_DAY_ROWS, r.bucket_start < before)
         .group_by(r.bucket_start)
     )
     return {

@@ -13,6 +13,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.orm import Mapped, mapped_column
 
@@ -90,6 +91,9 @@ class QuarantinedEvent(Base):
     last_attempt_at: Mapped[datetime] = mapped_column(UTCDateTime)
 
 
+_DAY_ROWS = "bucket_width = '1d' AND grouping = 'key_model'"
+
+
 class UsageRollup(Base):
     """Pre-aggregated usage, maintained in the ingest transaction; reports read only these.
 
@@ -100,6 +104,15 @@ class UsageRollup(Base):
     __table_args__ = (
         CheckConstraint("bucket_width IN ('1h', '1d')", name="bucket_width"),
         CheckConstraint("grouping IN ('key_model', 'key', 'model')", name="grouping"),
+        # Which accounts and days have usage, across accounts (the scheduler's due days, a
+        # day's export): the primary key starts with the account. Only the day rows of one
+        # grouping, and no column an upsert changes, so the rollup updates stay HOT.
+        Index(
+            "ix_usage_rollups_day_key_model",
+            "bucket_start",
+            sqlite_where=text(_DAY_ROWS),
+            postgresql_where=text(_DAY_ROWS),
+        ),
     )
 
     account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"), primary_key=True)
