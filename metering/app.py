@@ -55,16 +55,16 @@ def create_app(
     from metering.reports import endpoints as reports
     from metering.usage import endpoints as usage
 
-    # The gateway's hot path first: routes are matched in order, router by router.
+    # The gateway's hot paths first: routes are matched in order, router by router.
     for router in (
         ledger.gateway_router,
+        usage.router,
         health.router,
         catalog.router,
         catalog.admin_router,
         accounts.admin_router,
         ledger.router,
         ledger.admin_router,
-        usage.router,
         usage.admin_router,
         reports.router,
     ):

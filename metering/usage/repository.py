@@ -112,7 +112,7 @@ _PG_ARRAYS = {name: bindparam(name, type_=ARRAY(String)) for name in ("key_ids",
 _SQLITE_LISTS: dict[str, Any] = {
     name: bindparam(name, expanding=True) for name in ("key_ids", "model_keys")
 }
-_PG_LOOKUP = postgresql_text(_lookup(lambda column, name: column == any_(_PG_ARRAYS[name])))
+PG_LOOKUP = postgresql_text(_lookup(lambda column, name: column == any_(_PG_ARRAYS[name])))
 _SQLITE_LOOKUP = _lookup(lambda column, name: column.in_(_SQLITE_LISTS[name]))
 
 
@@ -121,11 +121,20 @@ def lookup(
 ) -> tuple[dict[str, KeyInfo], PriceBook]:
     """The batch's keys (with their account and whether it is billed) and a price book of the
     models it names, with the overrides its accounts have for them."""
-    params = {"key_ids": key_ids, "model_keys": model_keys}
+    params = lookup_params(key_ids, model_keys)
     if is_postgresql(session):
-        rows: Sequence[Any] = driver_connection(session).execute(_PG_LOOKUP, params).fetchall()
+        rows: Sequence[Any] = driver_connection(session).execute(PG_LOOKUP, params).fetchall()
     else:
         rows = session.connection().execute(_SQLITE_LOOKUP, params).all()
+    return read_lookup(rows)
+
+
+def lookup_params(key_ids: list[str], model_keys: list[str]) -> dict[str, list[str]]:
+    return {"key_ids": key_ids, "model_keys": model_keys}
+
+
+def read_lookup(rows: Sequence[Any]) -> tuple[dict[str, KeyInfo], PriceBook]:
+    """The lookup's rows as keys (their account and billing) and a price book."""
     keys: dict[str, KeyInfo] = {}
     prices: list[PriceRow] = []
     overrides: list[PriceRow] = []
@@ -212,7 +221,7 @@ class _Quoted(dict[str | None, str]):
         return quoted
 
 
-def _json_rows(events: Sequence[Event]) -> str:
+def events_json(events: Sequence[Event]) -> str:
     quoted = _Quoted()
     rows = []
     for e in events:
@@ -275,7 +284,7 @@ def record(session: Session, events: Sequence[Event], now: datetime) -> dict[Eve
         return {}
     inserted: Sequence[Any]
     if is_postgresql(session):
-        params = {"rows": _json_rows(events), "now": now}
+        params = {"rows": events_json(events), "now": now}
         inserted = driver_connection(session).execute(_PG_RECORD, params).fetchall()
     else:
         inserted = _SQLITE_RECORD.run(session, [(*_event_row(e), now) for e in events])

@@ -12,8 +12,10 @@ transaction's last statement (after the settlement locked the account rows; see
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+import json
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import UTC, datetime
+from typing import Any
 
 from sqlalchemy.orm import Session
 
@@ -118,8 +120,48 @@ _UPSERT = Upsert(
 )
 
 
+# A row of the upsert's JSON document (``_UPSERT.json``'s output, written by a template): the
+# grouping, width and ISO timestamp need no escaping, the ids are JSON-encoded once each.
+_ROW = (
+    '{"account_id":%s,"bucket_width":"%s","grouping":"%s","bucket_start":"%s","api_key_id":%s,'
+    '"model_id":%s,"requests":%d,"input_tokens":%d,"cache_read_tokens":%d,"output_tokens":%d,'
+    '"reasoning_tokens":%d,"cost_microcents":%d,"last_event_id":%d}'
+)
+
+
+def _encode(rows: Sequence[Sequence[Any]]) -> str:
+    quoted: dict[str, str] = {}
+    parts = []
+    for account, width, grouping, start, key, model, *values in rows:
+        for text in (account, key, model):
+            if text not in quoted:
+                quoted[text] = json.dumps(text)
+        parts.append(
+            _ROW
+            % (
+                quoted[account],
+                width,
+                grouping,
+                start.isoformat(),
+                quoted[key],
+                quoted[model],
+                *values,
+            )
+        )
+    return "[" + ",".join(parts) + "]"
+
+
+def _rows(recorded: Iterable[tuple[int, Event]]) -> list[tuple[Any, ...]]:
+    return [(*key, *values) for key, values in sorted(aggregate(recorded).items())]
+
+
 def prepare(session: Session, recorded: Iterable[tuple[int, Event]]) -> Callable[[], object]:
     """The upsert adding the recorded events (new id, event) to their rollup rows, sorted by
     key, summed and encoded now; the returned call only sends it."""
-    rows = [(*key, *values) for key, values in sorted(aggregate(recorded).items())]
-    return _UPSERT.prepare(session, rows)
+    return _UPSERT.prepare(session, _rows(recorded), _encode)
+
+
+def upsert_json(recorded: Iterable[tuple[int, Event]]) -> str:
+    """The rows ``prepare`` would upsert, as the JSON document PostgreSQL takes (for a caller
+    that sends them inside a server-side function)."""
+    return _encode(_rows(recorded))

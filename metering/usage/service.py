@@ -34,6 +34,7 @@ from metering.usage.events import (
     parse_event,
     reject_reason,
 )
+from metering.usage.prices import PriceBook
 from metering.usage.repository import EventKey
 from metering.usage.schemas import MAX_BATCH
 
@@ -202,11 +203,24 @@ def _price(session: Session, events: list[Event]) -> list[Event]:
     priced, in batch order."""
     if not events:
         return []
-    keys, book = repository.lookup(
-        session,
+    keys, book = repository.lookup(session, *lookup_keys(events))
+    return price_events(events, keys, book)
+
+
+def lookup_keys(events: Sequence[Event]) -> tuple[list[str], list[str]]:
+    """The key ids and model keys (lower case) the lookup for ``events`` asks for."""
+    return (
         sorted({e.api_key_id for e in events if e.api_key_id}),
         sorted({e.model.lower() for e in events if e.model}),
     )
+
+
+def price_events(
+    events: Sequence[Event], keys: Mapping[str, repository.KeyInfo], book: PriceBook
+) -> list[Event]:
+    """Pure: each event's account, model and price from the lookup's answer; ``problem`` set
+    on those not billable now, in the order: key, timestamp, usage, model, price. The billable
+    ones, priced, in batch order."""
     models, price_of = book.models, book.price
     priced: list[Event] = []
     for event in events:

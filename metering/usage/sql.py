@@ -55,14 +55,20 @@ class Upsert:
         self._postgresql = _recordset_sql(table, self.columns, conflict, update, self.returning)
         self._sqlite = _sqlite_statement(table, conflict, update, self.returning)
 
-    def prepare(self, session: Session, rows: Sequence[Sequence[Any]]) -> Callable[[], list[Any]]:
+    def prepare(
+        self,
+        session: Session,
+        rows: Sequence[Sequence[Any]],
+        encode: Callable[[Sequence[Sequence[Any]]], str] | None = None,
+    ) -> Callable[[], list[Any]]:
         """Everything but the round trip: the statement to run (and the RETURNING rows, as
         tuples in ``returning`` order), so that a caller about to hold contended locks does its
-        Python work first. Datetimes must be aware (UTCDateTime's rule, on both backends)."""
+        Python work first. Datetimes must be aware (UTCDateTime's rule, on both backends).
+        ``encode``: a faster writer of exactly what ``json`` writes, for a hot caller."""
         if not rows:
             return list
         if is_postgresql(session):
-            payload = self._json(rows)
+            payload = (encode or self.json)(rows)
             sql, returning = self._postgresql, self.returning
 
             def run_postgresql() -> list[Any]:
@@ -83,7 +89,7 @@ class Upsert:
     def run(self, session: Session, rows: Sequence[Sequence[Any]]) -> list[Any]:
         return self.prepare(session, rows)()
 
-    def _json(self, rows: Sequence[Sequence[Any]]) -> str:
+    def json(self, rows: Sequence[Sequence[Any]]) -> str:
         """The rows as one JSON document: one short statement whatever the row count, and a
         single bind parameter (the driver's per-element array quoting costs more than the whole
         insert), typed by the table's own row type on the way in."""

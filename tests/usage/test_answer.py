@@ -53,3 +53,21 @@ def test_every_kind_of_result_is_written_as_the_generic_encoder_writes_it() -> N
     assert decoded["data"][0]["charge"] == dict(zip(CHARGE_FIELDS, charge, strict=True))
     assert decoded["data"][2]["charge"]["price_version_id"] is None
     assert (decoded["recorded"], decoded["duplicates"], decoded["rejected"]) == (3, 1, 2)
+
+
+def test_the_rollup_rows_are_written_as_the_generic_encoder_writes_them() -> None:
+    """The rollups' upsert document (a template on the hot path) against ``Upsert.json``."""
+    from datetime import UTC, datetime
+
+    from metering.usage import rollups
+
+    hour = datetime(2026, 11, 29, 13, tzinfo=UTC)
+    day = datetime(2026, 11, 29, tzinfo=UTC)
+    big = 2**62
+    rows = [
+        ("acct_1", "1h", "key_model", hour, "key_1", "GLM-5.3", 1, 4508, 4352, 20, 0, 87460, 9),
+        ("acct_1", "1d", "key", day, "key_1", "", 2, 5, 0, 7, 1, big, 10),
+        ("acct_«2»", "1d", "model", day, "", 'model "quoted" \\ é', 3, 0, 0, 0, 0, 0, big),
+    ]
+    assert rollups._encode(rows) == rollups._UPSERT.json(rows)
+    assert json.loads(rollups._encode(rows))[2]["model_id"] == 'model "quoted" \\ é'

@@ -1,0 +1,131 @@
+"""The single-event path (PostgreSQL): a request of one new, billable event is recorded in two
+statements on the event loop (``metering.usage.single``, ``metering_record_usage``); every other
+single event goes the general way, and both book exactly what the batch path books."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from metering.usage import endpoints
+from tests.conftest import NOW, Api
+from tests.factories import (
+    GLM_RATES,
+    authorize,
+    chat_usage,
+    create_account,
+    create_key,
+    credits_of,
+    grant,
+    ingest,
+    priced_model,
+    usage_event,
+)
+from tests.security.helpers import assert_books_reconcile
+
+
+def _half_up(tokens: int, rate: int) -> int:
+    return (tokens * rate + 500_000) // 1_000_000
+
+
+def _expected_total(prompt: int, completion: int, cached: int) -> int:
+    """The charge in microcents, from the contract's rule (not the code under test)."""
+    input_rate, output_rate, cache_rate = GLM_RATES
+    return (
+        _half_up(prompt - cached, input_rate)
+        + _half_up(cached, cache_rate)
+        + _half_up(completion, output_rate)
+    )
+
+
+def _general_path_forbidden(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*_args: Any) -> Any:
+        raise AssertionError("the general path was taken")
+
+    monkeypatch.setattr(endpoints, "_record_batch", refuse)
+
+
+def test_a_new_billable_event_is_recorded_and_settled_in_two_statements(
+    pg_api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = priced_model(pg_api, NOW - timedelta(days=1))
+    account = create_account(pg_api)
+    key = create_key(pg_api, account)
+    grant(pg_api, account, 100)
+    hold = authorize(pg_api, key, model).json()
+    _general_path_forbidden(monkeypatch)
+
+    event = usage_event(
+        key, model, NOW, chat_usage(4508, 20, cached=4352), request_id=hold["request_id"]
+    )
+    body = ingest(pg_api, event)
+
+    total = _expected_total(4508, 20, 4352)
+    assert total == 87_460  # the reference docs' chat example at GLM-5.3's rates
+    assert body["recorded"] == 1 and body["data"][0]["charge"]["total_microcents"] == total
+    credits = credits_of(pg_api, key)
+    assert credits["balance_microcents"] == 100_000_000 - total
+    assert credits["held_microcents"] == 0  # the hold, found by its request_id, is settled
+    assert_books_reconcile(pg_api)
+
+
+def test_every_other_single_event_goes_the_general_way_and_is_recorded_once(
+    pg_api: Api,
+) -> None:
+    model = priced_model(pg_api, NOW - timedelta(days=1))
+    key = create_key(pg_api, create_account(pg_api))
+    event = usage_event(key, model, NOW)
+    assert ingest(pg_api, event)["recorded"] == 1
+    # Taken: the function writes nothing and the general path classifies it.
+    again = ingest(pg_api, event)
+    assert again["duplicates"] == 1
+    assert again["data"][0]["charge"] == ingest(pg_api, event)["data"][0]["charge"]
+    changed = {**event, "usage": chat_usage(1000, 101)}
+    assert ingest(pg_api, changed)["data"][0]["error"]["code"] == "idempotency_conflict"
+    # Not billable now: never reaches the function.
+    unknown = usage_event(key, "no-such-model", NOW)
+    assert ingest(pg_api, unknown)["data"][0]["error"]["code"] == "model_not_found"
+    assert ingest(pg_api, {"request_id": "x"})["quarantined"] == 1
+    assert ingest(pg_api, {"no": "request id"})["rejected"] == 1
+    report = pg_api.as_key(key.secret, "GET", f"/v1/usage?starting_at={NOW.date()}").json()
+    assert report["totals"]["requests"] == 1
+    assert_books_reconcile(pg_api)
+
+
+def test_one_by_one_books_exactly_what_one_batch_books(pg_api: Api) -> None:
+    model = priced_model(pg_api, NOW - timedelta(days=5))
+    unbilled = create_key(pg_api, create_account(pg_api, "unbilled"))
+    singles, batch = [create_key(pg_api, create_account(pg_api)) for _ in range(2)]
+
+    def events(key: Any) -> list[dict[str, Any]]:
+        return [
+            usage_event(
+                key,
+                model,
+                NOW - timedelta(hours=n * 7, minutes=n),
+                chat_usage(1000 + 37 * n, 10 + n, cached=13 * n, reasoning=n % 3),
+                request_id=f"req-{n}",
+            )
+            for n in range(12)
+        ]
+
+    for event in events(singles) + events(unbilled):
+        assert ingest(pg_api, event)["recorded"] == 1
+    assert ingest(pg_api, *events(batch))["recorded"] == 12
+
+    def seen(key: Any) -> tuple[Any, ...]:
+        start = (NOW - timedelta(days=4)).date()
+        reports = [
+            pg_api.as_key(key.secret, "GET", f"/v1/usage?starting_at={start}{query}").json()
+            for query in ("", "&bucket_width=1h")
+        ]
+        return tuple((report["totals"], report["data"]) for report in reports)
+
+    assert seen(singles) == seen(batch)
+    assert credits_of(pg_api, singles) == credits_of(pg_api, batch)
+    assert credits_of(pg_api, singles)["balance_microcents"] < 0  # no credit: billed anyway
+    unbilled_totals = seen(unbilled)[0][0]
+    assert unbilled_totals["requests"] == 12 and unbilled_totals["cost_microcents"] is None
+    assert_books_reconcile(pg_api)
