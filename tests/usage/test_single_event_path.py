@@ -4,13 +4,15 @@ single event goes the general way, and both book exactly what the batch path boo
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from metering.usage import endpoints
-from tests.conftest import NOW, Api
+from tests.conftest import NOW, Api, running_api
 from tests.factories import (
     GLM_RATES,
     authorize,
@@ -24,6 +26,15 @@ from tests.factories import (
     usage_event,
 )
 from tests.security.helpers import assert_books_reconcile
+
+
+@pytest.fixture
+def pg_api(pg_url: str, tmp_path: Path) -> Iterator[Api]:
+    """A PostgreSQL database of its own: ``metering verify`` checks the whole database, and the
+    shared one holds what other tests planted on purpose."""
+    with running_api("postgresql", pg_url, tmp_path) as api:
+        api.clock.set(NOW)
+        yield api
 
 
 def _half_up(tokens: int, rate: int) -> int:
