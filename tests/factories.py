@@ -133,15 +133,39 @@ def card_of(api: Api, model_id: str, secret: str | None = None) -> dict[str, Any
     return cards[0] if cards else None
 
 
+def usage_object(api: str, prompt: int, cached: int, output: int, reasoning: int) -> dict[str, Any]:
+    """A ``usage`` object as ``api`` returns it (§5's normalisation table read backwards, written
+    by hand, not by the code under test): ``prompt`` counts every input token, cache reads
+    included (on ``messages`` too: its ``input_tokens`` already includes them), ``output``
+    counts reasoning (not reported by ``messages``)."""
+    if api == "chat_completions":
+        return {
+            "prompt_tokens": prompt,
+            "completion_tokens": output,
+            "total_tokens": prompt + output,
+            "prompt_tokens_details": {"cached_tokens": cached},
+            "completion_tokens_details": {"reasoning_tokens": reasoning},
+        }
+    if api == "responses":
+        return {
+            "input_tokens": prompt,
+            "output_tokens": output,
+            "total_tokens": prompt + output,
+            "input_tokens_details": {"cached_tokens": cached},
+            "output_tokens_details": {"reasoning_tokens": reasoning},
+        }
+    assert api == "messages", api
+    return {
+        "input_tokens": prompt,
+        "output_tokens": output,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": cached,
+    }
+
+
 def chat_usage(prompt: int, completion: int, cached: int = 0, reasoning: int = 0) -> dict[str, Any]:
     """A Chat Completions ``usage`` object as the API returns it."""
-    return {
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt + completion,
-        "prompt_tokens_details": {"cached_tokens": cached},
-        "completion_tokens_details": {"reasoning_tokens": reasoning},
-    }
+    return usage_object("chat_completions", prompt, cached, completion, reasoning)
 
 
 def usage_event(

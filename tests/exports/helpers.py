@@ -23,7 +23,7 @@ from metering.kit.clock import FrozenClock
 from metering.kit.timeutil import format_timestamp
 from metering.models import ExportDay, ExportRun, UsageEvent
 from tests.conftest import Api
-from tests.factories import Key, create_account, create_key, priced_model
+from tests.factories import Key, create_account, create_key, priced_model, usage_object
 
 PRICED_FROM = datetime(2026, 1, 1, tzinfo=UTC)
 DAY = date(2026, 11, 28)  # ended: the app's clock (tests.conftest.NOW) is 2026-11-29 12:00
@@ -63,25 +63,6 @@ def usd(microcents: int) -> str:
     """Exact dollars, plain notation without trailing zeros (e.g. 0.0008746)."""
     text = format(Decimal(microcents).scaleb(-8), "f")
     return text.rstrip("0").rstrip(".") if "." in text else text
-
-
-def usage_object(api_name: str, prompt: int, cached: int, output: int, reasoning: int) -> Any:
-    if api_name == "chat_completions":
-        return {
-            "prompt_tokens": prompt,
-            "completion_tokens": output,
-            "total_tokens": prompt + output,
-            "prompt_tokens_details": {"cached_tokens": cached},
-            "completion_tokens_details": {"reasoning_tokens": reasoning},
-        }
-    if api_name == "responses":
-        return {
-            "input_tokens": prompt,
-            "output_tokens": output,
-            "input_tokens_details": {"cached_tokens": cached},
-            "output_tokens_details": {"reasoning_tokens": reasoning},
-        }
-    return {"input_tokens": prompt, "output_tokens": output, "cache_read_input_tokens": cached}
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from metering.pricing import MAX_TOKEN_COUNT, InvalidUsage, NormalizedUsage, normalize_usage
+from tests.factories import usage_object
 
 # The docs' Chat Completions example (Usage and Billing).
 DOCS_CHAT_USAGE = {
@@ -19,33 +20,6 @@ DOCS_CHAT_USAGE = {
     "prompt_tokens_details": {"cached_tokens": 4352},
     "completion_tokens_details": {"reasoning_tokens": 16},
 }
-
-
-def usage_for(api: str, prompt: int, cached: int, output: int, reasoning: int) -> dict[str, Any]:
-    """A usage object as ``api`` would return it (written by hand, not by the code under test)."""
-    if api == "chat_completions":
-        return {
-            "prompt_tokens": prompt,
-            "completion_tokens": output,
-            "total_tokens": prompt + output,
-            "prompt_tokens_details": {"cached_tokens": cached},
-            "completion_tokens_details": {"reasoning_tokens": reasoning},
-        }
-    if api == "responses":
-        return {
-            "input_tokens": prompt,
-            "output_tokens": output,
-            "total_tokens": prompt + output,
-            "input_tokens_details": {"cached_tokens": cached},
-            "output_tokens_details": {"reasoning_tokens": reasoning},
-        }
-    assert api == "messages"
-    return {
-        "input_tokens": prompt,
-        "output_tokens": output,
-        "cache_creation_input_tokens": 0,
-        "cache_read_input_tokens": cached,
-    }
 
 
 class TestDocsExample:
@@ -160,7 +134,7 @@ class TestEachApi:
         cached = data.draw(st.integers(0, prompt), label="cached")
         output = data.draw(st.integers(0, MAX_TOKEN_COUNT), label="output")
         reasoning = 0 if api == "messages" else data.draw(st.integers(0, output), label="reason")
-        usage = normalize_usage(api, usage_for(api, prompt, cached, output, reasoning))
+        usage = normalize_usage(api, usage_object(api, prompt, cached, output, reasoning))
         assert usage == NormalizedUsage(prompt, cached, output, reasoning)
         assert usage.uncached_input_tokens == prompt - cached
 
@@ -314,7 +288,7 @@ COUNT_PATHS = [
 
 
 def with_value(api: str, path: tuple[str, ...], value: object) -> dict[str, Any]:
-    raw = usage_for(api, 100, 10, 100, 0 if api == "messages" else 10)
+    raw = usage_object(api, 100, 10, 100, 0 if api == "messages" else 10)
     node = raw
     for name in path[:-1]:
         node = node[name]
@@ -337,7 +311,7 @@ class TestInvalid:
     @pytest.mark.parametrize("api", ["chat_completions", "responses", "messages"])
     def test_max_token_count_itself_is_accepted(self, api: str) -> None:
         top = MAX_TOKEN_COUNT
-        raw = usage_for(api, top, top, top, 0 if api == "messages" else top)
+        raw = usage_object(api, top, top, top, 0 if api == "messages" else top)
         reasoning = 0 if api == "messages" else top
         assert normalize_usage(api, raw) == NormalizedUsage(top, top, top, reasoning)
 
@@ -424,7 +398,7 @@ class TestInvalid:
     def test_detail_that_is_not_an_object(
         self, api: str, name: str, field: str, detail: object
     ) -> None:
-        raw = usage_for(api, 100, 0, 100, 0)
+        raw = usage_object(api, 100, 0, 100, 0)
         raw[name] = detail
         with pytest.raises(InvalidUsage) as caught:
             normalize_usage(api, raw)

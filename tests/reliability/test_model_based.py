@@ -42,7 +42,7 @@ from hypothesis.stateful import (
 )
 
 from tests.conftest import BACKENDS, NOW, Api, migrated_database, running_api
-from tests.factories import exact_json
+from tests.factories import exact_json, usage_object
 from tests.security.helpers import assert_books_reconcile, assert_contract_response
 
 IN_CI = bool(os.environ.get("CI"))
@@ -544,25 +544,6 @@ class Billing(RuleBasedStateMachine):
 
     # -- usage -----------------------------------------------------------------------------
 
-    def usage_object(self, api: str, counts: tuple[int, int, int, int]) -> dict[str, Any]:
-        prompt, cached, output, reasoning = counts
-        if api == "chat_completions":
-            return {
-                "prompt_tokens": prompt,
-                "completion_tokens": output,
-                "total_tokens": prompt + output,
-                "prompt_tokens_details": {"cached_tokens": cached},
-                "completion_tokens_details": {"reasoning_tokens": reasoning},
-            }
-        if api == "responses":
-            return {
-                "input_tokens": prompt,
-                "input_tokens_details": {"cached_tokens": cached},
-                "output_tokens": output,
-                "output_tokens_details": {"reasoning_tokens": reasoning},
-            }
-        return {"input_tokens": prompt, "cache_read_input_tokens": cached, "output_tokens": output}
-
     def draw_event(self, data: st.DataObject) -> dict[str, Any]:
         kind = data.draw(
             st.sampled_from(
@@ -595,7 +576,7 @@ class Billing(RuleBasedStateMachine):
             if change == "outcome":
                 raw["outcome"] = "failed" if raw["outcome"] == "completed" else "completed"
             elif change == "usage":
-                raw["usage"] = self.usage_object(raw["api"], (1, 0, 1, 0))
+                raw["usage"] = usage_object(raw["api"], 1, 0, 1, 0)
             elif change == "time":
                 raw["occurred_at"] = iso(self.now - timedelta(seconds=7))
             else:
@@ -638,7 +619,7 @@ class Billing(RuleBasedStateMachine):
             "api_key_id": key,
             "model": model_id,
             "api": api,
-            "usage": self.usage_object(api, (prompt, cached, output, reasoning)),
+            "usage": usage_object(api, prompt, cached, output, reasoning),
             "occurred_at": iso(occurred_at),
             "outcome": data.draw(st.sampled_from(["completed", "failed"]), label="outcome"),
         }

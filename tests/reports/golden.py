@@ -14,7 +14,7 @@ from typing import Any
 
 from metering.kit.timeutil import format_timestamp
 from tests.conftest import Api
-from tests.factories import Key
+from tests.factories import Key, usage_object
 
 HOUR = timedelta(hours=1)
 DAY = timedelta(days=1)
@@ -37,33 +37,6 @@ class Sent:
     cache_read_tokens: int
     output_tokens: int  # reasoning included
     cost_microcents: int  # the charge the ingest response reported
-
-
-def usage_object(api_name: str, prompt: int, cached: int, output: int, reasoning: int) -> Any:
-    """The usage object as each API reports it (§5's normalisation table, read backwards)."""
-    if api_name == "chat_completions":
-        return {
-            "prompt_tokens": prompt,
-            "completion_tokens": output,
-            "total_tokens": prompt + output,
-            "prompt_tokens_details": {"cached_tokens": cached},
-            "completion_tokens_details": {"reasoning_tokens": reasoning},
-        }
-    if api_name == "responses":
-        return {
-            "input_tokens": prompt,
-            "output_tokens": output,
-            "total_tokens": prompt + output,
-            "input_tokens_details": {"cached_tokens": cached},
-            "output_tokens_details": {"reasoning_tokens": reasoning},
-        }
-    # messages: input_tokens already includes the cache reads on this API
-    return {
-        "input_tokens": prompt,
-        "output_tokens": output,
-        "cache_read_input_tokens": cached,
-        "cache_creation_input_tokens": 0,
-    }
 
 
 def send_usage(
