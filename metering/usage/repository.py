@@ -149,45 +149,28 @@ def read_lookup(rows: Sequence[Any]) -> tuple[dict[str, KeyInfo], PriceBook]:
 
 # -- Recording events (first of each key, sorted by key) with their aggregates.
 
-# The insert's columns, in the order of a row; recorded_at is the statement's ``now``.
-_EVENT_COLUMNS = (
-    "account_id",
-    "request_id",
-    "api_key_id",
-    "model_id",
-    "api",
-    "outcome",
-    "occurred_at",
-    "authorization_id",
-    "prompt_tokens",
-    "cached_tokens",
-    "output_tokens",
-    "reasoning_tokens",
-    "input_microcents",
-    "cache_read_microcents",
-    "output_microcents",
-    "total_microcents",
-    "price_version_id",
+# The insert's columns with their PostgreSQL types, in the order of a row; recorded_at is the
+# statement's ``now``.
+_EVENT_FIELDS = (
+    ("account_id", "text"),
+    ("request_id", "text"),
+    ("api_key_id", "text"),
+    ("model_id", "text"),
+    ("api", "text"),
+    ("outcome", "text"),
+    ("occurred_at", "timestamptz"),
+    ("authorization_id", "text"),
+    ("prompt_tokens", "integer"),
+    ("cached_tokens", "integer"),
+    ("output_tokens", "integer"),
+    ("reasoning_tokens", "integer"),
+    ("input_microcents", "bigint"),
+    ("cache_read_microcents", "bigint"),
+    ("output_microcents", "bigint"),
+    ("total_microcents", "bigint"),
+    ("price_version_id", "text"),
 )
-_EVENT_TYPES = (
-    "text",
-    "text",
-    "text",
-    "text",
-    "text",
-    "text",
-    "timestamptz",
-    "text",
-    "integer",
-    "integer",
-    "integer",
-    "integer",
-    "bigint",
-    "bigint",
-    "bigint",
-    "bigint",
-    "text",
-)
+_EVENT_COLUMNS = tuple(name for name, _ in _EVENT_FIELDS)
 # The rows travel as one JSON document, written by a template: request_id is checked against
 # its pattern, api and outcome against their lists, and a timestamp's ISO text needs no
 # escaping; every other string is JSON-encoded (once per distinct value, see _Quoted).
@@ -201,7 +184,7 @@ _PG_RECORD = (
     f"INSERT INTO usage_events ({', '.join(_EVENT_COLUMNS)}, recorded_at) "
     f"SELECT {', '.join(f't.{name}' for name in _EVENT_COLUMNS)}, %(now)s "
     "FROM json_to_recordset(%(rows)s::json) AS t ("
-    + ", ".join(f"{name} {kind}" for name, kind in zip(_EVENT_COLUMNS, _EVENT_TYPES, strict=True))
+    + ", ".join(f"{name} {kind}" for name, kind in _EVENT_FIELDS)
     + ") ON CONFLICT (account_id, request_id) DO NOTHING RETURNING id, account_id, request_id"
 )
 
@@ -293,24 +276,8 @@ def record(session: Session, events: Sequence[Event], now: datetime) -> dict[Eve
 
 # -- Stored events a batch collided with: what "same content" is compared against.
 
-_STORED_COLUMNS = (
-    "account_id",
-    "request_id",
-    "api_key_id",
-    "model_id",
-    "api",
-    "outcome",
-    "occurred_at",
-    "prompt_tokens",
-    "cached_tokens",
-    "output_tokens",
-    "reasoning_tokens",
-    "input_microcents",
-    "cache_read_microcents",
-    "output_microcents",
-    "total_microcents",
-    "price_version_id",
-)
+# What "same content" and the charge are read from: the recorded columns but the hold.
+_STORED_COLUMNS = tuple(name for name in _EVENT_COLUMNS if name != "authorization_id")
 _PG_STORED = (
     f"SELECT {', '.join(f'e.{name}' for name in _STORED_COLUMNS)} FROM usage_events AS e "
     "JOIN unnest(%(accounts)s::text[], %(requests)s::text[]) AS t (account_id, request_id) "
