@@ -12,6 +12,7 @@ from metering.db import Database
 from metering.kit.clock import Clock, SystemClock
 from metering.settings import Settings
 from metering.web.errors import ERROR_RESPONSES, install_error_handlers
+from metering.web.fastlane import FastLane, lanes_of
 from metering.web.jsonio import ExactJSONResponse
 from metering.web.middleware import RequestContextMiddleware
 
@@ -46,7 +47,6 @@ def create_app(
     app.state.clock = clock or SystemClock()
 
     install_error_handlers(app)
-    app.add_middleware(RequestContextMiddleware, max_body_bytes=settings.max_body_bytes)
 
     from metering import health
     from metering.accounts import endpoints as accounts
@@ -56,7 +56,7 @@ def create_app(
     from metering.usage import endpoints as usage
 
     # The gateway's hot paths first: routes are matched in order, router by router.
-    for router in (
+    routers = (
         ledger.gateway_router,
         usage.router,
         health.router,
@@ -67,6 +67,10 @@ def create_app(
         ledger.admin_router,
         usage.admin_router,
         reports.router,
-    ):
+    )
+    for router in routers:
         app.include_router(router, responses=ERROR_RESPONSES)
+    # The last added is the outermost: the request context applies to the fast lane's answers.
+    app.add_middleware(FastLane, lanes=lanes_of(r for router in routers for r in router.routes))
+    app.add_middleware(RequestContextMiddleware, max_body_bytes=settings.max_body_bytes)
     return app

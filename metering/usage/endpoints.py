@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import State
 
+from metering.db import Database
 from metering.kit.pagination import PageParams
 from metering.metrics import REGISTRY
 from metering.usage import lookup, quarantine, service, single
@@ -18,10 +21,9 @@ from metering.web.deps import (
     GatewayDep,
     NowDep,
     SessionDep,
-    get_database,
-    unit_of_work,
 )
-from metering.web.jsonio import MeteringRoute
+from metering.web.fastlane import fast_lane
+from metering.web.jsonio import MeteringRoute, json_answer
 
 EVENTS_TOTAL = REGISTRY.counter(
     "metering_usage_events_total",
@@ -82,27 +84,25 @@ def render_answer(outcome: service.BatchOutcome, counts: dict[str, int]) -> byte
     ).encode()
 
 
-@router.post("/usage/events")
-async def ingest_events(body: EventBatch, request: Request, now: NowDep) -> Response:
-    """Record 1–1000 usage events; each is recorded, a duplicate, quarantined or rejected."""
+async def _ingest(state: State, body: EventBatch, _params: Mapping[str, str]) -> bytes:
     service.check_batch_size(body.events)
+    database: Database = state.database
+    now = state.clock.now()
     outcome = None
-    database = get_database(request)
     if len(body.events) == 1 and database.dialect == "postgresql":
         outcome = await single.record_one(database, body.events[0], now)
     if outcome is None:
-        outcome = await run_in_threadpool(_record_batch, request, body.events, now)
+        outcome = await run_in_threadpool(_record_batch, database, body.events, now)
     counts = outcome.counts()
     for status, count in counts.items():
         if count:
             EVENTS_TOTAL.inc(status, amount=count)
-    return Response(render_answer(outcome, counts), media_type="application/json")
+    return render_answer(outcome, counts)
 
 
-def _record_batch(request: Request, events: list[Any], now: datetime) -> service.BatchOutcome:
-    # The gateway's hot path opens its unit of work itself (no generator dependency's thread
-    # hops); the commit happens when the block ends, before the answer is built.
-    with unit_of_work(request) as session:
+def _record_batch(database: Database, events: list[Any], now: datetime) -> service.BatchOutcome:
+    # The commit happens when the block ends, before the answer is built.
+    with database.unit_of_work() as session:
         return service.record_events(
             session,
             events,
@@ -110,6 +110,13 @@ def _record_batch(request: Request, events: list[Any], now: datetime) -> service
             # Kept before the settlement, which locks the account rows until the commit.
             before_settlement=lambda done: quarantine.keep(session, done.quarantined, now),
         )
+
+
+@router.post("/usage/events")
+@fast_lane(_ingest)
+async def ingest_events(body: EventBatch, request: Request) -> Response:
+    """Record 1–1000 usage events; each is recorded, a duplicate, quarantined or rejected."""
+    return json_answer(await _ingest(request.app.state, body, request.path_params))
 
 
 @admin_router.get("/usage/events/{request_id}")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 from collections.abc import Iterator
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Annotated
@@ -34,13 +33,6 @@ def get_settings(request: Request) -> Settings:
 def get_clock(request: Request) -> Clock:
     clock: Clock = request.app.state.clock
     return clock
-
-
-def unit_of_work(request: Request) -> AbstractContextManager[Session]:
-    """A unit of work opened by the endpoint itself, for the gateway's hot routes: it commits
-    when the block ends (before the response is built) and saves the thread-pool hops of a
-    generator dependency."""
-    return get_database(request).unit_of_work()
 
 
 def _session(request: Request) -> Iterator[Session]:
@@ -75,13 +67,25 @@ NowDep = Annotated[datetime, Depends(_now_dependency)]
 
 def presented_credential(request: Request) -> str | None:
     """``Authorization: Bearer <x>`` or ``x-api-key: <x>``."""
-    auth = request.headers.get("authorization")
-    if auth:
-        scheme, _, value = auth.partition(" ")
+    return credential_of(request.headers.get("authorization"), request.headers.get("x-api-key"))
+
+
+def credential_of(authorization: str | None, x_api_key: str | None) -> str | None:
+    """The credential in those two headers' values, if any."""
+    if authorization:
+        scheme, _, value = authorization.partition(" ")
         if scheme.lower() == "bearer" and value.strip():
             return value.strip()
-    key = request.headers.get("x-api-key")
-    return key.strip() if key and key.strip() else None
+    return x_api_key.strip() if x_api_key and x_api_key.strip() else None
+
+
+def token_matches(credential: str, tokens: list[str]) -> bool:
+    # Compare against every token so timing does not reveal which one (if any) matched.
+    presented = credential.encode()
+    matched = False
+    for token in tokens:
+        matched |= hmac.compare_digest(presented, token.encode())
+    return matched
 
 
 def _require_token(request: Request, tokens: list[str]) -> None:
@@ -90,12 +94,7 @@ def _require_token(request: Request, tokens: list[str]) -> None:
         raise AuthenticationFailed(
             "no credential: send Authorization: Bearer <token>", code="missing_api_key"
         )
-    presented = credential.encode()
-    # Compare against every token so timing does not reveal which one (if any) matched.
-    matched = False
-    for token in tokens:
-        matched |= hmac.compare_digest(presented, token.encode())
-    if not matched:
+    if not token_matches(credential, tokens):
         raise AuthenticationFailed("invalid credential", code="invalid_api_key")
 
 
