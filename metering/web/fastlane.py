@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ValidationError
-from starlette.datastructures import State
+from starlette.datastructures import Headers, State
 from starlette.routing import BaseRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -141,15 +141,9 @@ class FastLane:
         return None
 
 
-def _header(scope: Scope, name: bytes) -> str | None:
-    for key, value in scope["headers"]:
-        if key == name:
-            return bytes(value).decode("latin-1")
-    return None
-
-
 def _gateway_token_ok(scope: Scope, tokens: list[str]) -> bool:
-    credential = credential_of(_header(scope, b"authorization"), _header(scope, b"x-api-key"))
+    headers = Headers(scope=scope)
+    credential = credential_of(headers.get("authorization"), headers.get("x-api-key"))
     return credential is not None and token_matches(credential, tokens)
 
 
@@ -167,7 +161,7 @@ async def _read_body(
         if not message.get("more_body", False):
             break
     raw = b"".join(chunks)
-    content_type = _header(scope, b"content-type")
+    content_type = Headers(scope=scope).get("content-type")
     if not raw or (
         content_type is not None
         and content_type.partition(";")[0].strip().lower() != "application/json"
