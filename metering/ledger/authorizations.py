@@ -38,7 +38,7 @@ from metering.kit.money import cents
 from metering.kit.pagination import decode_cursor, page
 from metering.kit.timeutil import format_timestamp, parse_timestamp, start_of_month
 from metering.ledger.metrics import AUTHORIZATIONS, VOIDS
-from metering.ledger.placement import Placement, PostgresHolds, Resolved, SqliteHolds
+from metering.ledger.placement import Confirm, Placement, PostgresHolds, Resolved, SqliteHolds
 from metering.ledger.schemas import AuthorizationCreate
 from metering.ledger.service import HOLDS, fingerprint, is_active
 from metering.pricing import Estimate, EstimateError, EstimateRequest, ModelLimits, estimate_cost
@@ -104,21 +104,49 @@ def _authorize_steps(
     if not request.api_key:
         raise AuthenticationFailed("no API key given", code="missing_api_key", param="api_key")
     secret_hash, model_key = hash_secret(request.api_key), request.model.lower()
+    # PostgreSQL: a resolution this process read before saves the resolving round trip when
+    # the check-and-hold confirms it still holds; anything else is decided on a fresh read.
+    remembered: Resolved | None = yield lambda holds: holds.remembered(secret_hash, model_key)
+    if remembered is not None:
+        assert remembered.text is not None
+        confirm = Confirm(remembered.text, secret_hash, model_key)
+        answer = yield from _hold_steps(request, remembered, now, ttl_seconds, confirm)
+        if answer is not None:
+            return answer
     resolved: Resolved | None = yield lambda holds: holds.resolve(
         secret_hash, model_key, request.request_id, now
     )
     if resolved is None:
         raise AuthenticationFailed("invalid API key", code="invalid_api_key", param="api_key")
-    print_ = _fingerprint(resolved.api_key_id, request)
     if resolved.known_request:
         # A retry gets the authorization as it now stands, even if (say) the model has been
         # retired since: idempotency wins over re-validation.
         account_id, request_id = resolved.account_id, request.request_id
         assert request_id is not None
         existing = yield lambda holds: holds.by_request_id(account_id, request_id)
-        return _replay(existing, print_, now), "replayed"
+        return _replay(existing, _fingerprint(resolved.api_key_id, request), now), "replayed"
+    answer = yield from _hold_steps(request, resolved, now, ttl_seconds, None)
+    assert answer is not None
+    return answer
 
-    estimate = _estimate(resolved, request, now)
+
+def _hold_steps(
+    request: AuthorizationCreate,
+    resolved: Resolved,
+    now: datetime,
+    ttl_seconds: int,
+    confirm: Confirm | None,
+) -> Steps[tuple[dict[str, Any], str] | None]:
+    """Estimate, then check and hold. With ``confirm`` (a remembered resolution), None when
+    the estimate refuses the request or the resolution no longer holds: the caller then reads
+    afresh, so every refusal, and a retry's replay, is decided on what the database holds."""
+    print_ = _fingerprint(resolved.api_key_id, request)
+    try:
+        estimate = _estimate(resolved, request, now)
+    except MeteringError:
+        if confirm is not None:
+            return None
+        raise
     assert resolved.model is not None
     values = {
         "id": new_id("auth"),
@@ -141,14 +169,17 @@ def _authorize_steps(
     if resolved.billing == "prepaid":
         month_start = start_of_month(now)
         limit, month_end = resolved.spend_limit, _next_month(month_start)
-        placement = yield lambda holds: holds.place(values, limit, month_start, month_end)
+        placement = yield lambda holds: holds.place(values, limit, month_start, month_end, confirm)
     else:
         # Unbilled accounts always pass; the hold is still recorded (not counted).
         inserted = yield lambda holds: holds.insert_unbilled(values)
         placement = Placement("granted" if inserted else "exists", 0)
     outcome = placement.outcome
+    if outcome == "stale":
+        return None
     if outcome == "exists":
-        # The same request id was authorized meanwhile (a concurrent retry).
+        # The same request id was authorized before (a retry; with a remembered resolution,
+        # the request id was not looked up first) or meanwhile (a concurrent retry).
         assert request.request_id is not None
         account_id, request_id = resolved.account_id, request.request_id
         existing = yield lambda holds: holds.by_request_id(account_id, request_id)

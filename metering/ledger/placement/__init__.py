@@ -15,7 +15,13 @@ holds it counts (``metering verify`` checks it).
   the account's row lock is held only while the function runs and commits. Each statement in
   it takes a fresh snapshot after the lock (READ COMMITTED), so it sees every hold, release and
   charge committed before; keys with a monthly limit read their month's charges there too.
-  The resolving read before it takes no lock. Statements are plain SQL sent through psycopg's
+  The resolving read before it takes no lock. Each process remembers the last resolution
+  it read per key and model (migration 0010): the next authorization is estimated from it
+  and sent straight to the check-and-hold, which recomputes the resolution under the lock
+  and places the hold only if it is unchanged ('stale' otherwise, and the process reads
+  afresh). One round trip instead of two, and nothing decided on process memory: a revoked
+  key, a new price, limit, billing mode or model change applies to the next request.
+  Statements are plain SQL sent through psycopg's
   async connection on the event loop (``Database.async_driver_autocommit``; psycopg prepares
   them after a few uses): SQLAlchemy's per-statement work and the thread-pool hop of a sync
   route were each a visible share of the hot path's CPU.
@@ -32,7 +38,7 @@ next check: never more credit than there is). A void and the tidy-up lock holds 
 tidy-up skips locked ones too.
 """
 
-from metering.ledger.placement.postgres import PostgresHolds
+from metering.ledger.placement.postgres import Confirm, PostgresHolds
 from metering.ledger.placement.rows import (
     BODY_COLUMNS,
     HOLD_VALUES,
@@ -46,6 +52,7 @@ from metering.ledger.placement.sqlite import SqliteHolds
 __all__ = [
     "BODY_COLUMNS",
     "HOLD_VALUES",
+    "Confirm",
     "ModelRow",
     "Placement",
     "PostgresHolds",

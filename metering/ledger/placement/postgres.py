@@ -1,13 +1,14 @@
 """PostgreSQL: plain SQL on psycopg's async connections, in autocommit, on the event loop; the
-check-and-hold is one call of ``metering_place_holds`` (migration 0005), shared by the holds of
-a busy account that arrive meanwhile (``_Queue``)."""
+check-and-hold is one call of ``metering_place_holds`` (migrations 0005 and 0010), shared by the
+holds of a busy account that arrive meanwhile (``_Queue``); a resolution read before is
+remembered for the key's next authorization and confirmed by that call (``_Remembered``)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -22,36 +23,15 @@ from metering.ledger.placement.rows import (
 )
 
 _HOLD_COLUMNS_H = ", ".join(f"h.{c}" for c in (*BODY_COLUMNS, "request_fingerprint"))
-_RATE_COLUMNS = (
-    "input_microcents_per_million, output_microcents_per_million, cache_read_microcents_per_million"
-)
-# The key, its account, the model, the rates in force (the account's override, the list price)
-# and whether the account has a hold with this request id, in one round trip, without locks.
-_PG_RESOLVE = f"""
-SELECT k.id, k.account_id, k.monthly_spend_limit_microcents, a.billing,
-       m.id, m.context_length, m.max_output_tokens, m.reasoning_headroom_tokens,
-       m.deprecation_date,
-       o.input_microcents_per_million, o.output_microcents_per_million,
-       o.cache_read_microcents_per_million,
-       p.input_microcents_per_million, p.output_microcents_per_million,
-       p.cache_read_microcents_per_million,
-       h.id IS NOT NULL
-FROM api_keys AS k
-JOIN accounts AS a ON a.id = k.account_id
-LEFT JOIN catalog_models AS m ON m.id_key = %(model_key)s
-LEFT JOIN LATERAL (
-    SELECT {_RATE_COLUMNS} FROM account_rates AS r
-    WHERE r.account_id = k.account_id AND r.model_id = m.id AND r.effective_at <= %(now)s
-    ORDER BY r.effective_at DESC LIMIT 1
-) AS o ON true
-LEFT JOIN LATERAL (
-    SELECT {_RATE_COLUMNS} FROM price_versions AS v
-    WHERE v.model_id = m.id AND v.effective_at <= %(now)s
-    ORDER BY v.effective_at DESC LIMIT 1
-) AS p ON true
-LEFT JOIN authorizations AS h
-    ON h.account_id = k.account_id AND h.request_id = %(request_id)s
-WHERE k.secret_hash = %(secret_hash)s AND k.revoked_at IS NULL
+# The key, its account, the model and the rates in force (``metering_resolution``, migration
+# 0010), and whether the account has a hold with this request id, in one round trip, without
+# locks.
+_PG_RESOLVE = """
+SELECT r::text, EXISTS (
+    SELECT 1 FROM authorizations AS h
+    WHERE h.account_id = r ->> 1 AND h.request_id = %(request_id)s)
+FROM metering_resolution(%(secret_hash)s, %(model_key)s, %(now)s) AS r
+WHERE r IS NOT NULL
 """
 _PG_PLACE = (
     "SELECT hold_id, outcome, available FROM metering_place_holds("
@@ -89,6 +69,7 @@ class PostgresHolds:
     async def resolve(
         self, secret_hash: str, model_key: str, request_id: str | None, now: datetime
     ) -> Resolved | None:
+        """Read afresh; a resolution that can price a prepaid account's hold is remembered."""
         row = await self._one(
             _PG_RESOLVE,
             {
@@ -99,8 +80,16 @@ class PostgresHolds:
             },
         )
         if row is None:
+            _REMEMBERED.forget(secret_hash, model_key)
             return None
-        return resolved_from(row, row[15])
+        resolved = resolved_from(json.loads(row[0]), row[1])
+        _REMEMBERED.keep(secret_hash, model_key, resolved, row[0])
+        return resolved
+
+    async def remembered(self, secret_hash: str, model_key: str) -> Resolved | None:
+        """The resolution this process last read for the key and model, to be confirmed by
+        the check-and-hold (``Confirm``); None when there is none to use."""
+        return _REMEMBERED.get(secret_hash, model_key)
 
     async def by_request_id(self, account_id: str, request_id: str) -> dict[str, Any] | None:
         row = await self._one(
@@ -114,10 +103,14 @@ class PostgresHolds:
         spend_limit: int | None,
         month_start: datetime,
         month_end: datetime,
+        confirm: Confirm | None = None,
     ) -> Placement:
         """Place one hold, together with the holds of the same account that this process is
-        asked to place meanwhile (see ``_Queue``)."""
-        return await _QUEUE.place(self, _Placing(values, spend_limit, month_start, month_end))
+        asked to place meanwhile (see ``_Queue``). With ``confirm``, the hold is placed only if
+        the resolution it was estimated from still holds (else the outcome is 'stale')."""
+        return await _QUEUE.place(
+            self, _Placing(values, spend_limit, month_start, month_end, confirm)
+        )
 
     async def place_all(self, batch: list[_Placing]) -> list[Placement]:
         """One call of ``metering_place_holds`` for holds of one account, in order."""
@@ -127,6 +120,7 @@ class PostgresHolds:
                 "spend_limit": placing.spend_limit,
                 "month_start": placing.month_start,
                 "month_end": placing.month_end,
+                **(placing.confirm.fields() if placing.confirm else {}),
             }
             for placing in batch
         ]
@@ -153,11 +147,63 @@ class PostgresHolds:
 
 
 @dataclass(frozen=True, slots=True)
+class Confirm:
+    """What the check-and-hold recomputes to confirm a remembered resolution: its text and
+    what it was read for."""
+
+    text: str
+    secret_hash: str
+    model_key: str
+
+    def fields(self) -> dict[str, str]:
+        return {
+            "resolution": self.text,
+            "secret_hash": self.secret_hash,
+            "model_key": self.model_key,
+        }
+
+
+class _Remembered:
+    """The last resolution this process read for each key and model (its text, as the
+    database gave it), for the next authorization to be estimated from without the resolving
+    round trip. Nothing is decided on it: the check-and-hold confirms the text under the
+    account's lock, and a resolution that no longer holds is read afresh (and replaced).
+
+    Only resolutions a hold can be placed with are kept: a prepaid account's, with a model
+    and a price. Bounded: when full, it starts again empty (a miss costs one round trip)."""
+
+    LIMIT = 10_000
+
+    def __init__(self) -> None:
+        self._resolutions: dict[tuple[str, str], Resolved] = {}
+
+    def get(self, secret_hash: str, model_key: str) -> Resolved | None:
+        return self._resolutions.get((secret_hash, model_key))
+
+    def keep(self, secret_hash: str, model_key: str, resolved: Resolved, text: str) -> None:
+        if resolved.billing != "prepaid" or resolved.rates is None:
+            self.forget(secret_hash, model_key)
+            return
+        if len(self._resolutions) >= self.LIMIT:
+            self._resolutions.clear()
+        self._resolutions[(secret_hash, model_key)] = replace(
+            resolved, known_request=False, text=text
+        )
+
+    def forget(self, secret_hash: str, model_key: str) -> None:
+        self._resolutions.pop((secret_hash, model_key), None)
+
+
+_REMEMBERED = _Remembered()
+
+
+@dataclass(frozen=True, slots=True)
 class _Placing:
     values: Mapping[str, Any]
     spend_limit: int | None
     month_start: datetime
     month_end: datetime
+    confirm: Confirm | None
 
 
 @dataclass(slots=True)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import date
 from typing import Any
 
@@ -62,6 +62,10 @@ class Resolved:
     model: ModelRow | None
     rates: Rates | None
     known_request: bool
+    # PostgreSQL: the resolution's text as ``metering_resolution`` gave it (migration 0010),
+    # set on one remembered for later authorizations; the check-and-hold of a hold estimated
+    # from it confirms the text is still what the database gives.
+    text: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +94,8 @@ def resolved_from(row: Any, known_request: bool) -> Resolved:
     """A resolving row: the key (0–3), the model (4–8), override (9–11) and list (12–14)
     rates."""
     model = None if row[4] is None else ModelRow(*row[4:9])
+    if model is not None and isinstance(model.deprecation_date, str):  # from JSON
+        model = replace(model, deprecation_date=date.fromisoformat(model.deprecation_date))
     return Resolved(
         api_key_id=row[0],
         account_id=row[1],

@@ -139,6 +139,11 @@ class SqliteHolds:
         known = request_id is not None and self.by_request_id(row[1], request_id) is not None
         return resolved_from(row, known)
 
+    def remembered(self, secret_hash: str, model_key: str) -> None:
+        """Nothing: the resolving read runs in the same transaction as the check-and-hold,
+        so a remembered resolution would save no round trip."""
+        return None
+
     def by_request_id(self, account_id: str, request_id: str) -> dict[str, Any] | None:
         row = self._connection.execute(
             _SQLITE_BY_REQUEST_ID, {"b_account_id": account_id, "request_id": request_id}
@@ -151,9 +156,12 @@ class SqliteHolds:
         spend_limit: int | None,
         month_start: datetime,
         month_end: datetime,
+        confirm: object = None,
     ) -> Placement:
         """metering_place_holds's steps (the writer lock is already held; the request id was
-        looked up under it by ``resolve``)."""
+        looked up under it by ``resolve``). ``confirm`` is never given here: nothing is
+        remembered (see ``remembered``)."""
+        assert confirm is None
         account_id, now = values["account_id"], values["created_at"]
         params = {"b_account_id": account_id, "now": now}
         balance, held = self._connection.execute(_SQLITE_ACCOUNT, params).one()

@@ -1,0 +1,242 @@
+"""Remembered resolutions (PostgreSQL, migration 0010): an API process estimates a key's next
+authorization from the resolution it read last, and the check-and-hold confirms it under the
+account's lock. Changes made behind the process's back, straight in the database, must take
+effect on the very next authorization; on SQLite nothing is remembered and the same holds."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import text
+
+from metering.ledger.placement import PostgresHolds, SqliteHolds
+from metering.ledger.service import held_counter_mismatches
+from tests.conftest import NOW, Api
+from tests.factories import GLM_RATES, assert_error, authorization_request, authorize
+from tests.ledger.helpers import Setup, expected_estimate, holds, prepaid
+
+ESTIMATE = expected_estimate(1000, 100, GLM_RATES)
+
+
+@pytest.fixture
+def resolving_reads(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """The resolving reads made (one entry each), on either backend."""
+    reads: list[str] = []
+    for backend in (PostgresHolds, SqliteHolds):
+        original = backend.resolve
+
+        def counted(self: Any, *args: Any, _original: Any = original, **kwargs: Any) -> Any:
+            reads.append(type(self).__name__)
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(backend, "resolve", counted)
+    yield reads
+
+
+def _warm(api: Api, setup: Setup) -> None:
+    """Two authorizations with the key and model, so the process has read and used them."""
+    for _ in range(2):
+        response = authorize(api, setup.key, setup.model)
+        assert response.status_code == 200, response.text
+
+
+def _change(api: Api, sql: str, **params: Any) -> None:
+    """A change made straight in the database, as another process or an operator's SQL would:
+    nothing in this process hears of it."""
+    with api.database.unit_of_work() as session:
+        session.execute(text(sql), params)
+
+
+def test_later_authorizations_skip_the_resolving_read(api: Api, resolving_reads: list[str]) -> None:
+    setup = prepaid(api, 1)
+    for _ in range(4):
+        assert authorize(api, setup.key, setup.model).status_code == 200
+    # PostgreSQL reads once, then confirms inside the check-and-hold; SQLite's read shares
+    # the check-and-hold's transaction, so it reads every time.
+    assert len(resolving_reads) == (1 if api.backend == "postgresql" else 4)
+
+
+def _revoke(api: Api, setup: Setup) -> None:
+    _change(api, "UPDATE api_keys SET revoked_at = :now WHERE id = :id", now=NOW, id=setup.key.id)
+
+
+def _limit(api: Api, setup: Setup) -> None:
+    _change(
+        api,
+        "UPDATE api_keys SET monthly_spend_limit_microcents = :limit WHERE id = :id",
+        limit=ESTIMATE,  # the two warm-up holds are active: no room for a third
+        id=setup.key.id,
+    )
+
+
+def _retire(api: Api, setup: Setup) -> None:
+    _change(
+        api,
+        "UPDATE catalog_models SET deprecation_date = :day WHERE id = :id",
+        day=NOW.date(),
+        id=setup.model,
+    )
+
+
+def _shrink(api: Api, setup: Setup) -> None:
+    _change(api, "UPDATE catalog_models SET context_length = 1050 WHERE id = :id", id=setup.model)
+
+
+def _reprice(api: Api, setup: Setup) -> None:
+    _change(
+        api,
+        "UPDATE price_versions SET output_microcents_per_million = :rate WHERE model_id = :id",
+        rate=2 * GLM_RATES[1],
+        id=setup.model,
+    )
+
+
+def _unbill(api: Api, setup: Setup) -> None:
+    _change(api, "UPDATE accounts SET billing = 'unbilled' WHERE id = :id", id=setup.account)
+
+
+CHANGES: dict[str, Callable[[Api, Setup], None]] = {
+    "revoked key": _revoke,
+    "new spend limit": _limit,
+    "retired model": _retire,
+    "smaller context": _shrink,
+    "new price": _reprice,
+    "unbilled account": _unbill,
+}
+
+
+@pytest.mark.parametrize("change", CHANGES)
+def test_a_change_behind_the_process_takes_effect_at_once(api: Api, change: str) -> None:
+    setup = prepaid(api, 1)
+    _warm(api, setup)
+    CHANGES[change](api, setup)
+    response = authorize(api, setup.key, setup.model)
+    if change == "revoked key":
+        assert_error(response, 401, "invalid_api_key", param="api_key")
+    elif change == "new spend limit":
+        assert_error(response, 402, "member_spend_limit")
+    elif change == "retired model":
+        assert_error(response, 404, "model_not_found", param="model")
+    elif change == "smaller context":
+        # The output the context leaves room for: 1050 - 1000 tokens.
+        assert response.status_code == 200, response.text
+        assert response.json()["max_tokens"] == 50
+        assert response.json()["estimate_microcents"] == expected_estimate(1000, 50, GLM_RATES)
+    elif change == "new price":
+        assert response.status_code == 200, response.text
+        doubled = expected_estimate(1000, 100, (GLM_RATES[0], 2 * GLM_RATES[1], 0))
+        assert response.json()["estimate_microcents"] == doubled
+    else:
+        assert response.status_code == 200, response.text
+        placed = [hold for hold in holds(api, setup.account) if hold.id == response.json()["id"]]
+        assert [hold.counted for hold in placed] == [False]
+    with api.database.unit_of_work() as session:
+        assert [m for m in held_counter_mismatches(session) if setup.account in m] == []
+
+
+def test_a_retry_after_the_model_retired_replays_with_a_remembered_resolution(
+    api: Api,
+) -> None:
+    tomorrow = (NOW + timedelta(days=1)).date()
+    setup = prepaid(api, 1, deprecation_date=tomorrow.isoformat())
+    _warm(api, setup)
+    body = authorization_request(setup.key, setup.model, request_id="retry-after-retirement")
+    hold = api.gateway("POST", "/v1/authorizations", json=body)
+    assert hold.status_code == 200, hold.text
+    _change(
+        api,
+        "UPDATE catalog_models SET deprecation_date = :day WHERE id = :id",
+        day=NOW.date(),
+        id=setup.model,
+    )
+    again = api.gateway("POST", "/v1/authorizations", json=body)
+    assert again.status_code == 200, again.text
+    assert again.json() == hold.json()
+    conflicting = api.gateway("POST", "/v1/authorizations", json={**body, "max_tokens": 99})
+    assert_error(conflicting, 409, "idempotency_conflict", param="request_id")
+
+
+def test_a_retry_with_a_remembered_resolution_replays_without_a_second_hold(api: Api) -> None:
+    setup = prepaid(api, 1)
+    _warm(api, setup)
+    body = authorization_request(setup.key, setup.model, request_id="remembered-retry")
+    first = api.gateway("POST", "/v1/authorizations", json=body)
+    again = api.gateway("POST", "/v1/authorizations", json=body)
+    assert first.status_code == again.status_code == 200
+    assert again.json() == first.json()
+    assert len(holds(api, setup.account)) == 3
+
+
+def _place(api: Api, setup: Setup, resolution: str, hold_id: str) -> list[tuple[Any, ...]]:
+    """One call of ``metering_place_holds`` with a hold sent with ``resolution``."""
+    hold = {
+        "id": hold_id,
+        "api_key_id": setup.key.id,
+        "request_id": None,
+        "request_fingerprint": "f" * 64,
+        "model_id": setup.model,
+        "api": "chat_completions",
+        "prompt_tokens": 1000,
+        "requested_max_tokens": 100,
+        "n": 1,
+        "reasoning": False,
+        "max_tokens": 100,
+        "estimate_microcents": ESTIMATE,
+        "created_at": NOW.isoformat(),
+        "expires_at": (NOW + timedelta(hours=1)).isoformat(),
+        "spend_limit": None,
+        "month_start": NOW.replace(day=1, hour=0, minute=0, second=0, microsecond=0).isoformat(),
+        "month_end": "2100-01-01T00:00:00+00:00",
+        "resolution": resolution,
+        "secret_hash": _secret_hash(api, setup),
+        "model_key": setup.model.lower(),
+    }
+    with api.database.unit_of_work() as session:
+        return [
+            tuple(row)
+            for row in session.execute(
+                text("SELECT * FROM metering_place_holds(:account, :now, CAST(:holds AS json))"),
+                {"account": setup.account, "now": NOW, "holds": json.dumps([hold])},
+            )
+        ]
+
+
+def _secret_hash(api: Api, setup: Setup) -> str:
+    with api.database.unit_of_work() as session:
+        return str(
+            session.execute(
+                text("SELECT secret_hash FROM api_keys WHERE id = :id"), {"id": setup.key.id}
+            ).scalar_one()
+        )
+
+
+def _resolution(api: Api, setup: Setup) -> str:
+    with api.database.unit_of_work() as session:
+        return str(
+            session.execute(
+                text("SELECT metering_resolution(:hash, :model, :now)::text"),
+                {"hash": _secret_hash(api, setup), "model": setup.model.lower(), "now": NOW},
+            ).scalar_one()
+        )
+
+
+def test_the_check_and_hold_places_only_a_confirmed_resolution(pg_api: Api) -> None:
+    setup = prepaid(pg_api, 1)
+    resolution = _resolution(pg_api, setup)
+    assert json.loads(resolution)[:2] == [setup.key.id, setup.account]
+    doctored = json.dumps([*json.loads(resolution)[:13], 1, 1, 0])  # a cheaper list price
+    assert _place(pg_api, setup, doctored, "auth_doctored") == [
+        ("auth_doctored", "stale", 1_000_000)
+    ]
+    assert [hold.id for hold in holds(pg_api, setup.account)] == []
+    assert _place(pg_api, setup, resolution, "auth_confirmed") == [
+        ("auth_confirmed", "granted", 1_000_000)
+    ]
+    assert [hold.id for hold in holds(pg_api, setup.account)] == ["auth_confirmed"]
+    _revoke(pg_api, setup)
+    assert _place(pg_api, setup, resolution, "auth_revoked")[0][1] == "stale"
+    assert [hold.id for hold in holds(pg_api, setup.account)] == ["auth_confirmed"]
