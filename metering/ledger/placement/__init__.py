@@ -21,10 +21,10 @@ holds it counts (``metering verify`` checks it).
   and places the hold only if it is unchanged ('stale' otherwise, and the process reads
   afresh). One round trip instead of two, and nothing decided on process memory: a revoked
   key, a new price, limit, billing mode or model change applies to the next request.
-  Statements are plain SQL sent through psycopg's
-  async connection on the event loop (``Database.async_driver_autocommit``; psycopg prepares
-  them after a few uses): SQLAlchemy's per-statement work and the thread-pool hop of a sync
-  route were each a visible share of the hot path's CPU.
+  Statements are plain SQL sent through psycopg's async connection on the event loop
+  (``Database.async_driver_autocommit``; psycopg prepares them after a few uses):
+  SQLAlchemy's per-statement work and the thread-pool hop of a sync route were each a
+  visible share of the hot path's CPU.
   While a process has a check-and-hold of an account in flight, that account's next holds
   wait for it and then go in one call together (``_Queue``: group commit, one lock and one
   durable commit for several holds of a busy account, each decided as if alone).
