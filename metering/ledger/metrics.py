@@ -25,6 +25,14 @@ VOIDS = REGISTRY.counter(
     ("result",),
 )
 
+RESOLUTIONS = REGISTRY.counter(
+    "metering_authorization_resolutions_total",
+    "PostgreSQL: how authorizations resolved their key, model and price: read (a resolving "
+    "read), remembered (estimated from the resolution this process read before), stale (a "
+    "remembered one the check-and-hold found changed; it was then read afresh).",
+    ("source",),
+)
+
 EXPIRED_WITHOUT_USAGE = "metering_authorizations_expired_without_usage"
 
 

@@ -240,3 +240,28 @@ def test_the_check_and_hold_places_only_a_confirmed_resolution(pg_api: Api) -> N
     _revoke(pg_api, setup)
     assert _place(pg_api, setup, resolution, "auth_revoked")[0][1] == "stale"
     assert [hold.id for hold in holds(pg_api, setup.account)] == ["auth_confirmed"]
+
+
+def _resolutions(api: Api) -> dict[str, int]:
+    """metering_authorization_resolutions_total by source, from /metrics."""
+    counts = dict.fromkeys(("read", "remembered", "stale"), 0)
+    for line in api.client.get("/metrics").text.splitlines():
+        for source in counts:
+            if line.startswith(f'metering_authorization_resolutions_total{{source="{source}"}} '):
+                counts[source] = int(line.rpartition(" ")[2])
+    return counts
+
+
+def test_metrics_count_reads_remembered_and_stale_resolutions(pg_api: Api) -> None:
+    setup = prepaid(pg_api, 1)
+    before = _resolutions(pg_api)
+    _warm(pg_api, setup)  # one read, then one remembered
+    _reprice(pg_api, setup)
+    assert authorize(pg_api, setup.key, setup.model).status_code == 200  # stale, read again
+    assert authorize(pg_api, setup.key, setup.model).status_code == 200  # remembered
+    after = _resolutions(pg_api)
+    assert {source: after[source] - before[source] for source in after} == {
+        "read": 2,
+        "remembered": 3,
+        "stale": 1,
+    }

@@ -14,6 +14,7 @@ from typing import Any
 
 import psycopg
 
+from metering.ledger.metrics import RESOLUTIONS
 from metering.ledger.placement.rows import (
     BODY_COLUMNS,
     HOLD_VALUES,
@@ -70,6 +71,7 @@ class PostgresHolds:
         self, secret_hash: str, model_key: str, request_id: str | None, now: datetime
     ) -> Resolved | None:
         """Read afresh; a resolution that can price a prepaid account's hold is remembered."""
+        RESOLUTIONS.inc("read")
         row = await self._one(
             _PG_RESOLVE,
             {
@@ -89,7 +91,10 @@ class PostgresHolds:
     async def remembered(self, secret_hash: str, model_key: str) -> Resolved | None:
         """The resolution this process last read for the key and model, to be confirmed by
         the check-and-hold (``Confirm``); None when there is none to use."""
-        return _REMEMBERED.get(secret_hash, model_key)
+        resolved = _REMEMBERED.get(secret_hash, model_key)
+        if resolved is not None:
+            RESOLUTIONS.inc("remembered")
+        return resolved
 
     async def by_request_id(self, account_id: str, request_id: str) -> dict[str, Any] | None:
         row = await self._one(
@@ -133,6 +138,9 @@ class PostgresHolds:
             },
         )
         outcomes = {row[0]: Placement(row[1], row[2]) for row in await cursor.fetchall()}
+        for placement in outcomes.values():
+            if placement.outcome == "stale":
+                RESOLUTIONS.inc("stale")
         return [outcomes[placing.values["id"]] for placing in batch]
 
     async def insert_unbilled(self, values: Mapping[str, Any]) -> bool:
