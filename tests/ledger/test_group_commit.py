@@ -1,6 +1,6 @@
-"""Group commit for a busy account (``metering.ledger.placement.postgres._Queue``, PostgreSQL):
-holds of an account that arrive while one of its check-and-holds is in flight go to the database
-together, each decided as if alone, and a failure reaches every request of its call without
+"""Group commit (``metering.ledger.placement.postgres._Queue``, PostgreSQL): holds that arrive
+while a check-and-hold of the process is in flight go to the database together, of one account or
+of several, each decided as if alone, and a failure reaches every request of its call without
 stranding the next ones."""
 
 from __future__ import annotations
@@ -108,3 +108,26 @@ def test_a_failed_call_fails_its_requests_and_the_next_ones_proceed(
     # Nothing is left waiting: the account's next holds go through.
     again = authorize_at_once(pg_api, [request(setup, "after-0"), request(setup, "after-1")])
     assert all(isinstance(o, dict) for o in again), again
+
+
+def test_holds_of_several_accounts_go_together_each_account_decided_alone(
+    pg_api: Api, batches: list[int]
+) -> None:
+    # Each account has credit for two holds and is asked for three; one retry rides along.
+    setups = [prepaid(pg_api, Decimal(2 * ESTIMATE) / 10**6) for _ in range(4)]
+    requests = [request(setup, f"spread-{i}") for i in range(3) for setup in setups]
+    requests.append(request(setups[0], "spread-0"))
+    outcomes = authorize_at_once(pg_api, requests)
+
+    assert batches[0] == 1 and max(batches) > 1, batches
+    assert sum(batches) == len(requests)
+    refused = [o for o in outcomes if isinstance(o, InsufficientCredits)]
+    assert all(e.code == "insufficient_credits" for e in refused)
+    assert len(refused) + sum(isinstance(o, dict) for o in outcomes) == len(outcomes), outcomes
+    for setup in setups:
+        placed = holds(pg_api, setup.account)
+        assert len(placed) == 2, (setup.account, placed)
+        assert sum(h.estimate_microcents for h in placed) == 2 * ESTIMATE
+    with pg_api.database.unit_of_work() as session:
+        accounts = {setup.account for setup in setups}
+        assert [m for m in held_counter_mismatches(session) if any(a in m for a in accounts)] == []

@@ -25,17 +25,18 @@ holds it counts (``metering verify`` checks it).
   (``Database.async_driver_autocommit``; psycopg prepares them after a few uses):
   SQLAlchemy's per-statement work and the thread-pool hop of a sync route were each a
   visible share of the hot path's CPU.
-  While a process has a check-and-hold of an account in flight, that account's next holds
-  wait for it and then go in one call together (``_Queue``: group commit, one lock and one
-  durable commit for several holds of a busy account, each decided as if alone).
+  While a process has a check-and-hold in flight, its next holds (of any account) wait for
+  it and then go in one call together (``_Queue``: group commit, one round trip and one
+  durable commit for several holds, each account locked once, in the order settlement locks
+  accounts, and each hold decided as if alone).
 * **SQLite:** the same steps in Python inside the unit of work, whose BEGIN IMMEDIATE
   serialises every writer.
 
-No deadlock: settlement locks holds, then accounts; the check-and-hold locks its account,
-then the released holds it stops counting, but skips any hold locked by someone else instead
-of waiting (a hold being settled or tidied up at that very moment counts until the account's
-next check: never more credit than there is). A void and the tidy-up lock holds only, and the
-tidy-up skips locked ones too.
+No deadlock: settlement locks holds, then accounts (in byte order of id); the check-and-hold
+locks its accounts in that same order, and after each the released holds it stops counting,
+but skips any hold locked by someone else instead of waiting (a hold being settled or tidied up
+at that very moment counts until the account's next check: never more credit than there is). A
+void and the tidy-up lock holds only, and the tidy-up skips locked ones too.
 """
 
 from metering.ledger.placement.postgres import Confirm, PostgresHolds

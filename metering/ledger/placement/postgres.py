@@ -1,6 +1,6 @@
 """PostgreSQL: plain SQL on psycopg's async connections, in autocommit, on the event loop; the
 check-and-hold is one call of ``metering_place_holds`` (migrations 0005 and 0010), shared by the
-holds of a busy account that arrive meanwhile (``_Queue``); a resolution read before is
+holds that arrive meanwhile (``_Queue``); a resolution read before is
 remembered for the key's next authorization and confirmed by that call (``_Remembered``)."""
 
 from __future__ import annotations
@@ -37,6 +37,10 @@ WHERE r IS NOT NULL
 _PG_PLACE = (
     "SELECT hold_id, outcome, available FROM metering_place_holds("
     "%(account_id)s::text, %(now)s::timestamptz, %(holds)s::json)"
+)
+_PG_PLACE_OF_ACCOUNTS = (
+    "SELECT hold_id, outcome, available FROM metering_place_holds_of_accounts("
+    "%(now)s::timestamptz, %(holds)s::json)"
 )
 # Unbilled accounts always pass: their holds are recorded (not counted), without any lock.
 _PG_INSERT_UNBILLED = (
@@ -110,15 +114,17 @@ class PostgresHolds:
         month_end: datetime,
         confirm: Confirm | None = None,
     ) -> Placement:
-        """Place one hold, together with the holds of the same account that this process is
-        asked to place meanwhile (see ``_Queue``). With ``confirm``, the hold is placed only if
+        """Place one hold, together with the holds that this process is asked to place
+        meanwhile (see ``_Queue``). With ``confirm``, the hold is placed only if
         the resolution it was estimated from still holds (else the outcome is 'stale')."""
         return await _QUEUE.place(
             self, _Placing(values, spend_limit, month_start, month_end, confirm)
         )
 
     async def place_all(self, batch: list[_Placing]) -> list[Placement]:
-        """One call of ``metering_place_holds`` for holds of one account, in order."""
+        """One call for the holds, in order: ``metering_place_holds`` when they are all of one
+        account, else ``metering_place_holds_of_accounts`` (one transaction, the accounts in
+        the order settlement locks them)."""
         holds = [
             {
                 **placing.values,
@@ -129,8 +135,9 @@ class PostgresHolds:
             }
             for placing in batch
         ]
+        accounts = {placing.values["account_id"] for placing in batch}
         cursor = await self._connection.execute(
-            _PG_PLACE,
+            _PG_PLACE if len(accounts) == 1 else _PG_PLACE_OF_ACCOUNTS,
             {
                 "account_id": batch[0].values["account_id"],
                 "now": max(placing.values["created_at"] for placing in batch),
@@ -222,10 +229,10 @@ class _Waiting:
 
 
 class _Queue:
-    """Group commit for busy accounts, within one process. While this process has a
-    check-and-hold of an account in flight, more holds of that account wait, then go together
-    in the next call: one lock of the account row and one durable commit for all of them
-    instead of one each, each still decided as if alone, in arrival order, under the lock.
+    """Group commit, within one process. While this process has a check-and-hold in flight,
+    further holds (of any account) wait, then go together in the next call: one round trip and
+    one durable commit for all of them instead of one each, each account's lock taken once, and
+    each hold still decided as if alone, in arrival order, under its account's lock.
 
     Only the grouping lives in process memory; every decision is the database's, so any number
     of processes may serve (each groups its own). The first waiter makes the next call for the
@@ -234,15 +241,14 @@ class _Queue:
     MAX_BATCH = 64
 
     def __init__(self) -> None:
-        self._waiting: dict[tuple[asyncio.AbstractEventLoop, str], list[_Waiting]] = {}
+        self._waiting: dict[asyncio.AbstractEventLoop, list[_Waiting]] = {}
 
     async def place(self, holds: PostgresHolds, placing: _Placing) -> Placement:
         loop = asyncio.get_running_loop()
-        key = (loop, placing.values["account_id"])
-        queue = self._waiting.get(key)
+        queue = self._waiting.get(loop)
         mine = _Waiting(placing, loop.create_future())
         if queue is None:
-            self._waiting[key] = []
+            self._waiting[loop] = []
             batch = [mine]
         else:
             queue.append(mine)
@@ -266,15 +272,15 @@ class _Queue:
                     waiting.answer.set_result(placement)
             return placements[0]
         finally:
-            self._hand_over(key)
+            self._hand_over(loop)
 
-    def _hand_over(self, key: tuple[asyncio.AbstractEventLoop, str]) -> None:
+    def _hand_over(self, loop: asyncio.AbstractEventLoop) -> None:
         """The next call goes to the first live waiter, with the others behind it."""
-        waiting = [w for w in self._waiting[key] if not w.answer.done()]
+        waiting = [w for w in self._waiting[loop] if not w.answer.done()]
         if not waiting:
-            del self._waiting[key]
+            del self._waiting[loop]
             return
-        batch, self._waiting[key] = waiting[: self.MAX_BATCH], waiting[self.MAX_BATCH :]
+        batch, self._waiting[loop] = waiting[: self.MAX_BATCH], waiting[self.MAX_BATCH :]
         batch[0].answer.set_result(batch)
 
 

@@ -180,6 +180,33 @@ $$
 """
 
 
+# Holds of several accounts in one transaction: ``metering_place_holds`` for each account in
+# turn, in byte order of account id (the order settlement locks accounts in, so the two cannot
+# deadlock), each account's holds in the order given. ``p_holds``: a JSON array of holds, each
+# with its ``account_id``.
+PLACE_HOLDS_OF_ACCOUNTS = """
+CREATE OR REPLACE FUNCTION metering_place_holds_of_accounts(p_now timestamptz, p_holds json)
+RETURNS TABLE (hold_id text, outcome text, available bigint)
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    a record;
+BEGIN
+    FOR a IN
+        SELECT h.account_id, json_agg(h.hold ORDER BY h.position) AS holds
+        FROM (
+            SELECT t.hold ->> 'account_id' AS account_id, t.hold, t.position
+            FROM json_array_elements(p_holds) WITH ORDINALITY AS t(hold, position)
+        ) AS h
+        GROUP BY h.account_id
+        ORDER BY h.account_id COLLATE "C"
+    LOOP
+        RETURN QUERY SELECT * FROM metering_place_holds(a.account_id, p_now, a.holds);
+    END LOOP;
+END;
+$$
+"""
+
+
 def _revision_0005_place_holds() -> str:
     """The function as migration 0005 made it (a migration stays as it was written)."""
     path = Path(__file__).with_name("0005_hold_counters.py")
@@ -194,9 +221,11 @@ def upgrade() -> None:
     if op.get_bind().dialect.name == "postgresql":
         op.execute(RESOLUTION)
         op.execute(PLACE_HOLDS)
+        op.execute(PLACE_HOLDS_OF_ACCOUNTS)
 
 
 def downgrade() -> None:
     if op.get_bind().dialect.name == "postgresql":
+        op.execute("DROP FUNCTION metering_place_holds_of_accounts(timestamptz, json)")
         op.execute(_revision_0005_place_holds())
         op.execute("DROP FUNCTION metering_resolution(text, text, timestamptz)")
