@@ -1,7 +1,7 @@
 """PostgreSQL: plain SQL on psycopg's async connections, in autocommit, on the event loop; the
 check-and-hold is one call of ``metering_place_holds`` (migrations 0005 and 0010), shared by the
-holds that arrive meanwhile (``_Queue``); a resolution read before is
-remembered for the key's next authorization and confirmed by that call (``_Remembered``)."""
+holds that arrive meanwhile (``_Queue``); a resolution read before is remembered for the key's
+next authorization and confirmed by that call (``_Remembered``)."""
 
 from __future__ import annotations
 
@@ -115,8 +115,8 @@ class PostgresHolds:
         confirm: Confirm | None = None,
     ) -> Placement:
         """Place one hold, together with the holds that this process is asked to place
-        meanwhile (see ``_Queue``). With ``confirm``, the hold is placed only if
-        the resolution it was estimated from still holds (else the outcome is 'stale')."""
+        meanwhile (see ``_Queue``). With ``confirm``, the hold is placed only if the resolution
+        it was estimated from still holds (else the outcome is 'stale')."""
         return await _QUEUE.place(
             self, _Placing(values, spend_limit, month_start, month_end, confirm)
         )
