@@ -147,12 +147,7 @@ def test_a_retry_after_the_model_retired_replays_with_a_remembered_resolution(
     body = authorization_request(setup.key, setup.model, request_id="retry-after-retirement")
     hold = api.gateway("POST", "/v1/authorizations", json=body)
     assert hold.status_code == 200, hold.text
-    _change(
-        api,
-        "UPDATE catalog_models SET deprecation_date = :day WHERE id = :id",
-        day=NOW.date(),
-        id=setup.model,
-    )
+    _retire(api, setup)
     again = api.gateway("POST", "/v1/authorizations", json=body)
     assert again.status_code == 200, again.text
     assert again.json() == hold.json()

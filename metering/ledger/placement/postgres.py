@@ -9,7 +9,7 @@ import asyncio
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import date, datetime
 from typing import Any
 
 import psycopg
@@ -88,7 +88,7 @@ class PostgresHolds:
         if row is None:
             _REMEMBERED.forget(secret_hash, model_key)
             return None
-        resolved = resolved_from(json.loads(row[0]), row[1])
+        resolved = resolved_from(_resolution_row(row[0]), row[1])
         _REMEMBERED.keep(secret_hash, model_key, resolved, row[0])
         return resolved
 
@@ -285,6 +285,14 @@ class _Queue:
 
 
 _QUEUE = _Queue()
+
+
+def _resolution_row(text: str) -> list[Any]:
+    """``metering_resolution``'s JSON array as a resolving row (its date is ISO text in JSON)."""
+    row = json.loads(text)
+    if row[8] is not None:
+        row[8] = date.fromisoformat(row[8])
+    return row
 
 
 def _hold(row: tuple[Any, ...]) -> dict[str, Any]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import date
 from typing import Any
 
@@ -94,8 +94,6 @@ def resolved_from(row: Any, known_request: bool) -> Resolved:
     """A resolving row: the key (0–3), the model (4–8), override (9–11) and list (12–14)
     rates."""
     model = None if row[4] is None else ModelRow(*row[4:9])
-    if model is not None and isinstance(model.deprecation_date, str):  # from JSON
-        model = replace(model, deprecation_date=date.fromisoformat(model.deprecation_date))
     return Resolved(
         api_key_id=row[0],
         account_id=row[1],
