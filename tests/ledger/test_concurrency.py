@@ -31,7 +31,7 @@ from metering.db import Database
 from metering.kit.timeutil import floor_day, format_timestamp
 from metering.ledger import service as ledger
 from metering.models import Account, Authorization, LedgerEntry, UsageRollup
-from tests.conftest import ADMIN_TOKEN, BACKENDS, GATEWAY_TOKEN, Api, fresh_pg_database
+from tests.conftest import ADMIN_TOKEN, GATEWAY_TOKEN, Api, fresh_pg_database, require_postgresql
 from tests.factories import GLM_RATES, authorization_request, create_key
 from tests.ledger.helpers import expected_estimate, prepaid
 from tests.servers import ServerProcess, running_servers
@@ -40,7 +40,7 @@ ESTIMATE = expected_estimate(1000, 100, GLM_RATES)  # each request below: 1000 p
 GATEWAY = {"Authorization": f"Bearer {GATEWAY_TOKEN}"}
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 
-pg_only = pytest.mark.skipif("postgresql" not in BACKENDS, reason="needs PostgreSQL")
+pg_only = pytest.mark.usefixtures("needs_postgresql")
 
 
 @dataclass
@@ -126,16 +126,14 @@ def _start(tmp: Path, ttl: int | None = None) -> Iterator[Cluster]:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    if "postgresql" not in BACKENDS:
-        pytest.skip("needs PostgreSQL")
+    require_postgresql()
     yield from _start(tmp_path_factory.mktemp("race"))
 
 
 @pytest.fixture(scope="module")
 def short_ttl_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     """Holds that live one second, so they expire in the middle of a run."""
-    if "postgresql" not in BACKENDS:
-        pytest.skip("needs PostgreSQL")
+    require_postgresql()
     yield from _start(tmp_path_factory.mktemp("race-ttl"), ttl=1)
 
 
