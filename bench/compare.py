@@ -116,7 +116,7 @@ class Figure:
         runs = len(self.values["after"])
         return (
             self.figure.strip(),
-            f"median of {runs} runs ({self.statistic} each)",
+            f"median of {runs} runs ({self.statistic} each)" if runs > 1 else self.statistic,
             value("before"),
             value("after"),
             f"{change:.3f}" if change is not None else "-",
@@ -163,7 +163,7 @@ def compare(
     lines = [
         "",
         f"before: {base} ({commit[:12]}), after: the working tree {HARNESS_ROOT}; "
-        f"benchmarks: {' '.join(names)}; {runs} runs of each, alternated; 1-minute load "
+        f"benchmarks: {' '.join(names)}; {runs} run(s) of each, alternated; 1-minute load "
         f"average {load_start:.1f} at the start, {load_end:.1f} at the end",
         *table(HEADER, [figure.row(tolerance) for figure in figures.values()]),
     ]

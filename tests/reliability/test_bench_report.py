@@ -24,7 +24,8 @@ from bench import __main__ as runner
 from bench import bench_ingest, bench_ledger, compare
 from bench.common import CodeUnderTest, Result, bench_database, libpq_url, sql_scalar
 
-pytestmark = pytest.mark.usefixtures("needs_postgresql")
+# Real server processes on PostgreSQL (the harness measures nothing else).
+needs_postgresql = pytest.mark.usefixtures("needs_postgresql")
 
 LEDGER_SMALL: dict[str, Any] = {
     "seconds": 0.5,
@@ -144,6 +145,7 @@ def test_one_table_with_every_figure(
     assert saved["results"][1]["ceiling"] == 6.0
 
 
+@needs_postgresql
 class TestLedger:
     def test_a_healthy_service_gives_every_figure_without_problems(self) -> None:
         results = bench_ledger.run(bench_ledger.Config(**LEDGER_SMALL))
@@ -178,6 +180,7 @@ class TestLedger:
             ), result
 
 
+@needs_postgresql
 class TestIngest:
     def test_a_healthy_service_gives_every_figure_without_problems(self) -> None:
         results = bench_ingest.run(bench_ingest.Config(**INGEST_SMALL))
@@ -205,6 +208,7 @@ class TestIngest:
         assert any(p.startswith("0 events stored of") for p in problems), problems
 
 
+@needs_postgresql
 def test_the_code_measured_is_the_checkout_given(tmp_path: Path) -> None:
     """A clean checkout of HEAD (as ``make bench-compare`` makes of BASE), marked so it records
     every process that imports it: its migrations make the schema and its server answers."""
