@@ -8,12 +8,12 @@ as an operator does — its ``metering migrate`` (so BASE's migrations make BASE
 ``metering catalog import`` and ``verify``, and uvicorn processes of its ``metering.asgi`` —
 so BASE needs no benchmark code of its own, and both sides are measured the same way.
 
-For each figure: the median of each side's runs, each also as a ratio to its in-run ceiling
-(the do-nothing FastAPI app, ...), the ratio after/before, and a flag when the figure got worse
-by more than ``--tolerance`` (10%): lower for a rate, higher for a latency or a size. A run whose
-figure was not met for errors counts as a problem, whatever its number. Each benchmark run does
-``BENCH_ROUNDS`` (default here: 1) rounds against its own ceiling; ``--runs`` (3) sets how often
-each side runs. The exit status is 1 when a figure is flagged or had errors.
+For each figure: the median of each side's runs (with their range), each also as a ratio to its
+in-run ceiling (the do-nothing FastAPI app, ...), the ratio after/before, and a flag when the
+figure got worse by more than ``--tolerance`` (10%): lower for a rate, higher for a latency or a
+size. A run whose figure was not met for errors is flagged, whatever its number. Each benchmark
+run does ``BENCH_ROUNDS`` (default here: 1) rounds against its own ceiling; ``--runs`` (3) sets
+how often each side runs. The exit status is 1 when a figure is flagged.
 """
 
 from __future__ import annotations
@@ -106,7 +106,10 @@ class Figure:
     def row(self, tolerance: float) -> tuple[str, ...]:
         def value(side: str) -> str:
             values = self.values[side]
-            return f"{median(values):,.1f} {self.unit}" if values else "-"
+            if not values:
+                return "-"
+            spread = f" ({min(values):,.1f}–{max(values):,.1f})" if len(values) > 1 else ""
+            return f"{median(values):,.1f} {self.unit}{spread}"
 
         def ratio(side: str) -> str:
             ratios = self.ratios[side]
@@ -149,16 +152,22 @@ def compare(
         commit = checkout(base, before_root)
         sides = {"before": before_root, "after": HARNESS_ROOT}
         load_start = load_average()
+        # One benchmark at a time, so the two sides of a pair run minutes apart at most.
         for index in range(runs):
-            for side, root in sides.items():
-                started = time.monotonic()
-                out = Path(tmp) / f"{side}-{index}.json"
-                log = Path(tmp) / f"{side}-{index}.log"
-                print(f"== run {index + 1}/{runs}, {side} ({root}) ...", flush=True)
-                _run_side(side, root, names, out, log)
-                for result in json.loads(out.read_text())["results"]:
-                    figures.setdefault(result["name"], Figure(result["name"])).add(side, result)
-                print(f"   done in {time.monotonic() - started:.0f} s", flush=True)
+            for name in names:
+                for side, root in sides.items():
+                    started = time.monotonic()
+                    out = Path(tmp) / f"{name}-{side}-{index}.json"
+                    log = Path(tmp) / f"{name}-{side}-{index}.log"
+                    print(f"== run {index + 1}/{runs}: {name}, {side} ({root}) ...", flush=True)
+                    _run_side(side, root, [name], out, log)
+                    for result in json.loads(out.read_text())["results"]:
+                        figure = figures.setdefault(result["name"], Figure(result["name"]))
+                        figure.add(side, result)
+                    print(
+                        f"   done in {time.monotonic() - started:.0f} s, load {load_average():.1f}",
+                        flush=True,
+                    )
         load_end = load_average()
     lines = [
         "",

@@ -277,15 +277,16 @@ class TestCompare:
         monkeypatch.setattr(compare, "_run_side", fake_run)
         lines, status = compare.compare("HEAD", ["ingest"], runs=3)
 
-        assert calls == ["before", "after"] * 3  # alternated
+        assert calls == ["before", "after"] * 3  # alternated (one benchmark: one pair a run)
         table = [line for line in lines if line.startswith("|")]
         rows = {
             cells[0]: cells
             for cells in ([c.strip() for c in line.strip("|").split("|")] for line in table[2:])
         }
-        assert rows["rate"][2:] == ["1,000.0 /s", "870.0 /s", "0.870", "50.0%", "43.5%",
-                                    "WORSE by 13%"]  # fmt: skip
-        assert rows["steady"][2:] == ["510.0 /s", "480.0 /s", "0.941", "-", "-", ""]
+        assert rows["rate"][2:] == ["1,000.0 /s (900.0–1,100.0)", "870.0 /s (860.0–880.0)",
+                                    "0.870", "50.0%", "43.5%", "WORSE by 13%"]  # fmt: skip
+        assert rows["steady"][2:] == ["510.0 /s (500.0–520.0)", "480.0 /s (470.0–490.0)",
+                                      "0.941", "-", "-", ""]  # fmt: skip
         assert rows["latency"][4:] == ["1.150", "200.0%", "230.0%", "WORSE by 15%"]
         assert rows["faster latency"][-1] == "after: ERRORS"
         assert rows["rate"][1] == "median of 3 runs (1 round each)"
