@@ -100,8 +100,14 @@ class Figure:
                 flags.append(f"{side}: MISSING")
         worse = self.worse_by()
         if worse is not None and worse > tolerance:
-            flags.append(f"WORSE by {worse:.0%}")
+            flags.append(f"WORSE by {worse:.0%}" + (" (ranges overlap)" if self.overlap() else ""))
         return "; ".join(flags)
+
+    def overlap(self) -> bool:
+        """Whether some run of one side measured within the range of the other's: on a busy
+        machine, a change of the median is then as likely the machine as the code."""
+        before, after = self.values["before"], self.values["after"]
+        return bool(before and after) and min(after) <= max(before) and min(before) <= max(after)
 
     def row(self, tolerance: float) -> tuple[str, ...]:
         def value(side: str) -> str:
