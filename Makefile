@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: serve test lint typecheck unit bench lock clean
+.PHONY: serve test lint typecheck unit bench bench-compare lock clean
 
 $(STAMP): pyproject.toml requirements.lock
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -34,6 +34,13 @@ unit: $(STAMP)
 # `make bench` runs every benchmark; `make bench BENCH="ledger ingest"` runs those named.
 bench: $(STAMP)
 	$(BIN)/python -m bench $(BENCH)
+
+# `make bench-compare BASE=<rev> [BENCH="ledger ingest"]`: those benchmarks on a clean checkout
+# of BASE and on the working tree, alternated three times; one table of medians and ratios,
+# flagging any figure more than 10% worse (see the README's Performance section).
+bench-compare: $(STAMP)
+	@test -n "$(BASE)" || { echo 'usage: make bench-compare BASE=<rev> [BENCH="ledger ingest"]' >&2; exit 2; }
+	$(BIN)/python -m bench.compare --base "$(BASE)" $(BENCH)
 
 # Re-pin every dependency to what is installed in .venv now.
 lock: $(STAMP)

@@ -36,14 +36,18 @@ def create() -> FastAPI:
             "object": "authorization",
             "status": "active",
             "request_id": body.request_id,
+            "account_id": "acct_baseline",
+            "api_key_id": "key_baseline",
             "model": body.model,
             "max_tokens": body.max_tokens,
             "estimate_microcents": 0,
+            "credits_required_cents_estimate": 0,
+            "expires_at": "2026-01-01T01:00:00.000000Z",
         }
 
     @app.delete("/v1/authorizations/{authorization_id}")
     def void(authorization_id: str) -> dict[str, Any]:
-        return {"id": authorization_id, "status": "voided"}
+        return {"id": authorization_id, "object": "authorization", "status": "voided"}
 
     @app.post("/v1/usage/events")
     def ingest(body: EventsIn) -> dict[str, Any]:

@@ -1,174 +1,182 @@
 """Usage report latency on PostgreSQL (issue 5's benchmark).
 
-One prepaid account with ``EVENTS`` (10,000,000) usage events spread evenly over 93 days, 20
-models and 50 keys, loaded in-process through the ingest service (``record_events``: priced,
-inserted, debited and aggregated, exactly as ``POST /v1/usage/events`` does it, in batches of
-``BATCH`` by ``LOADERS`` processes). Then, over loopback HTTP against a real server process
-(one uvicorn worker, one keep-alive connection, requests one after another as a finance script
-sends them): p50/p95 latency of the 93-bucket daily report and the 168-bucket hourly report, by
-model and by key. The in-run baseline is the same daily report computed with ``GROUP BY`` over
-the raw events; the benchmark also checks that both give the same numbers.
+One prepaid account with ``EVENTS`` (10,000,000) usage events spread evenly over the 93 days
+before today, 20 models and 50 keys, sent through ``POST /v1/usage/events`` (batches of 1000
+from ``SENDERS`` connections to a 2-worker server: priced, inserted, debited and aggregated), every
+answer checked (all recorded), then the stored count checked and ``metering verify`` run. Then,
+over loopback HTTP against a real server process (one uvicorn worker, one keep-alive connection,
+requests one after another as a finance script sends them): p50/p95 latency of the 93-bucket
+daily report and the 168-bucket hourly report, by model and by key, ``ROUNDS`` rounds each
+alternated with the in-run baseline — the same daily report computed with ``GROUP BY`` over the
+raw events; figures are medians of the rounds. The benchmark also checks that both give the
+same numbers.
 
 Run: ``python -m bench reports`` (``BENCH_REPORTS_EVENTS=1000000`` for a quicker run: from
 ~1M events on, almost every hour has every key and model, so the reports read as many rows).
-Batches stay at 5,000: hold settlement's ``(account_id, request_id) IN (…)`` list exceeds
-PostgreSQL's stack depth from about 10,000 events per call.
 """
 
 from __future__ import annotations
 
-import multiprocessing
+import asyncio
+import json
 import os
 import random
 import tempfile
 import time
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import psycopg
-from sqlalchemy.engine import make_url
 
-from bench.common import Result, bench_database, percentile
-from bench.loadgen import Connection
-from metering.accounts import service as accounts
-from metering.catalog.importer import import_catalog
-from metering.catalog.schemas import CatalogFile
-from metering.db import Database
-from metering.kit.timeutil import format_timestamp
-from tests.servers import ServerProcess
+from bench import common
+from bench.bench_ingest import check_counts
+from bench.common import (
+    GATEWAY_TOKEN,
+    Admin,
+    CodeUnderTest,
+    Result,
+    bench_database,
+    catalog_file,
+    format_timestamp,
+    libpq_url,
+    load_average,
+    median,
+    percentile,
+    rounds_label,
+)
+from bench.loadgen import Connection, Unexpected, expect
 
-EVENTS = int(os.environ.get("BENCH_REPORTS_EVENTS", "10000000"))
-LOADERS = int(os.environ.get("BENCH_REPORTS_LOADERS", "2"))
-SAMPLES = int(os.environ.get("BENCH_REPORTS_SAMPLES", "200"))
-BATCH = 5_000
 MODELS = [f"Bench-Model-{index:02d}" for index in range(20)]
 KEYS = 50
-FIRST_DAY = datetime(2026, 8, 28, tzinfo=UTC)
 DAYS = 93
-LAST_WEEK = FIRST_DAY + timedelta(days=DAYS - 7)
-INGEST_NOW = FIRST_DAY + timedelta(days=DAYS)  # the ingest clock: every event is in the past
+BATCH = 1000  # the most one request may carry (§5)
 TARGET_MS = 50.0
-WARMUP = 10  # requests before measuring, per report
 RATES = (22_000_000, 339_000_000, 17_750_000)
 
-REPORTS = {
-    "daily": {
-        "starting_at": format_timestamp(FIRST_DAY),
-        "ending_at": format_timestamp(FIRST_DAY + timedelta(days=DAYS)),
-        "bucket_width": "1d",
-    },
-    "hourly": {
-        "starting_at": format_timestamp(LAST_WEEK),
-        "ending_at": format_timestamp(LAST_WEEK + timedelta(days=7)),
-        "bucket_width": "1h",
-    },
-}
 
+@dataclass
+class Config:
+    """What a run does; the defaults are ``make bench``'s (a test runs it small)."""
 
-def _setup(url: str) -> tuple[str, str, list[str]]:
-    """Catalog, account and keys (service layer): (account id, one key's secret, key ids)."""
-    database = Database.from_url(url, pool_size=1)
-    now = datetime.now(UTC)
-    price = {
-        "effective_at": "2026-01-01T00:00:00Z",
-        "input_microcents_per_million": RATES[0],
-        "output_microcents_per_million": RATES[1],
-        "cache_read_microcents_per_million": RATES[2],
-    }
-    catalog = CatalogFile.model_validate(
-        {
-            "models": [
-                {"id": m, "display_name": m, "context_length": 131072, "prices": [price]}
-                for m in MODELS
-            ]
-        }
-    )
-    try:
-        with database.unit_of_work() as session:
-            import_catalog(session, catalog, now)
-            account = accounts.create_account(session, "bench-reports", "prepaid", now)
-            key_ids, secret = [], ""
-            for index in range(KEYS):
-                key, secret = accounts.create_api_key(
-                    session, account, f"key-{index:02d}", None, now
-                )
-                key_ids.append(key.id)
-            return account.id, secret, key_ids
-    finally:
-        database.dispose()
-
-
-_database: Database | None = None
-_key_ids: list[str] = []
-
-
-def _init_loader(url: str, key_ids: list[str]) -> None:
-    global _database, _key_ids
-    _database = Database.from_url(url, pool_size=1)
-    _key_ids = key_ids
-
-
-def _load_chunk(chunk: int) -> int:
-    """Events [chunk × BATCH, …): evenly spaced in time, random key, model and tokens."""
-    from metering.usage.service import record_events
-
-    assert _database is not None
-    rng = random.Random(chunk)
-    span_us = DAYS * 86_400_000_000
-    first = chunk * BATCH
-    raws = []
-    for index in range(first, min(first + BATCH, EVENTS)):
-        prompt = rng.randrange(1, 8000)
-        cached = rng.randrange(0, prompt + 1) if rng.random() < 0.6 else 0
-        output = rng.randrange(1, 2000)
-        at = FIRST_DAY + timedelta(microseconds=index * span_us // EVENTS)
-        raws.append(
-            {
-                "request_id": f"bench-{index}",
-                "api_key_id": _key_ids[rng.randrange(KEYS)],
-                "model": MODELS[rng.randrange(len(MODELS))],
-                "api": "chat_completions",
-                "usage": {
-                    "prompt_tokens": prompt,
-                    "completion_tokens": output,
-                    "total_tokens": prompt + output,
-                    "prompt_tokens_details": {"cached_tokens": cached},
-                    "completion_tokens_details": {"reasoning_tokens": output // 4},
-                },
-                "occurred_at": format_timestamp(at),
-                "outcome": "completed",
-            }
+    events: int = int(os.environ.get("BENCH_REPORTS_EVENTS", "10000000"))
+    senders: int = int(os.environ.get("BENCH_REPORTS_SENDERS", "4"))
+    samples: int = int(os.environ.get("BENCH_REPORTS_SAMPLES", "200"))
+    warmup: int = 10  # requests before measuring, per report and round
+    rounds: int = common.ROUNDS
+    code: CodeUnderTest = field(default_factory=CodeUnderTest)
+    # The 93 days end at the start of today (UTC): every event is in the past.
+    first_day: datetime = field(
+        default_factory=lambda: (
+            datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+            - timedelta(days=DAYS)
         )
-    with _database.unit_of_work() as session:
-        outcome = record_events(session, raws, INGEST_NOW)
-    recorded = outcome.count("recorded")
-    assert recorded == len(raws), f"chunk {chunk}: {recorded} of {len(raws)} recorded"
-    return recorded
+    )
+
+    @property
+    def last_week(self) -> datetime:
+        return self.first_day + timedelta(days=DAYS - 7)
+
+    def window(self, report: str) -> dict[str, str]:
+        if report == "daily":
+            start, end, width = self.first_day, self.first_day + timedelta(days=DAYS), "1d"
+        else:
+            start, end, width = self.last_week, self.last_week + timedelta(days=7), "1h"
+        return {
+            "starting_at": format_timestamp(start),
+            "ending_at": format_timestamp(end),
+            "bucket_width": width,
+        }
 
 
-def _load(url: str, key_ids: list[str]) -> float:
-    chunks = range(-(-EVENTS // BATCH))
+def _setup(config: Config, url: str, base_url: str, workdir: Path) -> tuple[str, str, list[str]]:
+    """Catalog (``metering catalog import``), account and keys (admin API): (account id, one
+    key's secret, key ids)."""
+    config.code.import_catalog(url, workdir, catalog_file(workdir, MODELS, RATES))
+    with Admin(base_url) as admin:
+        account = admin.account("bench-reports")
+        keys = [admin.key(account) for _ in range(KEYS)]
+    return account, keys[-1][1], [key_id for key_id, _ in keys]
+
+
+class Events:
+    """Batch ``chunk`` of the load: events [chunk × BATCH, …), evenly spaced in time, with a
+    random key, model and tokens (seeded by the chunk), written as JSON text directly (the
+    sender shares the two cores with the server)."""
+
+    def __init__(self, config: Config, key_ids: list[str]) -> None:
+        self.config = config
+        self.key_ids = key_ids
+        self.span_us = DAYS * 86_400_000_000
+        self.days = [
+            (config.first_day + timedelta(days=d)).strftime("%Y-%m-%d") for d in range(DAYS + 1)
+        ]
+
+    def at(self, index: int) -> str:
+        micros = index * self.span_us // self.config.events
+        day, rest = divmod(micros, 86_400_000_000)
+        seconds, fraction = divmod(rest, 1_000_000)
+        hours, seconds = divmod(seconds, 3600)
+        minutes, seconds = divmod(seconds, 60)
+        return f"{self.days[day]}T{hours:02d}:{minutes:02d}:{seconds:02d}.{fraction:06d}Z"
+
+    def body(self, chunk: int) -> tuple[bytes, int]:
+        rng = random.Random(chunk)
+        first = chunk * BATCH
+        events = []
+        for index in range(first, min(first + BATCH, self.config.events)):
+            prompt = rng.randrange(1, 8000)
+            cached = rng.randrange(0, prompt + 1) if rng.random() < 0.6 else 0
+            output = rng.randrange(1, 2000)
+            key = self.key_ids[rng.randrange(KEYS)]
+            model = MODELS[rng.randrange(len(MODELS))]
+            events.append(
+                f'{{"request_id":"bench-{index}","api_key_id":"{key}","model":"{model}",'
+                f'"api":"chat_completions","usage":{{"prompt_tokens":{prompt},'
+                f'"completion_tokens":{output},"total_tokens":{prompt + output},'
+                f'"prompt_tokens_details":{{"cached_tokens":{cached}}},'
+                f'"completion_tokens_details":{{"reasoning_tokens":{output // 4}}}}},'
+                f'"occurred_at":"{self.at(index)}","outcome":"completed"}}'
+            )
+        return ('{"events":[' + ",".join(events) + "]}").encode(), len(events)
+
+
+async def _send_all(config: Config, port: int, events: Events) -> tuple[int, list[str]]:
+    """Every batch, from ``senders`` connections; (events answered as recorded, problems)."""
+    chunks = iter(range(-(-config.events // BATCH)))
+    recorded = 0
+    problems: list[str] = []
     started = time.monotonic()
-    done = 0
-    context = multiprocessing.get_context("spawn")
-    with context.Pool(LOADERS, initializer=_init_loader, initargs=(url, key_ids)) as pool:
-        for recorded in pool.imap(_load_chunk, chunks):
-            done += recorded
-            if done % 1_000_000 < BATCH:
-                rate = done / (time.monotonic() - started)
-                print(f"   loaded {done:,} events ({rate:,.0f}/s)", flush=True)
-    assert done == EVENTS
-    return time.monotonic() - started
+    reported = 0
 
+    async def sender() -> None:
+        nonlocal recorded, reported
+        connection = Connection("127.0.0.1", port, {"Authorization": f"Bearer {GATEWAY_TOKEN}"})
+        try:
+            for chunk in chunks:
+                body, count = events.body(chunk)
+                try:
+                    check_counts(await connection.request("POST", "/v1/usage/events", body), count)
+                except Unexpected as exc:
+                    if len(problems) < 3:
+                        problems.append(f"load: {exc}")
+                    continue
+                recorded += count
+                if recorded - reported >= 1_000_000:
+                    reported = recorded
+                    rate = recorded / (time.monotonic() - started)
+                    print(f"   loaded {recorded:,} events ({rate:,.0f}/s)", flush=True)
+        finally:
+            await connection.close()
 
-def _psycopg_url(url: str) -> str:
-    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+    await asyncio.gather(*(sender() for _ in range(config.senders)))
+    return recorded, problems
 
 
 def _vacuum(url: str) -> None:
     """What autovacuum does soon after a bulk load: visibility map and planner statistics."""
-    with psycopg.connect(_psycopg_url(url), autocommit=True) as connection:
+    with psycopg.connect(libpq_url(url), autocommit=True) as connection:
         for name in ("usage_rollups", "usage_events"):
             connection.execute(f"VACUUM (ANALYZE) {name}")
 
@@ -183,17 +191,14 @@ GROUP BY 1, 2 ORDER BY 1, 2
 RAW_COLUMNS = {"model": "model_id", "api_key": "api_key_id"}
 
 
-def _raw_daily(url: str, account_id: str, group_by: str, runs: int = 3) -> tuple[float, list[Any]]:
-    """The daily report straight from the events: (median seconds, rows)."""
-    timings, rows = [], []
-    end = FIRST_DAY + timedelta(days=DAYS)
+def _raw_daily(config: Config, url: str, account_id: str, group_by: str) -> tuple[float, list[Any]]:
+    """The daily report straight from the events: (seconds, rows)."""
+    end = config.first_day + timedelta(days=DAYS)
     sql = RAW_DAILY.format(column=RAW_COLUMNS[group_by])
-    with psycopg.connect(_psycopg_url(url)) as connection:
-        for _ in range(runs):
-            started = time.perf_counter()
-            rows = connection.execute(sql, (account_id, FIRST_DAY, end)).fetchall()
-            timings.append(time.perf_counter() - started)
-    return sorted(timings)[len(timings) // 2], rows
+    with psycopg.connect(libpq_url(url)) as connection:
+        started = time.perf_counter()
+        rows = connection.execute(sql, (account_id, config.first_day, end)).fetchall()
+        return time.perf_counter() - started, rows
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -203,33 +208,44 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def _measure(port: int, secret: str, path: str, samples: int) -> tuple[list[float], bytes]:
+async def _measure(
+    config: Config, port: int, secret: str, path: str
+) -> tuple[list[float], bytes, list[str]]:
+    """Latencies of ``samples`` requests after ``warmup`` ones (which warm the connection, the
+    pool and the caches and are not recorded); the last body; problems."""
     connection = Connection("127.0.0.1", port, {"Authorization": f"Bearer {secret}"})
     latencies: list[float] = []
     body = b""
+    problems: list[str] = []
     try:
-        for index in range(samples + WARMUP):
+        for index in range(config.samples + config.warmup):
             started = time.perf_counter()
             response = await connection.request("GET", path)
             elapsed = time.perf_counter() - started
-            assert response.status == 200, response.body[:500]
+            try:
+                expect(response, 200, "report", object="usage_report")
+            except Unexpected as exc:
+                problems.append(str(exc))
+                break
             body = response.body
-            if index >= WARMUP:  # the first requests warm the connection pool and caches
+            if index >= config.warmup:
                 latencies.append(elapsed)
     finally:
         await connection.close()
-    return latencies, body
+    return latencies, body, problems
 
 
-def _path(report: str, group_by: str) -> str:
-    query = "&".join(f"{k}={v}" for k, v in {**REPORTS[report], "group_by": group_by}.items())
+def _path(config: Config, report: str, group_by: str) -> str:
+    query = "&".join(f"{k}={v}" for k, v in {**config.window(report), "group_by": group_by}.items())
     return f"/v1/usage?{query}"
 
 
-def _matches_raw(report_body: dict[str, Any], raw_rows: list[Any], group_by: str) -> bool:
+def _matches_raw(
+    config: Config, report_body: dict[str, Any], raw_rows: list[Any], group_by: str
+) -> bool:
     """Whether the daily report equals the GROUP BY over the events, bucket by bucket."""
     expected = {
-        (format_timestamp(day.replace(tzinfo=UTC)), group): (n, p, c, o, cost)
+        (day.strftime("%Y-%m-%dT%H:%M:%SZ"), group): (n, p, c, o, cost)
         for day, group, n, p, c, o, cost in raw_rows
     }
     seen = {
@@ -243,112 +259,176 @@ def _matches_raw(report_body: dict[str, Any], raw_rows: list[Any], group_by: str
         for bucket in report_body["data"]
         for r in bucket["results"]
     }
-    return seen == expected and report_body["totals"]["requests"] == EVENTS
+    return seen == expected and report_body["totals"]["requests"] == config.events
 
 
-def run() -> list[Result]:
-    import asyncio
-    import json
+@dataclass
+class Report:
+    """One report's rounds."""
 
-    results: list[Result] = []
-    with bench_database() as url, tempfile.TemporaryDirectory() as workdir:
-        account_id, secret, key_ids = _setup(url)
-        load_seconds = _load(url, key_ids)
+    name: str
+    buckets: str
+    group_by: str
+    p50: list[float] = field(default_factory=list)
+    p95: list[float] = field(default_factory=list)
+    cpu_ms: list[float] = field(default_factory=list)
+    raw_ms: list[float] = field(default_factory=list)  # the daily report's in-run baseline
+    size_kib: float = 0.0
+    problems: list[str] = field(default_factory=list)
+
+
+def run(config: Config | None = None) -> list[Result]:
+    config = config or Config()
+    reports = [
+        Report(name, "93 daily" if name == "daily" else "168 hourly", group_by)
+        for name in ("daily", "hourly")
+        for group_by in ("model", "api_key")
+    ]
+    matches: list[bool] = []
+    with bench_database() as url, tempfile.TemporaryDirectory() as tmp:
+        workdir = Path(tmp)
+        cli = workdir / "cli"
+        config.code.migrate(url, cli)
+        loader = config.code.server(url, workdir / "loader", workers=2).start()
+        try:
+            account_id, secret, key_ids = _setup(config, url, loader.base_url, cli)
+            load_started = time.monotonic()
+            recorded, load_problems = asyncio.run(
+                _send_all(config, loader.port, Events(config, key_ids))
+            )
+            load_seconds = time.monotonic() - load_started
+        finally:
+            loader.stop()
+        stored = common.sql_scalar(url, "SELECT count(*) FROM usage_events")
+        if stored != config.events or recorded != config.events:
+            load_problems.append(
+                f"{config.events:,} events sent, {recorded:,} answered as recorded, "
+                f"{stored:,} stored"
+            )
+        verify_started = time.monotonic()
+        load_problems += config.code.verify(url, cli)
+        verify_seconds = time.monotonic() - verify_started
         vacuum_started = time.monotonic()
         _vacuum(url)
         vacuum_seconds = time.monotonic() - vacuum_started
-        print(f"   load {load_seconds:.0f} s, vacuum analyze {vacuum_seconds:.0f} s", flush=True)
-        results.append(
-            Result(
-                f"load {EVENTS:,} events via record_events ({LOADERS} processes, "
-                f"batches of {BATCH:,})",
-                "-",
-                EVENTS / load_seconds,
-                "events/s",
-                None,
-                f"{load_seconds:,.0f} s (+ {vacuum_seconds:,.0f} s VACUUM ANALYZE)",
-            )
+        print(
+            f"   load {load_seconds:.0f} s, verify {verify_seconds:.0f} s, vacuum analyze "
+            f"{vacuum_seconds:.0f} s; {load_problems or 'every event recorded and stored'}",
+            flush=True,
         )
-        raw = {group_by: _raw_daily(url, account_id, group_by) for group_by in RAW_COLUMNS}
 
-        matches: list[bool] = []
-        server = ServerProcess(url, Path(workdir) / "server").start()
-        load_before = os.getloadavg()[0]
+        server = config.code.server(url, workdir / "server", workers=1).start()
+        load_before = load_average()
         try:
-            for report in ("daily", "hourly"):
-                buckets = "93 daily" if report == "daily" else "168 hourly"
-                for group_by in ("model", "api_key"):
-                    assert server.process is not None
-                    cpu_before = _cpu_seconds(server.process.pid)
-                    latencies, body = asyncio.run(
-                        _measure(server.port, secret, _path(report, group_by), SAMPLES)
+            for index in range(config.rounds):
+                for report in reports:
+                    if report.name == "daily":
+                        raw_seconds, raw_rows = _raw_daily(config, url, account_id, report.group_by)
+                        report.raw_ms.append(raw_seconds * 1000)
+                    cpu_before = _cpu_seconds(server.pid)
+                    path = _path(config, report.name, report.group_by)
+                    latencies, body, problems = asyncio.run(
+                        _measure(config, server.port, secret, path)
                     )
-                    cpu_ms = (_cpu_seconds(server.process.pid) - cpu_before) * 1000
-                    cpu_ms /= SAMPLES + WARMUP
-                    p50 = percentile(latencies, 50) * 1000
-                    p95 = percentile(latencies, 95) * 1000
-                    size = f"{len(body) / 1024:,.0f} KiB"
-                    figure = f"report {buckets} buckets, group_by={group_by} ({size})"
-                    results.append(
-                        Result(
-                            f"{figure} p50",
-                            "-",
-                            p50,
-                            "ms",
-                            None,
-                            f"server CPU {cpu_ms:.1f} ms per request",
-                        )
-                    )
-                    baseline = ""
-                    if report == "daily":
-                        raw_seconds, raw_rows = raw[group_by]
-                        matches.append(_matches_raw(json.loads(body), raw_rows, group_by))
-                        baseline = (
-                            f"GROUP BY over raw events: {raw_seconds * 1000:,.0f} ms "
-                            f"(SQL only) = {raw_seconds * 1000 / p50:,.0f}x this p50"
-                        )
-                    results.append(
-                        Result(
-                            f"{figure} p95",
-                            f"<= {TARGET_MS:.0f} ms",
-                            p95,
-                            "ms",
-                            p95 <= TARGET_MS,
-                            baseline,
-                        )
-                    )
+                    report.problems += problems
+                    if not latencies:
+                        continue
+                    cpu = (_cpu_seconds(server.pid) - cpu_before) / (len(latencies) + config.warmup)
+                    report.cpu_ms.append(cpu * 1000)
+                    report.p50.append(percentile(latencies, 50) * 1000)
+                    report.p95.append(percentile(latencies, 95) * 1000)
+                    report.size_kib = len(body) / 1024
+                    if report.name == "daily" and index == 0:
+                        same = _matches_raw(config, json.loads(body), raw_rows, report.group_by)
+                        matches.append(same)
+                print(
+                    f"   round {index + 1}: p95 "
+                    + ", ".join(f"{r.name}/{r.group_by} {r.p95[-1]:.1f} ms" for r in reports)
+                    + f"; load {load_average():.1f}",
+                    flush=True,
+                )
         finally:
             server.stop()
+
+    label = rounds_label(config.rounds)
+    results = [
+        Result(
+            "reports.load",
+            f"load {config.events:,} events via POST /v1/usage/events ({config.senders} "
+            f"connections, batches of {BATCH:,}, 2 workers)",
+            "-",
+            config.events / load_seconds,
+            "events/s",
+            None,
+            "1 run",
+            f"{load_seconds:,.0f} s (+ {verify_seconds:,.0f} s metering verify, "
+            f"{vacuum_seconds:,.0f} s VACUUM ANALYZE)",
+            problems=tuple(load_problems),
+        )
+    ]
+    for report in reports:
+        figure = (
+            f"report {report.buckets} buckets, group_by={report.group_by} "
+            f"({report.size_kib:,.0f} KiB)"
+        )
+        p50, p95 = median(report.p50), median(report.p95)
+        problems = tuple(load_problems + report.problems)
         results.append(
             Result(
-                "machine load average (1 min) around the latency runs (2 cores: above 2, "
-                "requests queue for a core)",
+                f"reports.{report.name}.{report.group_by}.p50",
+                f"{figure} p50",
                 "-",
-                os.getloadavg()[0],
-                "",
+                p50,
+                "ms",
                 None,
-                f"{load_before:.1f} before",
+                label,
+                f"server CPU {median(report.cpu_ms):.1f} ms per request",
+                higher_is_better=False,
+                problems=problems,
             )
         )
-        same = len(matches) == 2 and all(matches)
+        raw = median(report.raw_ms)
         results.append(
             Result(
-                "daily reports equal the GROUP BY over the raw events (both group-bys)",
-                "yes",
-                float(same),
-                "(1 = yes)",
-                same,
+                f"reports.{report.name}.{report.group_by}.p95",
+                f"{figure} p95",
+                f"<= {TARGET_MS:.0f} ms",
+                p95,
+                "ms",
+                p95 <= TARGET_MS,
+                label,
+                f"GROUP BY over raw events: {raw:,.0f} ms (SQL only) = {raw / p50:,.0f}x this p50"
+                if raw and p50
+                else "",
+                raw or None,
+                higher_is_better=False,
+                problems=problems,
             )
         )
-        for group_by, (raw_seconds, _) in raw.items():
-            results.append(
-                Result(
-                    f"daily report by {group_by} as GROUP BY over the raw events "
-                    "(median of 3, SQL only)",
-                    "-",
-                    raw_seconds * 1000,
-                    "ms",
-                    None,
-                )
-            )
+    results.append(
+        Result(
+            "reports.load_average",
+            "machine load average (1 min) around the latency runs (2 cores: above 2, "
+            "requests queue for a core)",
+            "-",
+            load_average(),
+            "",
+            None,
+            "at the end",
+            f"{load_before:.1f} before",
+            higher_is_better=False,
+        )
+    )
+    same = len(matches) == 2 and all(matches)
+    results.append(
+        Result(
+            "reports.equal_raw",
+            "daily reports equal the GROUP BY over the raw events (both group-bys)",
+            "yes",
+            float(same),
+            "(1 = yes)",
+            same,
+            "first round",
+        )
+    )
     return results

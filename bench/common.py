@@ -1,23 +1,84 @@
-"""What every benchmark shares: results, percentiles, a fresh PostgreSQL database."""
+"""What every benchmark shares: results, statistics, the code under test and its processes.
+
+The harness never imports ``metering``: it drives the code under test only through what an
+operator and a gateway use — ``metering migrate``, ``metering catalog import`` and ``metering
+verify`` run as commands, the HTTP API of real uvicorn processes, and plain SQL counts — so the
+same harness measures any checkout of the service (``CodeUnderTest``; ``make bench-compare``
+points it at an older commit), and a benchmark cannot share a bug with what it measures.
+"""
 
 from __future__ import annotations
 
 import os
+import secrets
+import signal
+import statistics
+import subprocess
+import sys
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
 
-from metering import migrate
+import httpx2 as httpx
+import psycopg
+from sqlalchemy.engine import make_url
+
+HARNESS_ROOT = Path(__file__).resolve().parent.parent
+ADMIN_TOKEN = "bench-admin-token"
+GATEWAY_TOKEN = "bench-gateway-token"
+PG_MAINTENANCE_URL = os.environ.get(
+    "METERING_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+)
+# Rounds of each alternated comparison (ours, ceiling, ours, ceiling, ...): figures are medians.
+ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))
 
 
 @dataclass(frozen=True)
 class Result:
+    name: str  # stable id across runs, for ``bench.compare``: e.g. "ledger.spread"
     figure: str  # what was measured, e.g. "authorizations/s, 16 clients, 100 accounts"
-    target: str  # e.g. ">= 1000/s"
+    target: str  # e.g. ">= 1000/s", or "-"
     measured: float
     unit: str  # e.g. "/s", "ms", "MB"
-    met: bool | None  # None when there is no target
+    target_met: bool | None  # the measured value against its target; None: no target
+    statistic: str  # how ``measured`` was reduced: "median of 3 rounds", "max of 3 rounds", ...
     baseline: str = ""  # the in-run ceiling and our ratio to it, e.g. "41% of bare FastAPI"
+    ceiling: float | None = None  # the in-run ceiling's figure, in ``unit`` (for ratios)
+    higher_is_better: bool = True
+    # Why the figure cannot be trusted: unexpected answers, counts that do not match what was
+    # sent, ``metering verify`` mismatches. Any problem makes the figure "not met".
+    problems: tuple[str, ...] = ()
+
+    @property
+    def met(self) -> bool | None:
+        if self.problems:
+            return False
+        return self.target_met
+
+    @property
+    def ratio(self) -> float | None:
+        """``measured`` as a share of its in-run ceiling."""
+        return self.measured / self.ceiling if self.ceiling else None
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "figure": self.figure,
+            "target": self.target,
+            "measured": self.measured,
+            "unit": self.unit,
+            "met": self.met,
+            "target_met": self.target_met,
+            "statistic": self.statistic,
+            "baseline": self.baseline,
+            "ceiling": self.ceiling,
+            "higher_is_better": self.higher_is_better,
+            "problems": list(self.problems),
+        }
 
 
 def percentile(samples: Sequence[float], pct: float) -> float:
@@ -29,12 +90,246 @@ def percentile(samples: Sequence[float], pct: float) -> float:
     return ordered[int(rank) - 1]
 
 
+def median(values: Sequence[float]) -> float:
+    return float(statistics.median(values)) if values else 0.0
+
+
+def rounds_label(count: int, how: str = "median") -> str:
+    return f"{how} of {count} rounds" if count > 1 else "1 round"
+
+
+def format_timestamp(at: datetime) -> str:
+    """RFC 3339 in UTC with ``Z``, as the API takes it."""
+    return at.astimezone(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def libpq_url(url: str) -> str:
+    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
 @contextmanager
 def bench_database() -> Iterator[str]:
-    """A fresh, migrated PostgreSQL database for one benchmark (dropped afterwards)."""
-    os.environ.setdefault("METERING_TEST_BACKENDS", "postgresql")
-    from tests.conftest import fresh_pg_database
+    """A fresh, empty PostgreSQL database for one benchmark (dropped afterwards); its URL."""
+    name = f"metering_bench_{secrets.token_hex(6)}"
+    with psycopg.connect(libpq_url(PG_MAINTENANCE_URL), autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield make_url(PG_MAINTENANCE_URL).set(database=name).render_as_string(hide_password=False)
+    finally:
+        with psycopg.connect(libpq_url(PG_MAINTENANCE_URL), autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
-    with fresh_pg_database() as url:
-        migrate.upgrade(url)
-        yield url
+
+def sql_scalar(url: str, query: str, *params: Any) -> Any:
+    with psycopg.connect(libpq_url(url)) as connection:
+        row = connection.execute(query, params).fetchone()
+    return row[0] if row else None
+
+
+@dataclass
+class Server:
+    """One uvicorn process (with ``workers`` workers) serving ``app`` from ``root``."""
+
+    app: str  # "module:factory"
+    root: Path  # the checkout whose code it runs (its working directory and PYTHONPATH)
+    workdir: Path
+    env: dict[str, str] = field(default_factory=dict)
+    workers: int = 1
+    ready_path: str = "/readyz"
+    port: int = field(default_factory=free_port)
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
+
+    def start(self, timeout: float = 60.0) -> Server:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        log_path = self.workdir / f"uvicorn-{self.port}.log"
+        with open(log_path, "ab") as log:
+            # uvicorn puts its working directory first on sys.path: the root's code is served.
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "uvicorn", "--factory", self.app,
+                 "--host", "127.0.0.1", "--port", str(self.port), "--workers", str(self.workers),
+                 "--no-access-log", "--log-level", "warning"],
+                cwd=self.root, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )  # fmt: skip
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"{self.app} exited early: {_tail(log_path)}")
+            try:
+                if httpx.get(self.base_url + self.ready_path, timeout=1.0).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        self.stop()
+        raise RuntimeError(f"{self.app} was not ready in {timeout:.0f} s: {_tail(log_path)}")
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(10)
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except FileNotFoundError:
+        return "(no log)"
+
+
+def _clean_env() -> dict[str, str]:
+    """The harness's environment without anything that would choose the code or configure it."""
+    return {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("METERING_") and k not in ("PYTHONPATH", "PYTHONSAFEPATH")
+    }
+
+
+@dataclass(frozen=True)
+class CodeUnderTest:
+    """A checkout of the service (default: this one), run only as its operators run it."""
+
+    root: Path = HARNESS_ROOT
+    server_env: tuple[tuple[str, str], ...] = ()  # METERING_* overrides for its servers
+
+    def env(self, database_url: str, workdir: Path, *, server: bool = False) -> dict[str, str]:
+        env = _clean_env()
+        env.update(
+            {
+                "PYTHONPATH": str(self.root),
+                "METERING_DATABASE_URL": database_url,
+                "METERING_ADMIN_TOKENS": ADMIN_TOKEN,
+                "METERING_GATEWAY_TOKENS": GATEWAY_TOKEN,
+                "METERING_DATA_DIR": str(workdir),
+                "METERING_EXPORT_DIR": str(workdir / "exports"),
+                "METERING_LOG_LEVEL": "WARNING",
+            }
+        )
+        if server:
+            env.update(dict(self.server_env))
+        return env
+
+    def command(
+        self, database_url: str, workdir: Path, *args: str, timeout: float = 1800
+    ) -> subprocess.CompletedProcess[str]:
+        """``metering ARGS`` of this checkout (its console script's entry point)."""
+        workdir.mkdir(parents=True, exist_ok=True)
+        return subprocess.run(
+            [sys.executable, "-c",
+             "import sys; from metering.cli import main; sys.exit(main(sys.argv[1:]))", *args],
+            cwd=self.root, env=self.env(database_url, workdir), capture_output=True, text=True,
+            timeout=timeout,
+        )  # fmt: skip
+
+    def migrate(self, database_url: str, workdir: Path) -> None:
+        done = self.command(database_url, workdir, "migrate")
+        if done.returncode != 0:
+            raise RuntimeError(f"metering migrate failed: {done.stdout}{done.stderr}")
+
+    def import_catalog(self, database_url: str, workdir: Path, path: Path) -> None:
+        done = self.command(database_url, workdir, "catalog", "import", str(path))
+        if done.returncode != 0:
+            raise RuntimeError(f"metering catalog import failed: {done.stdout}{done.stderr}")
+
+    def verify(self, database_url: str, workdir: Path) -> list[str]:
+        """``metering verify``: its mismatches (empty when the books reconcile)."""
+        done = self.command(database_url, workdir, "verify")
+        if done.returncode == 0:
+            return []
+        lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
+        return [f"metering verify exited {done.returncode}: " + "; ".join(lines[:5])]
+
+    def server(self, database_url: str, workdir: Path, workers: int) -> Server:
+        return Server(
+            "metering.asgi:create",
+            self.root,
+            workdir,
+            self.env(database_url, workdir, server=True),
+            workers,
+        )
+
+
+def baseline_server(workdir: Path, workers: int) -> Server:
+    """``bench.baseline_app`` (the harness's own do-nothing FastAPI app)."""
+    env = {**_clean_env(), "PYTHONPATH": str(HARNESS_ROOT)}
+    return Server("bench.baseline_app:create", HARNESS_ROOT, workdir, env, workers, "/healthz")
+
+
+class Admin:
+    """The admin API of a server under test, for a benchmark's setup (what an operator does)."""
+
+    def __init__(self, base_url: str) -> None:
+        self.client = httpx.Client(
+            base_url=base_url, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=60
+        )
+
+    def __enter__(self) -> Admin:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.client.close()
+
+    def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        response = self.client.post(path, json=body)
+        if response.status_code != 201:
+            raise RuntimeError(f"setup: POST {path}: {response.status_code} {response.text[:300]}")
+        return dict(response.json())
+
+    def account(self, name: str) -> str:
+        return str(self._post("/admin/v1/accounts", {"name": name, "billing": "prepaid"})["id"])
+
+    def key(self, account_id: str) -> tuple[str, str]:
+        """A new API key of the account: (its id, its secret)."""
+        body = self._post(f"/admin/v1/accounts/{account_id}/api-keys", {"name": "bench"})
+        return str(body["id"]), str(body["key"])
+
+    def grant(self, account_id: str, cents: int) -> None:
+        self._post(
+            f"/admin/v1/accounts/{account_id}/grants",
+            {"amount_cents": cents, "idempotency_key": f"seed-{account_id}"},
+        )
+
+
+def catalog_file(workdir: Path, models: Sequence[str], rates: tuple[int, int, int]) -> Path:
+    """A catalog for ``metering catalog import``: the models, priced since 2000."""
+    import json
+
+    path = workdir / "bench-catalog.json"
+    price = {
+        "effective_at": "2000-01-01T00:00:00Z",
+        "input_microcents_per_million": rates[0],
+        "output_microcents_per_million": rates[1],
+        "cache_read_microcents_per_million": rates[2],
+    }
+    models_json = [
+        {"id": m, "display_name": m, "context_length": 131072, "prices": [price]} for m in models
+    ]
+    workdir.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"models": models_json}))
+    return path
+
+
+def load_average() -> float:
+    return os.getloadavg()[0]

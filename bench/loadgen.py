@@ -83,22 +83,59 @@ class Connection:
         self.reader = self.writer = None
 
 
+class Unexpected(Exception):
+    """An answer the operation did not expect: counted as an error, never as a success."""
+
+
+def expect(response: Response, status: int, what: str, /, **fields: Any) -> Any:
+    """The response's JSON body when it has ``status`` and each of ``fields`` at its value
+    (top-level members of the body); otherwise ``Unexpected``."""
+    if response.status != status:
+        raise Unexpected(f"{what}: {response.status}, expected {status}: {response.body[:160]!r}")
+    if not fields:
+        return None
+    try:
+        body = response.json()
+    except ValueError as exc:
+        raise Unexpected(f"{what}: not JSON: {response.body[:160]!r}") from exc
+    for name, value in fields.items():
+        if not isinstance(body, dict) or body.get(name) != value:
+            got = body.get(name) if isinstance(body, dict) else body
+            raise Unexpected(f"{what}: {name} = {got!r}, expected {value!r}")
+    return body
+
+
 @dataclass
 class LoadResult:
+    """One load run. Counts and latencies cover only operations started in the measured window
+    on a connection already open (no warm-up, no connection set-up); ``errors`` and
+    ``attempted`` cover every operation, warm-up included."""
+
     operations: int = 0
-    errors: int = 0
-    latencies: list[float] = field(default_factory=list)  # seconds, one per operation
+    latencies: list[float] = field(default_factory=list)  # seconds, one per measured operation
     elapsed: float = 0.0
-    statuses: dict[int, int] = field(default_factory=dict)
+    attempted: int = 0
+    errors: int = 0
+    error_samples: list[str] = field(default_factory=list)
 
     @property
     def rate(self) -> float:
         return self.operations / self.elapsed if self.elapsed else 0.0
 
+    def problems(self, side: str) -> list[str]:
+        if not self.errors:
+            return []
+        return [
+            f"{side}: {self.errors} of {self.attempted} operations failed, e.g. "
+            + " | ".join(self.error_samples)
+        ]
 
-# One client iteration: given its connection and its index, do one operation (which may be
-# several requests, e.g. authorize then void) and return the status of the measured request.
-Operation = Callable[[Connection, int, int], Awaitable[int]]
+
+# One client iteration: given its connection, its client index and iteration, do one operation
+# (which may be several requests, e.g. authorize then void), raising ``Unexpected`` for any
+# answer but the one it expects. It returns the latency to record for the operation (e.g. of its
+# first request only), or None for the whole operation's.
+Operation = Callable[[Connection, int, int], Awaitable[float | None]]
 
 
 async def _run(
@@ -111,40 +148,49 @@ async def _run(
     warmup: float,
 ) -> LoadResult:
     result = LoadResult()
-    measuring = False
-    stop_at = 0.0
+    window_start = float("inf")
+    stop_at = float("inf")
+
+    def failed(message: str) -> None:
+        result.errors += 1
+        if len(result.error_samples) < 2:
+            result.error_samples.append(message)
 
     async def client(index: int) -> None:
         connection = Connection(host, port, headers)
         iteration = 0
         try:
             while True:
-                now = time.perf_counter()
-                if measuring and now >= stop_at:
+                started = time.perf_counter()
+                if started >= stop_at:
                     return
-                started = now
+                warm = connection.writer is not None
+                latency: float | None = None
+                ok = False
                 try:
-                    status = await operation(connection, index, iteration)
-                except (HttpError, OSError, asyncio.IncompleteReadError):
-                    status = 0
+                    latency = await operation(connection, index, iteration)
+                    ok = True
+                except Unexpected as exc:
+                    failed(str(exc))
+                except (HttpError, OSError, asyncio.IncompleteReadError) as exc:
+                    failed(f"connection: {exc!r}")
                     await connection.close()
+                ended = time.perf_counter()
                 iteration += 1
-                if measuring:
-                    result.latencies.append(time.perf_counter() - started)
+                result.attempted += 1
+                if started >= window_start and warm:
                     result.operations += 1
-                    result.statuses[status] = result.statuses.get(status, 0) + 1
-                    if status == 0 or status >= 500:
-                        result.errors += 1
+                    if ok:
+                        result.latencies.append(ended - started if latency is None else latency)
         finally:
             await connection.close()
 
     tasks = [asyncio.create_task(client(i)) for i in range(clients)]
     await asyncio.sleep(warmup)
-    measuring = True
-    started = time.perf_counter()
-    stop_at = started + duration
+    window_start = time.perf_counter()
+    stop_at = window_start + duration
     await asyncio.gather(*tasks)
-    result.elapsed = time.perf_counter() - started
+    result.elapsed = time.perf_counter() - window_start
     return result
 
 

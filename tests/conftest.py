@@ -34,6 +34,7 @@ GATEWAY_TOKEN = "test-gateway-token"
 # The default "now" of every test; tests that move time set it back via the ``clock`` fixture.
 NOW = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
 
+KNOWN_BACKENDS = ("sqlite", "postgresql")
 BACKENDS = [
     b.strip() for b in os.environ.get("METERING_TEST_BACKENDS", "sqlite,postgresql").split(",")
 ]
@@ -58,7 +59,19 @@ def _check_postgres() -> None:
         engine.dispose()
 
 
+def _check_backend_names() -> None:
+    """A misspelt name (``postgres``) must not quietly run the suite on SQLite alone."""
+    unknown = [name for name in BACKENDS if name not in KNOWN_BACKENDS]
+    if unknown:
+        raise pytest.UsageError(
+            f"METERING_TEST_BACKENDS={os.environ.get('METERING_TEST_BACKENDS', '')!r}: unknown "
+            f"backend {', '.join(map(repr, unknown))}; use a comma-separated list of "
+            f"{' and '.join(KNOWN_BACKENDS)}"
+        )
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
+    _check_backend_names()
     if "postgresql" in BACKENDS:
         _check_postgres()
 
@@ -85,9 +98,11 @@ def fresh_database(backend: str, tmp_dir: Path) -> Iterator[str]:
     if backend == "postgresql":
         with fresh_pg_database() as url:
             yield url
-    else:
+    elif backend == "sqlite":
         path = tmp_dir / f"metering-{secrets.token_hex(4)}.sqlite3"
         yield f"sqlite:///{path}"
+    else:
+        raise ValueError(f"unknown backend {backend!r}; known: {', '.join(KNOWN_BACKENDS)}")
 
 
 @contextmanager
@@ -178,12 +193,23 @@ def api(request: pytest.FixtureRequest, _shared_apis: dict[str, Api]) -> Iterato
     shared.clock.set(NOW)
 
 
+def require_postgresql() -> None:
+    """Tests of what exists only on PostgreSQL fail, never skip, when it is left out."""
+    if "postgresql" not in BACKENDS:
+        pytest.fail("this test needs PostgreSQL (METERING_TEST_BACKENDS excludes it)")
+
+
+@pytest.fixture
+def needs_postgresql() -> None:
+    """``pytestmark = pytest.mark.usefixtures("needs_postgresql")`` for PostgreSQL-only modules."""
+    require_postgresql()
+
+
 @pytest.fixture
 def pg_api(_shared_apis: dict[str, Api]) -> Iterator[Api]:
     """The shared app on PostgreSQL only, for behaviour that exists only there (row locks,
     the asynchronous driver path); never a skipped SQLite twin."""
-    if "postgresql" not in BACKENDS:
-        pytest.fail("this test needs PostgreSQL (METERING_TEST_BACKENDS excludes it)")
+    require_postgresql()
     shared = _shared_apis["postgresql"]
     shared.clock.set(NOW)
     yield shared
@@ -203,8 +229,7 @@ def fresh_api(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Api]:
 @pytest.fixture
 def pg_url() -> Iterator[str]:
     """A fresh, migrated PostgreSQL database (for multi-process and concurrency tests)."""
-    if "postgresql" not in BACKENDS:
-        pytest.fail("this test needs PostgreSQL (METERING_TEST_BACKENDS excludes it)")
+    require_postgresql()
     with fresh_pg_database() as url:
         migrate.upgrade(url)
         yield url

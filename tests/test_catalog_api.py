@@ -579,9 +579,14 @@ class TestPutModel:
         assert_error(response, 404, "model_not_found", param="model")  # nothing was created
 
     def test_output_limit_may_equal_the_context(self, api: Api) -> None:
+        model_id = unique("eq")
         spec = {"display_name": "x", "context_length": 4096, "max_output_tokens": 4096}
-        response = api.admin("PUT", f"/admin/v1/models/{unique('eq')}", json=spec)
+        response = api.admin("PUT", f"/admin/v1/models/{model_id}", json=spec)
         assert response.status_code == 201, response.text
+        stored = api.admin("GET", f"/admin/v1/models/{model_id}")
+        assert stored.status_code == 200, stored.text
+        for body in (response.json(), stored.json()):
+            assert (body["context_length"], body["max_output_tokens"]) == (4096, 4096), body
 
     def test_unknown_model_is_404(self, api: Api) -> None:
         response = api.admin("GET", f"/admin/v1/models/{unique('nope')}")

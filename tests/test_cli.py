@@ -24,7 +24,14 @@ from sqlalchemy import create_engine, inspect
 from metering.catalog.importer import SHIPPED_CATALOG
 from metering.cli import main
 from metering.models import Base
-from tests.conftest import BACKENDS, Api, fresh_database, migrated_database, running_api
+from tests.conftest import (
+    BACKENDS,
+    Api,
+    fresh_database,
+    migrated_database,
+    require_postgresql,
+    running_api,
+)
 
 SHIPPED: dict[str, Any] = json.loads(SHIPPED_CATALOG.read_text())
 METERING = Path(sys.executable).with_name("metering")
@@ -286,8 +293,7 @@ class TestMigrate:
     def test_serve_refuses_a_server_database_that_is_not_migrated(
         self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
     ) -> None:
-        if "postgresql" not in BACKENDS:
-            pytest.skip("needs PostgreSQL")
+        require_postgresql()
         with fresh_database("postgresql", tmp_path) as url:
             monkeypatch.setenv("METERING_DATABASE_URL", url)
             monkeypatch.setenv("METERING_ADMIN_TOKENS", "a")

@@ -136,8 +136,17 @@ class TestBodyLimit:
 
     def test_body_at_the_limit_is_accepted(self, small: Api) -> None:
         name = unique("at-limit")
-        response = post_raw(small, "/admin/v1/accounts", account_body(name, self.LIMIT))
+        body = account_body(name, self.LIMIT)
+        assert len(body) == self.LIMIT
+        response = post_raw(small, "/admin/v1/accounts", body)
         assert response.status_code == 201, response.text
+        account = response.json()
+        assert (account["object"], account["name"], account["billing"]) == (
+            "account",
+            name,
+            "prepaid",
+        )
+        assert _account_named(small, name)
 
     def test_content_length_over_the_limit_is_413(self, small: Api) -> None:
         name = unique("over-limit")

@@ -15,9 +15,9 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
 from metering.db import Database
-from tests.conftest import BACKENDS, PG_MAINTENANCE_URL, fresh_pg_database
+from tests.conftest import PG_MAINTENANCE_URL, fresh_pg_database
 
-pytestmark = pytest.mark.skipif("postgresql" not in BACKENDS, reason="needs PostgreSQL")
+pytestmark = pytest.mark.usefixtures("needs_postgresql")
 
 
 @pytest.fixture

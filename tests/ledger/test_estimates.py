@@ -264,8 +264,16 @@ class TestModelResolution:
         )
 
     def test_hidden_models_are_served(self, api: Api) -> None:
+        """Held and estimated like any other model (hidden only leaves the public list)."""
         setup = prepaid(api, RICH, hidden=True)
-        assert authorize(api, setup.key, setup.model).status_code == 200
+        response = authorize(api, setup.key, setup.model.lower())
+        assert response.status_code == 200, response.text
+        body = exact_json(response)
+        estimate = expected_estimate(1000, 100, GLM_RATES)
+        assert (body["status"], body["model"], body["max_tokens"]) == ("active", setup.model, 100)
+        assert body["estimate_microcents"] == estimate
+        credits = exact_json(api.as_key(setup.key.secret, "GET", "/v1/credits"))
+        assert credits["held_microcents"] == estimate
 
 
 class TestCredentials:

@@ -6,6 +6,7 @@ stranding the next ones."""
 from __future__ import annotations
 
 import asyncio
+import time
 from decimal import Decimal
 from typing import Any
 
@@ -14,6 +15,7 @@ import pytest
 from metering.kit.errors import InsufficientCredits
 from metering.ledger import authorizations
 from metering.ledger.placement import PostgresHolds
+from metering.ledger.placement.postgres import _Queue
 from metering.ledger.schemas import AuthorizationCreate
 from metering.ledger.service import held_counter_mismatches
 from tests.conftest import NOW, Api
@@ -23,21 +25,56 @@ from tests.ledger.helpers import Setup, expected_estimate, holds, prepaid
 ESTIMATE = expected_estimate(1000, 100, GLM_RATES)
 
 
+class Arrivals:
+    """Holds the first call to the database back until every request that can has reached the
+    group-commit queue (polled, with a deadline), so they queue behind it whatever the
+    machine's speed; records the size of every call. Each request holds one of the process's
+    connections while it waits, so the pool's size is how many can: the first two calls then
+    go as [1, pool - 1], and the rest as they come."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, fail_call: int | None = None) -> None:
+        self.sizes: list[int] = []  # of the calls of the last authorize_at_once
+        self.calls = 0  # of every call
+        self.arrived = 0
+        self.expected = 0
+        self.queued = 0  # arrivals when the first call went ahead
+        place, place_all = _Queue.place, PostgresHolds.place_all
+
+        async def arriving(queue: _Queue, holds: PostgresHolds, placing: Any) -> Any:
+            self.arrived += 1
+            return await place(queue, holds, placing)
+
+        async def recorded(holds: PostgresHolds, batch: list[Any]) -> Any:
+            self.sizes.append(len(batch))
+            self.calls += 1
+            if len(self.sizes) == 1:
+                deadline = time.monotonic() + 30
+                while self.arrived < self.expected and time.monotonic() < deadline:
+                    await asyncio.sleep(0.01)
+                self.queued = self.arrived
+            if self.calls == fail_call:
+                raise RuntimeError("the database went away")
+            return await place_all(holds, batch)
+
+        monkeypatch.setattr(_Queue, "place", arriving)
+        monkeypatch.setattr(PostgresHolds, "place_all", recorded)
+
+    def authorize_at_once(self, api: Api, requests: list[AuthorizationCreate]) -> list[Any]:
+        self.sizes.clear()
+        self.expected = self.arrived + min(len(requests), self.pool(api))
+        outcomes = authorize_at_once(api, requests)
+        assert self.queued == self.expected, "the requests did not reach the queue in 30 s"
+        assert sum(self.sizes) == len(requests), self.sizes
+        return outcomes
+
+    @staticmethod
+    def pool(api: Api) -> int:
+        return int(api.database.engine.pool.size())  # type: ignore[attr-defined]
+
+
 @pytest.fixture
-def batches(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The size of every call to the database; the first call is held back a little, so that
-    the requests behind it queue (as they do when the account's lock is busy)."""
-    sizes: list[int] = []
-    place_all = PostgresHolds.place_all
-
-    async def recorded(self: PostgresHolds, batch: list[Any]) -> Any:
-        sizes.append(len(batch))
-        if len(sizes) == 1:
-            await asyncio.sleep(0.3)
-        return await place_all(self, batch)
-
-    monkeypatch.setattr(PostgresHolds, "place_all", recorded)
-    return sizes
+def arrivals(monkeypatch: pytest.MonkeyPatch) -> Arrivals:
+    return Arrivals(monkeypatch)
 
 
 def request(setup: Setup, request_id: str) -> AuthorizationCreate:
@@ -64,14 +101,15 @@ def authorize_at_once(api: Api, requests: list[AuthorizationCreate]) -> list[Any
 
 
 def test_holds_arriving_together_are_placed_together_each_as_if_alone(
-    pg_api: Api, batches: list[int]
+    pg_api: Api, arrivals: Arrivals
 ) -> None:
     setup = prepaid(pg_api, Decimal(3 * ESTIMATE) / 10**6)
     requests = [request(setup, f"together-{i}") for i in range(8)]
     requests.append(request(setup, "together-0"))  # a retry, in the same call as its original
-    outcomes = authorize_at_once(pg_api, requests)
+    outcomes = arrivals.authorize_at_once(pg_api, requests)
 
-    assert batches[0] == 1 and max(batches) > 1, batches
+    # The first alone, those waiting behind it together.
+    assert arrivals.sizes[:2] == [1, arrivals.pool(pg_api) - 1], arrivals.sizes
     granted = [o for o in outcomes if isinstance(o, dict)]
     refused = [o for o in outcomes if isinstance(o, InsufficientCredits)]
     assert len(refused) + len(granted) == len(outcomes), outcomes
@@ -89,38 +127,31 @@ def test_a_failed_call_fails_its_requests_and_the_next_ones_proceed(
     pg_api: Api, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     setup = prepaid(pg_api, 1)
-    sizes: list[int] = []
-    place_all = PostgresHolds.place_all
-
-    async def failing_second(self: PostgresHolds, batch: list[Any]) -> Any:
-        sizes.append(len(batch))
-        if len(sizes) == 1:
-            await asyncio.sleep(0.3)
-        if len(sizes) == 2:
-            raise RuntimeError("the database went away")
-        return await place_all(self, batch)
-
-    monkeypatch.setattr(PostgresHolds, "place_all", failing_second)
-    outcomes = authorize_at_once(pg_api, [request(setup, f"fail-{i}") for i in range(5)])
-    assert sizes[:2] == [1, 4], sizes
-    assert sum(isinstance(o, RuntimeError) for o in outcomes) == 4
+    arrivals = Arrivals(monkeypatch, fail_call=2)
+    count = arrivals.pool(pg_api)
+    outcomes = arrivals.authorize_at_once(
+        pg_api, [request(setup, f"fail-{i}") for i in range(count)]
+    )
+    assert arrivals.sizes == [1, count - 1], arrivals.sizes
+    assert sum(isinstance(o, RuntimeError) for o in outcomes) == count - 1
     assert sum(isinstance(o, dict) for o in outcomes) == 1
     # Nothing is left waiting: the account's next holds go through.
-    again = authorize_at_once(pg_api, [request(setup, "after-0"), request(setup, "after-1")])
+    again = arrivals.authorize_at_once(
+        pg_api, [request(setup, "after-0"), request(setup, "after-1")]
+    )
     assert all(isinstance(o, dict) for o in again), again
 
 
 def test_holds_of_several_accounts_go_together_each_account_decided_alone(
-    pg_api: Api, batches: list[int]
+    pg_api: Api, arrivals: Arrivals
 ) -> None:
     # Each account has credit for two holds and is asked for three; one retry rides along.
     setups = [prepaid(pg_api, Decimal(2 * ESTIMATE) / 10**6) for _ in range(4)]
     requests = [request(setup, f"spread-{i}") for i in range(3) for setup in setups]
     requests.append(request(setups[0], "spread-0"))
-    outcomes = authorize_at_once(pg_api, requests)
+    outcomes = arrivals.authorize_at_once(pg_api, requests)
 
-    assert batches[0] == 1 and max(batches) > 1, batches
-    assert sum(batches) == len(requests)
+    assert arrivals.sizes[:2] == [1, arrivals.pool(pg_api) - 1], arrivals.sizes
     refused = [o for o in outcomes if isinstance(o, InsufficientCredits)]
     assert all(e.code == "insufficient_credits" for e in refused)
     assert len(refused) + sum(isinstance(o, dict) for o in outcomes) == len(outcomes), outcomes

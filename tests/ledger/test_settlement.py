@@ -7,7 +7,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 from metering.ledger.settlement import ChargeToSettle, settle_charges
 from metering.models import LedgerEntry
@@ -201,4 +201,15 @@ class TestSettle:
         assert books(api, setup.account) == (BALANCE - 15, BALANCE - 15)
 
     def test_nothing_to_settle(self, api: Api) -> None:
+        """No charges: no ledger entry anywhere, and the account's hold stays active."""
+        setup = prepaid(api, 1)
+        hold = hold_for(api, setup)
+        with api.database.unit_of_work() as session:
+            entries = session.execute(select(func.count()).select_from(LedgerEntry)).scalar_one()
         settle(api)
+        with api.database.unit_of_work() as session:
+            after = session.execute(select(func.count()).select_from(LedgerEntry)).scalar_one()
+        assert after == entries
+        assert status_of(api, setup, hold) == ("active", None)
+        assert books(api, setup.account) == (BALANCE, BALANCE)
+        assert credits_of(api, setup.key)["held_microcents"] == ESTIMATE

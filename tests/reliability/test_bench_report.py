@@ -1,35 +1,99 @@
-"""``make bench`` (``python -m bench``) gathers every benchmark module's results into one table:
-figure, target, measured, met, and the in-run baseline. The benchmarks themselves take minutes
-and need a quiet machine, so this checks the assembly with a stand-in module, and that every
-real module (the ingest one with its peak-RSS figure) is found and has the ``run()`` it needs."""
+"""The benchmark harness itself (``make bench``, ``make bench-compare``): one table of every
+figure, and figures that cannot be reported as met wrongly. The real benchmarks take minutes and
+need a quiet machine, so here they run small (a second of load, a few accounts) against real
+server processes and PostgreSQL: a healthy service gives figures without problems, and a
+deliberately broken one — a gateway token that no longer matches, every event quarantined, books
+that do not reconcile — makes the affected figures "not met", whatever their numbers."""
 
 from __future__ import annotations
 
 import importlib
-import inspect
+import json
 import pkgutil
+import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
+import psycopg
 import pytest
 
 import bench
 from bench import __main__ as runner
-from bench.common import Result
+from bench import bench_ingest, bench_ledger, compare
+from bench.common import CodeUnderTest, Result, bench_database, libpq_url, sql_scalar
+
+# Real server processes on PostgreSQL (the harness measures nothing else).
+needs_postgresql = pytest.mark.usefixtures("needs_postgresql")
+
+LEDGER_SMALL: dict[str, Any] = {
+    "seconds": 0.5,
+    "warmup": 0.3,
+    "rounds": 1,
+    "workers": 1,
+    "accounts": 3,
+    "spread_clients": 4,
+    "latency_clients": 2,
+    "hot_clients": 4,
+}
+INGEST_SMALL: dict[str, Any] = {
+    "seconds": 0.5,
+    "warmup": 0.3,
+    "rounds": 1,
+    "workers": 1,
+    "senders": 2,
+    "batch": 50,
+    "accounts": 2,
+    "copy_rows": 2000,
+}
+LEDGER_FIGURES = ["ledger.spread", "ledger.p99", "ledger.hot", "ledger.hot_voids"]
+INGEST_FIGURES = ["ingest.batches", "ingest.singles", "ingest.rss"]
+
+
+def sql(url: str, statement: str) -> None:
+    with psycopg.connect(libpq_url(url)) as connection:
+        connection.execute(statement)
+
+
+def by_name(results: list[Result]) -> dict[str, Result]:
+    return {result.name: result for result in results}
 
 
 def test_every_benchmark_module_is_run_by_make_bench() -> None:
     names = sorted(
         m.name for m in pkgutil.iter_modules(bench.__path__) if m.name.startswith("bench_")
     )
-    assert {"bench_ingest", "bench_ledger"} <= set(names)
+    assert names == ["bench_ingest", "bench_ledger", "bench_reports"]
     for name in names:
         module = importlib.import_module(f"bench.{name}")
-        assert callable(getattr(module, "run", None)), name
-    # The ingest benchmark reports the peak RSS of an API process against its 300 MB target.
-    source = inspect.getsource(importlib.import_module("bench.bench_ingest"))
-    assert "peak RSS" in source and '"<= 300 MB"' in source
+        assert callable(module.run) and callable(module.Config), name
+    with pytest.raises(SystemExit, match="no such benchmark: legder"):
+        runner.modules(["legder"])
+
+
+def test_the_harness_never_imports_the_code_under_test() -> None:
+    """It drives the service only as an operator and a gateway do, so it measures any checkout
+    (``bench.compare`` points it at an older one) and shares no bug with it."""
+    probe = (
+        "import sys, bench.__main__, bench.compare, bench.bench_ledger, bench.bench_ingest, "
+        "bench.bench_reports, bench.baseline_app\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('metering', 'tests')))"
+    )
+    root = Path(bench.__file__).parent.parent
+    done = subprocess.run(
+        [sys.executable, "-c", probe], cwd=root, capture_output=True, text=True, check=True
+    )
+    assert done.stdout.strip() == "[]"
+
+
+def test_a_figure_with_problems_is_not_met_whatever_its_number() -> None:
+    def result(target_met: bool | None, problems: tuple[str, ...] = ()) -> Result:
+        return Result("x", "x/s", ">= 10/s", 99.0, "/s", target_met, "1 round", problems=problems)
+
+    assert (result(True).met, result(False).met, result(None).met) == (True, False, None)
+    assert result(True, ("401",)).met is False
+    assert result(None, ("401",)).met is False
 
 
 def test_one_table_with_every_figure(
@@ -37,31 +101,196 @@ def test_one_table_with_every_figure(
 ) -> None:
     fake = ModuleType("bench.bench_standin")
     results = [
-        Result("events/s", ">= 20000/s", 3986.4, "/s", False, "3% of bare COPY"),
-        Result("p99 latency", "<= 10 ms", 8.0, "ms", True, "bare FastAPI p99 6 ms"),
-        Result("peak RSS", "<= 300 MB", 140.2, "MB", True),
-        Result("informational", "-", 12.0, "/s", None),
-    ]
-    fake.run = lambda: results  # type: ignore[attr-defined]
+        Result("s.a", "events/s", ">= 20000/s", 3986.4, "/s", False, "median of 3 rounds",
+               "3% of bare COPY"),
+        Result("s.b", "p99 latency", "<= 10 ms", 8.0, "ms", True, "median of 3 rounds",
+               "bare FastAPI p99 6 ms", 6.0, higher_is_better=False),
+        Result("s.c", "peak RSS", "<= 300 MB", 140.2, "MB", True, "peak over 3 rounds",
+               problems=("ours: 3 of 9 operations failed, e.g. batch: 500",)),
+        Result("s.d", "informational", "-", 12.0, "/s", None, "1 round"),
+    ]  # fmt: skip
+    configs: list[object] = []
+
+    class Config:
+        def __init__(self, code: CodeUnderTest) -> None:
+            configs.append(code)
+
+    fake.Config = Config  # type: ignore[attr-defined]
+    fake.run = lambda config: results  # type: ignore[attr-defined]
     (tmp_path / "bench_standin.py").write_text("")
     monkeypatch.setattr(bench, "__path__", [*bench.__path__, str(tmp_path)])
     monkeypatch.setitem(sys.modules, "bench.bench_standin", fake)
-    # The results file goes to a temporary directory, not over the last real run's.
-    monkeypatch.setattr(runner, "__file__", str(tmp_path / "__main__.py"))
+    out = tmp_path / "results.json"
 
-    code = runner.main(["standin"])
+    code = runner.main(["standin", "--json", str(out), "--code", str(tmp_path)])
 
-    out = capsys.readouterr().out
-    table = [line for line in out.splitlines() if line.startswith("|")]
-    header = [cell.strip() for cell in table[0].strip("|").split("|")]
-    assert header == ["figure", "target", "measured", "met", "in-run baseline"]
-    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in table[2:]]
+    assert configs == [CodeUnderTest(tmp_path)]  # the checkout to measure reaches the module
+    printed = capsys.readouterr().out
+    lines = [line for line in printed.splitlines() if line.startswith("|")]
+    header = [cell.strip() for cell in lines[0].strip("|").split("|")]
+    assert header == ["figure", "target", "measured", "met", "statistic", "in-run baseline"]
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines[2:]]
     assert rows == [
-        ["events/s", ">= 20000/s", "3,986.4 /s", "NO", "3% of bare COPY"],
-        ["p99 latency", "<= 10 ms", "8.0 ms", "yes", "bare FastAPI p99 6 ms"],
-        ["peak RSS", "<= 300 MB", "140.2 MB", "yes", ""],
-        ["informational", "-", "12.0 /s", "-", ""],
-    ]
-    assert "Machine: " in out and "cores" in out
+        ["events/s", ">= 20000/s", "3,986.4 /s", "NO", "median of 3 rounds", "3% of bare COPY"],
+        ["p99 latency", "<= 10 ms", "8.0 ms", "yes", "median of 3 rounds",
+         "bare FastAPI p99 6 ms"],
+        ["peak RSS", "<= 300 MB", "140.2 MB", "NO (errors)", "peak over 3 rounds", ""],
+        ["informational", "-", "12.0 /s", "-", "1 round", ""],
+    ]  # fmt: skip
+    assert "NOT MET s.c: ours: 3 of 9 operations failed, e.g. batch: 500" in printed
+    assert "Machine: " in printed and "cores" in printed and "load average" in printed
     assert code == 1  # a target not met fails the run
-    assert (tmp_path / "results" / "latest.json").exists()
+    saved = json.loads(out.read_text())
+    assert [r["met"] for r in saved["results"]] == [False, True, False, None]
+    assert saved["results"][1]["ceiling"] == 6.0
+
+
+@needs_postgresql
+class TestLedger:
+    def test_a_healthy_service_gives_every_figure_without_problems(self) -> None:
+        results = bench_ledger.run(bench_ledger.Config(**LEDGER_SMALL))
+        assert [r.name for r in results] == LEDGER_FIGURES
+        for result in results:
+            assert result.problems == (), result
+            assert result.measured > 0 and result.ceiling, result
+            assert result.statistic == "1 round"
+        p99 = by_name(results)["ledger.p99"]
+        assert (p99.target, p99.unit, p99.higher_is_better) == ("<= 10 ms", "ms", False)
+
+    def test_a_gateway_token_that_no_longer_matches_fails_every_figure(self) -> None:
+        """Every authorization 401 (fast ones, too): no figure is met."""
+        code = CodeUnderTest(server_env=(("METERING_GATEWAY_TOKENS", "rotated-away"),))
+        results = bench_ledger.run(bench_ledger.Config(**LEDGER_SMALL, code=code))
+        assert [r.name for r in results] == LEDGER_FIGURES
+        for result in results:
+            assert result.met is False, result
+            assert any("authorization: 401, expected 200" in p for p in result.problems), result
+
+    def test_books_that_do_not_reconcile_fail_the_figures(self) -> None:
+        def break_a_balance(url: str) -> None:
+            sql(url, "UPDATE accounts SET balance_microcents = balance_microcents + 1")
+
+        config = bench_ledger.Config(**LEDGER_SMALL, after_round=break_a_balance)
+        results = bench_ledger.run(config)
+        for result in results:
+            assert result.met is False, result
+            assert any(
+                p.startswith("metering verify exited 1") and "MISMATCH" in p
+                for p in result.problems
+            ), result
+
+
+@needs_postgresql
+class TestIngest:
+    def test_a_healthy_service_gives_every_figure_without_problems(self) -> None:
+        results = bench_ingest.run(bench_ingest.Config(**INGEST_SMALL))
+        assert [r.name for r in results] == INGEST_FIGURES
+        for result in results:
+            assert result.problems == (), result
+            assert result.measured > 0, result
+        rss = by_name(results)["ingest.rss"]
+        assert (rss.target, rss.unit, rss.higher_is_better) == ("<= 300 MB", "MB", False)
+        assert rss.met is True  # a small server process, far below its target
+
+    def test_every_event_quarantined_fails_the_ingest_figures(self) -> None:
+        """The keys are gone after the setup: every event is quarantined (unknown_api_key),
+        answered with a 200 all the same."""
+
+        def forget_the_keys(url: str) -> None:
+            sql(url, "DELETE FROM api_keys")
+
+        config = bench_ingest.Config(**INGEST_SMALL, after_setup=forget_the_keys)
+        results = by_name(bench_ingest.run(config))
+        for name in INGEST_FIGURES:
+            assert results[name].met is False, results[name]
+        problems = results["ingest.batches"].problems
+        assert any("'quarantined': 50" in p for p in problems), problems
+        assert any(p.startswith("0 events stored of") for p in problems), problems
+
+
+@needs_postgresql
+def test_the_code_measured_is_the_checkout_given(tmp_path: Path) -> None:
+    """A clean checkout of HEAD (as ``make bench-compare`` makes of BASE), marked so it records
+    every process that imports it: its migrations make the schema and its server answers."""
+    root = tmp_path / "checkout"
+    commit = compare.checkout("HEAD", root)
+    assert len(commit) == 40 and (root / "metering" / "asgi.py").exists()
+    probe = tmp_path / "imported.txt"
+    init = root / "metering" / "__init__.py"
+    init.write_text(init.read_text() + f"\nopen({str(probe)!r}, 'a').write(__file__ + '\\n')\n")
+    code = CodeUnderTest(root)
+    with bench_database() as url:
+        code.migrate(url, tmp_path / "cli")
+        assert sql_scalar(url, "SELECT count(*) FROM alembic_version") == 1
+        server = code.server(url, tmp_path / "server", workers=1).start()
+        server.stop()
+    imported = probe.read_text().splitlines()
+    assert len(imported) >= 2  # the migrate command and the server
+    assert set(imported) == {str(init)}
+
+
+class TestCompare:
+    """The before/after table, from recorded runs (the runs themselves are tested above)."""
+
+    @staticmethod
+    def result(name: str, measured: float, ceiling: float | None, **fields: Any) -> dict[str, Any]:
+        return {
+            "name": name,
+            "figure": name,
+            "unit": "/s",
+            "statistic": "1 round",
+            "measured": measured,
+            "ceiling": ceiling,
+            "higher_is_better": True,
+            "problems": [],
+            **fields,
+        }
+
+    def test_medians_ratios_and_flags(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        runs = {
+            # (before, after) per run: rates, then a latency (lower is better)
+            "rate": [(1000, 880), (1100, 870), (950, 860)],  # median 1000 -> 870: 13% worse
+            "steady": [(500, 480), (520, 470), (510, 490)],  # 510 -> 480: 6% worse
+            "latency": [(10.0, 10.5), (11.0, 12.0), (9.0, 11.5)],  # 10 -> 11.5: 15% worse
+            "faster latency": [(10.0, 8.0), (10.0, 8.0), (10.0, 8.0)],
+        }
+        calls: list[str] = []
+
+        def fake_run(side: str, code: Path, names: Any, out: Path, log: Path) -> None:
+            index = sum(1 for c in calls if c == side)
+            calls.append(side)
+            which = 0 if side == "before" else 1
+            results = [
+                self.result("rate", runs["rate"][index][which], 2000.0),
+                self.result("steady", runs["steady"][index][which], None),
+                self.result("latency", runs["latency"][index][which], 5.0, higher_is_better=False),
+                self.result(
+                    "faster latency",
+                    runs["faster latency"][index][which],
+                    None,
+                    higher_is_better=False,
+                    problems=["ours: 1 of 10 operations failed"] if side == "after" else [],
+                ),
+            ]
+            out.write_text(json.dumps({"results": results}))
+
+        monkeypatch.setattr(compare, "_run_side", fake_run)
+        lines, status = compare.compare("HEAD", ["ingest"], runs=3)
+
+        assert calls == ["before", "after"] * 3  # alternated (one benchmark: one pair a run)
+        table = [line for line in lines if line.startswith("|")]
+        rows = {
+            cells[0]: cells
+            for cells in ([c.strip() for c in line.strip("|").split("|")] for line in table[2:])
+        }
+        assert rows["rate"][2:] == ["1,000.0 /s (950.0–1,100.0)", "870.0 /s (860.0–880.0)",
+                                    "0.870", "50.0%", "43.5%", "WORSE by 13%"]  # fmt: skip
+        assert rows["steady"][2:] == ["510.0 /s (500.0–520.0)", "480.0 /s (470.0–490.0)",
+                                      "0.941", "-", "-", ""]  # fmt: skip
+        # 9–11 ms before, 10.5–12 ms after: worse, but a run of each side is within the other's
+        assert rows["latency"][4:] == ["1.150", "200.0%", "230.0%", "WORSE by 15% (ranges overlap)"]
+        assert rows["faster latency"][-1] == "after: ERRORS"
+        assert rows["rate"][1] == "median of 3 runs (1 round each)"
+        assert status == 1
+        assert "ERRORS after faster latency: ours: 1 of 10 operations failed" in lines
+        assert lines[-1] == "FLAGGED: rate, latency, faster latency"

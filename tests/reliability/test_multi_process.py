@@ -27,12 +27,12 @@ from sqlalchemy.engine import make_url
 from metering.db import Database
 from metering.models import Account, Authorization, UsageEvent
 from metering.usage.verify import verify
-from tests.conftest import ADMIN_TOKEN, BACKENDS, GATEWAY_TOKEN, PG_MAINTENANCE_URL
+from tests.conftest import ADMIN_TOKEN, GATEWAY_TOKEN, PG_MAINTENANCE_URL
 from tests.security.helpers import contract_problems
 from tests.servers import ServerProcess, running_servers
 from tests.usage.test_crash_and_concurrency import expected_totals, make_batches, seed
 
-pytestmark = pytest.mark.skipif("postgresql" not in BACKENDS, reason="needs PostgreSQL")
+pytestmark = pytest.mark.usefixtures("needs_postgresql")
 
 GATEWAY = {"Authorization": f"Bearer {GATEWAY_TOKEN}"}
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}

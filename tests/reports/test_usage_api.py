@@ -624,8 +624,10 @@ class TestErrors:
         assert_error(api.client.get("/v1/usage"), 401, "missing_api_key")
 
     def test_x_api_key_header(self, api: Api) -> None:
-        key = create_key(api, create_account(api))
-        response = api.client.get(
-            "/v1/usage", params={"starting_at": "2026-11-20"}, headers={"x-api-key": key.secret}
-        )
+        """The same report as with ``Authorization: Bearer``: the key's account, all its keys."""
+        t = tenant(api)
+        sent = scattered_usage(api, t, DAY0)
+        params = {"starting_at": "2026-11-20", "ending_at": "2026-11-22"}
+        response = api.client.get("/v1/usage", params=params, headers={"x-api-key": t.prod.secret})
         assert response.status_code == 200, response.text
+        assert parse_exact(response.text) == expected_report(sent, DAY0, DAY0 + 2 * DAY)

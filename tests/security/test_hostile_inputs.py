@@ -555,22 +555,43 @@ class TestTimestamps:
         assert csv.status_code == 200 and "0001-01-01T00:00:00Z" in csv.text
 
     @pytest.mark.parametrize(
-        "query",
+        ("query", "bucket"),
         [
-            "starting_at=9999-12-30&ending_at=9999-12-31",
-            "starting_at=9999-12-31T22:00:00Z&ending_at=9999-12-31T23:00:00Z&bucket_width=1h",
-            "starting_at=0001-01-01&ending_at=0001-01-02",
-            "starting_at=0001-01-01",
-            "starting_at=9999-12-31",
-            "starting_at=0000-01-01",
-            "starting_at=2026-11-01T00:00:00%2B99:00",
-            "starting_at=2026-11-01T00:00:00.0000000001Z",
+            ("starting_at=9999-12-30&ending_at=9999-12-31", "9999-12-30T00:00:00Z"),
+            (
+                "starting_at=9999-12-31T22:00:00Z&ending_at=9999-12-31T23:00:00Z&bucket_width=1h",
+                "9999-12-31T22:00:00Z",
+            ),
+            ("starting_at=0001-01-01&ending_at=0001-01-02", "0001-01-01T00:00:00Z"),
         ],
     )
     def test_report_windows_at_the_edges_of_time(
-        self, api: Api, setup: dict[str, Any], query: str
+        self, api: Api, setup: dict[str, Any], query: str, bucket: str
     ) -> None:
-        assert_contract_response(api.as_key(setup["key"].secret, "GET", f"/v1/usage?{query}"))
+        response = api.as_key(setup["key"].secret, "GET", f"/v1/usage?{query}")
+        assert_contract_response(response)
+        assert response.status_code == 200, response.text
+        body = response.json()
+        assert [b["starting_at"] for b in body["data"]] == [bucket]
+        assert body["totals"]["requests"] == 0
+
+    @pytest.mark.parametrize(
+        ("query", "code"),
+        [
+            # ending_at defaults to the end of the day of now (NOW: 2026-11-29)
+            ("starting_at=0001-01-01", "too_many_buckets"),
+            ("starting_at=9999-12-31", "invalid_window"),
+            ("starting_at=0000-01-01", "invalid_timestamp"),  # there is no year 0
+            ("starting_at=2026-11-01T00:00:00%2B99:00", "invalid_timestamp"),
+            # finer than the microsecond instants the service keeps
+            ("starting_at=2026-11-01T00:00:00.0000000001Z", "invalid_timestamp"),
+        ],
+    )
+    def test_report_windows_beyond_the_edges_of_time(
+        self, api: Api, setup: dict[str, Any], query: str, code: str
+    ) -> None:
+        response = api.as_key(setup["key"].secret, "GET", f"/v1/usage?{query}")
+        assert_error(response, 400, code, param="starting_at")
 
     def test_a_price_at_the_end_of_time(self, api: Api) -> None:
         model = put_model(api)
@@ -720,6 +741,33 @@ class TestCredentials:
         assert api.client.get("/v1/models").status_code == 200
 
 
-def test_after_all_of_it_the_books_still_reconcile(api: Api) -> None:
-    """``metering verify`` over everything the tests above sent (they run first)."""
+def test_after_all_of_it_the_books_still_reconcile(api: Api, setup: dict[str, Any]) -> None:
+    """``metering verify`` over everything the tests above sent (they run first) and, so that it
+    checks something of its own when run alone, a hostile batch beside a real charge: the one
+    billable event is charged exactly and the rest changes no balance or aggregate."""
+    key, model = setup["key"], setup["model"]
+    before = credits_of(api, key)["balance_microcents"]
+    good = usage_event(key, model, NOW, chat_usage(1000, 100), request_id=unique("ok"))
+    events: list[Any] = [
+        good,
+        {**good, "usage": chat_usage(1000, 101)},  # its request_id with other content
+        usage_event(key, model, NOW, chat_usage(7777777, 1)),  # becomes 2**64 + 1 tokens
+        {**usage_event(key, model, NOW), "occurred_at": "2026-02-30T00:00:00Z"},
+        42,
+    ]
+    raw = json.dumps({"events": events}).replace("7777777", str(HUGE))
+    response = post_json(api, "/v1/usage/events", raw, api.gateway_headers)
+    assert response.status_code == 200, response.text
+    body = response.json()
+    results = body["data"]
+    assert [(r["status"], (r["error"] or {}).get("code")) for r in results] == [
+        ("recorded", None),
+        ("quarantined", "idempotency_conflict"),
+        ("quarantined", "invalid_usage"),
+        ("quarantined", "invalid_timestamp"),
+        ("rejected", "invalid_parameter"),
+    ]
+    assert (body["recorded"], body["quarantined"], body["rejected"]) == (1, 3, 1)
+    # 1000 input tokens at 22,000,000 and 100 output at 339,000,000 microcents per million
+    assert before - credits_of(api, key)["balance_microcents"] == 22_000 + 33_900
     assert_books_reconcile(api)

@@ -195,7 +195,6 @@ def database_text(backend: str, url: str) -> str:
     return dump
 
 
-@pytest.mark.skipif("postgresql" not in BACKENDS, reason="needs PostgreSQL")
 def test_no_secret_in_server_logs_or_pg_dump(pg_url: str, tmp_path: Path) -> None:
     """Two real server processes on one PostgreSQL, logging at DEBUG. The app logs little when
     all is well, so the database connections are cut under them mid-run: the requests that find
