@@ -21,7 +21,7 @@ so it never waits in the opposite order: see metering.ledger.placement.)
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from sqlalchemy import BigInteger, FromClause, String, and_, cast, func, literal, select, union_all
@@ -49,10 +49,19 @@ class ChargeToSettle:
     prepaid: bool  # debit the balance (an unbilled account's charge only settles the hold)
 
     def row(self) -> dict[str, Any]:
-        return asdict(self)
+        """The charge as a row of ``CHARGES_IN`` (by name)."""
+        return {
+            "account_id": self.account_id,
+            "api_key_id": self.api_key_id,
+            "request_id": self.request_id,
+            "usage_event_id": self.usage_event_id,
+            "charge_microcents": self.charge_microcents,
+            "authorization_id": self.authorization_id,
+            "prepaid": self.prepaid,
+        }
 
 
-CHARGES_IN = p.Records(
+CHARGES_IN = p.Records(  # ChargeToSettle's fields
     "p_charges",
     (
         ("account_id", ACCOUNTS.c.id.type),
@@ -64,6 +73,7 @@ CHARGES_IN = p.Records(
         ("prepaid", p.Boolean()),
     ),
 )
+assert CHARGES_IN.names == tuple(f.name for f in fields(ChargeToSettle))
 _TARGETS = p.Rows("v_targets", (("hold_id", HOLDS.c.id.type), ("event_id", BigInteger())))
 _DEBITS = p.Rows("v_debits", (("account_id", ACCOUNTS.c.id.type), ("total", BigInteger())))
 
