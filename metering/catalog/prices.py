@@ -12,19 +12,16 @@ price (the model cannot be billed then).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from sqlalchemy import ColumnElement, FromClause, and_, func, select
 
 from metering.models import AccountRate, PriceVersion, table
+from metering.models.catalog import RATE_COLUMNS
 from metering.pricing import Rates
 
-RATE_COLUMNS = (
-    "input_microcents_per_million",
-    "output_microcents_per_million",
-    "cache_read_microcents_per_million",
-)
+assert tuple(f.name for f in fields(Rates)) == RATE_COLUMNS
 _LIST = table(PriceVersion)
 _OVERRIDES = table(AccountRate)
 
@@ -101,4 +98,4 @@ def price_of(row: Mapping[Any, Any]) -> PriceInForce | None:
     version_id = row["price_version_id"]
     if version_id is None:
         return None
-    return PriceInForce(version_id, Rates(*(int(row[name]) for name in RATE_COLUMNS)))
+    return PriceInForce(version_id, Rates(**{name: int(row[name]) for name in RATE_COLUMNS}))

@@ -17,6 +17,7 @@ from metering.kit.ids import new_id
 from metering.kit.money import is_whole_cents, whole_cents
 from metering.kit.timeutil import format_timestamp, parse_timestamp
 from metering.models import AccountRate, CatalogModel, PriceVersion, UsageEvent, table
+from metering.models.catalog import RATE_COLUMNS
 from metering.pricing import Rates
 
 MODELS = table(CatalogModel)
@@ -138,9 +139,7 @@ def add_price_version(
         id=new_id("price"),
         model_id=model.id,
         effective_at=effective_at,
-        input_microcents_per_million=spec.input_microcents_per_million,
-        output_microcents_per_million=spec.output_microcents_per_million,
-        cache_read_microcents_per_million=spec.cache_read_microcents_per_million,
+        **{name: getattr(spec, name) for name in RATE_COLUMNS},
         created_at=now,
     )
     session.add(version)
@@ -167,9 +166,7 @@ def add_account_rate(
         account_id=account_id,
         model_id=model.id,
         effective_at=effective_at,
-        input_microcents_per_million=spec.input_microcents_per_million,
-        output_microcents_per_million=spec.output_microcents_per_million,
-        cache_read_microcents_per_million=spec.cache_read_microcents_per_million,
+        **{name: getattr(spec, name) for name in RATE_COLUMNS},
         created_at=now,
     )
     session.add(rate)
@@ -234,9 +231,7 @@ def price_version_body(version: PriceVersion) -> dict[str, Any]:
         "object": "price_version",
         "model": version.model_id,
         "effective_at": format_timestamp(version.effective_at),
-        "input_microcents_per_million": version.input_microcents_per_million,
-        "output_microcents_per_million": version.output_microcents_per_million,
-        "cache_read_microcents_per_million": version.cache_read_microcents_per_million,
+        **{name: getattr(version, name) for name in RATE_COLUMNS},
         "created_at": format_timestamp(version.created_at),
     }
 
@@ -248,8 +243,6 @@ def account_rate_body(rate: AccountRate) -> dict[str, Any]:
         "account_id": rate.account_id,
         "model": rate.model_id,
         "effective_at": format_timestamp(rate.effective_at),
-        "input_microcents_per_million": rate.input_microcents_per_million,
-        "output_microcents_per_million": rate.output_microcents_per_million,
-        "cache_read_microcents_per_million": rate.cache_read_microcents_per_million,
+        **{name: getattr(rate, name) for name in RATE_COLUMNS},
         "created_at": format_timestamp(rate.created_at),
     }

@@ -41,9 +41,7 @@ class Resolution:
     reasoning_headroom_tokens: int | None
     deprecation_date: date | None
     price_version_id: str | None
-    input_microcents_per_million: int | None
-    output_microcents_per_million: int | None
-    cache_read_microcents_per_million: int | None
+    rates: Rates | None  # the price's RATE_COLUMNS, when one is in force
 
     @property
     def limits(self) -> ModelLimits:
@@ -54,15 +52,13 @@ class Resolution:
             reasoning_headroom_tokens=self.reasoning_headroom_tokens,
         )
 
-    @property
-    def rates(self) -> Rates | None:
-        if self.price_version_id is None:
-            return None
-        return Rates(*(getattr(self, name) for name in RATE_COLUMNS))
-
     @classmethod
     def from_mapping(cls, row: Any) -> Resolution:
-        return cls(**{name: row[name] for name in NAMES})
+        """A resolving row (``NAMES``' columns) as a resolution."""
+        values = {name: row[name] for name in NAMES}
+        rates = {name: values.pop(name) for name in RATE_COLUMNS}
+        priced = values["price_version_id"] is not None
+        return cls(**values, rates=Rates(**rates) if priced else None)
 
     @classmethod
     def from_text(cls, text: str) -> Resolution:
@@ -72,10 +68,11 @@ class Resolution:
         for name in _DATE_COLUMNS:
             if values[name] is not None:
                 values[name] = date.fromisoformat(values[name])
-        return cls(**values)
+        return cls.from_mapping(values)
 
 
-NAMES = tuple(f.name for f in fields(Resolution))
+# The resolving statement's columns: the record's fields, the price's rates by their names.
+NAMES = (*(f.name for f in fields(Resolution) if f.name != "rates"), *RATE_COLUMNS)
 
 
 def _parts(secret_hash: Any, model_key: Any, at: Any) -> tuple[dict[str, Any], Any, Any]:
