@@ -103,6 +103,7 @@ def _import(settings: Settings, path: Path) -> int:
         catalog = load_catalog_file(path)
         with database.unit_of_work() as session:
             summary = import_catalog(session, catalog, SystemClock().now())
+            session.commit()
     except CatalogImportError as exc:
         print(f"catalog import refused, nothing changed: {exc}", file=sys.stderr)
         return 1
@@ -128,7 +129,7 @@ def verify(args: argparse.Namespace, settings: Settings) -> int:
 
     database = Database.from_url(settings.effective_database_url)
     try:
-        with database.unit_of_work() as session:
+        with database.reading() as session:
             report = reconcile(session)
     finally:
         database.dispose()
@@ -155,7 +156,7 @@ def _prepare_embedded(settings: Settings, base_url: str = "http://127.0.0.1:8000
     migrations.upgrade(settings.effective_database_url)
     database = Database.from_url(settings.effective_database_url)
     try:
-        with database.unit_of_work() as session:
+        with database.reading() as session:
             empty = session.execute(select(func.count()).select_from(CatalogModel)).scalar() == 0
     finally:
         database.dispose()

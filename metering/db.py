@@ -1,16 +1,46 @@
-"""Engine, sessions and the unit of work: the one place transactions begin and commit."""
+"""Engine, sessions and the unit of work: the one place transactions begin and commit.
+
+* ``unit_of_work()``: a write transaction; it rolls back unless the block commits it
+  (``session.commit()``), in exactly one place: the request's session dependency, or the job or
+  command that opened it.
+* ``reading()``: a read-only transaction, always rolled back (on SQLite it never takes the write
+  lock, so readers never wait for writers).
+* ``run(steps, …)``: a unit of work written as steps (a generator of calls on a backend
+  adapter: see metering.ledger.authorizations), for the gateway's hot paths.
+
+SQLite (the embedded default) has one writer at a time. Writers take turns here, in the process
+(a lock) and across processes (a file lock beside the database), before ``BEGIN IMMEDIATE``, so
+they queue in the kernel instead of polling SQLite's busy handler; readers use plain ``BEGIN``
+(WAL: a reader sees a snapshot and never blocks a writer). ``synchronous=FULL``: a commit is on
+disk before it is acknowledged (a billing database must not lose acknowledged events on power
+loss).
+"""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+import fcntl
+import os
+import threading
+from collections.abc import AsyncIterator, Callable, Generator, Iterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, TypeVar
 
 import psycopg
 from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
+from starlette.concurrency import run_in_threadpool
+
+from metering.kit.errors import MeteringError
+
+T = TypeVar("T")
+# A step of a unit of work written as a generator: called with the backend's adapter, it returns
+# the step's result (awaitable on PostgreSQL).
+Step = Callable[[Any], Any]
+Steps = Generator[Step, Any, T]
 
 
 def is_postgresql(session: Session) -> bool:
@@ -28,10 +58,12 @@ def driver_connection(session: Session) -> psycopg.Connection[Any]:
     return connection
 
 
-def make_engine(url: str, *, pool_size: int = 10) -> Engine:
+def make_engine(url: str, *, pool_size: int = 10, writer: bool = True) -> Engine:
+    """An engine; on SQLite, ``writer`` picks the one whose transactions take the write lock
+    (``BEGIN IMMEDIATE``) or the one that reads (``BEGIN``)."""
     if url.startswith("sqlite"):
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
-        _configure_sqlite(engine)
+        _configure_sqlite(engine, immediate=writer)
         return engine
     return create_engine(
         url,
@@ -45,9 +77,10 @@ def make_engine(url: str, *, pool_size: int = 10) -> Engine:
     )
 
 
-def _configure_sqlite(engine: Engine) -> None:
-    """WAL, foreign keys, and BEGIN IMMEDIATE: SQLite then serialises writers up front, which
-    makes every check-then-write atomic (the pysqlite recipe from SQLAlchemy's docs)."""
+def _configure_sqlite(engine: Engine, *, immediate: bool) -> None:
+    """WAL, foreign keys, and BEGIN IMMEDIATE for writers: SQLite then serialises writers up
+    front, which makes every check-then-write atomic (the pysqlite recipe from SQLAlchemy's
+    docs)."""
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
@@ -55,13 +88,59 @@ def _configure_sqlite(engine: Engine) -> None:
         cursor = dbapi_connection.cursor()
         cursor.execute("PRAGMA journal_mode=WAL")
         cursor.execute("PRAGMA foreign_keys=ON")
+        # Only for writers outside this service's turns (a tool of the operator's): ours queue
+        # on the file lock first (``_Writers``).
         cursor.execute("PRAGMA busy_timeout=30000")
-        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.execute("PRAGMA synchronous=FULL")
         cursor.close()
+
+    begin = "BEGIN IMMEDIATE" if immediate else "BEGIN"
 
     @event.listens_for(engine, "begin")
     def _on_begin(connection: Any) -> None:
-        connection.exec_driver_sql("BEGIN IMMEDIATE")
+        connection.exec_driver_sql(begin)
+
+
+class _Writers:
+    """SQLite's writers take turns: one at a time in the process (a lock), and across the
+    processes that share the file (``flock`` on ``<database>.writers``), so a writer waits in
+    the kernel, woken when the previous one commits, never by polling. (The turn may end in
+    another thread than it began, as FastAPI runs a dependency's exit: a plain lock allows it.
+    A write transaction opened inside another one would wait for itself: none is.)"""
+
+    def __init__(self, path: Path | None) -> None:
+        self._path = path
+        self._lock = threading.Lock()
+        self._fd: int | None = None
+
+    @contextmanager
+    def turn(self) -> Iterator[None]:
+        with self._lock:
+            fd = self._file()
+            if fd is not None:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                if fd is not None:
+                    fcntl.flock(fd, fcntl.LOCK_UN)
+
+    def _file(self) -> int | None:
+        if self._path is None:
+            return None
+        if self._fd is None:
+            self._fd = os.open(f"{self._path}.writers", os.O_RDWR | os.O_CREAT, 0o600)
+        return self._fd
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def _sqlite_path(url: str) -> Path | None:
+    database = make_url(url).database
+    return None if not database or database == ":memory:" else Path(database)
 
 
 class AsyncDriverPool:
@@ -115,26 +194,89 @@ class AsyncDriverPool:
             connection.pgconn.finish()
 
 
+_Sessions = sessionmaker[Session]
+
+
 @dataclass
 class Database:
     engine: Engine
     sessionmaker: sessionmaker[Session]
+    # SQLite: the engine whose transactions only read (plain BEGIN); on PostgreSQL ``engine``.
+    read_engine: Engine | None = None
+    _writers: _Writers | None = field(default=None, repr=False)
     _async_pool: AsyncDriverPool | None = field(default=None, init=False, repr=False)
+    _readers: _Sessions | None = field(default=None, init=False, repr=False)
 
     @classmethod
     def from_url(cls, url: str, *, pool_size: int = 10) -> Database:
         engine = make_engine(url, pool_size=pool_size)
-        return cls(engine, sessionmaker(engine, expire_on_commit=False, autoflush=False))
+        if engine.dialect.name != "sqlite":
+            return cls(engine, sessionmaker(engine, expire_on_commit=False, autoflush=False))
+        return cls(
+            engine,
+            sessionmaker(engine, expire_on_commit=False, autoflush=False),
+            read_engine=make_engine(url, writer=False),
+            _writers=_Writers(_sqlite_path(url)),
+        )
 
     @property
     def dialect(self) -> str:
         return self.engine.dialect.name
 
+    @property
+    def reader(self) -> Engine:
+        return self.read_engine or self.engine
+
     @contextmanager
     def unit_of_work(self) -> Iterator[Session]:
-        """One transaction: commits when the block ends normally, rolls back otherwise."""
-        with self.sessionmaker() as session, session.begin():
+        """A write transaction: rolls back unless the block calls ``session.commit()``."""
+        with self._turn(), self.sessionmaker() as session:
             yield session
+
+    @contextmanager
+    def reading(self) -> Iterator[Session]:
+        """A read-only transaction, rolled back when the block ends."""
+        if self._readers is None:
+            self._readers = sessionmaker(self.reader, expire_on_commit=False, autoflush=False)
+        with self._readers() as session:
+            yield session
+
+    @contextmanager
+    def _turn(self) -> Iterator[None]:
+        if self._writers is None:
+            yield
+            return
+        with self._writers.turn():
+            yield
+
+    async def run(
+        self,
+        steps: Steps[T],
+        *,
+        postgresql: Callable[[psycopg.AsyncConnection[Any]], Any],
+        sqlite: Callable[[Any], Any] | None,
+    ) -> T:
+        """Drive a unit of work written as steps. On PostgreSQL each step is one statement on an
+        autocommit connection: a server-side program is its own transaction, committed by the
+        database when it returns (no BEGIN or COMMIT round trips). On SQLite the steps run in one
+        write transaction in a worker thread, committed when they finish — or when they refuse
+        the request (a ``MeteringError``), whose writes are kept as PostgreSQL keeps them;
+        anything else rolls it back."""
+        if self.dialect == "postgresql":
+            async with self.async_driver_autocommit() as connection:
+                return await _drive_async(steps, postgresql(connection))
+        assert sqlite is not None, "these steps run on PostgreSQL only"
+        return await run_in_threadpool(self._run_sqlite, steps, sqlite)
+
+    def _run_sqlite(self, steps: Steps[T], adapter: Callable[[Any], Any]) -> T:
+        with self.unit_of_work() as session:
+            try:
+                result = _drive(steps, adapter(session.connection()))
+            except MeteringError:
+                session.commit()
+                raise
+            session.commit()
+            return result
 
     def async_driver_autocommit(
         self,
@@ -152,3 +294,25 @@ class Database:
         if self._async_pool is not None:
             self._async_pool.close()
         self.engine.dispose()
+        if self.read_engine is not None:
+            self.read_engine.dispose()
+        if self._writers is not None:
+            self._writers.close()
+
+
+def _drive(steps: Steps[T], backend: Any) -> T:
+    result = None
+    try:
+        while True:
+            result = steps.send(result)(backend)
+    except StopIteration as finished:
+        return finished.value
+
+
+async def _drive_async(steps: Steps[T], backend: Any) -> T:
+    result = None
+    try:
+        while True:
+            result = await steps.send(result)(backend)
+    except StopIteration as finished:
+        return finished.value

@@ -214,6 +214,7 @@ def seed(database: Database, now: datetime) -> DemoSummary | None:
                 totals[4] += charge["output_tokens"]
                 totals[5] += charge["reasoning_tokens"]
                 cost += charge["total_microcents"]
+        session.commit()
         demo_key, secret = keys[0]
         return DemoSummary(
             account_id=account.id,

@@ -29,7 +29,7 @@ def healthz() -> dict[str, str]:
 def readyz(request: Request) -> dict[str, str]:
     """The database answers."""
     try:
-        with get_database(request).engine.connect() as connection:
+        with get_database(request).reader.connect() as connection:
             connection.execute(text("SELECT 1"))
     except Exception as exc:
         raise NotReady("database unreachable") from exc

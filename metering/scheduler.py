@@ -95,6 +95,7 @@ class Scheduler:
         try:
             with self.database.unit_of_work() as session:
                 expired = expire_holds(session, now)
+                session.commit()
         except Exception as exc:
             log.exception("tidy-up of expired holds failed")
             report.errors.append(f"expire holds: {type(exc).__name__}: {exc}")

@@ -9,12 +9,12 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from metering.accounts.keys import hash_secret
 from metering.kit.errors import NotFound
 from metering.kit.ids import new_id
 from metering.kit.money import cents
 from metering.kit.timeutil import format_timestamp
 from metering.models import Account, ApiKey
-from metering.web.deps import hash_secret
 
 KEY_SECRET_PREFIX = "mk_"
 DISPLAY_PREFIX_LENGTH = 10

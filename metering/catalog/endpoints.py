@@ -23,16 +23,7 @@ admin_router = APIRouter(
 @router.get("/models")
 def list_models(session: SessionDep, key: OptionalAccountKeyDep, now: NowDep) -> dict[str, Any]:
     """List the models in service with the prices in force now (your account's with a key)."""
-    prices = service.prices_in_force(session, now, key.account_id if key else None)
-    models = session.execute(
-        select(CatalogModel).where(CatalogModel.hidden.is_(False)).order_by(CatalogModel.id)
-    ).scalars()
-    cards = [
-        service.model_card(model, prices[model.id], now)
-        for model in models
-        if model.id in prices and not service.is_retired(model, now)
-    ]
-    cards.sort(key=lambda card: card["id"].encode())
+    cards = service.listed_models(session, key.account_id if key else None, now)
     return {"object": "list", "data": cards}
 
 

@@ -20,6 +20,7 @@ from metering.catalog.schemas import CatalogFile, ModelSpec, PriceSpec
 from metering.kit.ids import new_id
 from metering.kit.timeutil import format_timestamp, parse_timestamp
 from metering.models import PriceVersion
+from metering.models.catalog import RATE_COLUMNS
 
 SHIPPED_CATALOG = Path(__file__).resolve().parent.parent / "data" / "catalog.json"
 
@@ -105,18 +106,10 @@ def _import_prices(
         wanted[at] = spec
     for at in sorted(wanted):
         spec = wanted[at]
-        rates = (
-            spec.input_microcents_per_million,
-            spec.output_microcents_per_million,
-            spec.cache_read_microcents_per_million,
-        )
+        rates = {name: getattr(spec, name) for name in RATE_COLUMNS}
         version = existing.get(at)
         if version is not None:
-            if (
-                version.input_microcents_per_million,
-                version.output_microcents_per_million,
-                version.cache_read_microcents_per_million,
-            ) == rates:
+            if {name: getattr(version, name) for name in RATE_COLUMNS} == rates:
                 summary.versions_unchanged += 1
                 continue
             if service.version_has_charges(session, version.id):
@@ -124,11 +117,8 @@ def _import_prices(
                     f"{model_id}: the version at {format_timestamp(at)} already priced recorded "
                     "charges; its rates cannot change (add a new version instead)"
                 )
-            (
-                version.input_microcents_per_million,
-                version.output_microcents_per_million,
-                version.cache_read_microcents_per_million,
-            ) = rates
+            for name, rate in rates.items():
+                setattr(version, name, rate)
             summary.versions_changed += 1
             continue
         following = [t for t in existing if t > at]
@@ -142,9 +132,7 @@ def _import_prices(
             id=new_id("price"),
             model_id=model_id,
             effective_at=at,
-            input_microcents_per_million=rates[0],
-            output_microcents_per_million=rates[1],
-            cache_read_microcents_per_million=rates[2],
+            **rates,
             created_at=now,
         )
         session.add(version)

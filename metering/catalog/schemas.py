@@ -83,10 +83,6 @@ class AccountRateSpec(BaseModel):
             raise ValueError("give all three rates, or all three null to end the override")
         return value
 
-    @property
-    def ends_override(self) -> bool:
-        return self.input_microcents_per_million is None
-
 
 class CatalogModelEntry(ModelSpec):
     """One model of a catalog file: its metadata and its price history."""

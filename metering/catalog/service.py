@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -10,19 +9,18 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from metering.accounts.service import get_account
+from metering.catalog.prices import PriceInForce, price_in_force, price_of
+from metering.catalog.rules import is_retired
 from metering.catalog.schemas import AccountRateSpec, ModelSpec, PriceSpec, check_model_id
 from metering.kit.errors import Conflict, InvalidRequest, NotFound
 from metering.kit.ids import new_id
 from metering.kit.money import is_whole_cents, whole_cents
 from metering.kit.timeutil import format_timestamp, parse_timestamp
-from metering.models import AccountRate, CatalogModel, PriceVersion, UsageEvent
-from metering.pricing import ModelLimits, Rates
+from metering.models import AccountRate, CatalogModel, PriceVersion, UsageEvent, table
+from metering.models.catalog import RATE_COLUMNS
+from metering.pricing import Rates
 
-
-@dataclass(frozen=True, slots=True)
-class PriceInForce:
-    version_id: str  # price_… (list) or rate_… (account override): stored with every charge
-    rates: Rates
+MODELS = table(CatalogModel)
 
 
 def find_model(session: Session, model_id: str) -> CatalogModel | None:
@@ -42,80 +40,22 @@ def require_model(session: Session, model_id: str, *, lock: bool = False) -> Cat
     return model
 
 
-def is_retired(model: CatalogModel, at: datetime) -> bool:
-    """Retired from the start (UTC) of its deprecation date."""
-    return model.deprecation_date is not None and at.date() >= model.deprecation_date
-
-
-def limits_of(model: CatalogModel) -> ModelLimits:
-    return ModelLimits(
-        context_length=model.context_length,
-        max_output_tokens=model.max_output_tokens,
-        reasoning_headroom_tokens=model.reasoning_headroom_tokens,
-    )
-
-
-def _rates_of(row: PriceVersion | AccountRate) -> Rates:
-    assert row.input_microcents_per_million is not None
-    assert row.output_microcents_per_million is not None
-    assert row.cache_read_microcents_per_million is not None
-    return Rates(
-        input_microcents_per_million=row.input_microcents_per_million,
-        output_microcents_per_million=row.output_microcents_per_million,
-        cache_read_microcents_per_million=row.cache_read_microcents_per_million,
-    )
-
-
-def price_in_force(
-    session: Session, model_id: str, at: datetime, account_id: str | None
-) -> PriceInForce | None:
-    """The account's override in force at ``at`` if any, else the list price then, else None."""
-    if account_id is not None:
-        override = session.execute(
-            select(AccountRate)
-            .where(
-                AccountRate.account_id == account_id,
-                AccountRate.model_id == model_id,
-                AccountRate.effective_at <= at,
-            )
-            .order_by(AccountRate.effective_at.desc())
-            .limit(1)
-        ).scalar_one_or_none()
-        if override is not None and override.input_microcents_per_million is not None:
-            return PriceInForce(override.id, _rates_of(override))
-    listed = session.execute(
-        select(PriceVersion)
-        .where(PriceVersion.model_id == model_id, PriceVersion.effective_at <= at)
-        .order_by(PriceVersion.effective_at.desc())
-        .limit(1)
-    ).scalar_one_or_none()
-    return None if listed is None else PriceInForce(listed.id, _rates_of(listed))
-
-
-def prices_in_force(
-    session: Session, at: datetime, account_id: str | None
-) -> dict[str, PriceInForce]:
-    """Every model's price in force at ``at`` for the account (or list prices), by model id."""
-    result: dict[str, PriceInForce] = {}
-    for version in session.execute(
-        select(PriceVersion)
-        .where(PriceVersion.effective_at <= at)
-        .order_by(PriceVersion.model_id, PriceVersion.effective_at)
-    ).scalars():
-        result[version.model_id] = PriceInForce(version.id, _rates_of(version))
-    if account_id is None:
-        return result
-    overrides: dict[str, AccountRate] = {}
-    for rate in session.execute(
-        select(AccountRate)
-        .where(AccountRate.account_id == account_id, AccountRate.effective_at <= at)
-        .order_by(AccountRate.model_id, AccountRate.effective_at)
-    ).scalars():
-        overrides[rate.model_id] = rate
-    for model_id, rate in overrides.items():
-        if rate.input_microcents_per_million is not None:
-            result[model_id] = PriceInForce(rate.id, _rates_of(rate))
-    return result
+def listed_models(session: Session, account_id: str | None, now: datetime) -> list[dict[str, Any]]:
+    """The cards of the models in service now (not hidden, not retired, with a price in force:
+    the account's rates, or list prices without an account), by id in byte order."""
+    price = price_in_force(account_id, MODELS.c.id, now)
+    rows = session.execute(
+        select(MODELS, *price.labelled())
+        .select_from(price.join(MODELS))
+        .where(MODELS.c.hidden.is_(False))
+    ).all()
+    cards = []
+    for row in rows:
+        found = price_of(row._mapping)
+        if found is not None and not is_retired(row.deprecation_date, now):
+            cards.append(model_card(row, found, now))
+    cards.sort(key=lambda card: card["id"].encode())
+    return cards
 
 
 def version_has_charges(session: Session, version_id: str) -> bool:
@@ -199,9 +139,7 @@ def add_price_version(
         id=new_id("price"),
         model_id=model.id,
         effective_at=effective_at,
-        input_microcents_per_million=spec.input_microcents_per_million,
-        output_microcents_per_million=spec.output_microcents_per_million,
-        cache_read_microcents_per_million=spec.cache_read_microcents_per_million,
+        **{name: getattr(spec, name) for name in RATE_COLUMNS},
         created_at=now,
     )
     session.add(version)
@@ -228,9 +166,7 @@ def add_account_rate(
         account_id=account_id,
         model_id=model.id,
         effective_at=effective_at,
-        input_microcents_per_million=spec.input_microcents_per_million,
-        output_microcents_per_million=spec.output_microcents_per_million,
-        cache_read_microcents_per_million=spec.cache_read_microcents_per_million,
+        **{name: getattr(spec, name) for name in RATE_COLUMNS},
         created_at=now,
     )
     session.add(rate)
@@ -254,7 +190,7 @@ def pricing_body(rates: Rates) -> dict[str, Any]:
     return body
 
 
-def model_card(model: CatalogModel, price: PriceInForce, now: datetime) -> dict[str, Any]:
+def model_card(model: Any, price: PriceInForce, now: datetime) -> dict[str, Any]:
     wafer: dict[str, Any] = {
         "display_name": model.display_name,
         "context_length": model.context_length,
@@ -295,9 +231,7 @@ def price_version_body(version: PriceVersion) -> dict[str, Any]:
         "object": "price_version",
         "model": version.model_id,
         "effective_at": format_timestamp(version.effective_at),
-        "input_microcents_per_million": version.input_microcents_per_million,
-        "output_microcents_per_million": version.output_microcents_per_million,
-        "cache_read_microcents_per_million": version.cache_read_microcents_per_million,
+        **{name: getattr(version, name) for name in RATE_COLUMNS},
         "created_at": format_timestamp(version.created_at),
     }
 
@@ -309,8 +243,6 @@ def account_rate_body(rate: AccountRate) -> dict[str, Any]:
         "account_id": rate.account_id,
         "model": rate.model_id,
         "effective_at": format_timestamp(rate.effective_at),
-        "input_microcents_per_million": rate.input_microcents_per_million,
-        "output_microcents_per_million": rate.output_microcents_per_million,
-        "cache_read_microcents_per_million": rate.cache_read_microcents_per_million,
+        **{name: getattr(rate, name) for name in RATE_COLUMNS},
         "created_at": format_timestamp(rate.created_at),
     }

@@ -88,7 +88,7 @@ class Exporter:
     def due_days(self, now: datetime, after: timedelta) -> list[date]:
         """Ended days (``after`` past their end) with usage that no successful export has
         included in full: never exported, last run failed, or late events since."""
-        with self.database.unit_of_work() as session:
+        with self.database.reading() as session:
             current = repository.ended_day_marks(session, first_due_cutoff(now, after))
             exported = repository.exported_marks(session)
         return sorted(day for day, mark in current.items() if exported.get(day) != mark)
@@ -106,18 +106,21 @@ class Exporter:
         holds (a scheduler tick), ``wait=True`` waits for it (the CLI)."""
         with self.database.unit_of_work() as session:
             repository.ensure_day_rows(session, [day])
+            session.commit()
         with self.database.unit_of_work() as session:
             if not repository.lock_day(session, day, wait=wait):
                 return DayResult(day, BUSY)
             started = self.clock.now()
             try:
                 with session.begin_nested():
-                    return self._export_locked(session, day, account_id, trigger, started)
+                    result = self._export_locked(session, day, account_id, trigger, started)
             except Exception as exc:
                 log.exception("export of %s failed", day)
                 error = f"{type(exc).__name__}: {exc}"[:MAX_ERROR_LENGTH]
                 self._record_failure(session, day, account_id, trigger, started, error)
-                return DayResult(day, FAILED, error=error)
+                result = DayResult(day, FAILED, error=error)
+            session.commit()
+            return result
 
     def _export_locked(
         self,

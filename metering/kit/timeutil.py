@@ -86,3 +86,8 @@ def start_of_day(day: date) -> datetime:
 
 def start_of_month(value: datetime) -> datetime:
     return floor_day(value).replace(day=1)
+
+
+def next_month(month_start: datetime) -> datetime:
+    """The start of the month after the one ``month_start`` begins."""
+    return (month_start + timedelta(days=32)).replace(day=1)

@@ -9,22 +9,23 @@ no thread-pool hop. Nothing depends on process memory, so any number of API proc
 share one database.
 
 The steps are written once, as a generator that yields each database step and is sent its
-result (``_authorize_steps``); PostgreSQL's async statements and SQLite's, in a worker thread
-inside one BEGIN IMMEDIATE transaction, each drive it.
+result (``_authorize_steps``); ``Database.run`` drives it, with PostgreSQL's async statements
+or SQLite's, in a worker thread inside one BEGIN IMMEDIATE transaction: the one place its unit
+of work commits.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator
+from collections.abc import Mapping
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any
 
-from sqlalchemy import and_, or_, select, update
+from sqlalchemy import and_, or_, select
 from sqlalchemy.orm import Session
-from sqlalchemy.sql.elements import ColumnElement
-from starlette.concurrency import run_in_threadpool
 
-from metering.db import Database
+from metering.accounts.keys import hash_secret
+from metering.catalog.rules import is_retired
+from metering.db import Database, Steps
 from metering.kit.errors import (
     AuthenticationFailed,
     Conflict,
@@ -36,66 +37,34 @@ from metering.kit.errors import (
 from metering.kit.ids import new_id
 from metering.kit.money import cents
 from metering.kit.pagination import decode_cursor, page
-from metering.kit.timeutil import format_timestamp, parse_timestamp, start_of_month
+from metering.kit.timeutil import format_timestamp, next_month, parse_timestamp, start_of_month
+from metering.ledger import holds
+from metering.ledger.holds import HoldStatus
 from metering.ledger.metrics import AUTHORIZATIONS, VOIDS
-from metering.ledger.placement import Confirm, Placement, PostgresHolds, Resolved, SqliteHolds
+from metering.ledger.placement.postgres import PostgresHolds, Remembered
+from metering.ledger.placement.program import EXPIRE, HOLDS, Outcome, Placement
+from metering.ledger.placement.sqlite import SqliteHolds
+from metering.ledger.resolution import Resolution
 from metering.ledger.schemas import AuthorizationCreate
-from metering.ledger.service import HOLDS, fingerprint, is_active
-from metering.pricing import Estimate, EstimateError, EstimateRequest, ModelLimits, estimate_cost
-from metering.web.deps import hash_secret
-
-T = TypeVar("T")
-# A database step: called with the backend (PostgresHolds or SqliteHolds), it returns the
-# step's result (awaitable on PostgreSQL).
-Step = Callable[[Any], Any]
-Steps = Generator[Step, Any, T]
-
-
-def _run(steps: Steps[T], backend: SqliteHolds) -> T:
-    result = None
-    try:
-        while True:
-            result = steps.send(result)(backend)
-    except StopIteration as finished:
-        return finished.value
-
-
-async def _run_async(steps: Steps[T], backend: PostgresHolds) -> T:
-    result = None
-    try:
-        while True:
-            result = await steps.send(result)(backend)
-    except StopIteration as finished:
-        return finished.value
+from metering.ledger.service import fingerprint
+from metering.pricing import Estimate, EstimateError, EstimateRequest, estimate_cost
 
 
 async def authorize(
     database: Database, request: AuthorizationCreate, now: datetime, ttl_seconds: int
 ) -> dict[str, Any]:
     """Place a hold of the request's maximum cost, or refuse it (401, 404, 400, 402, 409)."""
-    steps = _authorize_steps(request, now, ttl_seconds)
     try:
-        if database.dialect == "postgresql":
-            async with database.async_driver_autocommit() as connection:
-                body, result = await _run_async(steps, PostgresHolds(connection))
-        else:
-            body, result = await run_in_threadpool(_run_sqlite, database, steps)
+        body, result = await database.run(
+            _authorize_steps(request, now, ttl_seconds),
+            postgresql=PostgresHolds,
+            sqlite=SqliteHolds,
+        )
     except MeteringError as error:
         AUTHORIZATIONS.inc(error.code)
         raise
     AUTHORIZATIONS.inc(result)
     return body
-
-
-def _run_sqlite(database: Database, steps: Steps[T]) -> T:
-    """In one transaction; a refusal keeps what the check wrote (the releases it stopped
-    counting), as PostgreSQL's autocommit does."""
-    with database.unit_of_work() as session:
-        try:
-            return _run(steps, SqliteHolds(session.connection()))
-        except MeteringError as error:
-            refusal = error
-    raise refusal
 
 
 def _authorize_steps(
@@ -106,55 +75,62 @@ def _authorize_steps(
     secret_hash, model_key = hash_secret(request.api_key), request.model.lower()
     # PostgreSQL: a resolution this process read before saves the resolving round trip when
     # the check-and-hold confirms it still holds; anything else is decided on a fresh read.
-    remembered: Resolved | None = yield lambda holds: holds.remembered(secret_hash, model_key)
+    remembered: Remembered | None = yield lambda holds: holds.remembered(secret_hash, model_key)
     if remembered is not None:
-        assert remembered.text is not None
-        confirm = Confirm(remembered.text, secret_hash, model_key)
-        answer = yield from _hold_steps(request, remembered, now, ttl_seconds, confirm)
+        confirm = {
+            "resolution": remembered.text,
+            "secret_hash": secret_hash,
+            "model_key": model_key,
+        }
+        answer = yield from _hold_steps(request, remembered.resolution, now, ttl_seconds, confirm)
         if answer is not None:
             return answer
-    resolved: Resolved | None = yield lambda holds: holds.resolve(
+    resolved: tuple[Resolution, bool] | None = yield lambda holds: holds.resolve(
         secret_hash, model_key, request.request_id, now
     )
     if resolved is None:
         raise AuthenticationFailed("invalid API key", code="invalid_api_key", param="api_key")
-    if resolved.known_request:
+    found, known_request = resolved
+    if known_request:
         # A retry gets the authorization as it now stands, even if (say) the model has been
         # retired since: idempotency wins over re-validation.
-        account_id, request_id = resolved.account_id, request.request_id
+        account_id, request_id = found.account_id, request.request_id
         assert request_id is not None
         existing = yield lambda holds: holds.by_request_id(account_id, request_id)
-        return _replay(existing, _fingerprint(resolved.api_key_id, request), now), "replayed"
-    answer = yield from _hold_steps(request, resolved, now, ttl_seconds, None)
+        return _replay(existing, _fingerprint(found.api_key_id, request), now), "replayed"
+    answer = yield from _hold_steps(request, found, now, ttl_seconds, None)
     assert answer is not None
     return answer
 
 
+_NOT_CONFIRMING = {"resolution": None, "secret_hash": None, "model_key": None}
+
+
 def _hold_steps(
     request: AuthorizationCreate,
-    resolved: Resolved,
+    found: Resolution,
     now: datetime,
     ttl_seconds: int,
-    confirm: Confirm | None,
+    confirm: Mapping[str, str] | None,
 ) -> Steps[tuple[dict[str, Any], str] | None]:
     """Estimate, then check and hold. With ``confirm`` (a remembered resolution), None when
     the estimate refuses the request or the resolution no longer holds: the caller then reads
     afresh, so every refusal, and a retry's replay, is decided on what the database holds."""
-    print_ = _fingerprint(resolved.api_key_id, request)
+    request_fingerprint = _fingerprint(found.api_key_id, request)
     try:
-        estimate = _estimate(resolved, request, now)
+        estimate = _estimate(found, request, now)
     except MeteringError:
         if confirm is not None:
             return None
         raise
-    assert resolved.model is not None
+    assert found.model_id is not None
     values = {
         "id": new_id("auth"),
-        "account_id": resolved.account_id,
-        "api_key_id": resolved.api_key_id,
+        "account_id": found.account_id,
+        "api_key_id": found.api_key_id,
         "request_id": request.request_id,
-        "request_fingerprint": print_,
-        "model_id": resolved.model.id,
+        "request_fingerprint": request_fingerprint,
+        "model_id": found.model_id,
         "api": request.api,
         "prompt_tokens": request.prompt_tokens,
         "requested_max_tokens": request.max_tokens,
@@ -166,26 +142,32 @@ def _hold_steps(
         "expires_at": now + timedelta(seconds=ttl_seconds),
     }
     placement: Placement
-    if resolved.billing == "prepaid":
-        month_start = start_of_month(now)
-        limit, month_end = resolved.spend_limit, _next_month(month_start)
-        placement = yield lambda holds: holds.place(values, limit, month_start, month_end, confirm)
+    if found.billing == "prepaid":
+        window_start = start_of_month(now)
+        hold = {
+            **values,
+            "spend_limit": found.spend_limit_microcents,
+            "window_start": window_start,
+            "window_end": next_month(window_start),
+            **(confirm or _NOT_CONFIRMING),
+        }
+        placement = yield lambda holds: holds.place(hold)
     else:
         # Unbilled accounts always pass; the hold is still recorded (not counted).
         inserted = yield lambda holds: holds.insert_unbilled(values)
-        placement = Placement("granted" if inserted else "exists", 0)
+        placement = Placement(Outcome.GRANTED if inserted else Outcome.EXISTS, 0)
     outcome = placement.outcome
-    if outcome == "stale":
+    if outcome is Outcome.STALE:
         return None
-    if outcome == "exists":
+    if outcome is Outcome.EXISTS:
         # The same request id was authorized before (a retry; with a remembered resolution,
         # the request id was not looked up first) or meanwhile (a concurrent retry).
         assert request.request_id is not None
-        account_id, request_id = resolved.account_id, request.request_id
+        account_id, request_id = found.account_id, request.request_id
         existing = yield lambda holds: holds.by_request_id(account_id, request_id)
         assert existing is not None
-        return _replay(existing, print_, now), "replayed"
-    if outcome == "insufficient_credits":
+        return _replay(existing, request_fingerprint, now), "replayed"
+    if outcome is Outcome.INSUFFICIENT_CREDITS:
         raise InsufficientCredits(
             "the credit balance is too low for this request's maximum cost; add credits, or "
             "set a smaller max_tokens",
@@ -193,16 +175,16 @@ def _hold_steps(
             credits_available_cents=cents(placement.available),
             credits_required_cents_estimate=cents(estimate.total_microcents),
         )
-    if outcome == "member_spend_limit":
-        assert resolved.spend_limit is not None
+    if outcome is Outcome.MEMBER_SPEND_LIMIT:
+        assert found.spend_limit_microcents is not None
         raise InsufficientCredits(
             "this API key's monthly spend limit would be exceeded by this request's maximum cost",
             code="member_spend_limit",
-            monthly_spend_limit_cents=cents(resolved.spend_limit),
+            monthly_spend_limit_cents=cents(found.spend_limit_microcents),
             credits_required_cents_estimate=cents(estimate.total_microcents),
         )
-    assert outcome == "granted", outcome
-    return hold_body({**values, "status": "active"}, now), "granted"
+    assert outcome is Outcome.GRANTED, outcome
+    return hold_body({**values, "status": HoldStatus.ACTIVE.value}, now), "granted"
 
 
 def _fingerprint(api_key_id: str, request: AuthorizationCreate) -> str:
@@ -220,25 +202,27 @@ def _fingerprint(api_key_id: str, request: AuthorizationCreate) -> str:
     )
 
 
-def _estimate(resolved: Resolved, request: AuthorizationCreate, now: datetime) -> Estimate:
+def _estimate(found: Resolution, request: AuthorizationCreate, now: datetime) -> Estimate:
     """The maximum cost at the account's rates in force now (404 for a model that is unknown,
     retired, or without a price; 400 for the estimate's rules)."""
-    model = resolved.model
-    if model is None:
+    if found.model_id is None:
         raise NotFound(
             f"model {request.model!r} does not exist", code="model_not_found", param="model"
         )
-    # catalog.service.is_retired's rule: retired from the start (UTC) of its deprecation date.
-    if model.deprecation_date is not None and now.date() >= model.deprecation_date:
+    if is_retired(found.deprecation_date, now):
+        assert found.deprecation_date is not None
         raise NotFound(
-            f"model {model.id!r} was retired on {model.deprecation_date.isoformat()}",
+            f"model {found.model_id!r} was retired on {found.deprecation_date.isoformat()}",
             code="model_not_found",
             param="model",
         )
-    if resolved.rates is None:
+    rates = found.rates
+    if rates is None:
         # A model nobody can be billed for cannot be served: the same answer as an unknown one.
         raise NotFound(
-            f"model {model.id!r} has no price in force", code="model_not_found", param="model"
+            f"model {found.model_id!r} has no price in force",
+            code="model_not_found",
+            param="model",
         )
     try:
         return estimate_cost(
@@ -249,24 +233,20 @@ def _estimate(resolved: Resolved, request: AuthorizationCreate, now: datetime) -
                 n=request.n,
                 reasoning=request.reasoning,
             ),
-            ModelLimits(
-                context_length=model.context_length,
-                max_output_tokens=model.max_output_tokens,
-                reasoning_headroom_tokens=model.reasoning_headroom_tokens,
-            ),
-            resolved.rates,
+            found.limits,
+            rates,
         )
     except EstimateError as error:
         extra = dict(error.extra)
         if "context_length_limit" in extra:
-            extra["model"] = model.id
+            extra["model"] = found.model_id
         raise InvalidRequest(str(error), code=error.code, param=error.param, **extra) from None
 
 
-def _replay(existing: dict[str, Any], print_: str, now: datetime) -> dict[str, Any]:
+def _replay(existing: dict[str, Any], request_fingerprint: str, now: datetime) -> dict[str, Any]:
     """The authorization already made for this request id as it now stands; 409 when it was
     made for a different request."""
-    if existing["request_fingerprint"] != print_:
+    if existing["request_fingerprint"] != request_fingerprint:
         raise Conflict(
             f"request_id {existing['request_id']!r} was already authorized for a different request",
             code="idempotency_conflict",
@@ -275,21 +255,12 @@ def _replay(existing: dict[str, Any], print_: str, now: datetime) -> dict[str, A
     return hold_body(existing, now)
 
 
-def _next_month(month_start: datetime) -> datetime:
-    return (month_start + timedelta(days=32)).replace(day=1)
-
-
-def hold_status(status: str, expires_at: datetime, now: datetime) -> str:
-    """An active hold past its ``expires_at`` reads as expired, swept or not."""
-    return "expired" if status == "active" and expires_at <= now else status
-
-
 def hold_body(row: Any, now: datetime) -> dict[str, Any]:
     estimate = int(row["estimate_microcents"])
     return {
         "id": row["id"],
         "object": "authorization",
-        "status": hold_status(row["status"], row["expires_at"], now),
+        "status": holds.reads_as(row["status"], row["expires_at"], now).value,
         "request_id": row["request_id"],
         "account_id": row["account_id"],
         "api_key_id": row["api_key_id"],
@@ -324,34 +295,18 @@ async def void(database: Database, hold_id: str, now: datetime) -> dict[str, Any
     A hold no longer active (settled, voided, expired) is returned as it stands. The account's
     held counter is not touched here (no wait for the account's lock): its next check-and-hold
     stops counting the hold."""
-    if database.dialect == "postgresql":
-        async with database.async_driver_autocommit() as connection:
-            row, voided = await PostgresHolds(connection).void(hold_id, now)
-    else:
-        row, voided = await run_in_threadpool(_void_sqlite, database, hold_id, now)
+    row, voided = await database.run(
+        _void_steps(hold_id, now), postgresql=PostgresHolds, sqlite=SqliteHolds
+    )
     if row is None:
         raise NotFound(f"no authorization {hold_id}", param="authorization_id")
     VOIDS.inc("voided" if voided else "unchanged")
     return hold_body(row, now)
 
 
-def _void_sqlite(
-    database: Database, hold_id: str, now: datetime
-) -> tuple[dict[str, Any] | None, bool]:
-    with database.unit_of_work() as session:
-        return SqliteHolds(session.connection()).void(hold_id, now)
-
-
-def status_filter(status: str, now: datetime) -> ColumnElement[bool]:
-    """Holds that read as ``status`` now (expired: past ``expires_at`` without usage)."""
-    if status == "active":
-        return is_active(now)
-    if status == "expired":
-        return or_(
-            HOLDS.c.status == "expired",
-            and_(HOLDS.c.status == "active", HOLDS.c.expires_at <= now),
-        )
-    return HOLDS.c.status == status
+def _void_steps(hold_id: str, now: datetime) -> Steps[tuple[dict[str, Any] | None, bool]]:
+    outcome: tuple[dict[str, Any] | None, bool] = yield lambda holds: holds.void(hold_id, now)
+    return outcome
 
 
 def list_holds(
@@ -365,7 +320,7 @@ def list_holds(
     """Authorizations, newest first, optionally only those of one status or account."""
     query = select(HOLDS).order_by(HOLDS.c.created_at.desc(), HOLDS.c.id.desc()).limit(limit + 1)
     if status is not None:
-        query = query.where(status_filter(status, now))
+        query = query.where(holds.reads_as_sql(HoldStatus(status), HOLDS, now))
     if account_id is not None:
         query = query.where(HOLDS.c.account_id == account_id)
     if after:
@@ -388,17 +343,7 @@ def list_holds(
 
 def expire_holds(session: Session, now: datetime) -> int:
     """Mark holds past their ``expires_at`` as 'expired'; returns how many. A tidy-up for the
-    scheduler: nothing depends on it, since an active hold stops counting at its expiry.
-
-    Holds locked by someone else (a check-and-hold expiring them itself, a settlement) are
-    skipped rather than waited for, so the tidy-up never takes part in a deadlock; the account's
-    held counter stops counting the rest at its next check-and-hold."""
-    overdue = (
-        select(HOLDS.c.id)
-        .where(HOLDS.c.status == "active", HOLDS.c.expires_at <= now)
-        .with_for_update(skip_locked=True)
-    )
-    result = session.execute(
-        update(HOLDS).where(HOLDS.c.id.in_(overdue.scalar_subquery())).values(status="expired")
-    )
+    scheduler: nothing depends on it, since an active hold stops counting at its expiry (the
+    account's held counter stops counting it at its next check-and-hold)."""
+    result = session.execute(EXPIRE, {"now": now})
     return int(result.rowcount)  # type: ignore[attr-defined]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response
 from starlette.datastructures import State
@@ -13,6 +13,7 @@ from metering.kit.errors import InvalidRequest
 from metering.kit.money import parse_cents
 from metering.kit.pagination import PageParams
 from metering.ledger import authorizations, service
+from metering.ledger.holds import HoldStatus
 from metering.ledger.schemas import AdjustmentCreate, AuthorizationCreate, GrantCreate
 from metering.web.deps import (
     AccountKeyDep,
@@ -114,9 +115,6 @@ def list_ledger(account_id: str, session: SessionDep, paging: PageParams) -> dic
 def get_account_credits(account_id: str, session: SessionDep, now: NowDep) -> dict[str, Any]:
     """An account's credit: balance, held and available, as its own keys see it."""
     return service.credit_balance(session, account_id, now)
-
-
-HoldStatus = Literal["active", "settled", "voided", "expired"]
 
 
 @admin_router.get("/authorizations")

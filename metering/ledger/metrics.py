@@ -5,9 +5,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from datetime import datetime
 
-from sqlalchemy import and_, func, or_, select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from metering.ledger import holds
+from metering.ledger.holds import HoldStatus
 from metering.metrics import REGISTRY
 from metering.models import Authorization, table
 
@@ -44,12 +46,7 @@ def expired_without_usage(session: Session, now: datetime) -> Iterable[str]:
     count = session.execute(
         select(func.count())
         .select_from(_HOLDS)
-        .where(
-            or_(
-                _HOLDS.c.status == "expired",
-                and_(_HOLDS.c.status == "active", _HOLDS.c.expires_at <= now),
-            )
-        )
+        .where(holds.reads_as_sql(HoldStatus.EXPIRED, _HOLDS, now))
     ).scalar_one()
     yield f"# HELP {EXPIRED_WITHOUT_USAGE} Credit holds that expired without any usage event."
     yield f"# TYPE {EXPIRED_WITHOUT_USAGE} gauge"

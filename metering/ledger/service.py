@@ -16,15 +16,16 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import and_, bindparam, func, insert, select, update
+from sqlalchemy import bindparam, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
-from sqlalchemy.sql.elements import ColumnElement
 
 from metering.kit.errors import Conflict, InvalidRequest, NotFound
 from metering.kit.money import INT64_MAX, cents
 from metering.kit.pagination import decode_cursor, page
 from metering.kit.timeutil import format_timestamp
+from metering.ledger import holds
+from metering.ledger.holds import HoldStatus
 from metering.models import Account, Authorization, LedgerEntry, table
 
 ACCOUNTS = table(Account)
@@ -39,16 +40,11 @@ def fingerprint(values: dict[str, Any]) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def is_active(now: Any) -> ColumnElement[bool]:
-    """A hold counts while it is active and not yet expired: it stops at ``expires_at``."""
-    return and_(HOLDS.c.status == "active", HOLDS.c.expires_at > now)
-
-
 def held_by_account(account_id: Any, now: Any) -> Any:
     """The sum of an account's holds in force at ``now`` (a scalar subquery)."""
     return (
         select(func.coalesce(func.sum(HOLDS.c.estimate_microcents), 0))
-        .where(HOLDS.c.account_id == account_id, is_active(now))
+        .where(HOLDS.c.account_id == account_id, holds.in_force(HOLDS, now))
         .scalar_subquery()
     )
 
@@ -129,7 +125,11 @@ def held_counter_mismatches(session: Session) -> list[str]:
         for hold_id, account_id in session.execute(
             select(HOLDS.c.id, HOLDS.c.account_id)
             .join(ACCOUNTS, ACCOUNTS.c.id == HOLDS.c.account_id)
-            .where(HOLDS.c.status == "active", ~HOLDS.c.counted, ACCOUNTS.c.billing == "prepaid")
+            .where(
+                HOLDS.c.status == HoldStatus.ACTIVE.value,
+                ~HOLDS.c.counted,
+                ACCOUNTS.c.billing == "prepaid",
+            )
             .order_by(HOLDS.c.id)
         )
     ]
@@ -165,11 +165,13 @@ def add_entry(
     adjustments share one namespace per account.
     """
     account = lock_account(session, account_id)
-    print_ = fingerprint({"kind": kind, "amount_microcents": amount_microcents, "note": note})
+    request_fingerprint = fingerprint(
+        {"kind": kind, "amount_microcents": amount_microcents, "note": note}
+    )
     params = {"account_id": account_id, "idempotency_key": idempotency_key}
     existing = session.execute(_ENTRY_BY_KEY, params).first()
     if existing is not None:
-        return _replayed(existing, print_), False
+        return _replayed(existing, request_fingerprint), False
     new_balance = account.balance_microcents + amount_microcents
     if not INT64_MIN <= new_balance <= INT64_MAX:
         raise InvalidRequest(
@@ -181,7 +183,7 @@ def add_entry(
         "kind": kind,
         "amount_microcents": amount_microcents,
         "idempotency_key": idempotency_key,
-        "request_fingerprint": print_,
+        "request_fingerprint": request_fingerprint,
         "note": note,
         "usage_event_id": None,
         "api_key_id": None,
@@ -198,13 +200,13 @@ def add_entry(
         existing = session.execute(_ENTRY_BY_KEY, params).first()
         if existing is None:
             raise
-        return _replayed(existing, print_), False
+        return _replayed(existing, request_fingerprint), False
     session.execute(_MOVE_BALANCE, {"account_id": account_id, "amount": amount_microcents})
     return entry_body({**values, "id": entry_id}), True
 
 
-def _replayed(existing: Any, print_: str) -> dict[str, Any]:
-    if existing.request_fingerprint != print_:
+def _replayed(existing: Any, request_fingerprint: str) -> dict[str, Any]:
+    if existing.request_fingerprint != request_fingerprint:
         raise Conflict(
             f"idempotency_key {existing.idempotency_key!r} was already used for a different "
             "request on this account",

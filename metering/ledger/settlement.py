@@ -1,173 +1,197 @@
-"""Booking charges: ledger debits, balances and hold settlement, inside the caller's transaction.
+"""Booking charges: ledger debits, balances and hold settlement, as steps of the caller's program
+(metering.kit.programs), inside its one transaction.
 
 Usage that happened is always billed: the debit does not depend on the hold (within it, above
 it, expired, voided, settled by another event, or none), and the balance may go negative (new
 authorizations are then refused until credit is added).
 
-Set-based: a fixed number of statements per call, whatever the number of charges. On PostgreSQL
-one: the server-side function ``metering_settle_charges`` (migration 0007), the charges as one
-JSON parameter; SQLite, in process and one writer at a time, runs the same steps here as
-executemany statements.
+Set-based: a fixed number of statements whatever the number of charges. The hold a charge
+settles is the one it names (``authorization_id``, of the same account) or, naming none, its
+account's open hold with its request id; a hold settled by several charges gets the first
+(lowest) event id; voided and already settled holds stay as they are; an expired one is settled
+(it did get its usage, so it is not lost usage).
 
 Row locks are taken in one global order, so concurrent batches cannot deadlock: first the
-holds, by id; then the accounts, by id. The account row is the one every authorization of the
-account waits for, so it is taken last: called as the last write of the ingest transaction, it
-is held only until the commit. (A check-and-hold takes its account first, then the account's
-released holds, but it skips any hold locked by someone else, so it never waits in the
-opposite order: see metering.ledger.placement.)
+holds, then the accounts, each in byte order of id. The account row is the one every
+authorization of the account waits for, so it is taken last: the caller's program ends with it
+(and the rollup rows), and its lock is held only until the commit. (A check-and-hold takes its
+account first, then the account's released holds, but it skips any hold locked by someone else,
+so it never waits in the opposite order: see metering.ledger.placement.)
 """
 
 from __future__ import annotations
 
-import json
-from collections import defaultdict
-from collections.abc import Sequence
-from dataclasses import dataclass
-from datetime import datetime
+from dataclasses import dataclass, fields
 from typing import Any
 
-from sqlalchemy import Connection, and_, bindparam, insert, or_, select, tuple_, update
-from sqlalchemy.orm import Session
+from sqlalchemy import BigInteger, FromClause, String, and_, cast, func, literal, select, union_all
+from sqlalchemy.sql.elements import BindParameter
 
-from metering.db import driver_connection, is_postgresql
+from metering.kit import programs as p
+from metering.ledger import holds
 from metering.models import Account, Authorization, LedgerEntry, table
 
-_ACCOUNTS = table(Account)
-_HOLDS = table(Authorization)
-_ENTRIES = table(LedgerEntry)
-# A hold that expired before its usage arrived is settled too: it did get its usage, so it must
-# not be reported as lost. Voided and already settled holds stay as they are.
-_OPEN = or_(_HOLDS.c.status == "active", _HOLDS.c.status == "expired")
+ACCOUNTS = table(Account)
+HOLDS = table(Authorization)
+ENTRIES = table(LedgerEntry)
 
 
 @dataclass(frozen=True, slots=True)
 class ChargeToSettle:
+    """One recorded usage event's charge (a row of ``CHARGES_IN``)."""
+
     account_id: str
     api_key_id: str
     request_id: str
     usage_event_id: int
     charge_microcents: int  # >= 0
     authorization_id: str | None  # the hold the event names, if any
-    billed: bool  # prepaid: debit the balance; unbilled: only settle the hold
+    prepaid: bool  # debit the balance (an unbilled account's charge only settles the hold)
+
+    def row(self) -> dict[str, Any]:
+        """The charge as a row of ``CHARGES_IN`` (by name)."""
+        return {
+            "account_id": self.account_id,
+            "api_key_id": self.api_key_id,
+            "request_id": self.request_id,
+            "usage_event_id": self.usage_event_id,
+            "charge_microcents": self.charge_microcents,
+            "authorization_id": self.authorization_id,
+            "prepaid": self.prepaid,
+        }
 
 
-def settle_charges(session: Session, charges: Sequence[ChargeToSettle], now: datetime) -> None:
-    if not charges:
-        return
-    if is_postgresql(session):
-        # One round trip: the steps below, as the server-side function of migration 0007.
-        rows = [
-            {
-                "account_id": c.account_id,
-                "api_key_id": c.api_key_id,
-                "request_id": c.request_id,
-                "event_id": c.usage_event_id,
-                "amount": c.charge_microcents,
-                "authorization_id": c.authorization_id or None,
-                "billed": c.billed,
-            }
-            for c in sorted(charges, key=lambda c: c.usage_event_id)
-        ]
-        driver_connection(session).execute(_PG_SETTLE, {"now": now, "rows": _json(rows)})
-        return
-    connection = session.connection()
-    holds = _holds_to_settle(connection, charges)
-    if holds:
-        _Sqlite.settle_holds(connection, holds, now)
-    billed = [c for c in charges if c.billed]
-    if billed:
-        totals: dict[str, int] = defaultdict(int)
-        for c in billed:
-            totals[c.account_id] += c.charge_microcents
-        _Sqlite.debit(connection, billed, sorted(totals.items()), now)
+CHARGES_IN = p.Records(  # ChargeToSettle's fields
+    "p_charges",
+    (
+        ("account_id", ACCOUNTS.c.id.type),
+        ("api_key_id", HOLDS.c.api_key_id.type),
+        ("request_id", HOLDS.c.request_id.type),
+        ("usage_event_id", BigInteger()),
+        ("charge_microcents", BigInteger()),
+        ("authorization_id", HOLDS.c.id.type),
+        ("prepaid", p.Boolean()),
+    ),
+)
+assert CHARGES_IN.names == tuple(f.name for f in fields(ChargeToSettle))
+_TARGETS = p.Rows("v_targets", (("hold_id", HOLDS.c.id.type), ("event_id", BigInteger())))
+_DEBITS = p.Rows("v_debits", (("account_id", ACCOUNTS.c.id.type), ("total", BigInteger())))
 
 
-_PG_SETTLE = "SELECT metering_settle_charges(%(now)s, %(rows)s::json)"
-
-
-def _holds_to_settle(
-    connection: Connection, charges: Sequence[ChargeToSettle]
-) -> list[tuple[str, str, int]]:
-    """(hold id, account id, usage event id), by hold id: the hold each event names or, naming
-    none, the open hold of its account with its request_id; a hold's first event wins."""
-    unnamed = sorted({(c.account_id, c.request_id) for c in charges if not c.authorization_id})
-    found: dict[tuple[str, str], str] = {}
-    if unnamed:
-        # Read without locks: settling re-checks each hold once it holds the hold's lock.
-        result = connection.execute(
-            select(_HOLDS.c.id, _HOLDS.c.account_id, _HOLDS.c.request_id).where(
-                tuple_(_HOLDS.c.account_id, _HOLDS.c.request_id).in_(unnamed), _OPEN
+def settle_steps(on: p.Backend, charges: FromClause, now: BindParameter[Any]) -> list[p.Step]:
+    """Settle the holds of ``charges`` (a relation with ``CHARGES_IN``'s columns), append the
+    ledger debits and debit the balances."""
+    named = (
+        select(HOLDS.c.id.label("hold_id"), charges.c.usage_event_id.label("event_id"))
+        .select_from(
+            charges.join(
+                HOLDS,
+                and_(
+                    HOLDS.c.id == charges.c.authorization_id,
+                    HOLDS.c.account_id == charges.c.account_id,
+                ),
             )
         )
-        for hold_id, account_id, request_id in result:
-            found[(account_id, request_id)] = hold_id
-    targets: dict[tuple[str, str], int] = {}
-    for c in sorted(charges, key=lambda c: c.usage_event_id):
-        hold_id = c.authorization_id or found.get((c.account_id, c.request_id))
-        if hold_id is not None:
-            targets.setdefault((hold_id, c.account_id), c.usage_event_id)
-    return [(hold, account, event) for (hold, account), event in sorted(targets.items())]
-
-
-class _Sqlite:
-    """One writer at a time (BEGIN IMMEDIATE), in process: an executemany is already cheap."""
-
-    SETTLE_HOLDS = (
-        update(_HOLDS)
-        .where(
-            and_(
-                _HOLDS.c.id == bindparam("b_hold_id"),
-                _HOLDS.c.account_id == bindparam("b_account_id"),
-                _OPEN,
+        .where(holds.may("settle", HOLDS))
+    )
+    by_request = (
+        select(HOLDS.c.id.label("hold_id"), charges.c.usage_event_id.label("event_id"))
+        .select_from(
+            charges.join(
+                HOLDS,
+                and_(
+                    HOLDS.c.account_id == charges.c.account_id,
+                    HOLDS.c.request_id == charges.c.request_id,
+                ),
             )
         )
-        .values(
-            status="settled",
-            closed_at=bindparam("b_now", type_=_HOLDS.c.closed_at.type),
-            usage_event_id=bindparam("b_event"),
-        )
+        .where(charges.c.authorization_id.is_(None), holds.may("settle", HOLDS))
     )
-    DEBIT_ACCOUNT = (
-        update(_ACCOUNTS)
-        .where(_ACCOUNTS.c.id == bindparam("b_account_id"))
-        .values(balance_microcents=_ACCOUNTS.c.balance_microcents - bindparam("b_amount"))
+    found = union_all(named, by_request).subquery("found")
+    firsts = select(found.c.hold_id, func.min(found.c.event_id).label("event_id")).group_by(
+        found.c.hold_id
     )
-
-    @classmethod
-    def settle_holds(
-        cls, connection: Connection, holds: list[tuple[str, str, int]], now: datetime
-    ) -> None:
-        connection.execute(
-            cls.SETTLE_HOLDS,
-            [{"b_hold_id": h, "b_account_id": a, "b_event": e, "b_now": now} for h, a, e in holds],
-        )
-
-    @classmethod
-    def debit(
-        cls,
-        connection: Connection,
-        billed: list[ChargeToSettle],
-        totals: list[tuple[str, int]],
-        now: datetime,
-    ) -> None:
-        connection.execute(
-            insert(_ENTRIES),
-            [
-                {
-                    "account_id": c.account_id,
-                    "kind": "charge",
-                    "amount_microcents": -c.charge_microcents,
-                    "usage_event_id": c.usage_event_id,
-                    "api_key_id": c.api_key_id,
-                    "created_at": now,
-                }
-                for c in billed
-            ],
-        )
-        connection.execute(
-            cls.DEBIT_ACCOUNT, [{"b_account_id": a, "b_amount": amount} for a, amount in totals]
-        )
-
-
-def _json(rows: list[dict[str, Any]]) -> str:
-    return json.dumps(rows, separators=(",", ":"))
+    targets = on.rows(_TARGETS, "t")
+    debits = on.rows(_DEBITS, "d")
+    return [
+        # Read without locks; each hold is checked again once locked.
+        p.Collect(firsts, into=_TARGETS, order_by=("hold_id",)),
+        p.When(
+            on.count(_TARGETS) > 1,
+            (
+                p.Run(
+                    select(HOLDS.c.id)
+                    .where(HOLDS.c.id.in_(select(targets.c.hold_id)), holds.may("settle", HOLDS))
+                    .order_by(p.byte_order(HOLDS.c.id))
+                    .with_for_update(key_share=True)
+                ),
+            ),
+        ),
+        p.When(
+            on.count(_TARGETS) > 0,
+            (
+                p.Run(
+                    HOLDS.update()
+                    .values(
+                        status=holds.target("settle"),
+                        closed_at=now,
+                        usage_event_id=targets.c.event_id,
+                    )
+                    .where(HOLDS.c.id == targets.c.hold_id, holds.may("settle", HOLDS))
+                ),
+            ),
+        ),
+        p.Run(
+            ENTRIES.insert().from_select(
+                [
+                    "account_id",
+                    "kind",
+                    "amount_microcents",
+                    "usage_event_id",
+                    "api_key_id",
+                    "created_at",
+                ],
+                select(
+                    charges.c.account_id,
+                    literal("charge", String()),
+                    -charges.c.charge_microcents,
+                    charges.c.usage_event_id,
+                    charges.c.api_key_id,
+                    now,
+                )
+                .where(charges.c.prepaid)
+                .order_by(charges.c.usage_event_id),
+            )
+        ),
+        p.Collect(
+            select(
+                charges.c.account_id,
+                cast(func.sum(charges.c.charge_microcents), BigInteger).label("total"),
+            )
+            .where(charges.c.prepaid)
+            .group_by(charges.c.account_id),
+            into=_DEBITS,
+            order_by=("account_id",),
+        ),
+        p.When(
+            on.count(_DEBITS) > 1,
+            (
+                p.Run(
+                    select(ACCOUNTS.c.id)
+                    .where(ACCOUNTS.c.id.in_(select(debits.c.account_id)))
+                    .order_by(p.byte_order(ACCOUNTS.c.id))
+                    .with_for_update(key_share=True)
+                ),
+            ),
+        ),
+        p.When(
+            on.count(_DEBITS) > 0,
+            (
+                p.Run(
+                    ACCOUNTS.update()
+                    .values(balance_microcents=ACCOUNTS.c.balance_microcents - debits.c.total)
+                    .where(ACCOUNTS.c.id == debits.c.account_id)
+                ),
+            ),
+        ),
+    ]

@@ -42,10 +42,14 @@ class CatalogModel(Base):
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
 
 
-_RATES_NON_NEGATIVE = (
-    "input_microcents_per_million >= 0 AND output_microcents_per_million >= 0 "
-    "AND cache_read_microcents_per_million >= 0"
+# The rates of a price (integer microcents per million tokens), in the order of
+# metering.pricing.Rates: a priced component is one more name here and a column below.
+RATE_COLUMNS = (
+    "input_microcents_per_million",
+    "output_microcents_per_million",
+    "cache_read_microcents_per_million",
 )
+_RATES_NON_NEGATIVE = " AND ".join(f"{name} >= 0" for name in RATE_COLUMNS)
 
 
 class PriceVersion(Base):
@@ -73,10 +77,11 @@ class AccountRate(Base):
     __table_args__ = (
         UniqueConstraint("account_id", "model_id", "effective_at"),
         CheckConstraint(
-            "(input_microcents_per_million IS NULL AND output_microcents_per_million IS NULL "
-            "AND cache_read_microcents_per_million IS NULL) OR (input_microcents_per_million "
-            "IS NOT NULL AND output_microcents_per_million IS NOT NULL AND "
-            "cache_read_microcents_per_million IS NOT NULL)",
+            "("
+            + " AND ".join(f"{name} IS NULL" for name in RATE_COLUMNS)
+            + ") OR ("
+            + " AND ".join(f"{name} IS NOT NULL" for name in RATE_COLUMNS)
+            + ")",
             name="all_or_none",
         ),
         CheckConstraint(

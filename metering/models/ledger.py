@@ -18,6 +18,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Mapped, mapped_column
 
+from metering.ledger.holds import ACTIVE_ROWS, RELEASED_ROWS, STATUS_CHECK
 from metering.models.base import Base, BigIntPK, UTCDateTime
 
 
@@ -75,30 +76,30 @@ class Authorization(Base):
 
     __tablename__ = "authorizations"
     __table_args__ = (
-        CheckConstraint("status IN ('active', 'settled', 'voided', 'expired')", name="status"),
+        CheckConstraint(STATUS_CHECK, name="status"),
         CheckConstraint("estimate_microcents >= 0", name="estimate_non_negative"),
         UniqueConstraint("account_id", "request_id"),
         Index(
             "ix_authorizations_active_account",
             "account_id",
             "expires_at",
-            sqlite_where=text("status = 'active'"),
-            postgresql_where=text("status = 'active'"),
+            sqlite_where=text(ACTIVE_ROWS),
+            postgresql_where=text(ACTIVE_ROWS),
         ),
         Index(
             "ix_authorizations_active_key",
             "api_key_id",
             "expires_at",
-            sqlite_where=text("status = 'active'"),
-            postgresql_where=text("status = 'active'"),
+            sqlite_where=text(ACTIVE_ROWS),
+            postgresql_where=text(ACTIVE_ROWS),
         ),
         Index("ix_authorizations_status_expires_at", "status", "expires_at"),
         # Released holds still counted: what the next check-and-hold of the account collects.
         Index(
             "ix_authorizations_released",
             "account_id",
-            sqlite_where=text("counted AND status <> 'active'"),
-            postgresql_where=text("counted AND status <> 'active'"),
+            sqlite_where=text(RELEASED_ROWS),
+            postgresql_where=text(RELEASED_ROWS),
         ),
     )
 

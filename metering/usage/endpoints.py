@@ -14,7 +14,8 @@ from starlette.datastructures import State
 from metering.db import Database
 from metering.kit.pagination import PageParams
 from metering.metrics import REGISTRY
-from metering.usage import lookup, quarantine, service, single
+from metering.usage import quarantine, service, single, support
+from metering.usage.events import CHARGE_FIELDS, ChargeValues
 from metering.usage.schemas import EventBatch, QuarantineCode, ReprocessRequest
 from metering.web.deps import (
     AdminDep,
@@ -47,11 +48,12 @@ admin_router = APIRouter(
 # A recorded or duplicate result, written by a template: the hot path's answer is one of these
 # per event. request_id matched its pattern (letters, digits, . _ : -), so needs no escaping.
 _CHARGED = (
-    '{"index":%d,"request_id":"%s","status":"%s","charge":{"uncached_input_tokens":%d,'
-    '"cache_read_tokens":%d,"output_tokens":%d,"reasoning_tokens":%d,"input_microcents":%d,'
-    '"cache_read_microcents":%d,"output_microcents":%d,"total_microcents":%d,'
-    '"price_version_id":%s},"error":null}'
+    '{"index":%d,"request_id":"%s","status":"%s","charge":{'
+    + ",".join(f'"{name}":%d' for name in CHARGE_FIELDS if name != "price_version_id")
+    + ',"price_version_id":%s},"error":null}'
 )
+_COUNTED = CHARGE_FIELDS[:-1]
+assert CHARGE_FIELDS[-1] == "price_version_id"
 
 
 def _dumps(value: Any) -> str:
@@ -69,12 +71,19 @@ def render_answer(outcome: service.BatchOutcome, counts: dict[str, int]) -> byte
         if charge is None or result.error is not None:
             parts.append(_dumps(result.body()))
             continue
-        version = charge[8]
+        values = ChargeValues._make(charge)
+        version = values.price_version_id
         if version not in quoted:
             quoted[version] = _dumps(version)
         parts.append(
             _CHARGED
-            % (result.index, result.request_id, result.status, *charge[:8], quoted[version])
+            % (
+                result.index,
+                result.request_id,
+                result.status,
+                *(getattr(values, name) for name in _COUNTED),
+                quoted[version],
+            )
         )
     data = ",".join(parts)
     return (
@@ -101,15 +110,17 @@ async def _ingest(state: State, body: EventBatch, _params: Mapping[str, str]) ->
 
 
 def _record_batch(database: Database, events: list[Any], now: datetime) -> service.BatchOutcome:
-    # The commit happens when the block ends, before the answer is built.
+    # The one commit point of the batch's unit of work, before the answer is built.
     with database.unit_of_work() as session:
-        return service.record_events(
+        outcome = service.record_events(
             session,
             events,
             now,
             # Kept before the settlement, which locks the account rows until the commit.
             before_settlement=lambda done: quarantine.keep(session, done.quarantined, now),
         )
+        session.commit()
+        return outcome
 
 
 @router.post("/usage/events")
@@ -124,7 +135,7 @@ def get_usage_event(
     request_id: str, account_id: Annotated[str, Query()], session: SessionDep
 ) -> dict[str, Any]:
     """One recorded usage event of an account, with its charge and the price version used."""
-    return lookup.event_body(session, account_id, request_id)
+    return support.event_body(session, account_id, request_id)
 
 
 @admin_router.get("/quarantine")

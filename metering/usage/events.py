@@ -10,7 +10,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from metering.kit.errors import InvalidRequest
 from metering.kit.text import storable
@@ -51,19 +51,36 @@ class Content:
     outcome: str
 
 
-# A result's ``charge`` (§5) as values, in CHARGE_FIELDS order.
-ChargeValues = tuple[int, int, int, int, int, int, int, int, str | None]
-CHARGE_FIELDS = (
-    "uncached_input_tokens",
-    "cache_read_tokens",
-    "output_tokens",
-    "reasoning_tokens",
-    "input_microcents",
-    "cache_read_microcents",
-    "output_microcents",
-    "total_microcents",
-    "price_version_id",
-)
+class ChargeValues(NamedTuple):
+    """A result's ``charge`` (§5)."""
+
+    uncached_input_tokens: int
+    cache_read_tokens: int
+    output_tokens: int
+    reasoning_tokens: int
+    input_microcents: int
+    cache_read_microcents: int
+    output_microcents: int
+    total_microcents: int
+    price_version_id: str | None
+
+    @classmethod
+    def of_stored(cls, event: Mapping[str, Any]) -> ChargeValues:
+        """The charge of a stored event (its ``usage_events`` columns by name)."""
+        return cls(
+            event["prompt_tokens"] - event["cached_tokens"],
+            event["cached_tokens"],
+            event["output_tokens"],
+            event["reasoning_tokens"],
+            event["input_microcents"],
+            event["cache_read_microcents"],
+            event["output_microcents"],
+            event["total_microcents"],
+            event["price_version_id"],
+        )
+
+
+CHARGE_FIELDS = ChargeValues._fields
 
 
 @dataclass(slots=True)
@@ -84,7 +101,7 @@ class Event:
     problem: Problem | None
     # Resolved against the database by the batch pipeline:
     account_id: str | None = None
-    billed: bool = False  # the account is prepaid
+    prepaid: bool = False  # the account is prepaid (unbilled: a zero charge)
     model_id: str | None = None  # catalog spelling
     # Priced (billable now): the charge and the price version used (None: unbilled account).
     charge: Charge | None = None
@@ -99,7 +116,7 @@ class Event:
     def charge_values(self) -> ChargeValues:
         charge = self.charge
         assert charge is not None
-        return (
+        return ChargeValues(
             charge.uncached_input_tokens,
             charge.cache_read_tokens,
             charge.output_tokens,
@@ -110,6 +127,30 @@ class Event:
             charge.total_microcents,
             self.price_version_id,
         )
+
+    def row(self) -> dict[str, Any]:
+        """The event's ``usage_events`` row (metering.usage.recording.EVENT_COLUMNS)."""
+        usage, charge = self.usage, self.charge
+        assert usage is not None and charge is not None
+        return {
+            "account_id": self.account_id,
+            "request_id": self.request_id,
+            "api_key_id": self.api_key_id,
+            "model_id": self.model_id,
+            "api": self.api,
+            "outcome": self.outcome,
+            "occurred_at": self.occurred_at,
+            "authorization_id": self.authorization_id,
+            "prompt_tokens": usage.prompt_tokens,
+            "cached_tokens": usage.cached_tokens,
+            "output_tokens": usage.output_tokens,
+            "reasoning_tokens": usage.reasoning_tokens,
+            "input_microcents": charge.input_microcents,
+            "cache_read_microcents": charge.cache_read_microcents,
+            "output_microcents": charge.output_microcents,
+            "total_microcents": charge.total_microcents,
+            "price_version_id": self.price_version_id,
+        }
 
 
 def is_keyed(raw: object) -> bool:

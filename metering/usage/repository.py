@@ -1,289 +1,207 @@
 """The ingest's statements: the batch's one lookup, recording its events, and reading back the
 stored events a batch collided with.
 
-Each is one statement whatever the batch size. On PostgreSQL they run on the session's driver
+Each is one statement whatever the batch size, defined once as Core (the rows travel as one JSON
+document, metering.kit.programs.Records). On PostgreSQL they run on the session's driver
 connection (``metering.db.driver_connection``) as text built once at import; on SQLite through
 SQLAlchemy Core.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import (
-    BigInteger,
-    ColumnElement,
-    String,
-    any_,
-    bindparam,
-    cast,
-    literal_column,
-    null,
-    select,
-    tuple_,
-    union_all,
-)
-from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy import BigInteger, String, and_, cast, literal, null, select, union, union_all
 from sqlalchemy.orm import Session
-from sqlalchemy.sql.expression import CompoundSelect
 
+from metering.accounts.keys import ACCOUNTS, KEYS
+from metering.catalog.prices import RATE_COLUMNS, price_in_force, price_of
 from metering.db import driver_connection, is_postgresql
-from metering.models import (
-    Account,
-    AccountRate,
-    ApiKey,
-    CatalogModel,
-    PriceVersion,
-    UsageEvent,
-    table,
-)
+from metering.kit import programs as p
+from metering.models import AccountRate, CatalogModel, PriceVersion, table
 from metering.models.base import UTCDateTime
 from metering.pricing import NormalizedUsage
 from metering.usage.events import ChargeValues, Content, Event
-from metering.usage.prices import PriceBook, PriceRow
-from metering.usage.sql import Upsert, postgresql_text
+from metering.usage.prices import PriceBook
+from metering.usage.recording import EVENT_COLUMNS, EVENTS, EVENTS_IN, NOW, insert_events
 
-KEYS, ACCOUNTS = table(ApiKey), table(Account)
 MODELS, PRICES, RATES = table(CatalogModel), table(PriceVersion), table(AccountRate)
-EVENTS = table(UsageEvent)
 
 EventKey = tuple[str, str]  # (account_id, request_id): the dedup key
-# A key id's account and whether it is billed (prepaid).
+# A key id's account and whether it is prepaid.
 KeyInfo = tuple[str, bool]
 
 
-# -- The lookup: keys, models with their prices, and the accounts' overrides, in one statement.
+# -- The lookup: keys, models, and the price timelines of the batch's (key, model) pairs. --------
 
-_RATE_COLUMNS = (
-    "input_microcents_per_million",
-    "output_microcents_per_million",
-    "cache_read_microcents_per_million",
-)
+PAIRS_IN = p.Records("p_pairs", (("api_key_id", String()), ("model_key", String())))
+_KINDS = ("kind", "a", "b", "c", "at", "price_version_id", *RATE_COLUMNS)
 
 
-def _lookup(member: Callable[[ColumnElement[Any], str], ColumnElement[bool]]) -> CompoundSelect:
-    """Rows (kind, a, b, c, at, input, output, cache read): 'key' (key id, account id, billing),
-    'price' (model id_key, model id, version id or null; one row per version) and 'rate'
-    (account id, model id, rate id) for the batch's ``key_ids`` and ``model_keys``."""
-    no_time = cast(null(), UTCDateTime)
-    no_rate = cast(null(), BigInteger)
-    keys = (
+def _lookup(on: p.Backend) -> Any:
+    """Rows of ``_KINDS``: 'key' (key id, account id, billing), 'model' (id_key, catalog id) and
+    'price' (account id, model id, an instant where its price may change, and the price in
+    force from then: metering.usage.prices)."""
+    pairs = on.records(PAIRS_IN, "pair")
+    keyed = (
         select(
-            literal_column("'key'", String).label("kind"),
-            KEYS.c.id.label("a"),
-            KEYS.c.account_id.label("b"),
-            ACCOUNTS.c.billing.label("c"),
-            no_time.label("at"),
-            *(no_rate.label(name) for name in _RATE_COLUMNS),
+            KEYS.c.id.label("api_key_id"),
+            KEYS.c.account_id,
+            ACCOUNTS.c.billing,
+            pairs.c.model_key,
+            MODELS.c.id.label("model_id"),
         )
-        .select_from(KEYS.join(ACCOUNTS, ACCOUNTS.c.id == KEYS.c.account_id))
-        .where(member(KEYS.c.id, "key_ids"))
+        .select_from(
+            pairs.join(KEYS, KEYS.c.id == pairs.c.api_key_id)
+            .join(ACCOUNTS, ACCOUNTS.c.id == KEYS.c.account_id)
+            .outerjoin(MODELS, MODELS.c.id_key == pairs.c.model_key)
+        )
+        .cte("keyed")
     )
-    prices = (
+    no_text, no_time = cast(null(), String), cast(null(), UTCDateTime)
+    no_price = (cast(null(), String), *(cast(null(), BigInteger) for _ in RATE_COLUMNS))
+    keys = select(
+        literal("key", String).label("kind"),
+        keyed.c.api_key_id,
+        keyed.c.account_id,
+        keyed.c.billing,
+        no_time,
+        *no_price,
+    ).distinct()
+    models = (
         select(
-            literal_column("'price'", String),
-            MODELS.c.id_key,
-            MODELS.c.id,
-            PRICES.c.id,
-            PRICES.c.effective_at,
-            *(PRICES.c[name] for name in _RATE_COLUMNS),
+            literal("model", String),
+            keyed.c.model_key,
+            keyed.c.model_id,
+            no_text,
+            no_time,
+            *no_price,
         )
-        .select_from(MODELS.outerjoin(PRICES, PRICES.c.model_id == MODELS.c.id))
-        .where(member(MODELS.c.id_key, "model_keys"))
+        .where(keyed.c.model_id.isnot(None))
+        .distinct()
     )
-    rates = select(
-        literal_column("'rate'", String),
-        RATES.c.account_id,
-        RATES.c.model_id,
-        RATES.c.id,
-        RATES.c.effective_at,
-        *(RATES.c[name] for name in _RATE_COLUMNS),
-    ).where(
-        RATES.c.account_id.in_(select(KEYS.c.account_id).where(member(KEYS.c.id, "key_ids"))),
-        RATES.c.model_id.in_(select(MODELS.c.id).where(member(MODELS.c.id_key, "model_keys"))),
+    prepaid = (
+        select(keyed.c.account_id, keyed.c.model_id)
+        .where(keyed.c.billing == "prepaid", keyed.c.model_id.isnot(None))
+        .distinct()
+        .subquery("prepaid")
     )
-    return union_all(keys, prices, rates)
+    instants = union(
+        select(prepaid.c.account_id, prepaid.c.model_id, PRICES.c.effective_at).select_from(
+            prepaid.join(PRICES, PRICES.c.model_id == prepaid.c.model_id)
+        ),
+        select(prepaid.c.account_id, prepaid.c.model_id, RATES.c.effective_at).select_from(
+            prepaid.join(
+                RATES,
+                and_(
+                    RATES.c.account_id == prepaid.c.account_id,
+                    RATES.c.model_id == prepaid.c.model_id,
+                ),
+            )
+        ),
+    ).subquery("instant")
+    price = price_in_force(instants.c.account_id, instants.c.model_id, instants.c.effective_at)
+    prices = select(
+        literal("price", String),
+        instants.c.account_id,
+        instants.c.model_id,
+        no_text,
+        instants.c.effective_at,
+        *price.labelled(),
+    ).select_from(price.join(instants))
+    return union_all(keys, models, prices)
 
 
-_PG_ARRAYS = {name: bindparam(name, type_=ARRAY(String)) for name in ("key_ids", "model_keys")}
-_SQLITE_LISTS: dict[str, Any] = {
-    name: bindparam(name, expanding=True) for name in ("key_ids", "model_keys")
-}
-PG_LOOKUP = postgresql_text(_lookup(lambda column, name: column == any_(_PG_ARRAYS[name])))
-_SQLITE_LOOKUP = _lookup(lambda column, name: column.in_(_SQLITE_LISTS[name]))
+PG_LOOKUP = p.psycopg_text(_lookup(p.POSTGRESQL))
+_SQLITE_LOOKUP = _lookup(p.SQLITE)
+
+
+def lookup_params(pairs: Sequence[tuple[str, str]], on: p.Backend) -> dict[str, str]:
+    """The lookup's parameter for (key id, lower-case model) pairs."""
+    rows = [{"api_key_id": key, "model_key": model} for key, model in pairs]
+    return {"p_pairs": p.records_json(PAIRS_IN, rows, on)}
 
 
 def lookup(
-    session: Session, key_ids: list[str], model_keys: list[str]
+    session: Session, pairs: Sequence[tuple[str, str]]
 ) -> tuple[dict[str, KeyInfo], PriceBook]:
-    """The batch's keys (with their account and whether it is billed) and a price book of the
-    models it names, with the overrides its accounts have for them."""
-    params = lookup_params(key_ids, model_keys)
+    """The batch's keys (with their account and whether it is prepaid) and a price book of the
+    models its (key, model) pairs name."""
     if is_postgresql(session):
+        params = lookup_params(pairs, p.POSTGRESQL)
         rows: Sequence[Any] = driver_connection(session).execute(PG_LOOKUP, params).fetchall()
     else:
-        rows = session.connection().execute(_SQLITE_LOOKUP, params).all()
+        rows = session.connection().execute(_SQLITE_LOOKUP, lookup_params(pairs, p.SQLITE)).all()
     return read_lookup(rows)
 
 
-def lookup_params(key_ids: list[str], model_keys: list[str]) -> dict[str, list[str]]:
-    return {"key_ids": key_ids, "model_keys": model_keys}
-
-
 def read_lookup(rows: Sequence[Any]) -> tuple[dict[str, KeyInfo], PriceBook]:
-    """The lookup's rows as keys (their account and billing) and a price book."""
+    """The lookup's rows as keys (their account and whether it is prepaid) and a price book."""
     keys: dict[str, KeyInfo] = {}
-    prices: list[PriceRow] = []
-    overrides: list[PriceRow] = []
-    for kind, a, b, c, at, input_rate, output_rate, cache_rate in rows:
+    models: dict[str, str] = {}
+    points = []
+    for row in rows:
+        named = dict(zip(_KINDS, row, strict=True))
+        kind, a, b = named["kind"], named["a"], named["b"]
         if kind == "key":
-            keys[a] = (b, c == "prepaid")
+            keys[a] = (b, named["c"] == "prepaid")
+        elif kind == "model":
+            models[a] = b
         else:
-            row = (a, b, c, at, input_rate, output_rate, cache_rate)
-            (prices if kind == "price" else overrides).append(row)
-    return keys, PriceBook.from_rows(prices, overrides)
+            points.append((a, b, named["at"], price_of(named)))
+    return keys, PriceBook.from_breakpoints(models, points)
 
 
-# -- Recording events (first of each key, sorted by key) with their aggregates.
+# -- Recording events (first of each key, sorted by key). ---------------------------------------
 
-# The insert's columns with their PostgreSQL types, in the order of a row; recorded_at is the
-# statement's ``now``.
-_EVENT_FIELDS = (
-    ("account_id", "text"),
-    ("request_id", "text"),
-    ("api_key_id", "text"),
-    ("model_id", "text"),
-    ("api", "text"),
-    ("outcome", "text"),
-    ("occurred_at", "timestamptz"),
-    ("authorization_id", "text"),
-    ("prompt_tokens", "integer"),
-    ("cached_tokens", "integer"),
-    ("output_tokens", "integer"),
-    ("reasoning_tokens", "integer"),
-    ("input_microcents", "bigint"),
-    ("cache_read_microcents", "bigint"),
-    ("output_microcents", "bigint"),
-    ("total_microcents", "bigint"),
-    ("price_version_id", "text"),
-)
-_EVENT_COLUMNS = tuple(name for name, _ in _EVENT_FIELDS)
-# The rows travel as one JSON document, written by a template: request_id is checked against
-# its pattern, api and outcome against their lists, and a timestamp's ISO text needs no
-# escaping; every other string is JSON-encoded (once per distinct value, see _Quoted).
-_ROW = (
-    '{"account_id":%s,"request_id":"%s","api_key_id":%s,"model_id":%s,"api":"%s","outcome":"%s",'
-    '"occurred_at":"%s","authorization_id":%s,"prompt_tokens":%d,"cached_tokens":%d,'
-    '"output_tokens":%d,"reasoning_tokens":%d,"input_microcents":%d,"cache_read_microcents":%d,'
-    '"output_microcents":%d,"total_microcents":%d,"price_version_id":%s}'
-)
-_PG_RECORD = (
-    f"INSERT INTO usage_events ({', '.join(_EVENT_COLUMNS)}, recorded_at) "
-    f"SELECT {', '.join(f't.{name}' for name in _EVENT_COLUMNS)}, %(now)s "
-    "FROM json_to_recordset(%(rows)s::json) AS t ("
-    + ", ".join(f"{name} {kind}" for name, kind in _EVENT_FIELDS)
-    + ") ON CONFLICT (account_id, request_id) DO NOTHING RETURNING id, account_id, request_id"
-)
-
-_SQLITE_RECORD = Upsert(
-    EVENTS,
-    (*_EVENT_COLUMNS, "recorded_at"),
-    conflict=("account_id", "request_id"),
-    returning=("id", "account_id", "request_id"),
-)
-
-
-class _Quoted(dict[str | None, str]):
-    """JSON text of a string (or null), encoded once per distinct value of a batch."""
-
-    def __missing__(self, value: str | None) -> str:
-        quoted = self[value] = json.dumps(value)
-        return quoted
-
-
-def events_json(events: Sequence[Event]) -> str:
-    quoted = _Quoted()
-    rows = []
-    for e in events:
-        usage, charge = e.usage, e.charge
-        assert usage is not None and charge is not None and e.occurred_at is not None
-        rows.append(
-            _ROW
-            % (
-                quoted[e.account_id],
-                e.request_id,
-                quoted[e.api_key_id],
-                quoted[e.model_id],
-                e.api,
-                e.outcome,
-                e.occurred_at.isoformat(),
-                quoted[e.authorization_id],
-                usage.prompt_tokens,
-                usage.cached_tokens,
-                usage.output_tokens,
-                usage.reasoning_tokens,
-                charge.input_microcents,
-                charge.cache_read_microcents,
-                charge.output_microcents,
-                charge.total_microcents,
-                quoted[e.price_version_id],
-            )
-        )
-    return "[" + ",".join(rows) + "]"
-
-
-def _event_row(e: Event) -> tuple[Any, ...]:
-    usage, charge = e.usage, e.charge
-    assert usage is not None and charge is not None
-    return (
-        e.account_id,
-        e.request_id,
-        e.api_key_id,
-        e.model_id,
-        e.api,
-        e.outcome,
-        e.occurred_at,
-        e.authorization_id,
-        usage.prompt_tokens,
-        usage.cached_tokens,
-        usage.output_tokens,
-        usage.reasoning_tokens,
-        charge.input_microcents,
-        charge.cache_read_microcents,
-        charge.output_microcents,
-        charge.total_microcents,
-        e.price_version_id,
-    )
+_PG_RECORD = p.psycopg_text(insert_events(p.POSTGRESQL, p.POSTGRESQL.records(EVENTS_IN, "e")))
+_SQLITE_RECORD = insert_events(p.SQLITE, p.SQLITE.records(EVENTS_IN, "e"))
+# request_id matched its pattern, api and outcome their lists: no escaping needed.
+_VERBATIM = ("request_id", "api", "outcome")
+ENCODE_EVENTS = p.records_encoder(EVENTS_IN, p.POSTGRESQL, verbatim=_VERBATIM)
+_ENCODE_SQLITE_EVENTS = p.records_encoder(EVENTS_IN, p.SQLITE, verbatim=_VERBATIM)
 
 
 def record(session: Session, events: Sequence[Event], now: datetime) -> dict[EventKey, int]:
-    """Insert ``events`` (priced, one per key, sorted by key) with ``ON CONFLICT DO NOTHING``,
-    so a row that already stands, or that a concurrent batch is inserting, wins cleanly. The
-    new ids by key: the events that conflicted are not among them."""
+    """Insert ``events`` (priced, one per key, sorted by key); the new ids by key: the events
+    that conflicted with a stored one are not among them."""
     if not events:
         return {}
+    rows = [event.row() for event in events]
     inserted: Sequence[Any]
     if is_postgresql(session):
-        params = {"rows": events_json(events), "now": now}
+        params = {"p_events": ENCODE_EVENTS(rows), "p_now": now}
         inserted = driver_connection(session).execute(_PG_RECORD, params).fetchall()
     else:
-        inserted = _SQLITE_RECORD.run(session, [(*_event_row(e), now) for e in events])
-    return {(account_id, request_id): event_id for event_id, account_id, request_id in inserted}
+        params = {"p_events": _ENCODE_SQLITE_EVENTS(rows), NOW.name: now}
+        inserted = session.connection().execute(_SQLITE_RECORD, params).all()
+    return {(row[1], row[2]): row[0] for row in inserted}
 
 
-# -- Stored events a batch collided with: what "same content" is compared against.
+# -- Stored events a batch collided with: what "same content" is compared against. -------------
 
 # What "same content" and the charge are read from: the recorded columns but the hold.
-_STORED_COLUMNS = tuple(name for name in _EVENT_COLUMNS if name != "authorization_id")
-_PG_STORED = (
-    f"SELECT {', '.join(f'e.{name}' for name in _STORED_COLUMNS)} FROM usage_events AS e "
-    "JOIN unnest(%(accounts)s::text[], %(requests)s::text[]) AS t (account_id, request_id) "
-    "ON e.account_id = t.account_id AND e.request_id = t.request_id"
-)
-_SQLITE_STORED = select(*(EVENTS.c[name] for name in _STORED_COLUMNS))
+_STORED_COLUMNS = tuple(name for name in EVENT_COLUMNS if name != "authorization_id")
+_KEYS_IN = p.Records("p_keys", (("account_id", String()), ("request_id", String())))
+
+
+def _stored(on: p.Backend) -> Any:
+    wanted = on.records(_KEYS_IN, "wanted")
+    return select(*(EVENTS.c[name] for name in _STORED_COLUMNS)).select_from(
+        wanted.join(
+            EVENTS,
+            and_(
+                EVENTS.c.account_id == wanted.c.account_id,
+                EVENTS.c.request_id == wanted.c.request_id,
+            ),
+        )
+    )
+
+
+_PG_STORED = p.psycopg_text(_stored(p.POSTGRESQL))
+_SQLITE_STORED = _stored(p.SQLITE)
 
 
 def stored(
@@ -292,45 +210,22 @@ def stored(
     """The content and charge of the stored event of each key (each has one, committed)."""
     if not keys:
         return {}
+    wanted = [{"account_id": a, "request_id": r} for a, r in keys]
+    rows: Sequence[Any]
     if is_postgresql(session):
-        params = {"accounts": [a for a, _ in keys], "requests": [r for _, r in keys]}
-        rows: Sequence[Any] = driver_connection(session).execute(_PG_STORED, params).fetchall()
+        params = {"p_keys": p.records_json(_KEYS_IN, wanted, p.POSTGRESQL)}
+        rows = driver_connection(session).execute(_PG_STORED, params).fetchall()
     else:
-        query = _SQLITE_STORED.where(
-            tuple_(EVENTS.c.account_id, EVENTS.c.request_id).in_(list(keys))
-        )
-        rows = session.connection().execute(query).all()
+        params = {"p_keys": p.records_json(_KEYS_IN, wanted, p.SQLITE)}
+        rows = session.connection().execute(_SQLITE_STORED, params).all()
     found: dict[EventKey, tuple[Content, ChargeValues]] = {}
-    for (
-        account_id,
-        request_id,
-        api_key_id,
-        model_id,
-        api,
-        outcome,
-        occurred_at,
-        prompt,
-        cached,
-        output,
-        reasoning,
-        input_mc,
-        cache_read_mc,
-        output_mc,
-        total_mc,
-        price_version_id,
-    ) in rows:
-        usage = NormalizedUsage(prompt, cached, output, reasoning)
-        content = Content(api_key_id, model_id, api, usage, occurred_at, outcome)
-        charge = (
-            prompt - cached,
-            cached,
-            output,
-            reasoning,
-            input_mc,
-            cache_read_mc,
-            output_mc,
-            total_mc,
-            price_version_id,
+    for row in rows:
+        e = dict(zip(_STORED_COLUMNS, row, strict=True))
+        usage = NormalizedUsage(
+            e["prompt_tokens"], e["cached_tokens"], e["output_tokens"], e["reasoning_tokens"]
         )
-        found[(account_id, request_id)] = (content, charge)
+        content = Content(
+            e["api_key_id"], e["model_id"], e["api"], usage, e["occurred_at"], e["outcome"]
+        )
+        found[(e["account_id"], e["request_id"])] = (content, ChargeValues.of_stored(e))
     return found

@@ -1,33 +1,28 @@
 """The report aggregates (``usage_rollups``), maintained in the ingest transaction.
 
 Every recorded event adds to six rows: bucket width {1h, 1d} × grouping {key_model, key (model
-'' ), model (api key '')}. A batch's additions are summed and encoded here first (``prepare``),
-then written with one multi-row upsert, its rows sorted so concurrent batches lock them in the
-same order (no deadlock).
-
-Every concurrent batch of the same accounts adds to the same rows, so the upsert is the ingest
-transaction's last statement (after the settlement locked the account rows; see
-``metering.usage.service``): a row lock taken there is held only until the commit.
+''), model (api key '')}. A batch's additions are summed here per rollup key (``rows``), then
+added with one multi-row upsert (metering.usage.recording), its rows sorted so concurrent
+batches lock them in the same order (no deadlock).
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy.orm import Session
-
+from metering.kit import programs as p
 from metering.kit.timeutil import floor_day, floor_hour
-from metering.models import UsageRollup, table
 from metering.usage.events import Event
-from metering.usage.sql import Upsert
+from metering.usage.recording import COUNTERS, LAST_EVENT, ROLLUP_KEY, ROLLUPS, ROLLUPS_IN
 
-ROLLUPS = table(UsageRollup)
 GROUPINGS = ("key_model", "key", "model")
 WIDTHS = ("1h", "1d")
-COUNTERS = (
+
+# (account_id, bucket_width, grouping, bucket_start, api_key_id, model_id): the primary key.
+RollupKey = tuple[str, str, str, datetime, str, str]
+assert len(ROLLUP_KEY) == 6 and COUNTERS == (
     "requests",
     "input_tokens",
     "cache_read_tokens",
@@ -35,9 +30,6 @@ COUNTERS = (
     "reasoning_tokens",
     "cost_microcents",
 )
-
-# (account_id, bucket_width, grouping, bucket_start, api_key_id, model_id): the primary key.
-RollupKey = tuple[str, str, str, datetime, str, str]
 
 
 def rollup_keys(
@@ -50,16 +42,10 @@ def rollup_keys(
         yield account_id, width, "model", start, "", model_id
 
 
-def _add(into: list[int], values: list[int]) -> None:
-    for index in range(6):
-        into[index] += values[index]
-    into[6] = max(into[6], values[6])
-
-
 def aggregate(recorded: Iterable[tuple[int, Event]]) -> dict[RollupKey, list[int]]:
-    """Counters (COUNTERS order, then last_event_id) per rollup row of the recorded events (new
-    id, event): summed per key, model and hour first (one step per event), then spread over the
-    six row kinds."""
+    """Counters (``COUNTERS`` order, then last_event_id) per rollup row of the recorded events
+    (new id, event): summed per key, model and hour first (one step per event), then spread
+    over the six row kinds."""
     hourly: dict[tuple[str, str, str, datetime], list[int]] = {}
     hours: dict[tuple[int, int, int, int], datetime] = {}  # a batch spans a few hours at most
     for event_id, e in recorded:
@@ -98,70 +84,24 @@ def aggregate(recorded: Iterable[tuple[int, Event]]) -> dict[RollupKey, list[int
             if found is None:
                 rows[key] = list(values)
             else:
-                _add(found, values)
+                for index in range(6):
+                    found[index] += values[index]
+                found[6] = max(found[6], values[6])
     return rows
 
 
-_COLUMNS = (
-    "account_id",
-    "bucket_width",
-    "grouping",
-    "bucket_start",
-    "api_key_id",
-    "model_id",
-    *COUNTERS,
-    "last_event_id",
-)
-_UPSERT = Upsert(
-    ROLLUPS,
-    _COLUMNS,
-    conflict=_COLUMNS[:6],
-    update={**dict.fromkeys(COUNTERS, "add"), "last_event_id": "greatest"},
-)
+_NAMES = (*ROLLUP_KEY, *COUNTERS, LAST_EVENT)
+assert set(_NAMES) == {c.name for c in ROLLUPS.columns}
 
 
-# A row of the upsert's JSON document (``_UPSERT.json``'s output, written by a template): the
-# grouping, width and ISO timestamp need no escaping, the ids are JSON-encoded once each.
-_ROW = (
-    '{"account_id":%s,"bucket_width":"%s","grouping":"%s","bucket_start":"%s","api_key_id":%s,'
-    '"model_id":%s,"requests":%d,"input_tokens":%d,"cache_read_tokens":%d,"output_tokens":%d,'
-    '"reasoning_tokens":%d,"cost_microcents":%d,"last_event_id":%d}'
-)
+def rows(recorded: Iterable[tuple[int, Event]]) -> list[dict[str, Any]]:
+    """The rollup rows to add for the recorded events (new id, event), sorted by key."""
+    return [
+        dict(zip(_NAMES, (*key, *values), strict=True))
+        for key, values in sorted(aggregate(recorded).items())
+    ]
 
 
-def _encode(rows: Sequence[Sequence[Any]]) -> str:
-    quoted: dict[str, str] = {}
-    parts = []
-    for account, width, grouping, start, key, model, *values in rows:
-        for text in (account, key, model):
-            if text not in quoted:
-                quoted[text] = json.dumps(text)
-        parts.append(
-            _ROW
-            % (
-                quoted[account],
-                width,
-                grouping,
-                start.isoformat(),
-                quoted[key],
-                quoted[model],
-                *values,
-            )
-        )
-    return "[" + ",".join(parts) + "]"
-
-
-def _rows(recorded: Iterable[tuple[int, Event]]) -> list[tuple[Any, ...]]:
-    return [(*key, *values) for key, values in sorted(aggregate(recorded).items())]
-
-
-def prepare(session: Session, recorded: Iterable[tuple[int, Event]]) -> Callable[[], object]:
-    """The upsert adding the recorded events (new id, event) to their rollup rows, sorted by
-    key, summed and encoded now; the returned call only sends it."""
-    return _UPSERT.prepare(session, _rows(recorded), _encode)
-
-
-def upsert_json(recorded: Iterable[tuple[int, Event]]) -> str:
-    """The rows ``prepare`` would upsert, as the JSON document PostgreSQL takes (for a caller
-    that sends them inside a server-side function)."""
-    return _encode(_rows(recorded))
+# The bucket width and grouping are from the lists above: no escaping needed.
+ENCODE = p.records_encoder(ROLLUPS_IN, p.POSTGRESQL, verbatim=("bucket_width", "grouping"))
+ENCODE_SQLITE = p.records_encoder(ROLLUPS_IN, p.SQLITE, verbatim=("bucket_width", "grouping"))

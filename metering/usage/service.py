@@ -22,9 +22,9 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from metering.kit.errors import InvalidRequest
-from metering.ledger.settlement import ChargeToSettle, settle_charges
+from metering.ledger.settlement import ChargeToSettle
 from metering.pricing import Charge, NormalizedUsage, price_usage
-from metering.usage import repository, rollups
+from metering.usage import recording, repository, rollups
 from metering.usage.events import (
     CHARGE_FIELDS,
     ChargeValues,
@@ -60,19 +60,7 @@ def charge_body(values: ChargeValues) -> dict[str, Any]:
 
 def stored_charge_body(row: Any) -> dict[str, Any]:
     """The ``charge`` of a stored event (a ``UsageEvent``)."""
-    return charge_body(
-        (
-            row.prompt_tokens - row.cached_tokens,
-            row.cached_tokens,
-            row.output_tokens,
-            row.reasoning_tokens,
-            row.input_microcents,
-            row.cache_read_microcents,
-            row.output_microcents,
-            row.total_microcents,
-            row.price_version_id,
-        )
-    )
+    return charge_body(ChargeValues.of_stored(vars(row)))
 
 
 @dataclass(slots=True)
@@ -189,11 +177,12 @@ def record_events(
         before_settlement(outcome)
     if recorded:
         recorded.sort(key=lambda item: item[0])
-        add_to_rollups = rollups.prepare(session, recorded)
-        # The contended rows last, their locks held only until the commit: the settlement ends
-        # with the account rows, the rollup rows come after them.
-        settle_charges(session, [_to_settle(event, event_id) for event_id, event in recorded], now)
-        add_to_rollups()
+        recording.settle_usage(
+            session,
+            [_to_settle(event, event_id) for event_id, event in recorded],
+            rollups.rows(recorded),
+            now,
+        )
     return outcome
 
 
@@ -203,16 +192,13 @@ def _price(session: Session, events: list[Event]) -> list[Event]:
     priced, in batch order."""
     if not events:
         return []
-    keys, book = repository.lookup(session, *lookup_keys(events))
+    keys, book = repository.lookup(session, lookup_pairs(events))
     return price_events(events, keys, book)
 
 
-def lookup_keys(events: Sequence[Event]) -> tuple[list[str], list[str]]:
-    """The key ids and model keys (lower case) the lookup for ``events`` asks for."""
-    return (
-        sorted({e.api_key_id for e in events if e.api_key_id}),
-        sorted({e.model.lower() for e in events if e.model}),
-    )
+def lookup_pairs(events: Sequence[Event]) -> list[tuple[str, str]]:
+    """The (key id, lower-case model) pairs the lookup for ``events`` asks for."""
+    return sorted({(e.api_key_id, (e.model or "").lower()) for e in events if e.api_key_id})
 
 
 def price_events(
@@ -229,7 +215,7 @@ def price_events(
             # The account cannot be known: the key outranks every other reason.
             event.problem = _UNKNOWN_KEY
             continue
-        event.account_id, event.billed = key
+        event.account_id, event.prepaid = key
         if event.problem is not None:
             continue
         model_id = models.get(event.model.lower()) if event.model else None
@@ -239,7 +225,7 @@ def price_events(
         event.model_id = model_id
         usage, at = event.usage, event.occurred_at
         assert usage is not None and at is not None
-        if not event.billed:
+        if not event.prepaid:
             # Unbilled accounts record usage with a zero charge, whatever the prices.
             event.charge = _zero_charge(usage)
         else:
@@ -274,5 +260,5 @@ def _to_settle(event: Event, event_id: int) -> ChargeToSettle:
         usage_event_id=event_id,
         charge_microcents=event.charge.total_microcents,
         authorization_id=event.authorization_id,
-        billed=event.billed,
+        prepaid=event.prepaid,
     )

@@ -2,9 +2,10 @@
 
 A request of one event is the gateway's most frequent shape. When that event is billable now
 and new, it is recorded in two autocommit statements on the request's own event loop: the
-lookup (the batch path's statement), then ``metering_record_usage`` (migration 0009), which
-inserts it and, only if it was new, settles its charge and adds it to its rollups, as one
-transaction. The checks, the pricing and the rollup rows are the batch path's own functions.
+lookup (the batch path's statement), then the program ``RECORD_USAGE``
+(metering.usage.recording), which inserts it and, only if it was new, settles its charge and
+adds it to its rollups, as one transaction. The checks, the pricing and the rollup rows are
+the batch path's own functions.
 
 Anything else (an event not billable now, a request_id already taken) answers None, and the
 caller takes the general path (``service.record_events``), which classifies it: nothing was
@@ -15,12 +16,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import datetime
+from typing import Any
 
-from metering.db import Database
-from metering.usage import repository, rollups, service
-from metering.usage.events import is_keyed, parse_event
+import psycopg
 
-_RECORD = "SELECT metering_record_usage(%(now)s, %(event)s::json, %(billed)s, %(rollups)s::json)"
+from metering.db import Database, Steps
+from metering.kit.programs import POSTGRESQL
+from metering.usage import recording, repository, rollups, service
+from metering.usage.events import Event, is_keyed, parse_event
+
+_RECORD = recording.RECORD_USAGE.call_sql
 
 
 async def record_one(database: Database, raw: object, now: datetime) -> service.BatchOutcome | None:
@@ -31,24 +36,42 @@ async def record_one(database: Database, raw: object, now: datetime) -> service.
     event = parse_event(0, raw, now)
     if event.problem is not None:
         return None
-    async with database.async_driver_autocommit() as connection:
-        params = repository.lookup_params(*service.lookup_keys([event]))
-        cursor = await connection.execute(repository.PG_LOOKUP, params)
-        keys, book = repository.read_lookup(await cursor.fetchall())
-        if not service.price_events([event], keys, book):
-            return None
-        cursor = await connection.execute(
-            _RECORD,
-            {
-                "now": now,
-                "event": repository.events_json([event]),
-                "billed": event.billed,
-                # last_event_id is the new id, set by the function.
-                "rollups": rollups.upsert_json([(0, event)]),
-            },
-        )
-        row = await cursor.fetchone()
-    if row is None or row[0] is None:
+    return await database.run(_steps(event, now), postgresql=_Statements, sqlite=None)
+
+
+def _steps(event: Event, now: datetime) -> Steps[service.BatchOutcome | None]:
+    rows = yield lambda db: db.lookup(service.lookup_pairs([event]))
+    keys, book = repository.read_lookup(rows)
+    if not service.price_events([event], keys, book):
+        return None
+    new_id = yield lambda db: db.record(event, now)
+    if new_id is None:
         return None
     result = service.Result(0, event.request_id, service.RECORDED, event.charge_values())
     return service.BatchOutcome([result])
+
+
+class _Statements:
+    """The two statements, on an autocommit connection: each its own transaction."""
+
+    def __init__(self, connection: psycopg.AsyncConnection[Any]) -> None:
+        self._connection = connection
+
+    async def lookup(self, pairs: list[tuple[str, str]]) -> list[Any]:
+        params = repository.lookup_params(pairs, POSTGRESQL)
+        cursor = await self._connection.execute(repository.PG_LOOKUP, params)
+        return await cursor.fetchall()
+
+    async def record(self, event: Event, now: datetime) -> int | None:
+        cursor = await self._connection.execute(
+            _RECORD,
+            {
+                "p_now": now,
+                "p_events": repository.ENCODE_EVENTS([event.row()]),
+                "p_prepaid": event.prepaid,
+                # last_event_id is the new id, set by the program.
+                "p_rollups": rollups.ENCODE(rollups.rows([(0, event)])),
+            },
+        )
+        row = await cursor.fetchone()
+        return None if row is None else row[0]

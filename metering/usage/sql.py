@@ -17,21 +17,13 @@ from typing import Any, Literal
 
 from sqlalchemy import Table, func
 from sqlalchemy.dialects import sqlite
-from sqlalchemy.dialects.postgresql import psycopg as postgresql_psycopg
 from sqlalchemy.orm import Session
-from sqlalchemy.sql import ClauseElement
 
 from metering.db import driver_connection, is_postgresql
 from metering.models.base import UTCDateTime
 
 # How a conflicting row's column is updated: the incoming value, added to it, or the larger.
 Update = Literal["excluded", "add", "greatest"]
-
-
-def postgresql_text(statement: ClauseElement) -> str:
-    """A Core statement as PostgreSQL text with ``%(name)s`` parameters, for the driver: built
-    once at import, so the hot path neither compiles nor looks up a compiled form."""
-    return str(statement.compile(dialect=postgresql_psycopg.dialect()))
 
 
 class Upsert:

@@ -2,21 +2,18 @@
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 from collections.abc import Iterator
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Annotated
 
 from fastapi import Depends, Request
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from metering.accounts.keys import KeyPrincipal, resolve_key
 from metering.db import Database
 from metering.kit.clock import Clock
 from metering.kit.errors import AuthenticationFailed
-from metering.models import Account, ApiKey
 from metering.settings import Settings
 
 
@@ -36,22 +33,21 @@ def get_clock(request: Request) -> Clock:
 
 
 def _session(request: Request) -> Iterator[Session]:
-    """The request's unit of work: commits after the endpoint returns, before the response is
-    sent (so a failed commit is an error response, never a lost write); rolls back on error."""
-    with get_database(request).unit_of_work() as session:
+    """The request's unit of work: a read-only transaction for a GET; otherwise a write
+    transaction committed here, after the endpoint returns and before the response is sent (so
+    a failed commit is an error response, never a lost write), rolled back on error."""
+    database = get_database(request)
+    if request.method in ("GET", "HEAD"):
+        with database.reading() as session:
+            yield session
+        return
+    with database.unit_of_work() as session:
         yield session
+        session.commit()
 
 
 # Dependencies that do no I/O are ``async def``: FastAPI runs a plain ``def`` dependency in the
 # thread pool, and each hop there costs about as much CPU as a database round trip.
-
-
-async def _clock_dependency(request: Request) -> Clock:
-    return get_clock(request)
-
-
-async def _settings_dependency(request: Request) -> Settings:
-    return get_settings(request)
 
 
 async def _now_dependency(request: Request) -> datetime:
@@ -60,8 +56,6 @@ async def _now_dependency(request: Request) -> datetime:
 
 # scope="function": the commit runs when the endpoint returns, not after the response is sent.
 SessionDep = Annotated[Session, Depends(_session, scope="function")]
-ClockDep = Annotated[Clock, Depends(_clock_dependency)]
-SettingsDep = Annotated[Settings, Depends(_settings_dependency)]
 NowDep = Annotated[datetime, Depends(_now_dependency)]
 
 
@@ -104,38 +98,6 @@ async def require_admin(request: Request) -> None:
 
 async def require_gateway(request: Request) -> None:
     _require_token(request, get_settings(request).gateway_tokens)
-
-
-def hash_secret(secret: str) -> str:
-    """SHA-256 of a key secret; the keys' 256 bits of entropy make a slow hash unnecessary."""
-    # surrogatepass: a JSON body can carry a lone surrogate, which is simply no key (401).
-    return hashlib.sha256(secret.encode("utf-8", "surrogatepass")).hexdigest()
-
-
-@dataclass(frozen=True, slots=True)
-class KeyPrincipal:
-    """An account key that authenticated a request."""
-
-    api_key_id: str
-    account_id: str
-    billing: str
-
-
-def resolve_key(session: Session, secret: str | None, *, param: str | None) -> KeyPrincipal:
-    """The live key behind ``secret``; 401 when missing, unknown or revoked (no hint which).
-
-    ``param`` is ``"api_key"`` for a client's key inside a gateway body, None for the caller's own.
-    """
-    if not secret:
-        raise AuthenticationFailed("no API key given", code="missing_api_key", param=param)
-    row = session.execute(
-        select(ApiKey.id, ApiKey.account_id, Account.billing)
-        .join(Account, Account.id == ApiKey.account_id)
-        .where(ApiKey.secret_hash == hash_secret(secret), ApiKey.revoked_at.is_(None))
-    ).first()
-    if row is None:
-        raise AuthenticationFailed("invalid API key", code="invalid_api_key", param=param)
-    return KeyPrincipal(api_key_id=row.id, account_id=row.account_id, billing=row.billing)
 
 
 def account_key(request: Request, session: SessionDep) -> KeyPrincipal:

@@ -99,6 +99,7 @@ def test_a_late_event_below_the_newest_id_seen_is_caught_by_the_request_count(
             .where(ExportDay.export_date == DAY)
             .values(requests=ExportDay.requests - 1)
         )
+        session.commit()
     assert exported(jobs.tick()) == [(DAY, "exported")]
     assert exported(jobs.tick()) == []
 

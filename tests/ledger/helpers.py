@@ -96,6 +96,7 @@ def add_key_spend(
                 last_event_id=0,
             )
         )
+        session.commit()
 
 
 def holds(api: Api, account_id: str) -> list[Any]:

@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from metering.ledger.authorizations import expire_holds
-from metering.ledger.settlement import ChargeToSettle, settle_charges
+from metering.ledger.settlement import ChargeToSettle
+from metering.usage.recording import settle_usage
 from tests.conftest import NOW, Api
 from tests.factories import (
     GLM_RATES,
@@ -301,7 +302,7 @@ class TestVoidAndExpiry:
 
 def settle(api: Api, setup: Any, hold: dict[str, Any], charge: int, event_id: int = 1) -> None:
     with api.database.unit_of_work() as session:
-        settle_charges(
+        settle_usage(
             session,
             [
                 ChargeToSettle(
@@ -311,11 +312,13 @@ def settle(api: Api, setup: Any, hold: dict[str, Any], charge: int, event_id: in
                     usage_event_id=event_id,
                     charge_microcents=charge,
                     authorization_id=hold["id"],
-                    billed=True,
+                    prepaid=True,
                 )
             ],
+            (),
             api.clock.now(),
         )
+        session.commit()
 
 
 class TestAdminList:
@@ -342,6 +345,7 @@ class TestAdminList:
         api.clock.set(NOW + TTL + timedelta(minutes=2, seconds=30))  # made[2] expired, [3:] not
         with api.database.unit_of_work() as session:
             assert expire_holds(session, NOW + TTL + timedelta(seconds=30)) >= 0
+            session.commit()
         statuses = {
             status: [h["id"] for h in self.listing(api, status=status, account_id=setup.account)]
             for status in ("active", "settled", "voided", "expired")
@@ -389,11 +393,13 @@ class TestExpireHolds:
         late = authorize(api, setup.key, setup.model).json()
         with api.database.unit_of_work() as session:
             swept = expire_holds(session, NOW + TTL)
+            session.commit()
         assert swept >= 1
         by_id = {row.id: row.status for row in holds(api, setup.account)}
         assert by_id == {early["id"]: "expired", late["id"]: "active"}
         with api.database.unit_of_work() as session:
             assert expire_holds(session, NOW + TTL) == 0
+            session.commit()
         # A late usage event still settles a swept hold: it did get its usage.
         settle(api, setup, early, 7, event_id=99)
         by_id = {row.id: row.status for row in holds(api, setup.account)}

@@ -60,7 +60,9 @@ class Cluster:
             key, secret = accounts.create_api_key(session, account, "k", limit_microcents, now)
             if credit_microcents:
                 ledger.add_entry(session, account.id, "grant", credit_microcents, "seed", None, now)
-            return account.id, key.id, secret
+            result = account.id, key.id, secret
+            session.commit()
+            return result
 
     def books(self, account_id: str) -> dict[str, int]:
         """What the database says, for the after-the-race checks."""
@@ -111,6 +113,7 @@ def _start(tmp: Path, ttl: int | None = None) -> Iterator[Cluster]:
                 ),
                 now,
             )
+            session.commit()
         # Small pools: four server processes of this module run at once, on a PostgreSQL whose
         # connection limit other test runs share. A race queues for its connections all the
         # same, so it still contends on the account as much as ever.
@@ -242,6 +245,7 @@ def test_a_monthly_limit_covering_exactly_100_grants_exactly_100(cluster: Cluste
                 last_event_id=0,
             )
         )
+        session.commit()
     sampler = Sampler(secret)
     outcomes = asyncio.run(_race(cluster, secret, 200, sampler))
     assert outcomes.count(200) == 100

@@ -14,8 +14,7 @@ import pytest
 
 from metering.kit.errors import InsufficientCredits
 from metering.ledger import authorizations
-from metering.ledger.placement import PostgresHolds
-from metering.ledger.placement.postgres import _Queue
+from metering.ledger.placement.postgres import PostgresHolds, _Queue
 from metering.ledger.schemas import AuthorizationCreate
 from metering.ledger.service import held_counter_mismatches
 from tests.conftest import NOW, Api

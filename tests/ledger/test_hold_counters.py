@@ -17,8 +17,9 @@ from sqlalchemy import create_engine, select, text, update
 from metering import migrate
 from metering.ledger.authorizations import expire_holds
 from metering.ledger.service import held_counter_mismatches
-from metering.ledger.settlement import ChargeToSettle, settle_charges
+from metering.ledger.settlement import ChargeToSettle
 from metering.models import Account, Authorization
+from metering.usage.recording import settle_usage
 from metering.usage.verify import verify
 from tests.conftest import BACKENDS, NOW, Api, fresh_database
 from tests.factories import GLM_RATES, assert_error, authorize, credits_of
@@ -58,7 +59,7 @@ def place(api: Api, setup: Setup, **fields: Any) -> dict[str, Any]:
 
 def settle(api: Api, setup: Setup, hold: dict[str, Any], charge: int) -> None:
     with api.database.unit_of_work() as session:
-        settle_charges(
+        settle_usage(
             session,
             [
                 ChargeToSettle(
@@ -68,11 +69,13 @@ def settle(api: Api, setup: Setup, hold: dict[str, Any], charge: int) -> None:
                     usage_event_id=4242,
                     charge_microcents=charge,
                     authorization_id=hold["id"],
-                    billed=True,
+                    prepaid=True,
                 )
             ],
+            (),
             api.clock.now(),
         )
+        session.commit()
 
 
 class TestCounter:
@@ -134,6 +137,7 @@ class TestCounter:
         api.clock.set(NOW + TTL)
         with api.database.unit_of_work() as session:
             assert expire_holds(session, NOW + TTL) >= 2
+            session.commit()
         # Tidied up: 'expired' but still counted until the account's next check.
         assert counted(api, setup.account) == {
             first["id"]: ("expired", True),
@@ -177,6 +181,7 @@ class TestVerify:
                 .where(Account.id == setup.account)
                 .values(held_microcents=Account.held_microcents + 1)
             )
+            session.commit()
         try:
             assert mismatches_of(api, setup.account) == [
                 f"account {setup.account}: held counter {ESTIMATE + 1} microcents, "
@@ -192,6 +197,7 @@ class TestVerify:
                     .where(Account.id == setup.account)
                     .values(held_microcents=Account.held_microcents - 1)
                 )
+                session.commit()
         assert mismatches_of(api, setup.account) == []
 
     def test_an_active_hold_left_uncounted_is_named(self, api: Api) -> None:
@@ -204,6 +210,7 @@ class TestVerify:
             session.execute(
                 update(Account).where(Account.id == setup.account).values(held_microcents=0)
             )
+            session.commit()
         assert mismatches_of(api, setup.account) == [
             f"account {setup.account}: active hold {hold['id']} is not counted in its held counter"
         ]
@@ -270,7 +277,9 @@ class TestLocks:
 
                 def tidy() -> int:
                     with api.database.unit_of_work() as session:
-                        return expire_holds(session, NOW + TTL)
+                        result = expire_holds(session, NOW + TTL)
+                        session.commit()
+                        return result
 
                 assert _call_in_thread(tidy) >= 1
                 other.rollback()

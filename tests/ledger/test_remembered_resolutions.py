@@ -1,4 +1,4 @@
-"""Remembered resolutions (PostgreSQL, migration 0010): an API process estimates a key's next
+"""Remembered resolutions (PostgreSQL): an API process estimates a key's next
 authorization from the resolution it read last, and the check-and-hold confirms it under the
 account's lock. Changes made behind the process's back, straight in the database, must take
 effect on the very next authorization; on SQLite nothing is remembered and the same holds."""
@@ -11,9 +11,11 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import text
+from sqlalchemy import select, text
 
-from metering.ledger.placement import PostgresHolds, SqliteHolds
+from metering.ledger.placement.postgres import PostgresHolds
+from metering.ledger.placement.sqlite import SqliteHolds
+from metering.ledger.resolution import resolution_text
 from metering.ledger.service import held_counter_mismatches
 from tests.conftest import NOW, Api
 from tests.factories import GLM_RATES, assert_error, authorization_request, authorize
@@ -49,6 +51,7 @@ def _change(api: Api, sql: str, **params: Any) -> None:
     nothing in this process hears of it."""
     with api.database.unit_of_work() as session:
         session.execute(text(sql), params)
+        session.commit()
 
 
 def test_later_authorizations_skip_the_resolving_read(api: Api, resolving_reads: list[str]) -> None:
@@ -170,6 +173,7 @@ def _place(api: Api, setup: Setup, resolution: str, hold_id: str) -> list[tuple[
     """One call of ``metering_place_holds`` with a hold sent with ``resolution``."""
     hold = {
         "id": hold_id,
+        "account_id": setup.account,
         "api_key_id": setup.key.id,
         "request_id": None,
         "request_fingerprint": "f" * 64,
@@ -184,20 +188,22 @@ def _place(api: Api, setup: Setup, resolution: str, hold_id: str) -> list[tuple[
         "created_at": NOW.isoformat(),
         "expires_at": (NOW + timedelta(hours=1)).isoformat(),
         "spend_limit": None,
-        "month_start": NOW.replace(day=1, hour=0, minute=0, second=0, microsecond=0).isoformat(),
-        "month_end": "2100-01-01T00:00:00+00:00",
+        "window_start": NOW.replace(day=1, hour=0, minute=0, second=0, microsecond=0).isoformat(),
+        "window_end": "2100-01-01T00:00:00+00:00",
         "resolution": resolution,
         "secret_hash": _secret_hash(api, setup),
         "model_key": setup.model.lower(),
     }
     with api.database.unit_of_work() as session:
-        return [
+        placed = [
             tuple(row)
             for row in session.execute(
-                text("SELECT * FROM metering_place_holds(:account, :now, CAST(:holds AS json))"),
-                {"account": setup.account, "now": NOW, "holds": json.dumps([hold])},
+                text("SELECT * FROM metering_place_holds(:now, CAST(:holds AS json))"),
+                {"now": NOW, "holds": json.dumps([hold])},
             )
         ]
+        session.commit()
+        return placed
 
 
 def _secret_hash(api: Api, setup: Setup) -> str:
@@ -213,8 +219,7 @@ def _resolution(api: Api, setup: Setup) -> str:
     with api.database.unit_of_work() as session:
         return str(
             session.execute(
-                text("SELECT metering_resolution(:hash, :model, :now)::text"),
-                {"hash": _secret_hash(api, setup), "model": setup.model.lower(), "now": NOW},
+                select(resolution_text(_secret_hash(api, setup), setup.model.lower(), NOW))
             ).scalar_one()
         )
 
@@ -223,7 +228,7 @@ def test_the_check_and_hold_places_only_a_confirmed_resolution(pg_api: Api) -> N
     setup = prepaid(pg_api, 1)
     resolution = _resolution(pg_api, setup)
     assert json.loads(resolution)[:2] == [setup.key.id, setup.account]
-    doctored = json.dumps([*json.loads(resolution)[:13], 1, 1, 0])  # a cheaper list price
+    doctored = json.dumps([*json.loads(resolution)[:10], 1, 1, 0])  # a cheaper price
     assert _place(pg_api, setup, doctored, "auth_doctored") == [
         ("auth_doctored", "stale", 1_000_000)
     ]

@@ -1,5 +1,5 @@
-"""``settle_charges``, the service the ingest transaction calls: usage that happened is always
-billed in full, whatever the hold; the hold it names (or its request id's) is closed. Both
+"""The settlement of ``settle_usage``, which the ingest transaction calls: usage that happened
+is always billed in full, whatever the hold; the hold it names (or its request id's) is closed. Both
 backends; the holds are placed and observed through the real API."""
 
 from __future__ import annotations
@@ -9,8 +9,9 @@ from typing import Any
 
 from sqlalchemy import func, select
 
-from metering.ledger.settlement import ChargeToSettle, settle_charges
+from metering.ledger.settlement import ChargeToSettle
 from metering.models import LedgerEntry
+from metering.usage.recording import settle_usage
 from tests.conftest import NOW, Api
 from tests.factories import GLM_RATES, assert_error, authorize, credits_of, exact_json
 from tests.ledger.helpers import Setup, books, expected_estimate, holds, prepaid
@@ -27,7 +28,7 @@ def charge(
     hold: dict[str, Any] | None = None,
     request_id: str | None = None,
     name_hold: bool = True,
-    billed: bool = True,
+    prepaid: bool = True,
 ) -> ChargeToSettle:
     return ChargeToSettle(
         account_id=setup.account,
@@ -36,13 +37,14 @@ def charge(
         usage_event_id=next(_event_ids),
         charge_microcents=amount,
         authorization_id=hold["id"] if hold and name_hold else None,
-        billed=billed,
+        prepaid=prepaid,
     )
 
 
 def settle(api: Api, *charges: ChargeToSettle) -> None:
     with api.database.unit_of_work() as session:
-        settle_charges(session, list(charges), api.clock.now())
+        settle_usage(session, list(charges), (), api.clock.now())
+        session.commit()
 
 
 def status_of(api: Api, setup: Setup, hold: dict[str, Any]) -> tuple[str, int | None]:
@@ -135,7 +137,7 @@ class TestSettle:
             usage_event_id=next(_event_ids),
             charge_microcents=5,
             authorization_id=their_hold["id"],
-            billed=True,
+            prepaid=True,
         )
         settle(api, wrong)
         assert status_of(api, theirs, their_hold) == ("active", None)
@@ -145,7 +147,7 @@ class TestSettle:
     def test_unbilled_usage_settles_the_hold_without_a_debit(self, api: Api) -> None:
         setup = prepaid(api, billing="unbilled")
         hold = hold_for(api, setup)
-        settle(api, charge(setup, 0, hold=hold, billed=False))
+        settle(api, charge(setup, 0, hold=hold, prepaid=False))
         assert status_of(api, setup, hold)[0] == "settled"
         assert books(api, setup.account) == (0, 0)
         with api.database.unit_of_work() as session:

@@ -59,7 +59,9 @@ def test_the_rollup_rows_are_written_as_the_generic_encoder_writes_them() -> Non
     """The rollups' upsert document (a template on the hot path) against ``Upsert.json``."""
     from datetime import UTC, datetime
 
+    from metering.kit.programs import POSTGRESQL, SQLITE, records_json
     from metering.usage import rollups
+    from metering.usage.recording import ROLLUPS_IN
 
     hour = datetime(2026, 11, 29, 13, tzinfo=UTC)
     day = datetime(2026, 11, 29, tzinfo=UTC)
@@ -69,5 +71,8 @@ def test_the_rollup_rows_are_written_as_the_generic_encoder_writes_them() -> Non
         ("acct_1", "1d", "key", day, "key_1", "", 2, 5, 0, 7, 1, big, 10),
         ("acct_«2»", "1d", "model", day, "", 'model "quoted" \\ é', 3, 0, 0, 0, 0, 0, big),
     ]
-    assert rollups._encode(rows) == rollups._UPSERT.json(rows)
-    assert json.loads(rollups._encode(rows))[2]["model_id"] == 'model "quoted" \\ é'
+    names = [name for name, _ in ROLLUPS_IN.columns]
+    named = [dict(zip(names, row, strict=True)) for row in rows]
+    assert rollups.ENCODE(named) == records_json(ROLLUPS_IN, named, POSTGRESQL)
+    assert rollups.ENCODE_SQLITE(named) == records_json(ROLLUPS_IN, named, SQLITE)
+    assert json.loads(rollups.ENCODE(named))[2]["model_id"] == 'model "quoted" \\ é'

@@ -56,6 +56,7 @@ def seed(url: str, base_url: str, model: str) -> tuple[dict[str, str], dict[str,
         )
         with database.unit_of_work() as session:
             import_catalog(session, catalog, datetime.now(UTC))
+            session.commit()
     finally:
         database.dispose()
     admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}

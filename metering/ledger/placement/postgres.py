@@ -1,68 +1,60 @@
-"""PostgreSQL: plain SQL on psycopg's async connections, in autocommit, on the event loop; the
-check-and-hold is one call of ``metering_place_holds`` (migrations 0005 and 0010), shared by the
-holds that arrive meanwhile (``_Queue``); a resolution read before is remembered for the key's
-next authorization and confirmed by that call (``_Remembered``)."""
+"""PostgreSQL: the hold statements (metering.ledger.placement.program) as psycopg text on async
+connections in autocommit, on the event loop; the check-and-hold is one call of
+``metering_place_holds``, shared by the holds that arrive meanwhile (``_Queue``); a resolution
+read before is remembered for the key's next authorization and confirmed by that call
+(``_Remembered``)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
-from datetime import date, datetime
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import psycopg
+from sqlalchemy import String, bindparam, exists, select
 
+from metering.kit.programs import psycopg_text
 from metering.ledger.metrics import RESOLUTIONS
-from metering.ledger.placement.rows import (
+from metering.ledger.placement.program import (
     BODY_COLUMNS,
-    HOLD_VALUES,
+    BY_ID,
+    BY_REQUEST_ID,
+    HOLDS,
+    INSERT_UNBILLED,
+    PLACE_HOLDS,
+    VOID,
+    Outcome,
     Placement,
-    Resolved,
-    resolved_from,
 )
+from metering.ledger.resolution import AT, MODEL_KEY, SECRET_HASH, Resolution, as_text, resolution
 
-_HOLD_COLUMNS_H = ", ".join(f"h.{c}" for c in (*BODY_COLUMNS, "request_fingerprint"))
-# The key, its account, the model and the rates in force (``metering_resolution``, migration
-# 0010), and whether the account has a hold with this request id, in one round trip, without
-# locks.
-_PG_RESOLVE = """
-SELECT r::text, EXISTS (
-    SELECT 1 FROM authorizations AS h
-    WHERE h.account_id = r ->> 1 AND h.request_id = %(request_id)s)
-FROM metering_resolution(%(secret_hash)s, %(model_key)s, %(now)s) AS r
-WHERE r IS NOT NULL
-"""
-_PG_PLACE = (
-    "SELECT hold_id, outcome, available FROM metering_place_holds("
-    "%(account_id)s::text, %(now)s::timestamptz, %(holds)s::json)"
+# The resolution as JSON text, and whether the key's account has a hold with this request id, in
+# one round trip, without locks; no row for a secret that names no live key.
+_found = resolution(SECRET_HASH, MODEL_KEY, AT).subquery("resolution")
+_RESOLVE = psycopg_text(
+    select(
+        as_text(_found),
+        exists().where(
+            HOLDS.c.account_id == _found.c.account_id,
+            HOLDS.c.request_id == bindparam("request_id", type_=String()),
+        ),
+    ).select_from(_found)
 )
-_PG_PLACE_OF_ACCOUNTS = (
-    "SELECT hold_id, outcome, available FROM metering_place_holds_of_accounts("
-    "%(now)s::timestamptz, %(holds)s::json)"
-)
-# Unbilled accounts always pass: their holds are recorded (not counted), without any lock.
-_PG_INSERT_UNBILLED = (
-    f"INSERT INTO authorizations ({', '.join(HOLD_VALUES)}, status, counted) "
-    f"VALUES ({', '.join(f'%({c})s' for c in HOLD_VALUES)}, 'active', false) "
-    "ON CONFLICT (account_id, request_id) DO NOTHING RETURNING id"
-)
-_PG_BY_REQUEST_ID = (
-    f"SELECT {_HOLD_COLUMNS_H} FROM authorizations AS h "
-    "WHERE h.account_id = %(account_id)s AND h.request_id = %(request_id)s"
-)
-_PG_VOID = (
-    "UPDATE authorizations SET status = 'voided', closed_at = %(now)s "
-    "WHERE id = %(hold_id)s AND status = 'active' AND expires_at > %(now)s "
-    f"RETURNING {', '.join(BODY_COLUMNS)}"
-)
-_PG_BY_ID = f"SELECT {', '.join(BODY_COLUMNS)} FROM authorizations WHERE id = %(hold_id)s"
+_PLACE = PLACE_HOLDS.call_sql
+_INSERT_UNBILLED = psycopg_text(INSERT_UNBILLED)
+_BY_REQUEST_ID = psycopg_text(BY_REQUEST_ID)
+_VOID = psycopg_text(VOID)
+_BY_ID = psycopg_text(BY_ID)
+_BY_REQUEST_ID_COLUMNS = tuple(c.name for c in BY_REQUEST_ID.selected_columns)
 
 
 class PostgresHolds:
     """The statements on one pooled connection in autocommit, awaited on the event loop: each
-    statement is its own transaction, so no BEGIN or COMMIT round trips."""
+    statement is its own transaction (one server-side unit of work), so no BEGIN or COMMIT
+    round trips."""
 
     def __init__(self, connection: psycopg.AsyncConnection[Any]) -> None:
         self._connection = connection
@@ -73,11 +65,12 @@ class PostgresHolds:
 
     async def resolve(
         self, secret_hash: str, model_key: str, request_id: str | None, now: datetime
-    ) -> Resolved | None:
-        """Read afresh; a resolution that can price a prepaid account's hold is remembered."""
+    ) -> tuple[Resolution, bool] | None:
+        """Read afresh (and whether the request id is known); a resolution that can price a
+        prepaid account's hold is remembered."""
         RESOLUTIONS.inc("read")
         row = await self._one(
-            _PG_RESOLVE,
+            _RESOLVE,
             {
                 "secret_hash": secret_hash,
                 "model_key": model_key,
@@ -88,122 +81,89 @@ class PostgresHolds:
         if row is None:
             _REMEMBERED.forget(secret_hash, model_key)
             return None
-        resolved = resolved_from(_resolution_row(row[0]), row[1])
-        _REMEMBERED.keep(secret_hash, model_key, resolved, row[0])
-        return resolved
+        text, known = row
+        found = Resolution.from_text(text)
+        _REMEMBERED.keep(secret_hash, model_key, found, text)
+        return found, known
 
-    async def remembered(self, secret_hash: str, model_key: str) -> Resolved | None:
+    async def remembered(self, secret_hash: str, model_key: str) -> Remembered | None:
         """The resolution this process last read for the key and model, to be confirmed by
-        the check-and-hold (``Confirm``); None when there is none to use."""
-        resolved = _REMEMBERED.get(secret_hash, model_key)
-        if resolved is not None:
+        the check-and-hold; None when there is none to use."""
+        found = _REMEMBERED.get(secret_hash, model_key)
+        if found is not None:
             RESOLUTIONS.inc("remembered")
-        return resolved
+        return found
 
     async def by_request_id(self, account_id: str, request_id: str) -> dict[str, Any] | None:
         row = await self._one(
-            _PG_BY_REQUEST_ID, {"account_id": account_id, "request_id": request_id}
+            _BY_REQUEST_ID, {"b_account_id": account_id, "request_id": request_id}
         )
-        return None if row is None else _hold(row)
+        return None if row is None else dict(zip(_BY_REQUEST_ID_COLUMNS, row, strict=True))
 
-    async def place(
-        self,
-        values: Mapping[str, Any],
-        spend_limit: int | None,
-        month_start: datetime,
-        month_end: datetime,
-        confirm: Confirm | None = None,
-    ) -> Placement:
-        """Place one hold, together with the holds that this process is asked to place
-        meanwhile (see ``_Queue``). With ``confirm``, the hold is placed only if the resolution
-        it was estimated from still holds (else the outcome is 'stale')."""
-        return await _QUEUE.place(
-            self, _Placing(values, spend_limit, month_start, month_end, confirm)
-        )
+    async def place(self, hold: Mapping[str, Any]) -> Placement:
+        """Place one hold (a row of ``HOLDS_IN``), together with the holds that this process is
+        asked to place meanwhile (see ``_Queue``)."""
+        return await _QUEUE.place(self, hold)
 
-    async def place_all(self, batch: list[_Placing]) -> list[Placement]:
-        """One call for the holds, in order: ``metering_place_holds`` when they are all of one
-        account, else ``metering_place_holds_of_accounts`` (one transaction, the accounts in
-        the order settlement locks them)."""
-        holds = [
-            {
-                **placing.values,
-                "spend_limit": placing.spend_limit,
-                "month_start": placing.month_start,
-                "month_end": placing.month_end,
-                **(placing.confirm.fields() if placing.confirm else {}),
-            }
-            for placing in batch
-        ]
-        accounts = {placing.values["account_id"] for placing in batch}
+    async def place_all(self, batch: list[Mapping[str, Any]]) -> list[Placement]:
+        """One call of ``metering_place_holds`` for the holds, in order."""
         cursor = await self._connection.execute(
-            _PG_PLACE if len(accounts) == 1 else _PG_PLACE_OF_ACCOUNTS,
+            _PLACE,
             {
-                "account_id": batch[0].values["account_id"],
-                "now": max(placing.values["created_at"] for placing in batch),
-                "holds": json.dumps(holds, default=datetime.isoformat),
+                "p_now": max(hold["created_at"] for hold in batch),
+                "p_holds": json.dumps(batch, default=datetime.isoformat),
             },
         )
-        outcomes = {row[0]: Placement(row[1], row[2]) for row in await cursor.fetchall()}
+        outcomes = {row[0]: Placement(Outcome(row[1]), row[2]) for row in await cursor.fetchall()}
         for placement in outcomes.values():
-            if placement.outcome == "stale":
+            if placement.outcome is Outcome.STALE:
                 RESOLUTIONS.inc("stale")
-        return [outcomes[placing.values["id"]] for placing in batch]
+        return [outcomes[hold["id"]] for hold in batch]
 
     async def insert_unbilled(self, values: Mapping[str, Any]) -> bool:
-        return await self._one(_PG_INSERT_UNBILLED, values) is not None
+        return await self._one(_INSERT_UNBILLED, values) is not None
 
     async def void(self, hold_id: str, now: datetime) -> tuple[dict[str, Any] | None, bool]:
-        row = await self._one(_PG_VOID, {"hold_id": hold_id, "now": now})
+        row = await self._one(_VOID, {"hold_id": hold_id, "now": now})
         if row is not None:
             return dict(zip(BODY_COLUMNS, row, strict=True)), True
-        row = await self._one(_PG_BY_ID, {"hold_id": hold_id})
+        row = await self._one(_BY_ID, {"hold_id": hold_id})
         return (None if row is None else dict(zip(BODY_COLUMNS, row, strict=True))), False
 
 
 @dataclass(frozen=True, slots=True)
-class Confirm:
-    """What the check-and-hold recomputes to confirm a remembered resolution: its text and
-    what it was read for."""
+class Remembered:
+    """A resolution this process read before, with its text as the database wrote it: what
+    the check-and-hold recomputes (``HOLDS_IN``'s ``resolution``) to confirm it still holds."""
 
+    resolution: Resolution
     text: str
-    secret_hash: str
-    model_key: str
-
-    def fields(self) -> dict[str, str]:
-        return {
-            "resolution": self.text,
-            "secret_hash": self.secret_hash,
-            "model_key": self.model_key,
-        }
 
 
 class _Remembered:
-    """The last resolution this process read for each key and model (its text, as the
-    database gave it), for the next authorization to be estimated from without the resolving
-    round trip. Nothing is decided on it: the check-and-hold confirms the text under the
-    account's lock, and a resolution that no longer holds is read afresh (and replaced).
+    """The last resolution this process read for each key and model, for the next
+    authorization to be estimated from without the resolving round trip. Nothing is decided on
+    it: the check-and-hold confirms the text under the account's lock, and a resolution that no
+    longer holds is read afresh (and replaced).
 
-    Only resolutions a hold can be placed with are kept: a prepaid account's, with a model
-    and a price. Bounded: when full, it starts again empty (a miss costs one round trip)."""
+    Only resolutions a hold can be placed with are kept: a prepaid account's, with a model and a
+    price. Bounded: when full, it starts again empty (a miss costs one round trip)."""
 
     LIMIT = 10_000
 
     def __init__(self) -> None:
-        self._resolutions: dict[tuple[str, str], Resolved] = {}
+        self._resolutions: dict[tuple[str, str], Remembered] = {}
 
-    def get(self, secret_hash: str, model_key: str) -> Resolved | None:
+    def get(self, secret_hash: str, model_key: str) -> Remembered | None:
         return self._resolutions.get((secret_hash, model_key))
 
-    def keep(self, secret_hash: str, model_key: str, resolved: Resolved, text: str) -> None:
-        if resolved.billing != "prepaid" or resolved.rates is None:
+    def keep(self, secret_hash: str, model_key: str, found: Resolution, text: str) -> None:
+        if found.billing != "prepaid" or found.rates is None:
             self.forget(secret_hash, model_key)
             return
         if len(self._resolutions) >= self.LIMIT:
             self._resolutions.clear()
-        self._resolutions[(secret_hash, model_key)] = replace(
-            resolved, known_request=False, text=text
-        )
+        self._resolutions[(secret_hash, model_key)] = Remembered(found, text)
 
     def forget(self, secret_hash: str, model_key: str) -> None:
         self._resolutions.pop((secret_hash, model_key), None)
@@ -212,18 +172,9 @@ class _Remembered:
 _REMEMBERED = _Remembered()
 
 
-@dataclass(frozen=True, slots=True)
-class _Placing:
-    values: Mapping[str, Any]
-    spend_limit: int | None
-    month_start: datetime
-    month_end: datetime
-    confirm: Confirm | None
-
-
 @dataclass(slots=True)
 class _Waiting:
-    placing: _Placing
+    hold: Mapping[str, Any]
     # Set to the placement once made, or to a batch (this one first) for it to make.
     answer: asyncio.Future[Placement | list[_Waiting]]
 
@@ -243,10 +194,10 @@ class _Queue:
     def __init__(self) -> None:
         self._waiting: dict[asyncio.AbstractEventLoop, list[_Waiting]] = {}
 
-    async def place(self, holds: PostgresHolds, placing: _Placing) -> Placement:
+    async def place(self, holds: PostgresHolds, hold: Mapping[str, Any]) -> Placement:
         loop = asyncio.get_running_loop()
         queue = self._waiting.get(loop)
-        mine = _Waiting(placing, loop.create_future())
+        mine = _Waiting(hold, loop.create_future())
         if queue is None:
             self._waiting[loop] = []
             batch = [mine]
@@ -257,7 +208,7 @@ class _Queue:
                 return answer
             batch = answer
         try:
-            placements = await holds.place_all([waiting.placing for waiting in batch])
+            placements = await holds.place_all([waiting.hold for waiting in batch])
         except BaseException as error:
             for waiting in batch[1:]:
                 if not waiting.answer.done():
@@ -285,15 +236,3 @@ class _Queue:
 
 
 _QUEUE = _Queue()
-
-
-def _resolution_row(text: str) -> list[Any]:
-    """``metering_resolution``'s JSON array as a resolving row (its date is ISO text in JSON)."""
-    row = json.loads(text)
-    if row[8] is not None:
-        row[8] = date.fromisoformat(row[8])
-    return row
-
-
-def _hold(row: tuple[Any, ...]) -> dict[str, Any]:
-    return dict(zip((*BODY_COLUMNS, "request_fingerprint"), row, strict=True))

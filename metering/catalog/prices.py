@@ -1,0 +1,101 @@
+"""The price in force: the one definition of which rates apply to an account's usage of a model at
+an instant, as a SQL expression that every reader embeds (the authorization's resolution and its
+check-and-hold, the ingest's batch lookup, the model list).
+
+Rule: prices are effective-dated versions. A version is in force on [its ``effective_at``, the
+next version's ``effective_at``). The account's own rates (``account_rates``) override the list
+price (``price_versions``) while its latest version at that instant has rates; a version whose
+rates are all null ends the override, and the list price applies again. No version in force: no
+price (the model cannot be billed then).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+from sqlalchemy import ColumnElement, FromClause, and_, func, select
+
+from metering.models import AccountRate, PriceVersion, table
+from metering.models.catalog import RATE_COLUMNS
+from metering.pricing import Rates
+
+assert tuple(f.name for f in fields(Rates)) == RATE_COLUMNS
+_LIST = table(PriceVersion)
+_OVERRIDES = table(AccountRate)
+
+
+@dataclass(frozen=True, slots=True)
+class PriceInForce:
+    version_id: str  # price_… (list) or rate_… (account override): stored with every charge
+    rates: Rates
+
+
+@dataclass(frozen=True)
+class PriceColumns:
+    """``price_in_force``'s result: ``join`` it onto the FROM clause that holds the account and
+    model columns it was built from, then select its columns (all null: no price)."""
+
+    _override: Any
+    _listed: Any
+    _override_id: ColumnElement[Any]
+    _listed_id: ColumnElement[Any]
+
+    def join(self, base: FromClause) -> FromClause:
+        o, p = self._override, self._listed
+        has_rates = o.c.input_microcents_per_million.isnot(None)
+        return base.outerjoin(o, and_(o.c.id == self._override_id, has_rates)).outerjoin(
+            p, p.c.id == self._listed_id
+        )
+
+    @property
+    def version_id(self) -> ColumnElement[Any]:
+        return func.coalesce(self._override.c.id, self._listed.c.id)
+
+    def rate(self, name: str) -> ColumnElement[Any]:
+        return func.coalesce(self._override.c[name], self._listed.c[name])
+
+    def labelled(self) -> tuple[ColumnElement[Any], ...]:
+        """The version id and the three rates, labelled with their names (``price_of`` reads
+        them back by name)."""
+        return (
+            self.version_id.label("price_version_id"),
+            *(self.rate(name).label(name) for name in RATE_COLUMNS),
+        )
+
+
+def _latest(versions: Any, at: Any, *match: Any) -> ColumnElement[Any]:
+    return (
+        select(versions.c.id)
+        .where(*match, versions.c.effective_at <= at)
+        .order_by(versions.c.effective_at.desc())
+        .limit(1)
+        .scalar_subquery()
+    )
+
+
+def price_in_force(account_id: Any, model_id: Any, at: Any, *, name: str = "") -> PriceColumns:
+    """The rates in force for ``account_id`` (None or a null expression: list prices only) and
+    ``model_id`` at ``at`` (column expressions or bound values)."""
+    override = _OVERRIDES.alias(f"override{name}")
+    listed = _LIST.alias(f"listed{name}")
+    return PriceColumns(
+        override,
+        listed,
+        _latest(
+            _OVERRIDES,
+            at,
+            _OVERRIDES.c.account_id == account_id,
+            _OVERRIDES.c.model_id == model_id,
+        ),
+        _latest(_LIST, at, _LIST.c.model_id == model_id),
+    )
+
+
+def price_of(row: Mapping[Any, Any]) -> PriceInForce | None:
+    """The price of a row that selected ``PriceColumns.labelled()`` (None: no price)."""
+    version_id = row["price_version_id"]
+    if version_id is None:
+        return None
+    return PriceInForce(version_id, Rates(**{name: int(row[name]) for name in RATE_COLUMNS}))

@@ -1,0 +1,291 @@
+"""The check-and-hold, the void and the tidy-up, each defined once (metering.kit.programs): the
+same statements run on SQLite inside the unit of work and, on PostgreSQL, as the function
+``metering_place_holds`` (one round trip) and plain statements.
+
+**The held counter.** Each account row keeps ``held_microcents``, the sum of its *counted* holds,
+so the check is O(1) whatever the number of holds in flight. Placing a hold counts it; releasing
+one (void, settlement, tidy-up) only changes its status (metering.ledger.holds) and never waits
+for the account's lock. The account's next check-and-hold, holding that lock, first stops
+counting the holds released since and those past their ``expires_at`` (which become 'expired':
+lazy expiry), then decides. So an active hold always counts, a released one never does by the
+time it matters, and the counter equals the sum of the holds it counts (``metering verify``).
+
+**One call, several holds.** ``PLACE_HOLDS`` takes holds of any accounts: it visits them in byte
+order of account id (the order settlement locks accounts in, so the two cannot deadlock), locks
+each account once (``FOR NO KEY UPDATE``: rows that merely reference it can still be inserted),
+and decides each hold as if alone, in the order given. Each statement takes a fresh snapshot after
+the lock (READ COMMITTED), so it sees every hold, release and charge committed before it.
+
+**No deadlock.** Releases lock holds after the account, but skip (``SKIP LOCKED``) a hold that
+another transaction holds: one being settled or tidied up right now counts until the account's
+next check — never credit that is not there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    String,
+    Text,
+    and_,
+    bindparam,
+    case,
+    exists,
+    func,
+    select,
+    true,
+    update,
+)
+from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.sql.elements import ColumnElement
+
+from metering.kit import programs as p
+from metering.ledger import holds
+from metering.ledger.holds import HoldStatus
+from metering.ledger.resolution import resolution_text
+from metering.models import Account, Authorization, table
+from metering.models.base import UTCDateTime
+from metering.usage.spend import key_charges
+
+HOLDS = table(Authorization)
+ACCOUNTS = table(Account)
+
+
+class Outcome(StrEnum):
+    GRANTED = "granted"
+    INSUFFICIENT_CREDITS = "insufficient_credits"
+    MEMBER_SPEND_LIMIT = "member_spend_limit"
+    EXISTS = "exists"  # the account already has a hold with this request id
+    STALE = "stale"  # the remembered resolution it was estimated from no longer holds
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """A hold's outcome; ``available``: the account's balance minus its holds in force, before
+    this one."""
+
+    outcome: Outcome
+    available: int
+
+
+# The columns an authorization writes into a hold (the rest are the state machine's).
+_STATE_COLUMNS = ("status", "closed_at", "usage_event_id", "counted")
+HOLD_COLUMNS = tuple(c.name for c in HOLDS.columns if c.name not in _STATE_COLUMNS)
+# The gateway's view of a hold (metering.ledger.authorizations.hold_body).
+BODY_COLUMNS = (
+    "id",
+    "status",
+    "request_id",
+    "account_id",
+    "api_key_id",
+    "model_id",
+    "max_tokens",
+    "estimate_microcents",
+    "expires_at",
+)
+
+# What the check-and-hold is given for each hold besides the hold itself: the key's spend limit
+# and the window it applies to, and (PostgreSQL) the remembered resolution it was estimated from
+# with what it was read for (null: resolved afresh).
+_EXTRA: p.RowColumns = (
+    ("spend_limit", BigInteger()),
+    ("window_start", UTCDateTime()),
+    ("window_end", UTCDateTime()),
+    ("resolution", Text()),
+    ("secret_hash", String()),
+    ("model_key", String()),
+)
+HOLDS_IN = p.Records("p_holds", (*((name, HOLDS.c[name].type) for name in HOLD_COLUMNS), *_EXTRA))
+NOW = p.Var("p_now", UTCDateTime())
+
+
+def key_holds_in_force(api_key_id: Any, at: Any) -> ColumnElement[Any]:
+    """The estimates of the key's holds in force at ``at`` (a scalar subquery)."""
+    return (
+        select(func.coalesce(func.sum(HOLDS.c.estimate_microcents), 0))
+        .where(HOLDS.c.api_key_id == api_key_id, holds.in_force(HOLDS, at))
+        .scalar_subquery()
+    )
+
+
+def _place_holds(on: p.Backend) -> list[p.Step]:
+    given = on.records(HOLDS_IN, "h")
+    h = {name: p.Var(f"v_h_{name}", kind) for name, kind in HOLDS_IN.columns}
+    account = p.Var("v_account_id", String())
+    balance, held = p.Var("v_balance", BigInteger()), p.Var("v_held", BigInteger())
+    released, expired = p.Var("v_released", BigInteger()), p.Var("v_expired", BigInteger())
+    available = p.Var("v_available", BigInteger())
+    changed, outcome = p.Var("v_changed", Boolean()), p.Var("v_outcome", String())
+    locked = HOLDS.alias("locked")
+
+    def release(condition: ColumnElement[bool], **values: Any) -> Any:
+        """Stop counting the account's holds that meet ``condition``, skipping locked ones."""
+        chosen = (
+            select(locked.c.id)
+            .where(locked.c.account_id == account.ref, condition)
+            .with_for_update(key_share=True, skip_locked=True)
+        )
+        return (
+            update(HOLDS)
+            .where(HOLDS.c.id.in_(chosen))
+            .values(counted=False, **values)
+            .returning(HOLDS.c.estimate_microcents)
+        )
+
+    flush = p.When(
+        changed.ref,
+        (
+            p.Run(
+                update(ACCOUNTS)
+                .where(ACCOUNTS.c.id == account.ref)
+                .values(held_microcents=held.ref)
+            ),
+        ),
+    )
+    take_account = p.When(
+        h["account_id"].ref.is_distinct_from(account.ref),
+        (
+            flush,
+            p.Assign(account, h["account_id"].ref),
+            p.Fetch(
+                select(ACCOUNTS.c.balance_microcents, ACCOUNTS.c.held_microcents)
+                .where(ACCOUNTS.c.id == account.ref)
+                .with_for_update(key_share=True),
+                into=(balance, held),
+                required="no such account",
+            ),
+            p.Sum(release(holds.released(locked)), "estimate_microcents", released),
+            p.Sum(
+                release(
+                    and_(holds.past_expiry(locked, NOW.ref), locked.c.counted),
+                    status=holds.target("expire"),
+                ),
+                "estimate_microcents",
+                expired,
+            ),
+            p.Assign(held, held.ref - released.ref - expired.ref),
+            p.Assign(changed, (released.ref != 0) | (expired.ref != 0)),
+        ),
+    )
+    estimate = h["estimate_microcents"].ref
+    spent = key_charges(
+        account.ref, h["api_key_id"].ref, h["window_start"].ref, h["window_end"].ref
+    ) + key_holds_in_force(h["api_key_id"].ref, h["created_at"].ref)
+    decide = case(
+        (
+            and_(
+                h["resolution"].ref.isnot(None),
+                resolution_text(
+                    h["secret_hash"].ref, h["model_key"].ref, h["created_at"].ref
+                ).is_distinct_from(h["resolution"].ref),
+            ),
+            Outcome.STALE.value,
+        ),
+        (
+            and_(
+                h["request_id"].ref.isnot(None),
+                exists().where(
+                    HOLDS.c.account_id == account.ref, HOLDS.c.request_id == h["request_id"].ref
+                ),
+            ),
+            Outcome.EXISTS.value,
+        ),
+        (estimate > available.ref, Outcome.INSUFFICIENT_CREDITS.value),
+        (
+            and_(h["spend_limit"].ref.isnot(None), spent + estimate > h["spend_limit"].ref),
+            Outcome.MEMBER_SPEND_LIMIT.value,
+        ),
+        else_=Outcome.GRANTED.value,
+    )
+    grant = p.When(
+        outcome.ref == Outcome.GRANTED.value,
+        (
+            p.Run(
+                HOLDS.insert().values(
+                    {
+                        **{name: h[name].ref for name in HOLD_COLUMNS},
+                        "status": HoldStatus.ACTIVE.value,
+                        "counted": True,
+                    }
+                )
+            ),
+            p.Assign(held, held.ref + estimate),
+            p.Assign(changed, true()),
+        ),
+    )
+    return [
+        p.ForEach(
+            select(*(given.c[name] for name in HOLDS_IN.names)).order_by(
+                p.byte_order(given.c.account_id), given.c.position
+            ),
+            into=tuple(h.values()),
+            steps=(
+                take_account,
+                p.Assign(available, balance.ref - held.ref),
+                p.Assign(outcome, decide),
+                grant,
+                p.Emit((h["id"].ref, outcome.ref, available.ref)),
+            ),
+        ),
+        flush,
+    ]
+
+
+PLACE_HOLDS = p.Program(
+    "metering_place_holds",
+    params=(NOW, HOLDS_IN),
+    build=_place_holds,
+    returns=(("hold_id", String()), ("outcome", String()), ("available", BigInteger())),
+    initial={"v_changed": False},
+)
+
+
+# -- The other statements of a hold's life: each one statement, the same on both backends. -----
+
+_HOLD_ID = bindparam("hold_id", type_=String())
+_NOW = bindparam("now", type_=UTCDateTime())
+_ACCOUNT_ID = bindparam("b_account_id", type_=String())  # not "account_id": a column
+
+# Unbilled accounts always pass: their holds are recorded (not counted), without any lock.
+INSERT_UNBILLED = (
+    insert(HOLDS)
+    .values(
+        {
+            **{name: bindparam(name, type_=HOLDS.c[name].type) for name in HOLD_COLUMNS},
+            "status": HoldStatus.ACTIVE.value,
+            "counted": False,
+        }
+    )
+    .on_conflict_do_nothing(index_elements=["account_id", "request_id"])
+    .returning(HOLDS.c.id)
+)
+BY_REQUEST_ID = select(*(HOLDS.c[name] for name in (*BODY_COLUMNS, "request_fingerprint"))).where(
+    HOLDS.c.account_id == _ACCOUNT_ID, HOLDS.c.request_id == bindparam("request_id", type_=String())
+)
+# A void releases an active hold in force; the account's counter is left to its next check.
+VOID = (
+    update(HOLDS)
+    .where(HOLDS.c.id == _HOLD_ID, holds.in_force(HOLDS, _NOW))
+    .values(status=holds.target("void"), closed_at=_NOW)
+    .returning(*(HOLDS.c[name] for name in BODY_COLUMNS))
+)
+BY_ID = select(*(HOLDS.c[name] for name in BODY_COLUMNS)).where(HOLDS.c.id == _HOLD_ID)
+# The tidy-up: holds past their expiry are marked expired. Locked ones are skipped, never waited
+# for (a check-and-hold expiring them itself, a settlement), so it takes part in no deadlock.
+_overdue = HOLDS.alias("overdue")
+EXPIRE = (
+    update(HOLDS)
+    .where(
+        HOLDS.c.id.in_(
+            select(_overdue.c.id)
+            .where(holds.past_expiry(_overdue, _NOW))
+            .with_for_update(skip_locked=True)
+        )
+    )
+    .values(status=holds.target("expire"))
+)

@@ -1,0 +1,134 @@
+"""The authorization's resolution: what a client's key and a model name resolve to at an instant
+— the live key, its account's billing and the key's spend limit, the model's limits, and the
+rates in force for the account — as one SQL statement (``RESOLUTION``) with named columns.
+
+The same definition is read by the authorization (a fresh read), and recomputed by the
+check-and-hold to confirm a resolution that an API process remembered (PostgreSQL): its JSON
+text (``resolution_text``) must be unchanged at the hold's instant, or the hold is not placed.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, fields
+from datetime import date
+from typing import Any
+
+from sqlalchemy import Date, Select, String, Text, bindparam, cast, select
+
+from metering.accounts.keys import ACCOUNTS, KEYS, live_key
+from metering.catalog.prices import RATE_COLUMNS, price_in_force
+from metering.kit.programs import json_row
+from metering.models import CatalogModel, table
+from metering.models.base import UTCDateTime
+from metering.pricing import ModelLimits, Rates
+
+MODELS = table(CatalogModel)
+
+
+@dataclass(frozen=True, slots=True)
+class Resolution:
+    """A resolving row, by name (``RESOLUTION``'s columns). ``model_id`` is None for a model
+    name the catalog does not know; ``price_version_id`` None when no price is in force."""
+
+    api_key_id: str
+    account_id: str
+    billing: str
+    spend_limit_microcents: int | None
+    model_id: str | None
+    context_length: int | None
+    max_output_tokens: int | None
+    reasoning_headroom_tokens: int | None
+    deprecation_date: date | None
+    price_version_id: str | None
+    rates: Rates | None  # the price's RATE_COLUMNS, when one is in force
+
+    @property
+    def limits(self) -> ModelLimits:
+        assert self.context_length is not None and self.reasoning_headroom_tokens is not None
+        return ModelLimits(
+            context_length=self.context_length,
+            max_output_tokens=self.max_output_tokens,
+            reasoning_headroom_tokens=self.reasoning_headroom_tokens,
+        )
+
+    @classmethod
+    def from_mapping(cls, row: Any) -> Resolution:
+        """A resolving row (``NAMES``' columns) as a resolution."""
+        values = {name: row[name] for name in NAMES}
+        rates = {name: values.pop(name) for name in RATE_COLUMNS}
+        priced = values["price_version_id"] is not None
+        return cls(**values, rates=Rates(**rates) if priced else None)
+
+    @classmethod
+    def from_text(cls, text: str) -> Resolution:
+        """A resolution from its JSON text (``resolution_text``): values by column, dates
+        decoded from their ISO text."""
+        values = dict(zip(NAMES, json.loads(text), strict=True))
+        for name in _DATE_COLUMNS:
+            if values[name] is not None:
+                values[name] = date.fromisoformat(values[name])
+        return cls.from_mapping(values)
+
+
+# The resolving statement's columns: the record's fields, the price's rates by their names.
+NAMES = (*(f.name for f in fields(Resolution) if f.name != "rates"), *RATE_COLUMNS)
+
+
+def _parts(secret_hash: Any, model_key: Any, at: Any) -> tuple[dict[str, Any], Any, Any]:
+    models = MODELS.alias("model")
+    price = price_in_force(KEYS.c.account_id, models.c.id, at)
+    columns = {
+        "api_key_id": KEYS.c.id,
+        "account_id": KEYS.c.account_id,
+        "billing": ACCOUNTS.c.billing,
+        "spend_limit_microcents": KEYS.c.monthly_spend_limit_microcents,
+        "model_id": models.c.id,
+        "context_length": models.c.context_length,
+        "max_output_tokens": models.c.max_output_tokens,
+        "reasoning_headroom_tokens": models.c.reasoning_headroom_tokens,
+        "deprecation_date": models.c.deprecation_date,
+        "price_version_id": price.version_id,
+        **{name: price.rate(name) for name in RATE_COLUMNS},
+    }
+    assert tuple(columns) == NAMES
+    base = KEYS.join(ACCOUNTS, ACCOUNTS.c.id == KEYS.c.account_id).outerjoin(
+        models, models.c.id_key == model_key
+    )
+    return columns, price.join(base), live_key(KEYS, secret_hash)
+
+
+def resolution(secret_hash: Any, model_key: Any, at: Any) -> Select[Any]:
+    """The resolving statement: one row for a live key (the model's columns null when the
+    model name is unknown, the price's when none is in force at ``at``), none otherwise."""
+    columns, source, where = _parts(secret_hash, model_key, at)
+    return (
+        select(*(column.label(name) for name, column in columns.items()))
+        .select_from(source)
+        .where(where)
+    )
+
+
+def resolution_text(secret_hash: Any, model_key: Any, at: Any) -> Any:
+    """The resolution as JSON text (an array of ``NAMES``' values), or null for no live key:
+    what a remembered resolution is compared with."""
+    found = resolution(secret_hash, model_key, at).subquery("resolution")
+    return select(as_text(found)).select_from(found).scalar_subquery()
+
+
+def as_text(found: Any) -> Any:
+    """A resolution subquery's row as its JSON text (the one form both readers write)."""
+    return cast(json_row(*(found.c[name] for name in NAMES)), Text)
+
+
+# The fresh read's parameters.
+SECRET_HASH = bindparam("secret_hash", type_=String)
+MODEL_KEY = bindparam("model_key", type_=String)
+AT = bindparam("now", type_=UTCDateTime)
+
+
+_DATE_COLUMNS = tuple(
+    name
+    for name, column in _parts(SECRET_HASH, MODEL_KEY, AT)[0].items()
+    if isinstance(column.type, Date)
+)

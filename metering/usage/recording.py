@@ -1,0 +1,172 @@
+"""Recording usage: the event row, its insert, the rollup upsert and the two programs that book
+a recorded event's charge and aggregates, each defined once (metering.kit.programs) and run on
+both backends.
+
+* ``SETTLE_USAGE`` (the batch path): the charges of events just inserted (settled, debited) and
+  their rollup rows, in the caller's transaction after the insert.
+* ``RECORD_USAGE`` (one event, PostgreSQL's lean path): the insert, and only if the event was
+  new, the same settlement and rollups, as one statement and one transaction.
+
+The columns come from the tables: an event row is every column of ``usage_events`` but its id
+and ``recorded_at`` (the statement's ``now``); a rollup row is every column of
+``usage_rollups``, whose primary key is the rollup key and whose other columns are added up.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import BigInteger, ColumnElement, FromClause, func, select, true
+from sqlalchemy.orm import Session
+
+from metering.db import driver_connection, is_postgresql
+from metering.kit import programs as p
+from metering.ledger.settlement import CHARGES_IN, ChargeToSettle, settle_steps
+from metering.models import UsageEvent, UsageRollup, table
+from metering.models.base import UTCDateTime
+
+EVENTS = table(UsageEvent)
+ROLLUPS = table(UsageRollup)
+
+EVENT_COLUMNS = tuple(c.name for c in EVENTS.columns if c.name not in ("id", "recorded_at"))
+EVENTS_IN = p.Records("p_events", tuple((name, EVENTS.c[name].type) for name in EVENT_COLUMNS))
+# The dedup key (contract §5): unique forever.
+EVENT_KEY = ("account_id", "request_id")
+
+ROLLUP_KEY = tuple(c.name for c in ROLLUPS.primary_key.columns)
+LAST_EVENT = "last_event_id"
+COUNTERS = tuple(
+    c.name for c in ROLLUPS.columns if c.name not in ROLLUP_KEY and c.name != LAST_EVENT
+)
+ROLLUPS_IN = p.Records("p_rollups", tuple((c.name, c.type) for c in ROLLUPS.columns))
+
+NOW = p.Var("p_now", UTCDateTime())
+PREPAID = p.Var("p_prepaid", p.Boolean())
+# What the insert hands back of each new event.
+_RETURNED = ("id", "account_id", "request_id", "api_key_id", "authorization_id", "total_microcents")
+
+
+def insert_events(on: p.Backend, rows: FromClause) -> Any:
+    """Insert ``rows`` (``EVENTS_IN``'s columns, in ``position`` order) with ``ON CONFLICT DO
+    NOTHING``, so a row that already stands, or that a concurrent batch is inserting, wins
+    cleanly; returns the new events (those that conflicted are not among them)."""
+    source = (
+        select(*(rows.c[name] for name in EVENT_COLUMNS), NOW.ref)
+        .where(true())  # SQLite: ON CONFLICT after a SELECT needs a WHERE
+        .order_by(rows.c.position)
+    )
+    return (
+        on.insert(EVENTS)
+        .from_select([*EVENT_COLUMNS, "recorded_at"], source)
+        .on_conflict_do_nothing(index_elements=list(EVENT_KEY))
+        .returning(*(EVENTS.c[name] for name in _RETURNED))
+    )
+
+
+def rollup_upsert(on: p.Backend, rows: FromClause, last_event_id: Any = None) -> Any:
+    """Add ``rows`` (``ROLLUPS_IN``'s columns, one per rollup key) to their rollup rows;
+    ``last_event_id`` replaces the rows' own when given."""
+    columns = [c.name for c in ROLLUPS.columns]
+    source = select(
+        *(
+            last_event_id if name == LAST_EVENT and last_event_id is not None else rows.c[name]
+            for name in columns
+        )
+    ).where(true())
+    statement = on.insert(ROLLUPS).from_select(columns, source)
+    excluded = statement.excluded
+    return statement.on_conflict_do_update(
+        index_elements=list(ROLLUP_KEY),
+        set_={
+            **{name: ROLLUPS.c[name] + excluded[name] for name in COUNTERS},
+            LAST_EVENT: p.greatest(ROLLUPS.c[LAST_EVENT], excluded[LAST_EVENT]),
+        },
+    )
+
+
+def _settle_usage(on: p.Backend) -> list[p.Step]:
+    return [
+        *settle_steps(on, on.records(CHARGES_IN, "c"), NOW.ref),
+        # The contended rows last (every concurrent batch of the account adds to them): their
+        # locks are held only until the commit.
+        p.Run(rollup_upsert(on, on.records(ROLLUPS_IN, "r"))),
+    ]
+
+
+SETTLE_USAGE = p.Program(
+    "metering_settle_usage", params=(NOW, CHARGES_IN, ROLLUPS_IN), build=_settle_usage
+)
+
+_NEW = p.Rows("v_new", tuple((name, EVENTS.c[name].type) for name in _RETURNED))
+
+
+def _record_usage(on: p.Backend) -> list[p.Step]:
+    new = on.rows(_NEW, "n")
+    newest: ColumnElement[Any] = select(func.max(new.c.id)).scalar_subquery()
+    charges = select(
+        new.c.account_id,
+        new.c.api_key_id,
+        new.c.request_id,
+        new.c.id.label("usage_event_id"),
+        new.c.total_microcents.label("charge_microcents"),
+        new.c.authorization_id,
+        PREPAID.ref.label("prepaid"),
+    ).subquery("c")
+    return [
+        p.Collect(insert_events(on, on.records(EVENTS_IN, "e")), into=_NEW),
+        p.When(
+            on.count(_NEW) > 0,
+            (
+                *settle_steps(on, charges, NOW.ref),
+                p.Run(rollup_upsert(on, on.records(ROLLUPS_IN, "r"), last_event_id=newest)),
+            ),
+        ),
+        p.Return(newest),
+    ]
+
+
+RECORD_USAGE = p.Program(
+    "metering_record_usage",
+    params=(NOW, EVENTS_IN, PREPAID, ROLLUPS_IN),
+    build=_record_usage,
+    returns=BigInteger(),
+)
+
+
+_ENCODE_CHARGES = {
+    on.name: p.records_encoder(CHARGES_IN, on, verbatim=("request_id",))
+    for on in (p.POSTGRESQL, p.SQLITE)
+}
+
+
+def settle_usage(
+    session: Session,
+    charges: Sequence[ChargeToSettle],
+    rollup_rows: Sequence[Mapping[str, Any]],
+    now: datetime,
+) -> None:
+    """Book the charges of events just inserted and add their rollup rows (``SETTLE_USAGE``), in
+    the session's transaction: one round trip on PostgreSQL."""
+    if not charges and not rollup_rows:
+        return
+    from metering.usage import rollups  # the encoders of rollup rows
+
+    ordered = [c.row() for c in sorted(charges, key=lambda c: c.usage_event_id)]
+    if is_postgresql(session):
+        driver_connection(session).execute(
+            SETTLE_USAGE.call_sql,
+            {
+                "p_now": now,
+                "p_charges": _ENCODE_CHARGES["postgresql"](ordered),
+                "p_rollups": rollups.ENCODE(rollup_rows),
+            },
+        )
+        return
+    SETTLE_USAGE.run(
+        session.connection(),
+        p_now=now,
+        p_charges=_ENCODE_CHARGES["sqlite"](ordered),
+        p_rollups=rollups.ENCODE_SQLITE(rollup_rows),
+    )
