@@ -11,6 +11,7 @@ from metering import __version__
 from metering.db import Database
 from metering.kit.clock import Clock, SystemClock
 from metering.settings import Settings
+from metering.web.deps import Credentials
 from metering.web.errors import ERROR_RESPONSES, install_error_handlers
 from metering.web.fastlane import FastLane, lanes_of
 from metering.web.jsonio import ExactJSONResponse
@@ -41,8 +42,12 @@ def create_app(
         default_response_class=ExactJSONResponse,
         lifespan=lifespan,
         strict_content_type=False,
+        # No redirects (§14): a trailing slash is an unknown path, never a 307 whose Location
+        # comes from the Host header and invites the client to resend its body elsewhere.
+        redirect_slashes=False,
     )
     app.state.settings = settings
+    app.state.credentials = Credentials.of(settings)
     app.state.database = db
     app.state.clock = clock or SystemClock()
 

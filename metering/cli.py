@@ -228,10 +228,17 @@ def serve(args: argparse.Namespace, settings: Settings) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from pydantic import ValidationError
+
+    from metering.settings import describe_error
+
     try:
         settings = Settings()
-    except Exception as exc:  # a bad METERING_* value: say which, without a traceback
-        print(f"configuration error: {exc}", file=sys.stderr)
+    except ValidationError as exc:  # a bad METERING_* value: say which, in one line
+        print(f"configuration error: {describe_error(exc)}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # a value pydantic-settings could not even decode
+        print(f"configuration error: {str(exc).strip().splitlines()[0]}", file=sys.stderr)
         return 2
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import OperationalError

@@ -66,10 +66,10 @@ def import_catalog(session: Session, catalog: CatalogFile, now: datetime) -> Imp
         if entry.id.lower() in seen:
             raise CatalogImportError(f"model {entry.id!r} appears twice")
         seen.add(entry.id.lower())
-        spec = ModelSpec.model_validate(entry.model_dump(exclude={"id", "prices"}))
         existing = service.find_model(session, entry.id)
-        if existing is None or _metadata_differs(existing, spec):
-            model, created = service.put_model(session, entry.id, spec, now)
+        # An entry is a ModelSpec (its metadata, validated as the admin API's) with more fields.
+        if existing is None or _metadata_differs(existing, entry):
+            model, created = service.put_model(session, entry.id, entry, now)
             (summary.models_created if created else summary.models_updated).append(model.id)
         else:
             model = existing
@@ -78,7 +78,7 @@ def import_catalog(session: Session, catalog: CatalogFile, now: datetime) -> Imp
 
 
 def _metadata_differs(model: object, spec: ModelSpec) -> bool:
-    return any(getattr(model, name) != value for name, value in spec.model_dump().items())
+    return any(getattr(model, name) != getattr(spec, name) for name in ModelSpec.model_fields)
 
 
 def _import_prices(
