@@ -55,6 +55,7 @@ def create_app(
 
     from metering import health
     from metering.accounts import endpoints as accounts
+    from metering.audit import endpoints as audit
     from metering.catalog import endpoints as catalog
     from metering.ledger import endpoints as ledger
     from metering.reports import endpoints as reports
@@ -71,6 +72,7 @@ def create_app(
         ledger.router,
         ledger.admin_router,
         usage.admin_router,
+        audit.admin_router,
         reports.router,
     )
     for router in routers:

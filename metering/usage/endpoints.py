@@ -18,6 +18,7 @@ from metering.usage import lookup, quarantine, service, single
 from metering.usage.schemas import EventBatch, QuarantineCode, ReprocessRequest
 from metering.web.deps import (
     AdminDep,
+    AuditDep,
     GatewayDep,
     NowDep,
     SessionDep,
@@ -141,10 +142,21 @@ def list_quarantine(
 
 @admin_router.post("/quarantine/reprocess")
 def reprocess_quarantine(
-    session: SessionDep, now: NowDep, body: ReprocessRequest | None = None
+    session: SessionDep, now: NowDep, audit: AuditDep, body: ReprocessRequest | None = None
 ) -> dict[str, Any]:
     """Retry quarantined events (the ids given, or all): billable ones are recorded once."""
-    result = quarantine.reprocess(session, body.ids if body else None, now)
+    ids = body.ids if body else None
+    result = quarantine.reprocess(session, ids, now)
+    if result["data"]:  # retrying nothing changes nothing
+        changes = {
+            "ids": [item["id"] for item in result["data"]],
+            "recorded": result["recorded"],
+            "duplicates": result["duplicates"],
+            "quarantined": result["quarantined"],
+        }
+        audit.record(
+            session, now, "quarantine.reprocess", "quarantine", "quarantine", None, changes
+        )
     for status in (service.RECORDED, service.DUPLICATE, service.QUARANTINED):
         count = sum(1 for item in result["data"] if item["status"] == status)
         if count:

@@ -12,12 +12,14 @@ from fastapi import Depends, Request
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from metering.audit.service import Auditor
 from metering.db import Database
 from metering.kit.clock import Clock
 from metering.kit.errors import AuthenticationFailed, MeteringError
 from metering.kit.tokens import Token, matching, parse_tokens
 from metering.models import Account, ApiKey
 from metering.settings import Settings
+from metering.web.middleware import request_id_of
 
 
 def get_database(request: Request) -> Database:
@@ -177,6 +179,14 @@ def actor_of(request: Request) -> str:
     """The operator who made the request (set by ``require_operator``)."""
     actor: str = request.state.actor
     return actor
+
+
+async def _auditor(request: Request) -> Auditor:
+    return Auditor(actor_of(request), request_id_of(request.scope))
+
+
+# Records an admin route's changes in the audit log, as the caller's token and this request.
+AuditDep = Annotated[Auditor, Depends(_auditor)]
 
 
 def hash_secret(secret: str) -> str:
