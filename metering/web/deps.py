@@ -128,7 +128,7 @@ class ReadOnlyToken(MeteringError):
     default_code = "read_only_token"
 
 
-def _bearer_token(request: Request, tokens: Sequence[Token]) -> Token:
+def bearer_token(request: Request, tokens: Sequence[Token]) -> Token:
     """The configured token the caller sent as ``Authorization: Bearer`` (the only way tokens
     are accepted: ``x-api-key`` is for account keys); 401 otherwise."""
     credential = bearer_of(request.headers.get("authorization"))
@@ -168,11 +168,11 @@ async def require_operator(request: Request) -> None:
     tokens = credentials.admin
     if request.method in READ_METHODS:
         tokens = credentials.admin + credentials.readonly
-    request.state.actor = _bearer_token(request, tokens).name
+    request.state.actor = bearer_token(request, tokens).name
 
 
 async def require_gateway(request: Request) -> None:
-    _bearer_token(request, get_credentials(request).gateway)
+    bearer_token(request, get_credentials(request).gateway)
 
 
 def actor_of(request: Request) -> str:
