@@ -45,6 +45,10 @@ def create_app(
         # No redirects (§14): a trailing slash is an unknown path, never a 307 whose Location
         # comes from the Host header and invites the client to resend its body elsewhere.
         redirect_slashes=False,
+        # /docs and /redoc are served by metering.web.docs, assets included (no CDN).
+        docs_url=None,
+        redoc_url=None,
+        swagger_ui_oauth2_redirect_url=None,
     )
     app.state.settings = settings
     app.state.credentials = Credentials.of(settings)
@@ -60,6 +64,7 @@ def create_app(
     from metering.ledger import endpoints as ledger
     from metering.reports import endpoints as reports
     from metering.usage import endpoints as usage
+    from metering.web import docs
 
     # The gateway's hot paths first: routes are matched in order, router by router.
     routers = (
@@ -77,6 +82,7 @@ def create_app(
     )
     for router in routers:
         app.include_router(router, responses=ERROR_RESPONSES)
+    app.include_router(docs.router)
     # The last added is the outermost: the request context applies to the fast lane's answers.
     app.add_middleware(FastLane, lanes=lanes_of(r for router in routers for r in router.routes))
     app.add_middleware(
