@@ -64,7 +64,7 @@ def create_app(
     from metering.ledger import endpoints as ledger
     from metering.reports import endpoints as reports
     from metering.usage import endpoints as usage
-    from metering.web import docs
+    from metering.web import docs, openapi
 
     # The gateway's hot paths first: routes are matched in order, router by router.
     routers = (
@@ -83,6 +83,7 @@ def create_app(
     for router in routers:
         app.include_router(router, responses=ERROR_RESPONSES)
     app.include_router(docs.router)
+    openapi.install(app)
     # The last added is the outermost: the request context applies to the fast lane's answers.
     app.add_middleware(FastLane, lanes=lanes_of(r for router in routers for r in router.routes))
     app.add_middleware(

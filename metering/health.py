@@ -44,7 +44,11 @@ async def _metrics_credential(request: Request) -> None:
         bearer_token(request, credentials.metrics + credentials.admin)
 
 
-@router.get("/metrics", dependencies=[Depends(_metrics_credential)])
+@router.get(
+    "/metrics",
+    dependencies=[Depends(_metrics_credential)],
+    responses={200: {"description": "Prometheus text.", "content": {"text/plain": {}}}},
+)
 def metrics(session: SessionDep, now: NowDep) -> Response:
     """Prometheus metrics: this process's counters and latencies, and database-wide gauges."""
     return Response(

@@ -9,7 +9,6 @@ from sqlalchemy import and_, or_, select
 
 from metering.accounts import service
 from metering.accounts.schemas import AccountCreate, ApiKeyCreate, ApiKeyUpdate
-from metering.kit.errors import InvalidRequest
 from metering.kit.money import parse_cents
 from metering.kit.pagination import PageParams, decode_cursor, page
 from metering.kit.timeutil import format_timestamp, parse_timestamp
@@ -109,8 +108,6 @@ def update_api_key(
     key = service.get_api_key(session, key_id)
     before = service.api_key_body(key)
     if "name" in body.model_fields_set:
-        if body.name is None:
-            raise InvalidRequest("name must not be null", param="name")
         key.name = body.name
     if "monthly_spend_limit_cents" in body.model_fields_set:
         raw = body.monthly_spend_limit_cents

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Query
 from metering.audit import service
 from metering.kit.errors import InvalidRequest
 from metering.kit.pagination import PageParams
-from metering.kit.timeutil import parse_timestamp
+from metering.kit.timeutil import TIMESTAMP_OR_DATE_SCHEMA, parse_timestamp
 from metering.web.deps import AdminDep, SessionDep
 from metering.web.jsonio import MeteringRoute
 
@@ -26,9 +26,17 @@ def list_audit_events(
     paging: PageParams,
     account_id: Annotated[str | None, Query(max_length=32)] = None,
     actor: Annotated[str | None, Query(max_length=100)] = None,
-    action: Annotated[str | None, Query(max_length=64)] = None,
-    starting_at: Annotated[str | None, Query(description=f"Inclusive. {TIME}")] = None,
-    ending_at: Annotated[str | None, Query(description=f"Exclusive. {TIME}")] = None,
+    action: Annotated[
+        str | None, Query(max_length=64, json_schema_extra={"enum": list(service.ACTIONS)})
+    ] = None,
+    starting_at: Annotated[
+        str | None,
+        Query(description=f"Inclusive. {TIME}", json_schema_extra=TIMESTAMP_OR_DATE_SCHEMA),
+    ] = None,
+    ending_at: Annotated[
+        str | None,
+        Query(description=f"Exclusive. {TIME}", json_schema_extra=TIMESTAMP_OR_DATE_SCHEMA),
+    ] = None,
 ) -> dict[str, Any]:
     """Every change made through /admin/v1/ and the CLI, newest first."""
     limit, after = paging

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Path, Response
 from sqlalchemy import select
 
 from metering.catalog import service
-from metering.catalog.schemas import AccountRateSpec, ModelSpec, PriceSpec
+from metering.catalog.schemas import MODEL_ID, AccountRateSpec, ModelSpec, PriceSpec
 from metering.kit.pagination import PageParams, decode_cursor, page
 from metering.models import CatalogModel, PriceVersion
 from metering.web.deps import AdminDep, AuditDep, NowDep, OptionalAccountKeyDep, SessionDep
@@ -36,9 +36,16 @@ def list_models(session: SessionDep, key: OptionalAccountKeyDep, now: NowDep) ->
     return {"object": "list", "data": cards}
 
 
-@admin_router.put("/models/{model_id}")
+@admin_router.put(
+    "/models/{model_id}",
+    responses={
+        200: {"description": "The model's metadata was replaced (or was already this)."},
+        201: {"description": "The model was created."},
+    },
+)
 def put_model(
-    model_id: str,
+    # The pattern is stated for the schema; check_model_id applies it (and the reserved ids).
+    model_id: Annotated[str, Path(json_schema_extra={"pattern": MODEL_ID.pattern})],
     body: ModelSpec,
     session: SessionDep,
     now: NowDep,

@@ -21,7 +21,7 @@ TokenCount = Annotated[int, Strict(), Field(ge=1, le=MAX_TOKENS_LIMIT)]
 
 def check_model_id(model_id: str) -> str | None:
     """Why ``model_id`` cannot name a model, or None when it can."""
-    if not MODEL_ID.match(model_id):
+    if not MODEL_ID.fullmatch(model_id):
         return "model ids are 1–100 characters of letters, digits and . _ : + - "
     if model_id.lower() in RESERVED_MODEL_IDS:
         return f"{model_id!r} is reserved"

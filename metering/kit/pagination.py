@@ -52,12 +52,9 @@ def _digits(value: object) -> object:
     return value
 
 
-# An integer query parameter (§1 strict types).
-QueryInt = Annotated[int, BeforeValidator(_digits)]
-
-
 def page_request(
-    limit: Annotated[QueryInt, Query(ge=1, le=1000)] = 100,
+    # An integer query parameter is digits only (§1 strict types).
+    limit: Annotated[int, Query(ge=1, le=1000), BeforeValidator(_digits)] = 100,
     after: Annotated[str | None, Query(max_length=500)] = None,
 ) -> tuple[int, str | None]:
     return limit, after

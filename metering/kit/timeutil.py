@@ -89,6 +89,13 @@ TimestampText = Annotated[
 ]
 
 
+# The schema of a query parameter that takes a timestamp or a date (``parse_timestamp``'s
+# ``allow_date``).
+TIMESTAMP_OR_DATE_SCHEMA = {
+    "anyOf": [{"type": "string", "format": "date-time"}, {"type": "string", "format": "date"}]
+}
+
+
 def format_timestamp(value: datetime) -> str:
     """``2026-11-29T12:00:03Z`` (fractional seconds only when present)."""
     if value.tzinfo is None:

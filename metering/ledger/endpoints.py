@@ -75,7 +75,13 @@ async def void_authorization(authorization_id: str, request: Request) -> Respons
     return json_answer(await _void(request.app.state, None, request.path_params))
 
 
-@admin_router.post("/accounts/{account_id}/grants", status_code=201)
+# A retry with the same idempotency key and body: the original entry, nothing changed.
+_REPLAYED: dict[int | str, dict[str, Any]] = {
+    200: {"description": "The same request was made before: the original entry, unchanged."}
+}
+
+
+@admin_router.post("/accounts/{account_id}/grants", status_code=201, responses=_REPLAYED)
 def create_grant(
     account_id: str,
     body: GrantCreate,
@@ -98,7 +104,7 @@ def create_grant(
     return entry
 
 
-@admin_router.post("/accounts/{account_id}/adjustments", status_code=201)
+@admin_router.post("/accounts/{account_id}/adjustments", status_code=201, responses=_REPLAYED)
 def create_adjustment(
     account_id: str,
     body: AdjustmentCreate,

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Request, Response
+from fastapi import APIRouter, Body, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import State
 
@@ -142,10 +142,13 @@ def list_quarantine(
 
 @admin_router.post("/quarantine/reprocess")
 def reprocess_quarantine(
-    session: SessionDep, now: NowDep, audit: AuditDep, body: ReprocessRequest | None = None
+    session: SessionDep,
+    now: NowDep,
+    audit: AuditDep,
+    body: Annotated[ReprocessRequest, Body(default_factory=ReprocessRequest)],
 ) -> dict[str, Any]:
     """Retry quarantined events (the ids given, or all): billable ones are recorded once."""
-    ids = body.ids if body else None
+    ids = body.ids
     result = quarantine.reprocess(session, ids, now)
     if result["data"]:  # retrying nothing changes nothing
         changes = {
