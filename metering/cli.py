@@ -1,4 +1,4 @@
-"""The ``metering`` command: serve, migrate, catalog import (and the operations of §8)."""
+"""The ``metering`` command: serve, migrate, catalog import, verify, scheduler, export."""
 
 from __future__ import annotations
 
@@ -23,7 +23,13 @@ def command(name: str) -> Callable[[Command], Command]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="metering", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="metering",
+        description="Billing, metering and usage reporting for an LLM inference API.",
+        epilog="Configuration: METERING_* environment variables (README.md, Configuration). "
+        "The HTTP API: docs/api.md in the repository, or /docs on a running server. "
+        "Operations: docs/operations.md.",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="run the API server")
