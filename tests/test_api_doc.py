@@ -68,3 +68,31 @@ def test_the_command_points_at_the_projects_docs() -> None:
     assert "§" not in shown.stdout and "CONTRACT" not in shown.stdout
     for path in ("docs/api.md", "docs/operations.md", "README.md"):
         assert (ROOT / path).is_file(), path
+
+
+# Created by the metrics work, which lands beside this one.
+NOT_YET_HERE = {"docs/operations-metrics.md"}
+
+
+def _anchor(heading: str) -> str:
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_links_between_the_docs_lead_somewhere() -> None:
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    checked = 0
+    for page in pages:
+        for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
+            if target.startswith(("http://", "https://")):
+                continue
+            file_part, _, anchor = target.partition("#")
+            path = (page.parent / file_part).resolve() if file_part else page
+            relative = path.relative_to(ROOT).as_posix()
+            if relative in NOT_YET_HERE:
+                continue
+            assert path.is_file(), f"{page.name}: {target}"
+            if anchor:
+                headings = re.findall(r"^#+ (.+)$", path.read_text(), re.MULTILINE)
+                assert anchor in {_anchor(h) for h in headings}, f"{page.name}: {target}"
+            checked += 1
+    assert checked > 20
