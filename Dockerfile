@@ -7,13 +7,18 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
 WORKDIR /app
-# Dependencies first (their layer is reused while only the code changes), pinned by the lock.
-COPY pyproject.toml requirements.lock README.md ./
-COPY metering ./metering
-RUN pip install --constraint requirements.lock . \
+# Dependencies first, from the project's dependency list pinned by the lock: this layer is
+# reused while only the code (or the README) changes.
+COPY pyproject.toml requirements.lock ./
+RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" > /tmp/dependencies.txt \
+    && pip install --constraint requirements.lock --requirement /tmp/dependencies.txt \
     && useradd --system --uid 10001 --home-dir /var/lib/metering --create-home metering \
     && mkdir -p /var/lib/metering/exports \
     && chown -R metering /var/lib/metering
+# Then the code, without touching the dependencies installed above.
+COPY README.md ./
+COPY metering ./metering
+RUN pip install --no-deps --constraint requirements.lock .
 
 USER metering
 ENV METERING_DATA_DIR=/var/lib/metering \

@@ -11,6 +11,7 @@ from metering import __version__
 from metering.db import Database
 from metering.kit.clock import Clock, SystemClock
 from metering.settings import Settings
+from metering.web.deps import Credentials
 from metering.web.errors import ERROR_RESPONSES, install_error_handlers
 from metering.web.fastlane import FastLane, lanes_of
 from metering.web.jsonio import ExactJSONResponse
@@ -41,8 +42,16 @@ def create_app(
         default_response_class=ExactJSONResponse,
         lifespan=lifespan,
         strict_content_type=False,
+        # No redirects (§14): a trailing slash is an unknown path, never a 307 whose Location
+        # comes from the Host header and invites the client to resend its body elsewhere.
+        redirect_slashes=False,
+        # /docs and /redoc are served by metering.web.docs, assets included (no CDN).
+        docs_url=None,
+        redoc_url=None,
+        swagger_ui_oauth2_redirect_url=None,
     )
     app.state.settings = settings
+    app.state.credentials = Credentials.of(settings)
     app.state.database = db
     app.state.clock = clock or SystemClock()
 
@@ -50,10 +59,12 @@ def create_app(
 
     from metering import health
     from metering.accounts import endpoints as accounts
+    from metering.audit import endpoints as audit
     from metering.catalog import endpoints as catalog
     from metering.ledger import endpoints as ledger
     from metering.reports import endpoints as reports
     from metering.usage import endpoints as usage
+    from metering.web import docs, openapi
 
     # The gateway's hot paths first: routes are matched in order, router by router.
     routers = (
@@ -66,11 +77,18 @@ def create_app(
         ledger.router,
         ledger.admin_router,
         usage.admin_router,
+        audit.admin_router,
         reports.router,
     )
     for router in routers:
         app.include_router(router, responses=ERROR_RESPONSES)
+    app.include_router(docs.router)
+    openapi.install(app)
     # The last added is the outermost: the request context applies to the fast lane's answers.
     app.add_middleware(FastLane, lanes=lanes_of(r for router in routers for r in router.routes))
-    app.add_middleware(RequestContextMiddleware, max_body_bytes=settings.max_body_bytes)
+    app.add_middleware(
+        RequestContextMiddleware,
+        max_body_bytes=settings.max_body_bytes,
+        access_log=settings.access_log,
+    )
     return app

@@ -1,4 +1,4 @@
-"""The ``metering`` command: serve, migrate, catalog import (and the operations of §8)."""
+"""The ``metering`` command: serve, migrate, catalog import, verify, scheduler, export."""
 
 from __future__ import annotations
 
@@ -23,13 +23,26 @@ def command(name: str) -> Callable[[Command], Command]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="metering", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="metering",
+        description="Billing, metering and usage reporting for an LLM inference API.",
+        epilog="Configuration: METERING_* environment variables (README.md, Configuration). "
+        "The HTTP API: docs/api.md in the repository, or /docs on a running server. "
+        "Operations: docs/operations.md.",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="run the API server")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--workers", type=int, default=1, help="server processes")
+    serve.add_argument(
+        "--scheduler-interval",
+        type=float,
+        default=60.0,
+        help="embedded database only: seconds between the scheduler's ticks (exports, "
+        "hold tidy-up), which run in this process",
+    )
 
     sub.add_parser("migrate", help="bring the database schema to the newest migration")
 
@@ -84,13 +97,45 @@ def _schema_is_current(url: str) -> bool:
 
 @command("migrate")
 def migrate(args: argparse.Namespace, settings: Settings) -> int:
+    return _migrate_and_load_catalog(settings)
+
+
+def _migrate_and_load_catalog(settings: Settings) -> int:
+    """The schema by the migrations (saying which ran), then the shipped catalog when the
+    catalog is empty (a first start): the server has models to bill from the start."""
     from metering import migrate as migrations
 
     if settings.is_embedded:
         settings.data_dir.mkdir(parents=True, exist_ok=True)
-    migrations.upgrade(settings.effective_database_url)
-    print("schema is at the newest migration")
-    return 0
+    applied = migrations.upgrade(settings.effective_database_url)
+    head = migrations.head_revision()
+    if applied:
+        print(f"applied {len(applied)} migrations:")
+        for step in applied:
+            print(f"  {step}")
+        print(f"the schema is at the newest migration ({head})")
+    else:
+        print(f"nothing to apply: the schema is at the newest migration ({head})")
+    return _load_shipped_catalog_if_empty(settings)
+
+
+def _load_shipped_catalog_if_empty(settings: Settings) -> int:
+    from sqlalchemy import func, select
+
+    from metering.catalog.importer import SHIPPED_CATALOG
+    from metering.db import Database
+    from metering.models import CatalogModel
+
+    database = Database.from_url(settings.effective_database_url)
+    try:
+        with database.reading() as session:
+            empty = session.execute(select(func.count()).select_from(CatalogModel)).scalar() == 0
+    finally:
+        database.dispose()
+    if not empty:
+        return 0
+    print("the model catalog was empty: loading the shipped catalog")
+    return _import(settings, SHIPPED_CATALOG)
 
 
 def _import(settings: Settings, path: Path) -> int:
@@ -144,24 +189,10 @@ def verify(args: argparse.Namespace, settings: Settings) -> int:
 
 def _prepare_embedded(settings: Settings, base_url: str = "http://127.0.0.1:8000") -> None:
     """First start on the embedded database: schema, shipped catalog, dev tokens, demo data."""
-    from sqlalchemy import func, select
-
-    from metering import migrate as migrations
-    from metering.catalog.importer import SHIPPED_CATALOG
-    from metering.db import Database
-    from metering.models import CatalogModel
     from metering.runtime import ensure_dev_tokens
 
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
-    migrations.upgrade(settings.effective_database_url)
-    database = Database.from_url(settings.effective_database_url)
-    try:
-        with database.reading() as session:
-            empty = session.execute(select(func.count()).select_from(CatalogModel)).scalar() == 0
-    finally:
-        database.dispose()
-    if empty:
-        _import(settings, SHIPPED_CATALOG)
+    if _migrate_and_load_catalog(settings) != 0:
+        raise SystemExit(1)
     if not (settings.admin_tokens and settings.gateway_tokens):
         tokens = ensure_dev_tokens(settings)
         if tokens.created:
@@ -214,25 +245,45 @@ def serve(args: argparse.Namespace, settings: Settings) -> int:
         print("the database schema is not current: run `metering migrate`", file=sys.stderr)
         return 1
     runtime_settings(settings)  # fails early on a missing token configuration
+    jobs = None
+    if settings.is_embedded:
+        # The embedded quick start has no `metering scheduler`: its jobs run here, once.
+        from metering.runtime import configure_logging
+        from metering.scheduler import EmbeddedScheduler
+
+        configure_logging(settings.log_level)
+        jobs = EmbeddedScheduler(settings, args.scheduler_interval)
+        jobs.start()
     print(f"metering listening on http://{args.host}:{args.port}", flush=True)
-    uvicorn.run(
-        "metering.asgi:create",
-        factory=True,
-        host=args.host,
-        port=args.port,
-        workers=args.workers,
-        log_level=settings.log_level.lower(),
-        access_log=False,
-    )
+    try:
+        uvicorn.run(
+            "metering.asgi:create",
+            factory=True,
+            host=args.host,
+            port=args.port,
+            workers=args.workers,
+            log_level=settings.log_level.lower(),
+            access_log=False,  # the service writes its own (metering.access, no query strings)
+        )
+    finally:
+        if jobs is not None:
+            jobs.stop()
     return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from pydantic import ValidationError
+
+    from metering.settings import describe_error
+
     try:
         settings = Settings()
-    except Exception as exc:  # a bad METERING_* value: say which, without a traceback
-        print(f"configuration error: {exc}", file=sys.stderr)
+    except ValidationError as exc:  # a bad METERING_* value: say which, in one line
+        print(f"configuration error: {describe_error(exc)}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # a value pydantic-settings could not even decode
+        print(f"configuration error: {str(exc).strip().splitlines()[0]}", file=sys.stderr)
         return 2
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import OperationalError

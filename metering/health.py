@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Depends, Request, Response
 from sqlalchemy import text
 
 from metering.kit.errors import MeteringError
 from metering.metrics import REGISTRY
-from metering.web.deps import NowDep, SessionDep, get_database
+from metering.web.deps import NowDep, SessionDep, bearer_token, get_credentials, get_database
 from metering.web.jsonio import MeteringRoute
 
 router = APIRouter(route_class=MeteringRoute, tags=["operations"])
@@ -36,7 +36,19 @@ def readyz(request: Request) -> dict[str, str]:
     return {"status": "ready"}
 
 
-@router.get("/metrics")
+async def _metrics_credential(request: Request) -> None:
+    """With ``METERING_METRICS_TOKEN`` set, the metrics token or an admin token (as Bearer);
+    without it, /metrics is open (a scraper on a private network)."""
+    credentials = get_credentials(request)
+    if credentials.metrics:
+        bearer_token(request, credentials.metrics + credentials.admin)
+
+
+@router.get(
+    "/metrics",
+    dependencies=[Depends(_metrics_credential)],
+    responses={200: {"description": "Prometheus text.", "content": {"text/plain": {}}}},
+)
 def metrics(session: SessionDep, now: NowDep) -> Response:
     """Prometheus metrics: this process's counters and latencies, and database-wide gauges."""
     return Response(

@@ -70,8 +70,14 @@ def runtime_settings(settings: Settings | None = None) -> Settings:
     )
 
 
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
+
+
 def configure_logging(level: str) -> None:
-    logging.basicConfig(
-        level=level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-    )
+    # The format names no source line, thread or process: not collecting them per record
+    # (finding the caller walks the stack) halves what a line of the access log costs.
+    logging._srcfile = None
+    logging.logThreads = False
+    logging.logProcesses = False
+    logging.logMultiprocessing = False
+    logging.basicConfig(level=level.upper(), format=LOG_FORMAT)

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 from metering.db import Database
 from metering.exports.service import FAILED, DayResult, Exporter
@@ -118,13 +119,10 @@ class Scheduler:
             log.exception("could not write the heartbeat file %s", self.heartbeat)
 
 
-def run(scheduler: Scheduler, interval_seconds: float = DEFAULT_INTERVAL_SECONDS) -> None:
-    """Block, ticking every ``interval_seconds`` (the first tick at once) until SIGTERM/SIGINT."""
-    from apscheduler.schedulers.blocking import BlockingScheduler
+def _add_tick(apscheduler: Any, scheduler: Scheduler, interval_seconds: float) -> None:
     from apscheduler.triggers.interval import IntervalTrigger
 
-    blocking = BlockingScheduler(timezone=UTC)
-    blocking.add_job(
+    apscheduler.add_job(
         scheduler.tick,
         IntervalTrigger(seconds=interval_seconds, timezone=UTC),
         id="tick",
@@ -135,6 +133,14 @@ def run(scheduler: Scheduler, interval_seconds: float = DEFAULT_INTERVAL_SECONDS
         misfire_grace_time=max(1, int(interval_seconds)),
     )
 
+
+def run(scheduler: Scheduler, interval_seconds: float = DEFAULT_INTERVAL_SECONDS) -> None:
+    """Block, ticking every ``interval_seconds`` (the first tick at once) until SIGTERM/SIGINT."""
+    from apscheduler.schedulers.blocking import BlockingScheduler
+
+    blocking = BlockingScheduler(timezone=UTC)
+    _add_tick(blocking, scheduler, interval_seconds)
+
     def stop(signum: int, _frame: FrameType | None) -> None:
         log.info("signal %d: stopping after the current tick", signum)
         blocking.shutdown(wait=False)
@@ -143,6 +149,33 @@ def run(scheduler: Scheduler, interval_seconds: float = DEFAULT_INTERVAL_SECONDS
     signal.signal(signal.SIGINT, stop)
     log.info("scheduler started: a tick every %ss", interval_seconds)
     blocking.start()
+
+
+class EmbeddedScheduler:
+    """The scheduler's jobs inside ``metering serve`` on the embedded database (§8): one
+    thread in the command's own process, which is the server with one worker and the
+    workers' supervisor with several, so the jobs run once whatever ``--workers`` says."""
+
+    def __init__(self, settings: Settings, interval_seconds: float) -> None:
+        from apscheduler.schedulers.background import BackgroundScheduler
+
+        from metering.kit.clock import SystemClock
+
+        logging.getLogger("apscheduler").setLevel(logging.WARNING)  # not a line per tick
+        self.database = Database.from_url(settings.effective_database_url, pool_size=2)
+        self.background = BackgroundScheduler(timezone=UTC, daemon=True)
+        _add_tick(
+            self.background, Scheduler(self.database, settings, SystemClock()), interval_seconds
+        )
+        self.interval_seconds = interval_seconds
+
+    def start(self) -> None:
+        self.background.start()
+        log.info("scheduler started in the server process: a tick every %ss", self.interval_seconds)
+
+    def stop(self) -> None:
+        self.background.shutdown(wait=True)
+        self.database.dispose()
 
 
 def command(settings: Settings, interval_seconds: float, once: bool, heartbeat: Path | None) -> int:

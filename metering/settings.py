@@ -6,8 +6,10 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from metering.kit.tokens import duplicate_secrets
 
 DEFAULT_BODY_LIMIT = 16 * 1024 * 1024
 
@@ -26,6 +28,10 @@ class Settings(BaseSettings):
     database_url: str = ""
     gateway_tokens: Annotated[list[str], NoDecode] = Field(default_factory=list)
     admin_tokens: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    # Operators who may read everything under /admin/v1/ and change nothing.
+    admin_readonly_tokens: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    # When set, GET /metrics asks for it (or an admin token); unset, /metrics is open.
+    metrics_token: str = ""
     hold_ttl_seconds: int = Field(default=3600, ge=1, le=7 * 24 * 3600)
     export_dir: Path = Path("./data/exports")
     # The scheduler exports a UTC day this many minutes after it ends (late events: re-export).
@@ -36,8 +42,26 @@ class Settings(BaseSettings):
     # Connections per process: this many for the thread-pool routes, as many for the gateway's.
     db_pool_size: int = Field(default=10, ge=1, le=100)
     log_level: str = "INFO"
+    # One line per request on the "metering.access" logger (method, path, status, duration).
+    access_log: bool = True
 
-    _split = field_validator("gateway_tokens", "admin_tokens", mode="before")(_split_tokens)
+    _split = field_validator(
+        "gateway_tokens", "admin_tokens", "admin_readonly_tokens", mode="before"
+    )(_split_tokens)
+
+    @model_validator(mode="after")
+    def _each_secret_once(self) -> Settings:
+        problem = duplicate_secrets(
+            {
+                "METERING_GATEWAY_TOKENS": self.gateway_tokens,
+                "METERING_ADMIN_TOKENS": self.admin_tokens,
+                "METERING_ADMIN_READONLY_TOKENS": self.admin_readonly_tokens,
+                "METERING_METRICS_TOKEN": [self.metrics_token] if self.metrics_token else [],
+            }
+        )
+        if problem:
+            raise ValueError(problem)
+        return self
 
     @property
     def is_embedded(self) -> bool:
@@ -48,6 +72,19 @@ class Settings(BaseSettings):
         if self.database_url:
             return self.database_url
         return f"sqlite:///{(self.data_dir / 'metering.sqlite3').resolve()}"
+
+
+def describe_error(error: ValidationError) -> str:
+    """A bad setting in one line: the variable and what is wrong, never its value (it may be a
+    secret or a password)."""
+    problems = error.errors()
+    first = problems[0]
+    message = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
+    loc = [str(part) for part in first.get("loc", ())]
+    text = f"METERING_{loc[0].upper()}: {message}" if loc else message
+    if len(problems) > 1:
+        text += f" (and {len(problems) - 1} more)"
+    return text
 
 
 @lru_cache(maxsize=1)

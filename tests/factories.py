@@ -95,6 +95,7 @@ ERROR_TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
     402: "insufficient_credits",
+    403: "permission_error",
     404: "not_found_error",
     405: "invalid_request_error",
     409: "conflict_error",

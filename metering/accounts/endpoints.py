@@ -9,12 +9,11 @@ from sqlalchemy import and_, or_, select
 
 from metering.accounts import service
 from metering.accounts.schemas import AccountCreate, ApiKeyCreate, ApiKeyUpdate
-from metering.kit.errors import InvalidRequest
 from metering.kit.money import parse_cents
 from metering.kit.pagination import PageParams, decode_cursor, page
 from metering.kit.timeutil import format_timestamp, parse_timestamp
 from metering.models import Account, ApiKey
-from metering.web.deps import AdminDep, NowDep, SessionDep
+from metering.web.deps import AdminDep, AuditDep, NowDep, SessionDep
 from metering.web.jsonio import MeteringRoute
 
 admin_router = APIRouter(
@@ -23,9 +22,14 @@ admin_router = APIRouter(
 
 
 @admin_router.post("/accounts", status_code=201)
-def create_account(body: AccountCreate, session: SessionDep, now: NowDep) -> dict[str, Any]:
+def create_account(
+    body: AccountCreate, session: SessionDep, now: NowDep, audit: AuditDep
+) -> dict[str, Any]:
     """Create an account (prepaid: spends credit; unbilled: usage recorded, never charged)."""
-    return service.account_body(service.create_account(session, body.name, body.billing, now))
+    account = service.create_account(session, body.name, body.billing, now)
+    changes = {"name": account.name, "billing": account.billing}
+    audit.record(session, now, "account.create", "account", account.id, account.id, changes)
+    return service.account_body(account)
 
 
 @admin_router.get("/accounts")
@@ -54,7 +58,7 @@ def get_account(account_id: str, session: SessionDep) -> dict[str, Any]:
 
 @admin_router.post("/accounts/{account_id}/api-keys", status_code=201)
 def create_api_key(
-    account_id: str, body: ApiKeyCreate, session: SessionDep, now: NowDep
+    account_id: str, body: ApiKeyCreate, session: SessionDep, now: NowDep, audit: AuditDep
 ) -> dict[str, Any]:
     """Create an API key; its secret is in this response only (only a hash is stored)."""
     limit = None
@@ -62,7 +66,14 @@ def create_api_key(
         limit = parse_cents(body.monthly_spend_limit_cents, "monthly_spend_limit_cents")
     account = service.get_account(session, account_id)
     key, secret = service.create_api_key(session, account, body.name, limit, now)
-    return {**service.api_key_body(key), "key": secret}
+    shown = service.api_key_body(key)
+    changes = {
+        "name": key.name,
+        "monthly_spend_limit_cents": shown["monthly_spend_limit_cents"],
+        "key": secret,  # the audit log redacts it
+    }
+    audit.record(session, now, "api_key.create", "api_key", key.id, account.id, changes)
+    return {**shown, "key": secret}
 
 
 @admin_router.get("/accounts/{account_id}/api-keys")
@@ -90,12 +101,13 @@ def list_api_keys(account_id: str, session: SessionDep, paging: PageParams) -> d
 
 
 @admin_router.patch("/api-keys/{key_id}")
-def update_api_key(key_id: str, body: ApiKeyUpdate, session: SessionDep) -> dict[str, Any]:
+def update_api_key(
+    key_id: str, body: ApiKeyUpdate, session: SessionDep, now: NowDep, audit: AuditDep
+) -> dict[str, Any]:
     """Rename a key or change its monthly spend limit (null removes the limit)."""
     key = service.get_api_key(session, key_id)
+    before = service.api_key_body(key)
     if "name" in body.model_fields_set:
-        if body.name is None:
-            raise InvalidRequest("name must not be null", param="name")
         key.name = body.name
     if "monthly_spend_limit_cents" in body.model_fields_set:
         raw = body.monthly_spend_limit_cents
@@ -103,14 +115,26 @@ def update_api_key(key_id: str, body: ApiKeyUpdate, session: SessionDep) -> dict
             None if raw is None else parse_cents(raw, "monthly_spend_limit_cents")
         )
     session.flush()
-    return service.api_key_body(key)
+    after = service.api_key_body(key)
+    changes = {
+        field: after[field]
+        for field in ("name", "monthly_spend_limit_cents")
+        if after[field] != before[field]
+    }
+    if changes:
+        audit.record(session, now, "api_key.update", "api_key", key.id, key.account_id, changes)
+    return after
 
 
 @admin_router.delete("/api-keys/{key_id}")
-def revoke_api_key(key_id: str, session: SessionDep, now: NowDep) -> dict[str, Any]:
+def revoke_api_key(
+    key_id: str, session: SessionDep, now: NowDep, audit: AuditDep
+) -> dict[str, Any]:
     """Revoke a key: it is refused (401) from now on. Revoking twice is harmless."""
     key = service.get_api_key(session, key_id)
     if key.revoked_at is None:
         key.revoked_at = now
         session.flush()
+        changes = {"revoked_at": now}
+        audit.record(session, now, "api_key.revoke", "api_key", key.id, key.account_id, changes)
     return service.api_key_body(key)

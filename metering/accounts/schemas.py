@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from metering.kit.money import CentsInput
+from metering.kit.money import LimitCentsInput
 from metering.kit.text import Text
 
 Name = Field(min_length=1, max_length=200)
@@ -24,11 +24,12 @@ class ApiKeyCreate(BaseModel):
 
     name: Text = Name
     # Cents with at most 6 decimals; null = no limit. Parsed exactly by ``parse_cents``.
-    monthly_spend_limit_cents: CentsInput | None = None
+    monthly_spend_limit_cents: LimitCentsInput | None = None
 
 
 class ApiKeyUpdate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    name: Text | None = Field(default=None, min_length=1, max_length=200)
-    monthly_spend_limit_cents: CentsInput | None = None
+    # Omitted: unchanged (null is no name: refused).
+    name: Text = Field(default=None, min_length=1, max_length=200)  # type: ignore[assignment]
+    monthly_spend_limit_cents: LimitCentsInput | None = None

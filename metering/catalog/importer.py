@@ -15,8 +15,9 @@ from pydantic import ValidationError
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from metering.audit.service import CLI, Auditor
 from metering.catalog import service
-from metering.catalog.schemas import CatalogFile, ModelSpec, PriceSpec
+from metering.catalog.schemas import CatalogFile, PriceSpec
 from metering.kit.ids import new_id
 from metering.kit.timeutil import format_timestamp, parse_timestamp
 from metering.models import PriceVersion
@@ -59,27 +60,25 @@ def load_catalog_file(path: Path) -> CatalogFile:
         raise CatalogImportError(f"{path}: {where}: {first['msg']}") from exc
 
 
-def import_catalog(session: Session, catalog: CatalogFile, now: datetime) -> ImportSummary:
-    """Apply ``catalog`` inside the caller's transaction; raise (so it rolls back) on a refusal."""
+def import_catalog(
+    session: Session, catalog: CatalogFile, now: datetime, audit: Auditor = CLI
+) -> ImportSummary:
+    """Apply ``catalog`` inside the caller's transaction, each change recorded in the audit log
+    (as ``cli``); raise (so it all rolls back) on a refusal."""
     summary = ImportSummary()
     seen: set[str] = set()
     for entry in catalog.models:
         if entry.id.lower() in seen:
             raise CatalogImportError(f"model {entry.id!r} appears twice")
         seen.add(entry.id.lower())
-        spec = ModelSpec.model_validate(entry.model_dump(exclude={"id", "prices"}))
-        existing = service.find_model(session, entry.id)
-        if existing is None or _metadata_differs(existing, spec):
-            model, created = service.put_model(session, entry.id, spec, now)
-            (summary.models_created if created else summary.models_updated).append(model.id)
-        else:
-            model = existing
-        _import_prices(session, model.id, entry.prices, summary, now)
+        # An entry is a ModelSpec (its metadata, validated as the admin API's) with more fields.
+        put = service.put_model(session, entry.id, entry, now)
+        if put.changes:
+            (summary.models_created if put.created else summary.models_updated).append(put.model.id)
+            action = "model.create" if put.created else "model.update"
+            audit.record(session, now, action, "model", put.model.id, None, put.changes)
+        _import_prices(session, put.model.id, entry.prices, summary, now, audit)
     return summary
-
-
-def _metadata_differs(model: object, spec: ModelSpec) -> bool:
-    return any(getattr(model, name) != value for name, value in spec.model_dump().items())
 
 
 def _import_prices(
@@ -88,6 +87,7 @@ def _import_prices(
     prices: list[PriceSpec],
     summary: ImportSummary,
     now: datetime,
+    audit: Auditor,
 ) -> None:
     existing = {
         v.effective_at: v
@@ -120,6 +120,7 @@ def _import_prices(
             for name, rate in rates.items():
                 setattr(version, name, rate)
             summary.versions_changed += 1
+            _record_version(session, audit, "price.update", version, now)
             continue
         following = [t for t in existing if t > at]
         until = min(following) if following else None
@@ -138,4 +139,13 @@ def _import_prices(
         session.add(version)
         existing[at] = version
         summary.versions_added += 1
+        _record_version(session, audit, "price.create", version, now)
     session.flush()
+
+
+def _record_version(
+    session: Session, audit: Auditor, action: str, version: PriceVersion, now: datetime
+) -> None:
+    shown = service.price_version_body(version)
+    changes = {name: shown[name] for name in service.PRICE_FIELDS}
+    audit.record(session, now, action, "price_version", version.id, None, changes)

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import re
-from datetime import date
 from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationInfo, field_validator
 
 from metering.kit.text import Text
+from metering.kit.timeutil import DateText, TimestampText
 
 MAX_RATE = 10**12  # microcents per million tokens: $10,000 per million tokens
 MAX_TOKENS_LIMIT = 2**31 - 1
@@ -21,7 +21,7 @@ TokenCount = Annotated[int, Strict(), Field(ge=1, le=MAX_TOKENS_LIMIT)]
 
 def check_model_id(model_id: str) -> str | None:
     """Why ``model_id`` cannot name a model, or None when it can."""
-    if not MODEL_ID.match(model_id):
+    if not MODEL_ID.fullmatch(model_id):
         return "model ids are 1–100 characters of letters, digits and . _ : + - "
     if model_id.lower() in RESERVED_MODEL_IDS:
         return f"{model_id!r} is reserved"
@@ -39,7 +39,7 @@ class ModelSpec(BaseModel):
     max_output_tokens: TokenCount | None = None
     reasoning_headroom_tokens: Annotated[int, Strict(), Field(ge=0, le=MAX_TOKENS_LIMIT)] = 0
     hidden: Annotated[bool, Strict()] = False
-    deprecation_date: date | None = None
+    deprecation_date: DateText | None = None
 
     # A field validator (not a model one) so the 400 names the field at fault.
     @field_validator("max_output_tokens")
@@ -56,7 +56,7 @@ class PriceSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    effective_at: str
+    effective_at: TimestampText
     input_microcents_per_million: Rate
     output_microcents_per_million: Rate
     cache_read_microcents_per_million: Rate
@@ -68,7 +68,7 @@ class AccountRateSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     model: Text = Field(min_length=1, max_length=100)
-    effective_at: str
+    effective_at: TimestampText
     input_microcents_per_million: Rate | None
     output_microcents_per_million: Rate | None
     cache_read_microcents_per_million: Rate | None

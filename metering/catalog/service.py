@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -83,10 +84,16 @@ def list_priced_charges_between(
     return session.execute(query.limit(1)).first() is not None
 
 
-def put_model(
-    session: Session, model_id: str, spec: ModelSpec, now: datetime
-) -> tuple[CatalogModel, bool]:
-    """Create or replace a model's metadata; returns the model and whether it was created."""
+@dataclass(frozen=True, slots=True)
+class ModelPut:
+    model: CatalogModel
+    created: bool
+    changes: dict[str, Any]  # the metadata fields that changed (all of them when created)
+
+
+def put_model(session: Session, model_id: str, spec: ModelSpec, now: datetime) -> ModelPut:
+    """Create or replace a model's metadata. Replacing it with the same metadata changes
+    nothing (``updated_at`` included)."""
     model = find_model(session, model_id)
     created = model is None
     if model is None:
@@ -95,16 +102,17 @@ def put_model(
             raise InvalidRequest(problem, param="model_id")
         model = CatalogModel(id=model_id, id_key=model_id.lower(), created_at=now)
         session.add(model)
-    model.display_name = spec.display_name
-    model.owned_by = spec.owned_by
-    model.context_length = spec.context_length
-    model.max_output_tokens = spec.max_output_tokens
-    model.reasoning_headroom_tokens = spec.reasoning_headroom_tokens
-    model.hidden = spec.hidden
-    model.deprecation_date = spec.deprecation_date
-    model.updated_at = now
-    session.flush()
-    return model, created
+    changes = {
+        name: getattr(spec, name)
+        for name in ModelSpec.model_fields
+        if created or getattr(model, name) != getattr(spec, name)
+    }
+    if changes:
+        for name, value in changes.items():
+            setattr(model, name, value)
+        model.updated_at = now
+        session.flush()
+    return ModelPut(model, created, changes)
 
 
 def _check_new_version_time(effective_at: datetime, newest: datetime | None, now: datetime) -> None:
@@ -223,6 +231,16 @@ def model_admin_body(model: CatalogModel) -> dict[str, Any]:
         "created_at": format_timestamp(model.created_at),
         "updated_at": format_timestamp(model.updated_at),
     }
+
+
+# What a price or rate version sets (its audit event's changes).
+PRICE_FIELDS = (
+    "model",
+    "effective_at",
+    "input_microcents_per_million",
+    "output_microcents_per_million",
+    "cache_read_microcents_per_million",
+)
 
 
 def price_version_body(version: PriceVersion) -> dict[str, Any]:

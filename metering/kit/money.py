@@ -8,7 +8,7 @@ from __future__ import annotations
 from decimal import Context, Decimal, Inexact
 from typing import Annotated
 
-from pydantic import Strict
+from pydantic import Strict, WithJsonSchema
 
 from metering.kit.errors import InvalidRequest
 
@@ -27,7 +27,29 @@ _EXACT = Context(prec=40, traps=[Inexact])
 
 # A money input as the exact JSON parser hands it over: an int, or a Decimal for a JSON number with
 # a fraction. Strings and booleans are refused; ``parse_cents`` then checks decimals and range.
-CentsInput = Annotated[int, Strict()] | Annotated[Decimal, Strict()]
+_Cents = Annotated[int, Strict()] | Annotated[Decimal, Strict()]
+
+
+def _cents_schema(**bounds: object) -> WithJsonSchema:
+    """A money input's schema: a JSON number (never a string) within its bounds. At most 6
+    decimals is the rule too, which JSON Schema's binary ``multipleOf`` cannot state exactly."""
+    return WithJsonSchema(
+        {
+            "type": "number",
+            "description": "cents, with at most 6 decimals",
+            "minimum": -MAX_INPUT_CENTS,
+            "maximum": MAX_INPUT_CENTS,
+            **bounds,
+        }
+    )
+
+
+# A signed amount (an adjustment: not 0).
+CentsInput = Annotated[_Cents, _cents_schema(**{"not": {"const": 0}})]
+# A positive amount (a grant).
+PositiveCentsInput = Annotated[_Cents, _cents_schema(exclusiveMinimum=0)]
+# A limit or a threshold (0 or more).
+LimitCentsInput = Annotated[_Cents, _cents_schema(minimum=0)]
 
 
 class ExactNumber(str):

@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from typing import Annotated, Any, TypeVar
 
 from fastapi import Depends, Query
+from pydantic import BeforeValidator
 
 from metering.kit.errors import InvalidRequest
 from metering.kit.money import INT64_MAX
@@ -43,8 +44,17 @@ def _is_key(value: Any) -> bool:
     return -INT64_MAX - 1 <= value <= INT64_MAX
 
 
+def _digits(value: object) -> object:
+    """A query integer is written in digits only: not ``1.0``, ``+5``, `` 5`` or ``1_000``
+    (which pydantic's lax ``int`` would read), so a float is never taken for an integer."""
+    if isinstance(value, str) and not (value.isascii() and value.isdigit()):
+        raise ValueError("must be an integer written in digits")
+    return value
+
+
 def page_request(
-    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    # An integer query parameter is digits only (§1 strict types).
+    limit: Annotated[int, Query(ge=1, le=1000), BeforeValidator(_digits)] = 100,
     after: Annotated[str | None, Query(max_length=500)] = None,
 ) -> tuple[int, str | None]:
     return limit, after

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Annotated, Any
 from urllib.parse import parse_qsl
 
-from pydantic import AfterValidator
+from pydantic import AfterValidator, Field
 
 from metering.kit.errors import InvalidRequest
 
@@ -39,8 +39,13 @@ def _storable_text(value: str) -> str:
     return value
 
 
+# The schema's statement of the rule (a lone surrogate is no character a generator produces).
+NO_NUL_PATTERN = "^[^\\u0000]*$"
+
 # A request body's string field that is stored or looked up: 400 naming the field otherwise.
-Text = Annotated[str, AfterValidator(_storable_text)]
+Text = Annotated[
+    str, AfterValidator(_storable_text), Field(json_schema_extra={"pattern": NO_NUL_PATTERN})
+]
 
 
 def check_url_text(path_params: Mapping[str, Any], query_string: bytes) -> None:

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import re
 from datetime import UTC, date, datetime, time, timedelta, timezone
+from typing import Annotated
+
+from pydantic import PlainValidator, WithJsonSchema
 
 from metering.kit.errors import InvalidRequest
 
@@ -55,6 +58,42 @@ def parse_timestamp(text: object, param: str, *, allow_date: bool = False) -> da
         raise InvalidRequest(
             f"{param} is not a valid timestamp", code="invalid_timestamp", param=param
         ) from None
+
+
+def _date_text(value: object) -> date:
+    """A ``YYYY-MM-DD`` string as a date: never a number (pydantic's ``date`` would read ``0``,
+    ``"0"`` or ``1764547200`` as a Unix timestamp), nor a timestamp."""
+    if not isinstance(value, str) or not _DATE.fullmatch(value):
+        raise ValueError("must be a date string YYYY-MM-DD")
+    try:
+        return date.fromisoformat(value)
+    except ValueError:
+        raise ValueError("is not a valid date") from None
+
+
+def _timestamp_text(value: object) -> str:
+    if not isinstance(value, str):
+        raise ValueError("must be an RFC 3339 timestamp string, e.g. 2026-11-29T12:00:00Z")
+    return value
+
+
+# Request fields (§1 strict types). A timestamp stays text for ``parse_timestamp``, which the
+# service calls to name the field with ``invalid_timestamp``; the schema says its format.
+DateText = Annotated[
+    date, PlainValidator(_date_text), WithJsonSchema({"type": "string", "format": "date"})
+]
+TimestampText = Annotated[
+    str,
+    PlainValidator(_timestamp_text),
+    WithJsonSchema({"type": "string", "format": "date-time"}),
+]
+
+
+# The schema of a query parameter that takes a timestamp or a date (``parse_timestamp``'s
+# ``allow_date``).
+TIMESTAMP_OR_DATE_SCHEMA = {
+    "anyOf": [{"type": "string", "format": "date-time"}, {"type": "string", "format": "date"}]
+}
 
 
 def format_timestamp(value: datetime) -> str:

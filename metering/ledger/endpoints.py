@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response
+from sqlalchemy.orm import Session
 from starlette.datastructures import State
 
+from metering.audit.service import Auditor
 from metering.kit import jsonenc
 from metering.kit.errors import InvalidRequest
 from metering.kit.money import parse_cents
@@ -18,6 +21,7 @@ from metering.ledger.schemas import AdjustmentCreate, AuthorizationCreate, Grant
 from metering.web.deps import (
     AccountKeyDep,
     AdminDep,
+    AuditDep,
     GatewayDep,
     NowDep,
     SessionDep,
@@ -72,9 +76,20 @@ async def void_authorization(authorization_id: str, request: Request) -> Respons
     return json_answer(await _void(request.app.state, None, request.path_params))
 
 
-@admin_router.post("/accounts/{account_id}/grants", status_code=201)
+# A retry with the same idempotency key and body: the original entry, nothing changed.
+_REPLAYED: dict[int | str, dict[str, Any]] = {
+    200: {"description": "The same request was made before: the original entry, unchanged."}
+}
+
+
+@admin_router.post("/accounts/{account_id}/grants", status_code=201, responses=_REPLAYED)
 def create_grant(
-    account_id: str, body: GrantCreate, session: SessionDep, now: NowDep, response: Response
+    account_id: str,
+    body: GrantCreate,
+    session: SessionDep,
+    now: NowDep,
+    response: Response,
+    audit: AuditDep,
 ) -> dict[str, Any]:
     """Add prepaid credit (201; 200 with the original grant when the same request is retried)."""
     amount = parse_cents(body.amount_cents, "amount_cents")
@@ -83,14 +98,21 @@ def create_grant(
     entry, created = service.add_entry(
         session, account_id, "grant", amount, body.idempotency_key, body.note, now
     )
-    if not created:
+    if created:
+        _record_entry(session, audit, "grant.create", entry, now)
+    else:
         response.status_code = 200
     return entry
 
 
-@admin_router.post("/accounts/{account_id}/adjustments", status_code=201)
+@admin_router.post("/accounts/{account_id}/adjustments", status_code=201, responses=_REPLAYED)
 def create_adjustment(
-    account_id: str, body: AdjustmentCreate, session: SessionDep, now: NowDep, response: Response
+    account_id: str,
+    body: AdjustmentCreate,
+    session: SessionDep,
+    now: NowDep,
+    response: Response,
+    audit: AuditDep,
 ) -> dict[str, Any]:
     """Correct a balance with a signed amount (201; 200 with the original when retried)."""
     amount = parse_cents(body.amount_cents, "amount_cents", allow_negative=True)
@@ -99,9 +121,25 @@ def create_adjustment(
     entry, created = service.add_entry(
         session, account_id, "adjustment", amount, body.idempotency_key, body.reason, now
     )
-    if not created:
+    if created:
+        _record_entry(session, audit, "adjustment.create", entry, now)
+    else:
         response.status_code = 200
     return entry
+
+
+def _record_entry(
+    session: Session, audit: Auditor, action: str, entry: dict[str, Any], now: datetime
+) -> None:
+    """A new grant or adjustment in the audit log (a replay is no change: never recorded)."""
+    text = "note" if entry["kind"] == "grant" else "reason"
+    changes = {
+        "amount_cents": entry["amount_cents"],
+        "idempotency_key": entry["idempotency_key"],
+        text: entry[text],
+    }
+    account_id = entry["account_id"]
+    audit.record(session, now, action, "ledger_entry", str(entry["id"]), account_id, changes)
 
 
 @admin_router.get("/accounts/{account_id}/ledger")

@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, Strict
 
-from metering.kit.money import CentsInput
+from metering.kit.money import CentsInput, PositiveCentsInput
 from metering.kit.text import Text
 from metering.pricing import MAX_TOKEN_COUNT
 
@@ -26,7 +26,7 @@ class GrantCreate(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    amount_cents: CentsInput
+    amount_cents: PositiveCentsInput
     idempotency_key: IdempotencyKey
     note: Text | None = Field(default=None, max_length=2000)
 
@@ -51,7 +51,8 @@ class AuthorizationCreate(BaseModel):
     request_id: str | None = Field(default=None, pattern=REQUEST_ID_PATTERN)
     model: Text = Field(min_length=1, max_length=200)
     api: Literal["chat_completions", "responses", "messages"]
-    prompt_tokens: BoundedCount
-    max_tokens: BoundedCount | None = None
-    n: Annotated[int, Strict(), Field(le=MAX_CHOICES)] = 1
+    # The lower bounds are the estimate's rules; the schema states them as well.
+    prompt_tokens: Annotated[BoundedCount, Field(json_schema_extra={"minimum": 0})]
+    max_tokens: Annotated[BoundedCount, Field(json_schema_extra={"minimum": 1})] | None = None
+    n: Annotated[int, Strict(), Field(le=MAX_CHOICES, json_schema_extra={"minimum": 1})] = 1
     reasoning: Annotated[bool, Strict()] = False

@@ -1,6 +1,7 @@
 """All ORM tables, imported in one place so Alembic sees the whole schema."""
 
 from metering.models.accounts import Account, ApiKey
+from metering.models.audit import AuditEvent
 from metering.models.base import Base, table
 from metering.models.catalog import AccountRate, CatalogModel, PriceVersion
 from metering.models.exports import ExportDay, ExportRun
@@ -11,6 +12,7 @@ __all__ = [
     "Account",
     "AccountRate",
     "ApiKey",
+    "AuditEvent",
     "Authorization",
     "Base",
     "CatalogModel",

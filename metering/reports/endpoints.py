@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from collections.abc import Iterable
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response
 
+from metering.kit.timeutil import TIMESTAMP_OR_DATE_SCHEMA
 from metering.reports import params, render, service
 from metering.web.deps import AccountKeyDep, NowDep, SessionDep
 from metering.web.jsonio import MeteringRoute
@@ -15,21 +17,49 @@ router = APIRouter(prefix="/v1", route_class=MeteringRoute, tags=["usage reports
 TIME = "An RFC 3339 timestamp with an offset, or a YYYY-MM-DD date (midnight UTC)."
 
 
-@router.get("/usage")
+def _enum(values: Iterable[str]) -> dict[str, Any]:
+    """The schema of a text parameter checked against ``values`` by ``params``."""
+    return {"enum": list(values)}
+
+
+@router.get(
+    "/usage",
+    responses={
+        200: {
+            "description": "The report: JSON, or CSV with format=csv.",
+            "content": {"application/json": {}, "text/csv": {"schema": {"type": "string"}}},
+        }
+    },
+)
 def usage_report(
     request: Request,
     session: SessionDep,
     key: AccountKeyDep,
     now: NowDep,
-    starting_at: Annotated[str | None, Query(description=f"Required. {TIME}")] = None,
+    starting_at: Annotated[
+        str, Query(description=TIME, json_schema_extra=TIMESTAMP_OR_DATE_SCHEMA)
+    ],
     ending_at: Annotated[
-        str | None, Query(description=f"Exclusive; default: the end of the current bucket. {TIME}")
+        str | None,
+        Query(
+            description=f"Exclusive; default: the end of the current bucket. {TIME}",
+            json_schema_extra=TIMESTAMP_OR_DATE_SCHEMA,
+        ),
     ] = None,
-    bucket_width: Annotated[str | None, Query(description="1d (default) or 1h")] = None,
-    group_by: Annotated[str | None, Query(description="model (default) or api_key")] = None,
+    bucket_width: Annotated[
+        str | None,
+        Query(description="1d (default) or 1h", json_schema_extra=_enum(params.BUCKET_WIDTHS)),
+    ] = None,
+    group_by: Annotated[
+        str | None,
+        Query(description="model (default) or api_key", json_schema_extra=_enum(params.GROUP_BYS)),
+    ] = None,
     models: Annotated[list[str] | None, Query(description="Repeatable model filter")] = None,
     api_key_ids: Annotated[list[str] | None, Query(description="Repeatable key filter")] = None,
-    output_format: Annotated[str | None, Query(alias="format", description="json or csv")] = None,
+    output_format: Annotated[
+        str | None,
+        Query(alias="format", description="json or csv", json_schema_extra=_enum(params.FORMATS)),
+    ] = None,
 ) -> Response:
     """Your account's requests, tokens and cost per UTC day or hour, by model or by API key."""
     params.check_parameter_names(name for name, _ in request.query_params.multi_items())

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Request, Response
+from fastapi import APIRouter, Body, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import State
 
@@ -19,6 +19,7 @@ from metering.usage.events import CHARGE_FIELDS, ChargeValues
 from metering.usage.schemas import EventBatch, QuarantineCode, ReprocessRequest
 from metering.web.deps import (
     AdminDep,
+    AuditDep,
     GatewayDep,
     NowDep,
     SessionDep,
@@ -152,10 +153,24 @@ def list_quarantine(
 
 @admin_router.post("/quarantine/reprocess")
 def reprocess_quarantine(
-    session: SessionDep, now: NowDep, body: ReprocessRequest | None = None
+    session: SessionDep,
+    now: NowDep,
+    audit: AuditDep,
+    body: Annotated[ReprocessRequest, Body(default_factory=ReprocessRequest)],
 ) -> dict[str, Any]:
     """Retry quarantined events (the ids given, or all): billable ones are recorded once."""
-    result = quarantine.reprocess(session, body.ids if body else None, now)
+    ids = body.ids
+    result = quarantine.reprocess(session, ids, now)
+    if result["data"]:  # retrying nothing changes nothing
+        changes = {
+            "ids": [item["id"] for item in result["data"]],
+            "recorded": result["recorded"],
+            "duplicates": result["duplicates"],
+            "quarantined": result["quarantined"],
+        }
+        audit.record(
+            session, now, "quarantine.reprocess", "quarantine", "quarantine", None, changes
+        )
     for status in (service.RECORDED, service.DUPLICATE, service.QUARANTINED):
         count = sum(1 for item in result["data"] if item["status"] == status)
         if count:

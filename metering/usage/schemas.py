@@ -24,7 +24,8 @@ class EventBatch(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    events: list[Any]
+    # 1–1000 events: the service's rule (``batch_too_large`` above), stated by the schema.
+    events: Annotated[list[Any], Field(json_schema_extra={"minItems": 1, "maxItems": MAX_BATCH})]
 
 
 class ReprocessRequest(BaseModel):

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import hmac
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Annotated
 
@@ -11,10 +11,13 @@ from fastapi import Depends, Request
 from sqlalchemy.orm import Session
 
 from metering.accounts.keys import KeyPrincipal, resolve_key
+from metering.audit.service import Auditor
 from metering.db import Database
 from metering.kit.clock import Clock
-from metering.kit.errors import AuthenticationFailed
+from metering.kit.errors import AuthenticationFailed, MeteringError
+from metering.kit.tokens import Token, matching, parse_tokens
 from metering.settings import Settings
+from metering.web.middleware import request_id_of
 
 
 def get_database(request: Request) -> Database:
@@ -60,44 +63,125 @@ NowDep = Annotated[datetime, Depends(_now_dependency)]
 
 
 def presented_credential(request: Request) -> str | None:
-    """``Authorization: Bearer <x>`` or ``x-api-key: <x>``."""
+    """An account key: ``Authorization: Bearer <x>`` or ``x-api-key: <x>``."""
     return credential_of(request.headers.get("authorization"), request.headers.get("x-api-key"))
 
 
-def credential_of(authorization: str | None, x_api_key: str | None) -> str | None:
-    """The credential in those two headers' values, if any."""
+def bearer_of(authorization: str | None) -> str | None:
+    """The credential of an ``Authorization: Bearer <x>`` header's value, if any."""
     if authorization:
         scheme, _, value = authorization.partition(" ")
         if scheme.lower() == "bearer" and value.strip():
             return value.strip()
+    return None
+
+
+def credential_of(authorization: str | None, x_api_key: str | None) -> str | None:
+    """The credential in those two headers' values, if any (account keys only: tokens are
+    accepted only as ``Authorization: Bearer``)."""
+    bearer = bearer_of(authorization)
+    if bearer is not None:
+        return bearer
     return x_api_key.strip() if x_api_key and x_api_key.strip() else None
 
 
-def token_matches(credential: str, tokens: list[str]) -> bool:
-    # Compare against every token so timing does not reveal which one (if any) matched.
-    presented = credential.encode()
-    matched = False
-    for token in tokens:
-        matched |= hmac.compare_digest(presented, token.encode())
-    return matched
+def token_matches(credential: str, tokens: Sequence[Token]) -> bool:
+    return matching(credential, tokens) is not None
 
 
-def _require_token(request: Request, tokens: list[str]) -> None:
-    credential = presented_credential(request)
+@dataclass(frozen=True, slots=True)
+class Credentials:
+    """The configured tokens of each kind, parsed once per app (see ``metering.kit.tokens``)."""
+
+    gateway: tuple[Token, ...]
+    admin: tuple[Token, ...]
+    readonly: tuple[Token, ...]
+    metrics: tuple[Token, ...]  # empty: /metrics is open
+
+    @classmethod
+    def of(cls, settings: Settings) -> Credentials:
+        return cls(
+            gateway=parse_tokens(settings.gateway_tokens),
+            admin=parse_tokens(settings.admin_tokens),
+            readonly=parse_tokens(settings.admin_readonly_tokens),
+            metrics=parse_tokens([settings.metrics_token] if settings.metrics_token else []),
+        )
+
+
+def get_credentials(request: Request) -> Credentials:
+    credentials: Credentials = request.app.state.credentials
+    return credentials
+
+
+# What a read-only operator token may call under /admin/v1/ (§14: every GET).
+READ_METHODS = frozenset({"GET", "HEAD"})
+
+
+class ReadOnlyToken(MeteringError):
+    status = 403
+    type = "permission_error"
+    default_code = "read_only_token"
+
+
+def bearer_token(request: Request, tokens: Sequence[Token]) -> Token:
+    """The configured token the caller sent as ``Authorization: Bearer`` (the only way tokens
+    are accepted: ``x-api-key`` is for account keys); 401 otherwise."""
+    credential = bearer_of(request.headers.get("authorization"))
     if credential is None:
+        if request.headers.get("x-api-key", "").strip():
+            raise AuthenticationFailed(
+                "invalid credential: tokens are accepted only as Authorization: Bearer <token>",
+                code="invalid_api_key",
+            )
         raise AuthenticationFailed(
             "no credential: send Authorization: Bearer <token>", code="missing_api_key"
         )
-    if not token_matches(credential, tokens):
+    token = matching(credential, tokens)
+    if token is None:
         raise AuthenticationFailed("invalid credential", code="invalid_api_key")
+    return token
 
 
-async def require_admin(request: Request) -> None:
-    _require_token(request, get_settings(request).admin_tokens)
+def refuse_read_only_change(request: Request) -> None:
+    """403 ``read_only_token`` for a read-only operator token on anything but a GET, before
+    any validation of the request (called ahead of FastAPI's parsing by ``MeteringRoute``)."""
+    if request.method in READ_METHODS:
+        return
+    credential = bearer_of(request.headers.get("authorization"))
+    if credential is not None and matching(credential, get_credentials(request).readonly):
+        raise ReadOnlyToken(
+            f"this token is read-only: {request.method} is not allowed with it",
+            code="read_only_token",
+        )
+
+
+async def require_operator(request: Request) -> None:
+    """An admin token, or a read-only one on a GET; the caller's name becomes the actor of
+    the audit events the request writes."""
+    credentials = get_credentials(request)
+    refuse_read_only_change(request)
+    tokens = credentials.admin
+    if request.method in READ_METHODS:
+        tokens = credentials.admin + credentials.readonly
+    request.state.actor = bearer_token(request, tokens).name
 
 
 async def require_gateway(request: Request) -> None:
-    _require_token(request, get_settings(request).gateway_tokens)
+    bearer_token(request, get_credentials(request).gateway)
+
+
+def actor_of(request: Request) -> str:
+    """The operator who made the request (set by ``require_operator``)."""
+    actor: str = request.state.actor
+    return actor
+
+
+async def _auditor(request: Request) -> Auditor:
+    return Auditor(actor_of(request), request_id_of(request.scope))
+
+
+# Records an admin route's changes in the audit log, as the caller's token and this request.
+AuditDep = Annotated[Auditor, Depends(_auditor)]
 
 
 def account_key(request: Request, session: SessionDep) -> KeyPrincipal:
@@ -121,5 +205,5 @@ def optional_account_key(request: Request, session: SessionDep) -> KeyPrincipal 
 
 AccountKeyDep = Annotated[KeyPrincipal, Depends(account_key)]
 OptionalAccountKeyDep = Annotated[KeyPrincipal | None, Depends(optional_account_key)]
-AdminDep = Depends(require_admin)
+AdminDep = Depends(require_operator)
 GatewayDep = Depends(require_gateway)

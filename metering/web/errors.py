@@ -19,6 +19,7 @@ from metering.kit.errors import (
 )
 from metering.web.jsonio import ExactJSONResponse
 from metering.web.middleware import request_id_of
+from metering.web.routes import allowed_methods
 
 log = logging.getLogger("metering.errors")
 
@@ -145,6 +146,9 @@ def install_error_handlers(app: FastAPI) -> None:
             error = NotFound(f"no route {request.method} {request.url.path}", code="not_found")
         elif exc.status_code == 405:
             error = MethodNotAllowed(f"{request.method} is not allowed on {request.url.path}")
+            response = error_response(request, error)
+            response.headers["allow"] = ", ".join(allowed_methods(request.app, request.scope))
+            return response
         elif exc.status_code == 400:
             error = InvalidRequest("request body is not valid JSON", code="invalid_json_request")
         else:

@@ -22,7 +22,7 @@ the answer to an unexpected error apply to both paths.
 from __future__ import annotations
 
 import re
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -35,7 +35,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from metering.kit import jsonenc
 from metering.kit.errors import MeteringError
 from metering.kit.text import check_url_text
-from metering.web.deps import credential_of, require_gateway, token_matches
+from metering.kit.tokens import Token
+from metering.web.deps import bearer_of, require_gateway, token_matches
 from metering.web.jsonio import loads_exact
 from metering.web.middleware import request_id_of
 
@@ -109,7 +110,7 @@ class FastLane:
         scope["route"] = lane  # its template labels the latency metric, as a route's does
         received: list[Message] = []
         try:
-            if not _gateway_token_ok(scope, state.settings.gateway_tokens):
+            if not _gateway_token_ok(scope, state.credentials.gateway):
                 raise _Fallback
             body = None
             if lane.body is not None:
@@ -141,9 +142,8 @@ class FastLane:
         return None
 
 
-def _gateway_token_ok(scope: Scope, tokens: list[str]) -> bool:
-    headers = Headers(scope=scope)
-    credential = credential_of(headers.get("authorization"), headers.get("x-api-key"))
+def _gateway_token_ok(scope: Scope, tokens: Sequence[Token]) -> bool:
+    credential = bearer_of(Headers(scope=scope).get("authorization"))
     return credential is not None and token_matches(credential, tokens)
 
 

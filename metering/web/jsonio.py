@@ -13,7 +13,9 @@ from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 
 from metering.kit import jsonenc
+from metering.kit.errors import InvalidRequest
 from metering.kit.text import check_url_text
+from metering.web.deps import refuse_read_only_change, require_operator
 
 
 class ExactJSONResponse(JSONResponse):
@@ -48,8 +50,16 @@ def loads_exact(body: bytes) -> Any:
 
 class ExactJSONRequest(Request):
     async def json(self) -> Any:
+        """The body, which must be a JSON object: every body of the API is one, and a bare
+        scalar, array or null is never read as "no body" or as a default (§1, strict types)."""
         if not hasattr(self, "_json"):
-            self._json = loads_exact(await self.body())
+            value = loads_exact(await self.body())
+            if not isinstance(value, dict):
+                raise InvalidRequest(
+                    "request body must be a JSON object (Content-Type: application/json)",
+                    code="invalid_json_request",
+                )
+            self._json = value
         return self._json
 
 
@@ -67,8 +77,11 @@ class MeteringRoute(APIRoute):
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
+        operator_route = any(d.dependency is require_operator for d in self.dependencies)
 
         async def exact_handler(request: Request) -> Response:
+            if operator_route:
+                refuse_read_only_change(request)  # before any validation (§14)
             check_url_text(request.path_params, request.scope["query_string"])
             return await handler(ExactJSONRequest(request.scope, request.receive))
 

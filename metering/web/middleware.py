@@ -14,6 +14,9 @@ from metering.metrics import REQUEST_LATENCY
 
 REQUEST_ID_HEADER = b"x-request-id"
 log = logging.getLogger("metering.errors")
+# One line per request: method, path (as sent, without the query string: it may carry a
+# secret), status, duration and request id. Never a header, so never a credential.
+access = logging.getLogger("metering.access")
 
 
 def request_id_of(scope: Scope) -> str:
@@ -25,15 +28,17 @@ def request_id_of(scope: Scope) -> str:
 
 
 class RequestContextMiddleware:
-    """Gives each request its id (``x-request-id``) and refuses bodies over ``max_body_bytes``.
+    """Gives each request its id (``x-request-id``), refuses bodies over ``max_body_bytes`` and
+    writes the access log (``access_log``).
 
     An oversized body is refused from its Content-Length before it is read, and a chunked one as
     soon as the running count passes the limit.
     """
 
-    def __init__(self, app: ASGIApp, max_body_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_body_bytes: int, access_log: bool = True) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
+        self.access_log = access_log
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -58,6 +63,8 @@ class RequestContextMiddleware:
         declared = _content_length(scope)
         if declared is not None and declared > limit:
             await _send_error(BodyTooLarge(_too_large(limit), limit_bytes=limit), request_id, send)
+            if self.access_log:
+                _log_access(scope, 413, started, request_id)
             return
 
         received = 0
@@ -90,6 +97,22 @@ class RequestContextMiddleware:
             REQUEST_LATENCY.observe(
                 time.perf_counter() - started, template, scope["method"], str(status)
             )
+            if self.access_log:
+                _log_access(scope, status, started, request_id)
+
+
+def _log_access(scope: Scope, status: int, started: float, request_id: str) -> None:
+    if access.isEnabledFor(logging.INFO):
+        raw = scope.get("raw_path") or scope["path"].encode("utf-8", "surrogateescape")
+        raw = raw.partition(b"?")[0]
+        access.info(
+            "%s %s %d %.1fms request_id=%s",
+            scope["method"],
+            raw.decode("ascii", "backslashreplace"),  # as sent: control characters escaped
+            status,
+            (time.perf_counter() - started) * 1000,
+            request_id,
+        )
 
 
 def _too_large(limit: int) -> str:

@@ -10,6 +10,14 @@ checked on its own), so half of the generated cases have their ids, keys and mod
 real ones, and their events merged into a valid event: those reach the service's rules instead
 of stopping at "not found".
 
+The schema must also say what the code enforces, in both directions: every answer's status and
+content type is documented and every error body matches the documented error object; data that
+violates the schema is refused (schemathesis' ``negative_data_rejection``); and data the schema
+allows is never refused for its shape: a schema-valid request answered 400 must name one of the
+rules JSON Schema cannot state (``STATED_ONLY_IN_CODE``: across fields, against stored state,
+exact decimals). Integral floats (``5.0``), which JSON Schema counts as integers and the service
+refuses (§1: integers are JSON integers), are sent as integers in positive mode.
+
 Budget: ``FUZZ_EXAMPLES`` cases per route and mode (positive, negative). Under CI the inputs are
 derandomized (the same every run); elsewhere hypothesis draws new ones and keeps failures in its
 example database, and a failure prints the request that caused it.
@@ -143,6 +151,67 @@ def _with_real_values(case: Any, target: Target) -> None:
             ] or [dict(target.event)]
 
 
+# Schema-valid requests may still be refused (400) by these rules only: (route or None for any,
+# code, param or None, a text of the message). Each is a rule JSON Schema cannot state.
+STATED_ONLY_IN_CODE = [
+    (None, "invalid_parameter", "after", "not a cursor"),  # an opaque cursor this list returned
+    (None, "invalid_parameter", None, "at most 6 decimals"),  # exact decimals, not binary floats
+    (None, "invalid_timestamp", None, "not a valid timestamp"),  # e.g. year 0 once in UTC
+    (("GET", "/v1/usage"), "unaligned_timestamp", None, ""),  # the window's rules
+    (("GET", "/v1/usage"), "invalid_window", None, ""),
+    (("GET", "/v1/usage"), "too_many_buckets", None, ""),
+    (("POST", "/v1/authorizations"), "missing_parameter", "max_tokens", "messages"),
+    (("POST", "/v1/authorizations"), "context_length_exceeded", None, ""),
+    (("PUT", "/admin/v1/models/{model_id}"), "invalid_parameter", "max_output_tokens", "exceed"),
+    (("PUT", "/admin/v1/models/{model_id}"), "invalid_parameter", "model_id", "reserved"),
+    (("POST", "/admin/v1/accounts/{account_id}/rates"), "invalid_parameter", None, "all three"),
+]
+
+
+def _stated_only_in_code(operation: Any, error: dict[str, Any]) -> bool:
+    route = (operation.method.upper(), operation.path)
+    return any(
+        where in (None, route)
+        and error.get("code") == code
+        and (param is None or error.get("param") == param)
+        and text in str(error.get("message", ""))
+        for where, code, param, text in STATED_ONLY_IN_CODE
+    )
+
+
+def _integers(value: Any) -> Any:
+    """Integral floats as integers (JSON Schema's integers; the service's are JSON integers)."""
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**63:
+        return int(value)
+    if isinstance(value, dict):
+        return {name: _integers(item) for name, item in value.items()}
+    if isinstance(value, list):
+        return [_integers(item) for item in value]
+    return value
+
+
+def _schema_problems(case: Any, response: Any, mode: GenerationMode) -> list[str]:
+    """What schemathesis' own checks say about the answer (documented status and content type,
+    error bodies as documented, negative data refused)."""
+    from schemathesis.specs.openapi import checks
+
+    chosen = [
+        checks.status_code_conformance,
+        checks.content_type_conformance,
+        checks.response_schema_conformance,
+    ]
+    if mode is GenerationMode.NEGATIVE:
+        chosen.append(checks.negative_data_rejection)
+    try:
+        case.validate_response(response, checks=chosen)
+    except BaseException as failures:  # a FailureGroup (an exception group) or one failure
+        if isinstance(failures, KeyboardInterrupt):
+            raise
+        found = getattr(failures, "exceptions", [failures])
+        return [str(failure).strip().splitlines()[0] for failure in found]
+    return []
+
+
 def _send(case: Any, target: Target) -> Any:
     """The case through the test client (a 5xx comes back as a response, not an exception)."""
     sent = case.as_transport_kwargs(base_url="http://testserver")
@@ -180,8 +249,14 @@ def _fuzz(operation: Any, mode: GenerationMode, target: Target) -> str | None:
     def check(case: Any, real: bool) -> None:
         if real:
             _with_real_values(case, target)
+        if mode is GenerationMode.POSITIVE and isinstance(case.body, dict | list):
+            case.body = _integers(case.body)
         response = _send(case, target)
-        problems = contract_problems(response)
+        problems = contract_problems(response) + _schema_problems(case, response, mode)
+        if mode is GenerationMode.POSITIVE and response.status_code == 400:
+            error = response.json()["error"]
+            if not _stated_only_in_code(operation, error):
+                problems.append(f"schema-valid data refused: {error['code']} {error['param']}")
         assert not problems, (
             f"{problems}\n{case.method.upper()} {case.formatted_path} query={case.query!r} "
             f"body={case.body!r}\n-> {response.status_code} {response.text[:500]}"

@@ -16,7 +16,7 @@ the unit of work, and PostgreSQL runs the functions below, generated from the sa
   names of the programs' convention.
 
 Revision ID: 0012
-Revises: 0010
+Revises: 0011
 Create Date: 2026-12-01 12:00:00
 """
 
@@ -28,7 +28,7 @@ from types import ModuleType
 from alembic import op
 
 revision: str = "0012"
-down_revision: str | Sequence[str] | None = "0010"
+down_revision: str | Sequence[str] | None = "0011"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -1,0 +1,150 @@
+"""Recording changes in the audit log, in the caller's transaction, and listing them.
+
+Every change made through ``/admin/v1/`` or the CLI is recorded by the code that makes it, in
+the same unit of work, so a change and its record commit or roll back together. Only changes
+are recorded: the caller writes nothing for a replay or a no-op. ``changes`` holds the fields
+set; any field named like a secret is replaced by ``"[redacted]"`` here, whatever the caller
+passed.
+
+The vocabulary of ``action`` (``<resource>.<verb>``) is ``ACTIONS``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import insert, select
+from sqlalchemy.orm import Session
+
+from metering.kit import jsonenc
+from metering.kit.errors import InvalidRequest
+from metering.kit.ids import new_id
+from metering.kit.jsonenc import RawJSON
+from metering.kit.money import INT64_MAX
+from metering.kit.pagination import decode_cursor, page
+from metering.kit.timeutil import format_timestamp
+from metering.models import AuditEvent, table
+
+AUDIT = table(AuditEvent)
+REDACTED = "[redacted]"
+# Field names whose values are secrets (an API key's secret, a token): never recorded.
+SECRET_FIELDS = frozenset({"key", "secret", "api_key", "token", "password"})
+CLI_ACTOR = "cli"
+
+# Every action the service records, with what it means (docs/api.md lists the same).
+ACTIONS: dict[str, str] = {
+    "account.create": "an account was created",
+    "api_key.create": "an API key was created (its secret redacted)",
+    "api_key.update": "a key was renamed or its monthly spend limit changed",
+    "api_key.revoke": "a key was revoked",
+    "grant.create": "prepaid credit was added",
+    "adjustment.create": "a balance was corrected",
+    "model.create": "a model was added to the catalog",
+    "model.update": "a model's metadata changed",
+    "price.create": "a list price version was added",
+    "price.update": "a list price version's rates were changed by a catalog import "
+    "(only while it has priced no charge)",
+    "account_rate.create": "an account's rate override version was added (or ended)",
+    "quarantine.reprocess": "quarantined events were retried",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Auditor:
+    """Who is making changes (a token's name, or ``cli``) and in which request."""
+
+    actor: str
+    request_id: str | None = None
+
+    def record(
+        self,
+        session: Session,
+        at: datetime,
+        action: str,
+        target_type: str,
+        target_id: str,
+        account_id: str | None,
+        changes: Mapping[str, Any],
+    ) -> None:
+        assert action in ACTIONS, action
+        session.execute(
+            insert(AUDIT).values(
+                id=new_id("aud"),
+                at=at,
+                actor=self.actor,
+                action=action,
+                target_type=target_type,
+                target_id=target_id,
+                account_id=account_id,
+                request_id=self.request_id,
+                changes=jsonenc.dumps(redacted(changes)).decode("ascii"),
+            )
+        )
+
+
+CLI = Auditor(CLI_ACTOR)
+
+
+def redacted(value: Any) -> Any:
+    """``value`` with every secret-named field's value replaced by ``"[redacted]"``."""
+    if isinstance(value, Mapping):
+        return {
+            name: REDACTED if name in SECRET_FIELDS else redacted(item)
+            for name, item in value.items()
+        }
+    if isinstance(value, list | tuple):
+        return [redacted(item) for item in value]
+    return value
+
+
+def event_body(row: Any) -> dict[str, Any]:
+    return {
+        "id": row.id,
+        "object": "audit_event",
+        "at": format_timestamp(row.at),
+        "actor": row.actor,
+        "action": row.action,
+        "target_type": row.target_type,
+        "target_id": row.target_id,
+        "account_id": row.account_id,
+        "request_id": row.request_id,
+        "changes": RawJSON(row.changes),  # written by jsonenc: valid JSON, exact numbers
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class AuditFilter:
+    account_id: str | None = None
+    actor: str | None = None
+    action: str | None = None
+    starting_at: datetime | None = None  # inclusive
+    ending_at: datetime | None = None  # exclusive
+
+
+def list_events(
+    session: Session, where: AuditFilter, limit: int, after: str | None
+) -> dict[str, Any]:
+    """Events newest first (by the order of appending), filtered, paginated."""
+    query = select(AUDIT).order_by(AUDIT.c.seq.desc()).limit(limit + 1)
+    if where.account_id is not None:
+        query = query.where(AUDIT.c.account_id == where.account_id)
+    if where.actor is not None:
+        query = query.where(AUDIT.c.actor == where.actor)
+    if where.action is not None:
+        query = query.where(AUDIT.c.action == where.action)
+    if where.starting_at is not None:
+        query = query.where(AUDIT.c.at >= where.starting_at)
+    if where.ending_at is not None:
+        query = query.where(AUDIT.c.at < where.ending_at)
+    if after:
+        (last_seq,) = decode_cursor(after, 1)
+        if isinstance(last_seq, bool) or not isinstance(last_seq, int):
+            raise InvalidRequest("after is not a cursor this list returned", param="after")
+        if not 0 < last_seq <= INT64_MAX:
+            raise InvalidRequest("after is not a cursor this list returned", param="after")
+        query = query.where(AUDIT.c.seq < last_seq)
+    rows = session.execute(query).all()
+    return page(rows, limit, event_body, lambda row: (row.seq,))
