@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, Request, Response
 from sqlalchemy import text
 
-from metering.kit.errors import MeteringError
+from metering.kit.errors import DatabaseUnavailable
 from metering.metrics import CONTENT_TYPE, REGISTRY
 from metering.web.deps import NowDep, SessionDep, bearer_token, get_credentials, get_database
 from metering.web.jsonio import MeteringRoute
@@ -13,10 +13,8 @@ from metering.web.jsonio import MeteringRoute
 router = APIRouter(route_class=MeteringRoute, tags=["operations"])
 
 
-class NotReady(MeteringError):
-    status = 503
-    type = "api_error"
-    default_code = "database_unavailable"
+class NotReady(DatabaseUnavailable):
+    pass
 
 
 @router.get("/healthz")

@@ -22,7 +22,7 @@ import pytest
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import BACKENDS, migrated_database
+from tests.conftest import BACKENDS, Api, migrated_database
 from tests.servers import ServerProcess
 
 ROUTE = "/v1/models"
@@ -171,6 +171,7 @@ def test_every_scrape_counts_every_worker(server: tuple[ServerProcess, Path]) ->
         samples = scrapes.take()
         assert route_count(samples) == sent
         assert samples[(WORKERS, ())][1] == 2
+        assert samples[("metering_authorizations_expired_without_usage", ())][1] == 0
 
     # More requests between scrapes: each scrape counts all of them.
     for _ in range(3):
@@ -211,3 +212,17 @@ def test_a_killed_worker_is_replaced_and_its_counts_stay(
         samples = scrapes.take()
         assert route_count(samples) == sent
         assert samples[(WORKERS, ())][1] == 2
+
+
+def test_a_single_process_scrape_passes_promtool(api: Api) -> None:
+    """The app in one process (no multiprocess directory): its own values, the standard process
+    collectors, and the database's gauges."""
+    assert api.client.get(ROUTE).status_code == 200
+    response = api.client.get("/metrics")
+    assert response.status_code == 200
+    assert promtool_problems(response.text) == ""
+    samples = parse(response.text)
+    assert route_count(samples) >= 1
+    assert samples[(WORKERS, ())][1] == 1
+    assert ("process_resident_memory_bytes", ()) in samples
+    assert ("metering_authorizations_expired_without_usage", ()) in samples
