@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: serve test lint typecheck unit bench bench-compare lock clean
+.PHONY: serve test lint typecheck unit promtool bench bench-compare lock clean
 
 $(STAMP): pyproject.toml requirements.lock
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -28,8 +28,12 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy metering
 
-unit: $(STAMP)
+unit: $(STAMP) promtool
 	$(BIN)/pytest $(PYTEST_ARGS)
+
+# promtool (Debian's prometheus package) checks /metrics' output in the tests.
+promtool:
+	@bash .ci/install-promtool
 
 # `make bench` runs every benchmark; `make bench BENCH="ledger ingest"` runs those named.
 bench: $(STAMP)

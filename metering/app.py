@@ -10,6 +10,7 @@ from fastapi import FastAPI
 from metering import __version__
 from metering.db import Database
 from metering.kit.clock import Clock, SystemClock
+from metering.metrics import REGISTRY
 from metering.settings import Settings
 from metering.web.deps import Credentials
 from metering.web.errors import ERROR_RESPONSES, install_error_handlers
@@ -31,9 +32,13 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
-        yield
-        if owns_database:
-            db.dispose()
+        REGISTRY.worker_started()
+        try:
+            yield
+        finally:
+            REGISTRY.worker_stopping()
+            if owns_database:
+                db.dispose()
 
     app = FastAPI(
         title="metering",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
 from datetime import date
@@ -233,6 +234,22 @@ def export(args: argparse.Namespace, settings: Settings) -> int:
 
 @command("serve")
 def serve(args: argparse.Namespace, settings: Settings) -> int:
+    from metering.runtime import MULTIPROC_ENV, prepare_metrics_directory, remove_metrics_directory
+
+    # Before anything imports prometheus_client (its mode is chosen then): the directory where
+    # every worker's metrics go, so that one scrape sums them all (contract §8).
+    # (tests/reliability/test_metrics_workers.py fails should anything import it earlier.)
+    created = not os.environ.get(MULTIPROC_ENV)
+    directory = prepare_metrics_directory()
+    try:
+        return _serve(args, settings)
+    finally:
+        remove_metrics_directory(directory, created=created)
+        if created:
+            os.environ.pop(MULTIPROC_ENV, None)
+
+
+def _serve(args: argparse.Namespace, settings: Settings) -> int:
     import uvicorn
 
     from metering.runtime import runtime_settings

@@ -31,6 +31,7 @@ from typing import Any, TypeVar
 import psycopg
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
@@ -41,6 +42,24 @@ T = TypeVar("T")
 # the step's result (awaitable on PostgreSQL).
 Step = Callable[[Any], Any]
 Steps = Generator[Step, Any, T]
+
+
+def unreachable(exc: BaseException) -> bool:
+    """Whether an error means the database could not be reached or dropped the connection (a
+    restart, a failover, refused connections): answered 503 ``database_unavailable``, not 500.
+    A serialization failure or deadlock is not one (those are retried where they can occur)."""
+    seen = 0
+    current: BaseException | None = exc
+    while current is not None and seen < 5:
+        if isinstance(current, psycopg.OperationalError) and not isinstance(
+            current, psycopg.errors.TransactionRollback
+        ):
+            return True
+        if isinstance(current, DBAPIError) and current.connection_invalidated:
+            return True
+        current = getattr(current, "orig", None) or current.__cause__
+        seen += 1
+    return False
 
 
 def is_postgresql(session: Session) -> bool:

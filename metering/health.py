@@ -5,18 +5,16 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, Request, Response
 from sqlalchemy import text
 
-from metering.kit.errors import MeteringError
-from metering.metrics import REGISTRY
+from metering.kit.errors import DatabaseUnavailable
+from metering.metrics import CONTENT_TYPE, REGISTRY
 from metering.web.deps import NowDep, SessionDep, bearer_token, get_credentials, get_database
 from metering.web.jsonio import MeteringRoute
 
 router = APIRouter(route_class=MeteringRoute, tags=["operations"])
 
 
-class NotReady(MeteringError):
-    status = 503
-    type = "api_error"
-    default_code = "database_unavailable"
+class NotReady(DatabaseUnavailable):
+    pass
 
 
 @router.get("/healthz")
@@ -50,7 +48,6 @@ async def _metrics_credential(request: Request) -> None:
     responses={200: {"description": "Prometheus text.", "content": {"text/plain": {}}}},
 )
 def metrics(session: SessionDep, now: NowDep) -> Response:
-    """Prometheus metrics: this process's counters and latencies, and database-wide gauges."""
-    return Response(
-        REGISTRY.render(session, now), media_type="text/plain; version=0.0.4; charset=utf-8"
-    )
+    """Prometheus metrics: counters and latencies summed over every worker of the server, and
+    database-wide gauges."""
+    return Response(REGISTRY.render(session, now), media_type=CONTENT_TYPE)

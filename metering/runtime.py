@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import glob
 import logging
 import os
 import secrets
+import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,6 +16,8 @@ from metering.settings import Settings
 DEV_TOKENS_FILE = "dev-tokens.env"
 ADMIN_VAR = "METERING_ADMIN_TOKEN"
 GATEWAY_VAR = "METERING_GATEWAY_TOKEN"
+# prometheus_client's multiprocess mode: read by it when it is first imported (metering.metrics).
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 
 @dataclass(frozen=True)
@@ -81,3 +86,25 @@ def configure_logging(level: str) -> None:
     logging.logProcesses = False
     logging.logMultiprocessing = False
     logging.basicConfig(level=level.upper(), format=LOG_FORMAT)
+
+
+def prepare_metrics_directory() -> Path:
+    """For a server start (``metering serve``), before any worker starts: the directory its
+    workers write their metrics to, set in ``PROMETHEUS_MULTIPROC_DIR``. One the operator set is
+    used and emptied (the library's docs: wiped between runs); otherwise a fresh temporary one.
+    Returns it; ``remove_metrics_directory`` removes a temporary one when the server stops."""
+    given = os.environ.get(MULTIPROC_ENV)
+    if given:
+        path = Path(given)
+        path.mkdir(parents=True, exist_ok=True)
+        for stale in glob.glob(os.path.join(path, "*.db")):
+            os.remove(stale)
+    else:
+        path = Path(tempfile.mkdtemp(prefix="metering-metrics-"))
+        os.environ[MULTIPROC_ENV] = str(path)
+    return path
+
+
+def remove_metrics_directory(path: Path, *, created: bool) -> None:
+    if created:
+        shutil.rmtree(path, ignore_errors=True)

@@ -34,6 +34,9 @@ class ServerProcess:
     port: int = field(default_factory=free_port)
     workers: int = 1
     extra_env: dict[str, str] = field(default_factory=dict)
+    # ``metering serve`` (as an operator starts it: its workers share one metrics directory)
+    # instead of uvicorn itself.
+    serve_command: bool = False
     process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -55,23 +58,16 @@ class ServerProcess:
         )
         self.workdir.mkdir(parents=True, exist_ok=True)
         log = open(self.workdir / f"server-{self.port}.log", "ab")  # noqa: SIM115
+        where = ["--host", "127.0.0.1", "--port", str(self.port), "--workers", str(self.workers)]
+        if self.serve_command:
+            argv = [sys.executable, "-m", "metering.cli", "serve", *where]
+        else:
+            argv = [
+                *(sys.executable, "-m", "uvicorn", "--factory", "metering.asgi:create", *where),
+                *("--no-access-log", "--log-level", "warning"),
+            ]
         self.process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "uvicorn",
-                "--factory",
-                "metering.asgi:create",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(self.port),
-                "--workers",
-                str(self.workers),
-                "--no-access-log",
-                "--log-level",
-                "warning",
-            ],
+            argv,
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,

@@ -78,6 +78,14 @@ class BodyTooLarge(MeteringError):
     default_code = "request_body_too_large"
 
 
+class DatabaseUnavailable(MeteringError):
+    """The database cannot be reached (down, restarting, refusing connections): try again."""
+
+    status = 503
+    type = "api_error"
+    default_code = "database_unavailable"
+
+
 class InternalError(MeteringError):
     status = 500
     type = "api_error"

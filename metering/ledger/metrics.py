@@ -1,10 +1,12 @@
-"""What /metrics says about credit holds: outcomes per process, lost usage from the database."""
+"""What /metrics says about credit holds: outcomes counted by every worker, lost usage from the
+database."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from datetime import datetime
 
+from prometheus_client.core import GaugeMetricFamily, Metric
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
@@ -39,7 +41,7 @@ EXPIRED_WITHOUT_USAGE = "metering_authorizations_expired_without_usage"
 
 
 @REGISTRY.database_collector
-def expired_without_usage(session: Session, now: datetime) -> Iterable[str]:
+def expired_without_usage(session: Session, now: datetime) -> Iterable[Metric]:
     """Holds that expired with no usage event: each is a sign of lost usage (contract §4).
 
     Read from the database, so every process reports the same figure."""
@@ -48,6 +50,6 @@ def expired_without_usage(session: Session, now: datetime) -> Iterable[str]:
         .select_from(_HOLDS)
         .where(holds.reads_as_sql(HoldStatus.EXPIRED, _HOLDS, now))
     ).scalar_one()
-    yield f"# HELP {EXPIRED_WITHOUT_USAGE} Credit holds that expired without any usage event."
-    yield f"# TYPE {EXPIRED_WITHOUT_USAGE} gauge"
-    yield f"{EXPIRED_WITHOUT_USAGE} {int(count)}"
+    yield GaugeMetricFamily(
+        EXPIRED_WITHOUT_USAGE, "Credit holds that expired without any usage event.", int(count)
+    )

@@ -10,7 +10,9 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from metering.db import unreachable
 from metering.kit.errors import (
+    DatabaseUnavailable,
     InternalError,
     InvalidRequest,
     MeteringError,
@@ -47,6 +49,10 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
         "enough credit, 404 unknown, 405 method, 409 conflict, 413 body too large.",
     },
     "500": {"model": ErrorBody, "description": "An unexpected error (code internal_error)."},
+    "503": {
+        "model": ErrorBody,
+        "description": "The database is unavailable (code database_unavailable): try again.",
+    },
 }
 
 
@@ -160,6 +166,10 @@ def install_error_handlers(app: FastAPI) -> None:
 
     async def on_unexpected(request: Request, exc: Exception) -> Response:
         request_id = request_id_of(request.scope)
+        if unreachable(exc):
+            log.warning("database unavailable (request_id=%s): %s", request_id, exc)
+            unavailable = DatabaseUnavailable("the database is unavailable; try again shortly")
+            return error_response(request, unavailable)
         log.exception(
             "unhandled error (request_id=%s, %s %s)", request_id, request.method, request.url.path
         )

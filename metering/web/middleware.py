@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from metering.kit.errors import BodyTooLarge, InternalError
+from metering.db import unreachable
+from metering.kit.errors import BodyTooLarge, DatabaseUnavailable, InternalError, MeteringError
 from metering.kit.ids import new_request_id
 from metering.metrics import REQUEST_LATENCY
 
@@ -85,11 +87,7 @@ class RequestContextMiddleware:
                 raise
             # Answered here: Starlette's outermost middleware would answer too, then re-raise,
             # and uvicorn closes the connection on that, failing the client's next request on it.
-            log.exception(
-                "unhandled error (request_id=%s, %s %s)", request_id, scope["method"], scope["path"]
-            )
-            error = InternalError("internal error; quote the request_id")
-            await _send_error(error, request_id, send_with_id, close=False)
+            await _send_error(_unexpected(scope, request_id), request_id, send_with_id, close=False)
         finally:
             route = scope.get("route")
             # The route template (not the raw path) keeps the label set small.
@@ -99,6 +97,25 @@ class RequestContextMiddleware:
             )
             if self.access_log:
                 _log_access(scope, status, started, request_id)
+
+
+def _unexpected(scope: Scope, request_id: str) -> MeteringError:
+    """The answer to an exception no handler took (called in its ``except``): 503 when the
+    database is out of reach, else 500."""
+    exc = sys.exc_info()[1]
+    if exc is not None and unreachable(exc):
+        log.warning(
+            "database unavailable (request_id=%s, %s %s): %s",
+            request_id,
+            scope["method"],
+            scope["path"],
+            str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__,
+        )
+        return DatabaseUnavailable("the database is unavailable; try again shortly")
+    log.exception(
+        "unhandled error (request_id=%s, %s %s)", request_id, scope["method"], scope["path"]
+    )
+    return InternalError("internal error; quote the request_id")
 
 
 def _log_access(scope: Scope, status: int, started: float, request_id: str) -> None:

@@ -412,7 +412,7 @@ class TestMetrics:
         for line in api.client.get("/metrics").text.splitlines():
             name, _, value = line.rpartition(" ")
             if name == series:
-                return int(value)
+                return int(float(value))
         return 0
 
     def test_outcomes_are_counted(self, api: Api) -> None:

@@ -248,7 +248,7 @@ def _resolutions(api: Api) -> dict[str, int]:
     for line in api.client.get("/metrics").text.splitlines():
         for source in counts:
             if line.startswith(f'metering_authorization_resolutions_total{{source="{source}"}} '):
-                counts[source] = int(line.rpartition(" ")[2])
+                counts[source] = int(float(line.rpartition(" ")[2]))
     return counts
 
 

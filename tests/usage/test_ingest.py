@@ -392,7 +392,7 @@ class TestMetrics:
             for status in ("recorded", "duplicate", "quarantined", "rejected"):
                 line = f'metering_usage_events_total{{status="{status}"}} '
                 found = [row for row in text.splitlines() if row.startswith(line)]
-                values[status] = int(found[0].split()[-1]) if found else 0
+                values[status] = int(float(found[0].split()[-1])) if found else 0
             return values
 
         before = counters()
