@@ -139,7 +139,7 @@ def record_events(
             error=reject_reason(raw),
         )
 
-    priced = _price(session, events)
+    priced = price_for(session, events)
     first: dict[EventKey, Event] = {}
     for event in priced:
         first.setdefault((event.account_id or "", event.request_id), event)
@@ -186,7 +186,7 @@ def record_events(
     return outcome
 
 
-def _price(session: Session, events: list[Event]) -> list[Event]:
+def price_for(session: Session, events: list[Event]) -> list[Event]:
     """Key, model and price of every event (one lookup for the batch); sets ``problem`` on those
     not billable now, in the order: key, timestamp, usage, model, price. The billable ones,
     priced, in batch order."""
