@@ -163,3 +163,60 @@ class TestRollupOutOfRange:
         assert costs == {fitting * BIG_CHARGE}
         if api.backend == "sqlite":
             assert typeofs(api) == {"integer"}
+
+
+def _fail_charges_of(api: Api, account_id: str) -> tuple[str, ...]:
+    """Statements making the database refuse every charge of ``account_id`` (a trigger: a real
+    database error, no mock), and those that stop it."""
+    if api.backend == "sqlite":
+        return (
+            f"CREATE TRIGGER test_refuse BEFORE INSERT ON ledger_entries "
+            f"WHEN NEW.account_id = '{account_id}' BEGIN SELECT RAISE(ABORT, 'refused'); END",
+        )
+    return (
+        "CREATE FUNCTION test_refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+        "RAISE EXCEPTION 'refused'; END $$",
+        f"CREATE TRIGGER test_refuse BEFORE INSERT ON ledger_entries FOR EACH ROW "
+        f"WHEN (NEW.account_id = '{account_id}') EXECUTE FUNCTION test_refuse()",
+    )
+
+
+def _run(api: Api, *statements: str) -> None:
+    with api.database.unit_of_work() as session:
+        for statement in statements:
+            session.execute(text(statement))
+        session.commit()
+
+
+class TestUnexpectedRefusal:
+    def test_one_accounts_failure_does_not_refuse_the_others(self, fresh_api: Api) -> None:
+        """An unexpected database error in one account's part: the other accounts' events are
+        recorded all the same, the request fails (500), and the gateway's retry finds them
+        recorded (duplicates) and the refused account's events not lost."""
+        api = fresh_api
+        model = priced_model(api, NOW - timedelta(days=1))
+        failing, healthy = create_account(api), create_account(api)
+        for account in (failing, healthy):
+            grant(api, account, 100)
+        failing_key, healthy_key = create_key(api, failing), create_key(api, healthy)
+        batch = [
+            usage_event(key, model, AT)
+            for _ in range(4)
+            for key in (healthy_key, failing_key, healthy_key)
+        ]
+        _run(api, *_fail_charges_of(api, failing))
+        response = api.gateway("POST", "/v1/usage/events", json={"events": batch})
+        assert response.status_code == 500, response.text
+        assert len(events_of(api, healthy)) == 8
+        assert events_of(api, failing) == []
+        response = api.gateway("POST", "/v1/usage/events", json={"events": batch})
+        assert response.status_code == 500, response.text
+        assert len(events_of(api, healthy)) == 8
+
+        drop = ["DROP TRIGGER test_refuse"]
+        if api.backend == "postgresql":
+            drop = ["DROP TRIGGER test_refuse ON ledger_entries", "DROP FUNCTION test_refuse()"]
+        _run(api, *drop)
+        body = ingest(api, *batch)
+        assert (body["recorded"], body["duplicates"]) == (4, 8)
+        assert len(events_of(api, failing)) == 4
