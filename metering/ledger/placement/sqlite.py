@@ -14,6 +14,7 @@ from metering.kit.programs import SQLITE, records_json
 from metering.ledger.placement.program import (
     BY_ID,
     BY_REQUEST_ID,
+    HELD_IN_FORCE,
     HOLDS_IN,
     INSERT_UNBILLED,
     PLACE_HOLDS,
@@ -63,6 +64,13 @@ class SqliteHolds:
 
     def insert_unbilled(self, values: Mapping[str, Any]) -> bool:
         return self._connection.execute(INSERT_UNBILLED, dict(values)).first() is not None
+
+    def held_in_force(self, account_id: str, now: datetime) -> int:
+        return int(
+            self._connection.execute(
+                HELD_IN_FORCE, {"b_account_id": account_id, "now": now}
+            ).scalar_one()
+        )
 
     def void(self, hold_id: str, now: datetime) -> tuple[dict[str, Any] | None, bool]:
         params = {"hold_id": hold_id, "now": now}
