@@ -111,7 +111,9 @@ async def _ingest(state: State, body: EventBatch, _params: Mapping[str, str]) ->
 
 
 def _record_batch(database: Database, events: list[Any], now: datetime) -> service.BatchOutcome:
-    # The one commit point of the batch's unit of work, before the answer is built.
+    # The one commit point of the batch's unit of work, before the answer is built. The events
+    # are parsed before it begins (SQLite: before this process takes the writer's turn).
+    parsed = service.parse(events, now)
     try:
         with database.unit_of_work() as session:
             outcome = service.record_events(
@@ -120,6 +122,7 @@ def _record_batch(database: Database, events: list[Any], now: datetime) -> servi
                 now,
                 # Kept before the settlement, which locks the account rows until the commit.
                 before_settlement=lambda done: quarantine.keep(session, done.quarantined, now),
+                parsed=parsed,
             )
             session.commit()
             return outcome
