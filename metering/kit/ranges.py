@@ -14,7 +14,9 @@ its field).
 
 from __future__ import annotations
 
+import psycopg
 from sqlalchemy import BigInteger, CheckConstraint, Integer, Table
+from sqlalchemy.exc import DBAPIError
 
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
@@ -22,6 +24,9 @@ INT64_MAX = 2**63 - 1
 # The name every SQLite integer check ends with (``ck_<table>_<column>_integer``).
 CHECK_SUFFIX = "_integer"
 _PG_OUT_OF_RANGE = "22003"  # numeric_value_out_of_range
+# What a database refusal looks like, from SQLAlchemy or from the driver itself (the ingest's
+# PostgreSQL statements go straight to psycopg).
+DATABASE_ERRORS = (DBAPIError, psycopg.Error)
 
 
 def fits(value: int) -> bool:

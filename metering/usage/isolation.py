@@ -22,26 +22,16 @@ import logging
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 
-import psycopg
-from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 from metering.db import Database
-from metering.kit.ranges import is_out_of_range
+from metering.kit.ranges import DATABASE_ERRORS, is_out_of_range
 from metering.usage import quarantine, service
-from metering.usage.events import Problem, is_keyed, parse_event
+from metering.usage.events import OUT_OF_RANGE, is_keyed, parse_event
 
 log = logging.getLogger(__name__)
 
-OUT_OF_RANGE = Problem(
-    "invalid_usage",
-    "this event's charge would take the account's balance or usage totals beyond a signed 64-bit "
-    "integer of microcents or tokens",
-    "usage",
-)
-# What a database refusal looks like, from SQLAlchemy or from the driver itself (the ingest's
-# PostgreSQL statements go straight to psycopg).
-DATABASE_ERRORS = (DBAPIError, psycopg.Error)
+__all__ = ["DATABASE_ERRORS", "PartFailed", "record_apart"]
 
 
 class PartFailed(RuntimeError):

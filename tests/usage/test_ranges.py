@@ -220,3 +220,34 @@ class TestUnexpectedRefusal:
         body = ingest(api, *batch)
         assert (body["recorded"], body["duplicates"]) == (4, 8)
         assert len(events_of(api, failing)) == 4
+
+
+class TestReprocessOutOfRange:
+    def test_reprocess_keeps_it_until_the_balance_allows_it(self, api: Api) -> None:
+        model = max_rate_model(api)
+        account = create_account(api)
+        adjust(api, account, -9 * 10**12)
+        adjust(api, account, -(INT64_MAX // 10**6 - 9 * 10**12) + 10**6)
+        key = create_key(api, account)
+        other = create_key(api, create_account(api, billing="unbilled"))
+        big = usage_event(key, model, AT, BIG_USAGE)
+        body = ingest(api, big, usage_event(other, model, AT, chat_usage(5, 5, cached=6)))
+        assert [r["status"] for r in body["data"]] == ["quarantined", "quarantined"]
+        ids = [e["id"] for e in quarantine_of(api, account)]
+        assert len(ids) == 1
+        # The other entry (invalid usage of another kind) is retried in the same request.
+        others = [e["id"] for e in quarantine_of(api, other.account_id)]
+
+        response = api.admin("POST", "/admin/v1/quarantine/reprocess", json={"ids": ids + others})
+        assert response.status_code == 200, response.text
+        result = response.json()
+        assert (result["recorded"], result["quarantined"]) == (0, 2)
+        (entry,) = quarantine_of(api, account)
+        assert (entry["code"], entry["attempts"]) == ("invalid_usage", 2)
+
+        adjust(api, account, 9 * 10**12)
+        response = api.admin("POST", "/admin/v1/quarantine/reprocess", json={"ids": ids})
+        assert response.status_code == 200, response.text
+        assert response.json()["recorded"] == 1
+        assert quarantine_of(api, account) == []
+        assert [e.request_id for e in events_of(api, account)] == [big["request_id"]]
