@@ -23,7 +23,9 @@ from pathlib import Path
 import httpx2 as httpx
 from sqlalchemy import text
 
+from bench import bench_embedded
 from bench.bench_embedded import mixed_load
+from bench.common import CodeUnderTest
 from metering import migrate
 from metering.catalog.importer import CatalogFile, import_catalog
 from metering.db import Database
@@ -101,3 +103,24 @@ def test_mixed_load_on_embedded_sqlite(tmp_path: Path) -> None:
         assert stored == BATCHES * 1000
     finally:
         database.dispose()
+
+
+SMALL = {"batches": 1, "batch_size": 50, "connections": 4, "authorizations": 8, "rounds": 1}
+FIGURES = ["embedded.errors", "embedded.p99", "embedded.max", "embedded.ingest"]
+
+
+def test_the_benchmark_small_healthy_then_broken() -> None:
+    """``make bench BENCH=embedded``, small: healthy, its figures come without problems; with a
+    gateway token that no longer matches, every authorization and batch fails, and no figure is
+    met whatever its number."""
+    results = {r.name: r for r in bench_embedded.run(bench_embedded.Config(**SMALL))}
+    assert list(results) == FIGURES
+    assert all(not r.problems for r in results.values()), [r.problems for r in results.values()]
+    assert results["embedded.errors"].measured == 0 and results["embedded.errors"].met
+    assert results["embedded.ingest"].measured > 0
+
+    broken = CodeUnderTest(server_env=(("METERING_GATEWAY_TOKENS", "another-token"),))
+    config = bench_embedded.Config(**SMALL, code=broken)
+    results = {r.name: r for r in bench_embedded.run(config)}
+    assert results["embedded.errors"].measured > 0
+    assert all(r.met is False for r in results.values()), results
