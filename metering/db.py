@@ -225,6 +225,7 @@ class Database:
     _writers: _Writers | None = field(default=None, repr=False)
     _async_pool: AsyncDriverPool | None = field(default=None, init=False, repr=False)
     _readers: _Sessions | None = field(default=None, init=False, repr=False)
+    _group: _Group | None = field(default=None, init=False, repr=False)
 
     @classmethod
     def from_url(cls, url: str, *, pool_size: int = 10) -> Database:
@@ -288,14 +289,11 @@ class Database:
         return await run_in_threadpool(self._run_sqlite, steps, sqlite)
 
     def _run_sqlite(self, steps: Steps[T], adapter: Callable[[Any], Any]) -> T:
-        with self.unit_of_work() as session:
-            try:
-                result = _drive(steps, adapter(session.connection()))
-            except MeteringError:
-                session.commit()
-                raise
-            session.commit()
-            return result
+        """Run ``steps`` in a write transaction shared with the units of work queued meanwhile
+        in this process (``_Group``): one writer's turn and one durable commit for all."""
+        if self._group is None:
+            self._group = _Group(self)
+        return self._group.run(steps, adapter)
 
     def async_driver_autocommit(
         self,
@@ -317,6 +315,89 @@ class Database:
             self.read_engine.dispose()
         if self._writers is not None:
             self._writers.close()
+
+
+@dataclass
+class _Job:
+    """A unit of work waiting for its group's commit (or to lead the next group)."""
+
+    steps: Steps[Any]
+    adapter: Callable[[Any], Any]
+    wake: threading.Event = field(default_factory=threading.Event)
+    finished: bool = False
+    result: Any = None
+    error: BaseException | None = None
+
+
+class _Group:
+    """SQLite's group commit for units of work written as steps (authorizations, voids).
+
+    With ``synchronous=FULL`` every commit waits for the disk (a few ms), and SQLite has one
+    writer at a time: under many concurrent requests, one transaction each made them queue for
+    a commit each. Here the units of work that arrive while a group is waiting for its turn or
+    running wait, then run together as the next group, each in its own savepoint (so each is
+    decided as if alone, in arrival order, and one that fails is rolled back alone), with one
+    commit for all: one writer's turn, one fsync. A refusal (``MeteringError``) keeps its
+    writes, as alone. The first waiting unit of work leads the next group, so no request waits
+    for more than the group before its own. Nothing is decided on process memory: only the
+    grouping lives here."""
+
+    MAX_JOBS = 256
+
+    def __init__(self, database: Database) -> None:
+        self._database = database
+        self._lock = threading.Lock()
+        self._queue: list[_Job] = []
+        self._leading = False  # False only while the queue is empty
+
+    def run(self, steps: Steps[T], adapter: Callable[[Any], Any]) -> T:
+        job = _Job(steps, adapter)
+        with self._lock:
+            self._queue.append(job)
+            lead = not self._leading
+            self._leading = True
+        if not lead:
+            job.wake.wait()  # its group is done, or it leads the next one
+        if not job.finished:
+            self._lead()
+        if job.error is not None:
+            raise job.error
+        return job.result
+
+    def _lead(self) -> None:
+        """Run the group waiting now (the leader's own job first), then hand over."""
+        with self._lock:
+            jobs, self._queue = self._queue[: self.MAX_JOBS], self._queue[self.MAX_JOBS :]
+        try:
+            self._commit(jobs)
+        except BaseException as error:  # the commit failed: so did every job of the group
+            for job in jobs:
+                if job.error is None:
+                    job.error = error
+        for job in jobs:
+            job.finished = True
+            job.wake.set()
+        with self._lock:
+            if self._queue:
+                self._queue[0].wake.set()  # not finished: it leads the next group
+            else:
+                self._leading = False
+
+    def _commit(self, jobs: list[_Job]) -> None:
+        with self._database.unit_of_work() as session:
+            for job in jobs:
+                savepoint = session.begin_nested()
+                try:
+                    job.result = _drive(job.steps, job.adapter(session.connection()))
+                except MeteringError as refusal:
+                    savepoint.commit()
+                    job.error = refusal
+                except Exception as error:
+                    savepoint.rollback()
+                    job.error = error
+                else:
+                    savepoint.commit()
+            session.commit()
 
 
 def _drive(steps: Steps[T], backend: Any) -> T:

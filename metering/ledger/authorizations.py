@@ -37,6 +37,7 @@ from metering.kit.errors import (
 from metering.kit.ids import new_id
 from metering.kit.money import cents
 from metering.kit.pagination import decode_cursor, page
+from metering.kit.ranges import INT64_MAX
 from metering.kit.timeutil import format_timestamp, next_month, parse_timestamp, start_of_month
 from metering.ledger import holds
 from metering.ledger.holds import HoldStatus
@@ -47,7 +48,13 @@ from metering.ledger.placement.sqlite import SqliteHolds
 from metering.ledger.resolution import Resolution
 from metering.ledger.schemas import AuthorizationCreate
 from metering.ledger.service import fingerprint
-from metering.pricing import Estimate, EstimateError, EstimateRequest, estimate_cost
+from metering.pricing import (
+    Estimate,
+    EstimateError,
+    EstimateRequest,
+    estimate_cost,
+    field_beyond_range,
+)
 
 
 async def authorize(
@@ -153,9 +160,15 @@ def _hold_steps(
         }
         placement = yield lambda holds: holds.place(hold)
     else:
-        # Unbilled accounts always pass; the hold is still recorded (not counted).
+        # Unbilled accounts always pass; the hold is still recorded (not counted). Not
+        # inserted: its request id is taken, or the held sum would leave the range.
         inserted = yield lambda holds: holds.insert_unbilled(values)
-        placement = Placement(Outcome.GRANTED if inserted else Outcome.EXISTS, 0)
+        if inserted:
+            placement = Placement(Outcome.GRANTED, 0)
+        elif request.request_id is None:
+            placement = Placement(Outcome.OUT_OF_RANGE, 0)
+        else:
+            placement = Placement(Outcome.EXISTS, 0)
     outcome = placement.outcome
     if outcome is Outcome.STALE:
         return None
@@ -165,8 +178,20 @@ def _hold_steps(
         assert request.request_id is not None
         account_id, request_id = found.account_id, request.request_id
         existing = yield lambda holds: holds.by_request_id(account_id, request_id)
-        assert existing is not None
-        return _replay(existing, request_fingerprint, now), "replayed"
+        if existing is not None:
+            return _replay(existing, request_fingerprint, now), "replayed"
+        assert found.billing != "prepaid"
+        outcome = Outcome.OUT_OF_RANGE
+    if outcome is Outcome.OUT_OF_RANGE:
+        account_id = found.account_id
+        held: int = yield lambda holds: holds.held_in_force(account_id, now)
+        param = field_beyond_range(_estimate_request(request), estimate, INT64_MAX - held)
+        raise InvalidRequest(
+            f"this request's maximum cost would take the account's held credit beyond "
+            f"{INT64_MAX} microcents; set a smaller {param}",
+            code="invalid_parameter",
+            param=param,
+        )
     if outcome is Outcome.INSUFFICIENT_CREDITS:
         raise InsufficientCredits(
             "the credit balance is too low for this request's maximum cost; add credits, or "
@@ -225,22 +250,22 @@ def _estimate(found: Resolution, request: AuthorizationCreate, now: datetime) ->
             param="model",
         )
     try:
-        return estimate_cost(
-            EstimateRequest(
-                api=request.api,
-                prompt_tokens=request.prompt_tokens,
-                max_tokens=request.max_tokens,
-                n=request.n,
-                reasoning=request.reasoning,
-            ),
-            found.limits,
-            rates,
-        )
+        return estimate_cost(_estimate_request(request), found.limits, rates)
     except EstimateError as error:
         extra = dict(error.extra)
         if "context_length_limit" in extra:
             extra["model"] = found.model_id
         raise InvalidRequest(str(error), code=error.code, param=error.param, **extra) from None
+
+
+def _estimate_request(request: AuthorizationCreate) -> EstimateRequest:
+    return EstimateRequest(
+        api=request.api,
+        prompt_tokens=request.prompt_tokens,
+        max_tokens=request.max_tokens,
+        n=request.n,
+        reasoning=request.reasoning,
+    )
 
 
 def _replay(existing: dict[str, Any], request_fingerprint: str, now: datetime) -> dict[str, Any]:

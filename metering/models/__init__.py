@@ -1,5 +1,6 @@
 """All ORM tables, imported in one place so Alembic sees the whole schema."""
 
+from metering.kit.ranges import add_integer_checks
 from metering.models.accounts import Account, ApiKey
 from metering.models.audit import AuditEvent
 from metering.models.base import Base, table
@@ -25,3 +26,8 @@ __all__ = [
     "UsageRollup",
     "table",
 ]
+
+# Ranges (metering.kit.ranges): on SQLite every integer column refuses a non-integer value
+# (migration 0013); PostgreSQL's column types refuse by themselves.
+for _table in Base.metadata.tables.values():
+    add_integer_checks(_table)

@@ -8,6 +8,7 @@ from metering.pricing.estimate import (
     ModelLimits,
     default_output_limit,
     estimate_cost,
+    field_beyond_range,
 )
 from metering.pricing.usage import (
     API_NAMES,
@@ -31,6 +32,7 @@ __all__ = [
     "component_microcents",
     "default_output_limit",
     "estimate_cost",
+    "field_beyond_range",
     "normalize_usage",
     "price_usage",
 ]

@@ -122,3 +122,17 @@ def estimate_cost(request: EstimateRequest, limits: ModelLimits, rates: Rates) -
         ),
         output_microcents=component_microcents(reserved, rates.output_microcents_per_million),
     )
+
+
+def field_beyond_range(request: EstimateRequest, estimate: Estimate, room: int) -> str:
+    """The field that makes ``estimate`` too large for the ``room`` left in range (contract §1
+    Ranges: the account's held sum stays within a signed 64-bit integer): ``prompt_tokens`` when
+    the prompt alone does not fit, else ``n`` when one choice would, else ``max_tokens``."""
+    if estimate.input_microcents > room:
+        return "prompt_tokens"
+    if (
+        request.n > 1
+        and estimate.input_microcents + estimate.output_microcents // request.n <= room
+    ):
+        return "n"
+    return "max_tokens"

@@ -14,7 +14,7 @@ from starlette.datastructures import State
 from metering.db import Database
 from metering.kit.pagination import PageParams
 from metering.metrics import REGISTRY
-from metering.usage import quarantine, service, single, support
+from metering.usage import isolation, quarantine, service, single, support
 from metering.usage.events import CHARGE_FIELDS, ChargeValues
 from metering.usage.schemas import EventBatch, QuarantineCode, ReprocessRequest
 from metering.web.deps import (
@@ -111,17 +111,25 @@ async def _ingest(state: State, body: EventBatch, _params: Mapping[str, str]) ->
 
 
 def _record_batch(database: Database, events: list[Any], now: datetime) -> service.BatchOutcome:
-    # The one commit point of the batch's unit of work, before the answer is built.
-    with database.unit_of_work() as session:
-        outcome = service.record_events(
-            session,
-            events,
-            now,
-            # Kept before the settlement, which locks the account rows until the commit.
-            before_settlement=lambda done: quarantine.keep(session, done.quarantined, now),
-        )
-        session.commit()
-        return outcome
+    # The one commit point of the batch's unit of work, before the answer is built. The events
+    # are parsed before it begins (SQLite: before this process takes the writer's turn).
+    parsed = service.parse(events, now)
+    try:
+        with database.unit_of_work() as session:
+            outcome = service.record_events(
+                session,
+                events,
+                now,
+                # Kept before the settlement, which locks the account rows until the commit.
+                before_settlement=lambda done: quarantine.keep(session, done.quarantined, now),
+                parsed=parsed,
+            )
+            session.commit()
+            return outcome
+    except isolation.DATABASE_ERRORS as error:
+        # One account's trouble (an event beyond the range, or worse) must not refuse the
+        # others' events: the batch again, in parts.
+        return isolation.record_apart(database, events, now, error)
 
 
 @router.post("/usage/events")

@@ -38,6 +38,16 @@ class Problem:
         return {"code": self.code, "message": self.message, "param": self.param}
 
 
+# Contract §1 Ranges: billable, but its charge would take the account's balance or a report
+# aggregate beyond a signed 64-bit integer (metering.kit.ranges).
+OUT_OF_RANGE = Problem(
+    "invalid_usage",
+    "this event's charge would take the account's balance or usage totals beyond a signed 64-bit "
+    "integer of microcents or tokens",
+    "usage",
+)
+
+
 @dataclass(frozen=True, slots=True)
 class Content:
     """What "same content" compares (§5): the billing fields after normalisation — not the raw

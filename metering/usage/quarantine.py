@@ -19,9 +19,10 @@ from sqlalchemy.orm import Session
 from metering.kit.jsonenc import RawJSON
 from metering.kit.money import INT64_MAX
 from metering.kit.pagination import decode_cursor, page
+from metering.kit.ranges import DATABASE_ERRORS, is_out_of_range
 from metering.kit.timeutil import format_timestamp
 from metering.models import QuarantinedEvent, table
-from metering.usage.events import Event
+from metering.usage.events import OUT_OF_RANGE, Event
 from metering.usage.schemas import MAX_BATCH
 from metering.usage.service import (
     DUPLICATE,
@@ -224,6 +225,55 @@ def reprocess(session: Session, ids: Sequence[int] | None, now: datetime) -> dic
 
 
 def _reprocess_chunk(
+    session: Session,
+    entries: Sequence[QuarantinedEvent],
+    now: datetime,
+    data: list[dict[str, Any]],
+    counts: dict[str, int],
+) -> None:
+    """Retry ``entries`` together, in a savepoint; when the database refuses them (an event
+    beyond the range, metering.kit.ranges), each on its own: the one beyond it stays, as
+    ``invalid_usage``, one more attempt counted, and the others are retried all the same."""
+    shown, counted = len(data), dict(counts)
+    savepoint = session.begin_nested()
+    try:
+        _retry(session, entries, now, data, counts)
+        savepoint.commit()
+        return
+    except DATABASE_ERRORS as error:
+        savepoint.rollback()
+        del data[shown:]
+        counts.update(counted)
+        if len(entries) > 1:
+            for entry in entries:
+                _reprocess_chunk(session, [entry], now, data, counts)
+            return
+        if not is_out_of_range(error):
+            raise
+    (entry,) = entries
+    session.execute(
+        update(QUARANTINE)
+        .where(QUARANTINE.c.id == entry.id)
+        .values(
+            code=OUT_OF_RANGE.code,
+            message=OUT_OF_RANGE.message,
+            attempts=QUARANTINE.c.attempts + 1,
+            last_attempt_at=now,
+        )
+    )
+    counts[QUARANTINED] += 1
+    data.append(
+        {
+            "id": entry.id,
+            "request_id": entry.request_id,
+            "status": QUARANTINED,
+            "charge": None,
+            "error": OUT_OF_RANGE.body(),
+        }
+    )
+
+
+def _retry(
     session: Session,
     entries: Sequence[QuarantinedEvent],
     now: datetime,

@@ -112,18 +112,13 @@ def check_batch_size(events: Sequence[object]) -> None:
         )
 
 
-def record_events(
-    session: Session,
-    raws: Sequence[object],
-    now: datetime,
-    *,
-    before_settlement: Callable[[BatchOutcome], None] | None = None,
-) -> BatchOutcome:
-    """Record every billable event of ``raws`` exactly once; the rest are returned classified.
+# The results known without the database (the rejected events), and the keyed events parsed.
+Parsed = tuple[list["Result | None"], list[Event]]
 
-    ``before_settlement`` runs once every result is known, before the ledger and the account
-    balances are touched: the caller's own writes (keeping the quarantined events) then happen
-    before the account rows are locked, not while they are held."""
+
+def parse(raws: Sequence[object], now: datetime) -> Parsed:
+    """Pure: each raw event rejected (its result) or parsed (an ``Event``, with the problems
+    that need no database: timestamp, api, outcome, usage)."""
     results: list[Result | None] = [None] * len(raws)
     events: list[Event] = []
     for index, raw in enumerate(raws):
@@ -138,8 +133,26 @@ def record_events(
             REJECTED,
             error=reject_reason(raw),
         )
+    return results, events
 
-    priced = _price(session, events)
+
+def record_events(
+    session: Session,
+    raws: Sequence[object],
+    now: datetime,
+    *,
+    before_settlement: Callable[[BatchOutcome], None] | None = None,
+    parsed: Parsed | None = None,
+) -> BatchOutcome:
+    """Record every billable event of ``raws`` exactly once; the rest are returned classified.
+
+    ``before_settlement`` runs once every result is known, before the ledger and the account
+    balances are touched: the caller's own writes (keeping the quarantined events) then happen
+    before the account rows are locked, not while they are held. ``parsed``: ``parse(raws,
+    now)``, done by the caller before its transaction began (it needs no database), so that
+    the writer's turn (SQLite) is not spent on it."""
+    results, events = parsed if parsed is not None else parse(raws, now)
+    priced = price_for(session, events)
     first: dict[EventKey, Event] = {}
     for event in priced:
         first.setdefault((event.account_id or "", event.request_id), event)
@@ -186,7 +199,7 @@ def record_events(
     return outcome
 
 
-def _price(session: Session, events: list[Event]) -> list[Event]:
+def price_for(session: Session, events: list[Event]) -> list[Event]:
     """Key, model and price of every event (one lookup for the batch); sets ``problem`` on those
     not billable now, in the order: key, timestamp, usage, model, price. The billable ones,
     priced, in batch order."""

@@ -7,7 +7,8 @@ lookup (the batch path's statement), then the program ``RECORD_USAGE``
 adds it to its rollups, as one transaction. The checks, the pricing and the rollup rows are
 the batch path's own functions.
 
-Anything else (an event not billable now, a request_id already taken) answers None, and the
+Anything else (an event not billable now, a request_id already taken, an event the database
+refuses) answers None, and the
 caller takes the general path (``service.record_events``), which classifies it: nothing was
 written.
 """
@@ -63,6 +64,15 @@ class _Statements:
         return await cursor.fetchall()
 
     async def record(self, event: Event, now: datetime) -> int | None:
+        """The new event's id; None when its request id is taken, or when the database refused
+        it (a charge beyond the range, metering.kit.ranges): the general path then decides,
+        nothing having been written (the program is one transaction)."""
+        try:
+            return await self._record(event, now)
+        except psycopg.DatabaseError:
+            return None
+
+    async def _record(self, event: Event, now: datetime) -> int | None:
         cursor = await self._connection.execute(
             _RECORD,
             {

@@ -64,7 +64,7 @@ def test_every_benchmark_module_is_run_by_make_bench() -> None:
     names = sorted(
         m.name for m in pkgutil.iter_modules(bench.__path__) if m.name.startswith("bench_")
     )
-    assert names == ["bench_ingest", "bench_ledger", "bench_reports"]
+    assert names == ["bench_embedded", "bench_ingest", "bench_ledger", "bench_reports"]
     for name in names:
         module = importlib.import_module(f"bench.{name}")
         assert callable(module.run) and callable(module.Config), name
@@ -77,7 +77,7 @@ def test_the_harness_never_imports_the_code_under_test() -> None:
     (``bench.compare`` points it at an older one) and shares no bug with it."""
     probe = (
         "import sys, bench.__main__, bench.compare, bench.bench_ledger, bench.bench_ingest, "
-        "bench.bench_reports, bench.baseline_app\n"
+        "bench.bench_reports, bench.bench_embedded, bench.baseline_app\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('metering', 'tests')))"
     )
     root = Path(bench.__file__).parent.parent

@@ -22,6 +22,7 @@ from metering.ledger.placement.program import (
     BODY_COLUMNS,
     BY_ID,
     BY_REQUEST_ID,
+    HELD_IN_FORCE,
     HOLDS,
     INSERT_UNBILLED,
     PLACE_HOLDS,
@@ -46,6 +47,7 @@ _RESOLVE = psycopg_text(
 _PLACE = PLACE_HOLDS.call_sql
 _INSERT_UNBILLED = psycopg_text(INSERT_UNBILLED)
 _BY_REQUEST_ID = psycopg_text(BY_REQUEST_ID)
+_HELD_IN_FORCE = psycopg_text(HELD_IN_FORCE)
 _VOID = psycopg_text(VOID)
 _BY_ID = psycopg_text(BY_ID)
 _BY_REQUEST_ID_COLUMNS = tuple(c.name for c in BY_REQUEST_ID.selected_columns)
@@ -122,6 +124,11 @@ class PostgresHolds:
 
     async def insert_unbilled(self, values: Mapping[str, Any]) -> bool:
         return await self._one(_INSERT_UNBILLED, values) is not None
+
+    async def held_in_force(self, account_id: str, now: datetime) -> int:
+        row = await self._one(_HELD_IN_FORCE, {"b_account_id": account_id, "now": now})
+        assert row is not None
+        return int(row[0])
 
     async def void(self, hold_id: str, now: datetime) -> tuple[dict[str, Any] | None, bool]:
         row = await self._one(_VOID, {"hold_id": hold_id, "now": now})

@@ -36,7 +36,9 @@ from sqlalchemy import (
     bindparam,
     case,
     exists,
+    false,
     func,
+    literal,
     select,
     true,
     update,
@@ -45,6 +47,7 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.sql.elements import ColumnElement
 
 from metering.kit import programs as p
+from metering.kit.ranges import INT64_MAX
 from metering.ledger import holds
 from metering.ledger.holds import HoldStatus
 from metering.ledger.resolution import resolution_text
@@ -62,6 +65,9 @@ class Outcome(StrEnum):
     MEMBER_SPEND_LIMIT = "member_spend_limit"
     EXISTS = "exists"  # the account already has a hold with this request id
     STALE = "stale"  # the remembered resolution it was estimated from no longer holds
+    # The account's held sum would leave the signed 64-bit range (unbilled accounts; a prepaid
+    # account's holds never exceed its balance).
+    OUT_OF_RANGE = "out_of_range"
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,18 +257,37 @@ _HOLD_ID = bindparam("hold_id", type_=String())
 _NOW = bindparam("now", type_=UTCDateTime())
 _ACCOUNT_ID = bindparam("b_account_id", type_=String())  # not "account_id": a column
 
-# Unbilled accounts always pass: their holds are recorded (not counted), without any lock.
+# Unbilled accounts always pass: their holds are recorded (not counted), without any lock, as
+# long as the account's held sum stays in range (metering.kit.ranges): the holds in force and
+# this one within a signed 64-bit integer. The check is written so that it cannot overflow
+# itself (estimates are >= 0); no row inserted and no request id taken means it refused.
+_UNBILLED = {name: bindparam(name, type_=HOLDS.c[name].type) for name in HOLD_COLUMNS}
+_in_force = HOLDS.alias("in_force")
 INSERT_UNBILLED = (
     insert(HOLDS)
-    .values(
-        {
-            **{name: bindparam(name, type_=HOLDS.c[name].type) for name in HOLD_COLUMNS},
-            "status": HoldStatus.ACTIVE.value,
-            "counted": False,
-        }
+    .from_select(
+        [*HOLD_COLUMNS, "status", "counted"],
+        select(
+            *(_UNBILLED[name] for name in HOLD_COLUMNS),
+            literal(HoldStatus.ACTIVE.value, String()),
+            false(),
+        ).where(
+            select(func.coalesce(func.sum(_in_force.c.estimate_microcents), 0))
+            .where(
+                _in_force.c.account_id == _UNBILLED["account_id"],
+                holds.in_force(_in_force, _UNBILLED["created_at"]),
+            )
+            .scalar_subquery()
+            <= literal(INT64_MAX, BigInteger()) - _UNBILLED["estimate_microcents"]
+        ),
     )
     .on_conflict_do_nothing(index_elements=["account_id", "request_id"])
     .returning(HOLDS.c.id)
+)
+# The account's holds in force: what ``GET /v1/credits`` shows as held (to name the field that
+# takes it out of range).
+HELD_IN_FORCE = select(func.coalesce(func.sum(_in_force.c.estimate_microcents), 0)).where(
+    _in_force.c.account_id == _ACCOUNT_ID, holds.in_force(_in_force, _NOW)
 )
 BY_REQUEST_ID = select(*(HOLDS.c[name] for name in (*BODY_COLUMNS, "request_fingerprint"))).where(
     HOLDS.c.account_id == _ACCOUNT_ID, HOLDS.c.request_id == bindparam("request_id", type_=String())

@@ -1,0 +1,99 @@
+"""A batch whose transaction failed, recorded again in parts, so that one account's trouble never
+refuses the other accounts' events (contract §1 Ranges, §5).
+
+The normal path pays nothing for this: the batch is one transaction (metering.usage.service),
+and only when the database refuses it does the ingest come here. The batch is then split in
+halves, each recorded in a savepoint of one new transaction, and a half that fails is split
+again, down to single events: the events that fit are recorded exactly as the batch would have
+recorded them, in batch order (a charge only ever moves a balance down and a rollup up, so a
+part that fits as a whole fits event by event), and only the events that cannot be recorded are
+singled out, in O(k log n) attempts for k of them.
+
+An event the database refuses because its charge would take a stored amount or sum (the
+account's balance, a rollup) out of the signed 64-bit range (metering.kit.ranges) is
+quarantined ``invalid_usage``. Any other refusal of a single event is unexpected: the rest of
+the batch is committed all the same, then the request fails (500), and the gateway's retry finds
+the recorded events as duplicates.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+
+from sqlalchemy.orm import Session
+
+from metering.db import Database
+from metering.kit.ranges import DATABASE_ERRORS, is_out_of_range
+from metering.usage import quarantine, service
+from metering.usage.events import OUT_OF_RANGE, is_keyed, parse_event
+
+log = logging.getLogger(__name__)
+
+__all__ = ["DATABASE_ERRORS", "PartFailed", "record_apart"]
+
+
+class PartFailed(RuntimeError):
+    """Events the database refused for a reason other than the range: the rest is recorded."""
+
+
+def record_apart(
+    database: Database, raws: Sequence[object], now: datetime, error: BaseException
+) -> service.BatchOutcome:
+    """Record ``raws``, whose batch the database refused with ``error``, in parts (see the
+    module's docstring), in one transaction."""
+    results: list[service.Result | None] = [None] * len(raws)
+    failures: list[BaseException] = []
+    with database.unit_of_work() as session:
+
+        def attempt(indices: Sequence[int]) -> BaseException | None:
+            nested = session.begin_nested()
+            try:
+                outcome = service.record_events(
+                    session,
+                    [raws[i] for i in indices],
+                    now,
+                    before_settlement=lambda done: quarantine.keep(session, done.quarantined, now),
+                )
+                nested.commit()
+            except DATABASE_ERRORS as exc:
+                nested.rollback()
+                return exc
+            for result in outcome.results:
+                result.index = indices[result.index]
+                results[result.index] = result
+            return None
+
+        def record(indices: Sequence[int], error: BaseException) -> None:
+            """Record ``indices``, refused together with ``error``, in smaller parts."""
+            if len(indices) > 1:
+                middle = len(indices) // 2
+                for half in (indices[:middle], indices[middle:]):
+                    refused = attempt(half)
+                    if refused is not None:
+                        record(half, refused)
+                return
+            index = indices[0]
+            if is_out_of_range(error) and is_keyed(raws[index]):
+                results[index] = _quarantine(session, index, raws[index], now)
+            else:
+                log.error("an event the database refused: %s", error)
+                failures.append(error)
+
+        record(range(len(raws)), error)
+        session.commit()
+    if failures:
+        raise PartFailed(f"{len(failures)} events of the batch could not be recorded")
+    assert all(r is not None for r in results)
+    return service.BatchOutcome([r for r in results if r is not None])
+
+
+def _quarantine(session: Session, index: int, raw: object, now: datetime) -> service.Result:
+    """Keep ``raw`` (keyed, billable but beyond the range) as ``invalid_usage``."""
+    assert isinstance(raw, Mapping)
+    event = parse_event(index, raw, now)
+    service.price_for(session, [event])  # its account, for the quarantine's entry
+    event.problem = OUT_OF_RANGE
+    quarantine.keep(session, [event], now)
+    return service.Result(index, event.request_id, service.QUARANTINED, error=OUT_OF_RANGE)
