@@ -24,6 +24,9 @@ class MeteringError(Exception):
         self.param = param
         self.extra = extra
 
+    # HTTP headers the answer carries besides the request id (e.g. ``Retry-After`` on a 429).
+    headers: ClassVar[dict[str, str]] = {}
+
     def body(self, request_id: str) -> dict[str, Any]:
         error: dict[str, Any] = {
             "message": self.message,
@@ -54,6 +57,12 @@ class InsufficientCredits(MeteringError):
     default_code = "insufficient_credits"
 
 
+class PermissionDenied(MeteringError):
+    status = 403
+    type = "permission_error"
+    default_code = "model_not_allowed"
+
+
 class NotFound(MeteringError):
     status = 404
     type = "not_found_error"
@@ -76,6 +85,15 @@ class BodyTooLarge(MeteringError):
     status = 413
     type = "invalid_request_error"
     default_code = "request_body_too_large"
+
+
+class RateLimited(MeteringError):
+    """429: come back in a second (the contract's two headers say so)."""
+
+    status = 429
+    type = "rate_limit_error"
+    default_code = "concurrency_limit_exceeded"
+    headers: ClassVar[dict[str, str]] = {"retry-after": "1", "ratelimit-reset": "1"}
 
 
 class InternalError(MeteringError):
