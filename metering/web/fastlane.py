@@ -121,8 +121,8 @@ class FastLane:
             return
         except MeteringError as error:
             request_id = request_id_of(scope)
-            body = jsonenc.dumps(error.body(request_id))
-            await _answer(send, error.status, body, error.headers)
+            answer = jsonenc.dumps(error.body(request_id))
+            await _answer(send, error.status, answer, error.headers)
             return
         await _answer(send, 200, content)
 
