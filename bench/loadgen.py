@@ -61,14 +61,14 @@ class Connection:
         status = int(status_line.split(b" ", 2)[1])
         length = 0
         closing = False
-        headers: dict[str, str] = {}
+        received: dict[str, str] = {}
         while True:
             line = await self.reader.readline()
             if line in (b"\r\n", b""):
                 break
             name, _, value = line.partition(b":")
             lowered = name.strip().lower()
-            headers[lowered.decode("latin-1")] = value.strip().decode("latin-1")
+            received[lowered.decode("latin-1")] = value.strip().decode("latin-1")
             if lowered == b"content-length":
                 length = int(value.strip())
             elif lowered == b"connection" and value.strip().lower() == b"close":
@@ -76,7 +76,7 @@ class Connection:
         data = await self.reader.readexactly(length) if length else b""
         if closing:
             await self.close()
-        return Response(status, data, headers)
+        return Response(status, data, received)
 
     async def close(self) -> None:
         if self.writer is not None:
