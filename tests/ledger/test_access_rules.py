@@ -394,3 +394,20 @@ def test_a_replay_comes_before_the_model_checks(api: Api) -> None:
     assert_error(conflict, 409, "idempotency_conflict", param="request_id")
     assert books(api, setup.account) is not None
     assert credits_of(api, setup.key)["held_microcents"] == ESTIMATE
+
+
+def test_the_report_shows_a_private_model_by_its_id(api: Api) -> None:
+    private = prepaid(api, 1000, hidden=True)
+    assert model_access(api, private.account, [private.model]).status_code == 200
+    public = prepaid(api, 1000)
+    public_key = create_key(api, public.account)
+    for key in (private.key, public_key):
+        assert ingest(api, usage_event(key, private.model, NOW))["recorded"] == 1
+
+    def models_of(key: Key) -> list[str]:
+        report = api.as_key(key.secret, "GET", "/v1/usage", params={"starting_at": "2026-11-29"})
+        assert report.status_code == 200, report.text
+        return [r["model"] for bucket in report.json()["data"] for r in bucket["results"]]
+
+    assert models_of(private.key) == [private.model]
+    assert models_of(public_key) == ["unavailable"]
