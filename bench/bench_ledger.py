@@ -81,6 +81,11 @@ class Config:
 class Fixture:
     secrets: list[str]  # one key per account
     hot_secret: str
+    full_secret: str | None  # an account at its concurrency limit: every request is a 429
+
+
+# Every account's limit on requests in flight: far above what the clients keep in flight.
+CONCURRENCY = 1000
 
 
 def _setup(config: Config, url: str, base_url: str, workdir: Path) -> Fixture:
@@ -89,12 +94,36 @@ def _setup(config: Config, url: str, base_url: str, workdir: Path) -> Fixture:
     config.code.import_catalog(url, workdir, catalog_file(workdir, [MODEL], GLM_RATES))
     keys: list[str] = []
     with Admin(base_url) as admin:
+        limits = True
         for index in range(config.accounts + 1):
             account = admin.account(f"bench-{index}")
             _key_id, secret = admin.key(account)
             admin.grant(account, GRANT_CENTS)
+            limits = admin.access_rules(account, [MODEL], CONCURRENCY) and limits
             keys.append(secret)
-    return Fixture(keys[: config.accounts], keys[config.accounts])
+        full = None
+        if limits:
+            account = admin.account("bench-full")
+            _key_id, full = admin.key(account)
+            admin.grant(account, GRANT_CENTS)
+            admin.access_rules(account, [MODEL], 1)
+        if full is not None:
+            # Its one request in flight, for the whole run.
+            hold = admin.client.post(
+                "/v1/authorizations",
+                headers={"Authorization": f"Bearer {GATEWAY_TOKEN}"},
+                json={
+                    "api_key": full,
+                    "model": MODEL,
+                    "api": "chat_completions",
+                    "prompt_tokens": 1,
+                    "max_tokens": 1,
+                    "hold_ttl_seconds": 604800,
+                },
+            )
+            if hold.status_code != 200:
+                raise RuntimeError(f"setup: the full account's hold: {hold.text[:300]}")
+    return Fixture(keys[: config.accounts], keys[config.accounts], full)
 
 
 @dataclass
@@ -104,19 +133,23 @@ class Load:
 
     secret_of: Callable[[int, int], str]
     settle_every: int = 0
+    # Requests whose key is this one are expected to be refused with 429 (nothing to release).
+    refused_secret: str | None = None
     run_id: str = field(default_factory=lambda: secrets.token_hex(4))
     granted: int = 0
     voided: int = 0
     settled: int = 0
+    refused: int = 0
 
     async def __call__(self, connection: Connection, client: int, iteration: int) -> float:
         request_id = f"{self.run_id}-{client}-{iteration}"
+        secret = self.secret_of(client, iteration)
         started = time.perf_counter()
         response = await connection.request(
             "POST",
             "/v1/authorizations",
             {
-                "api_key": self.secret_of(client, iteration),
+                "api_key": secret,
                 "request_id": request_id,
                 "model": MODEL,
                 "api": "chat_completions",
@@ -125,6 +158,10 @@ class Load:
             },
         )
         latency = time.perf_counter() - started
+        if secret == self.refused_secret:
+            expect(response, 429, "refused authorization")
+            self.refused += 1
+            return latency
         hold = expect(response, 200, "authorization", status="active", request_id=request_id)
         self.granted += 1
         if self.settle_every and iteration % self.settle_every == 0:
@@ -264,12 +301,23 @@ def run(config: Config | None = None) -> list[Result]:
                 secret = fixture.hot_secret if ours else "k"
                 return Load(lambda c, i: secret)
 
+            def half_refused(ours: bool) -> Load:
+                """Every other request to the account at its limit (429), the rest spread."""
+                full = fixture.full_secret if ours else None
+                if full is None:
+                    return spread(ours)
+                return Load(
+                    lambda c, i: full if i % 2 else fixture.secrets[(c * 7 + i) % accounts],
+                    refused_secret=full,
+                )
+
             urls = (server.base_url, baseline.base_url)
             cli = workdir / "cli"
             a = _compare(config, url, cli, urls, config.spread_clients, spread)
             b = _compare(config, url, cli, urls, config.latency_clients, spread)
             c = _compare(config, url, cli, urls, config.hot_clients, hot)
             c_voids = _compare(config, url, cli, urls, config.hot_clients, hot_voids)
+            refused = _compare(config, url, cli, urls, config.spread_clients, half_refused)
         finally:
             server.stop()
             baseline.stop()
@@ -281,7 +329,13 @@ def run(config: Config | None = None) -> list[Result]:
         f"p99 {[round(x, 1) for x in b.p('ours', 99)]} ms; (c) rates "
         f"{[round(x) for x in c.rates('ours')]}/s, settled by usage events {settled}"
     )
-    for pair in (a, b, c, c_voids):
+    r_ours, r_base = median(refused.rates("ours")), median(refused.rates("base"))
+    refusals = sum(r.load.refused for r in refused.ours)
+    print(
+        f"   (d) half refused with 429: rates {[round(x) for x in refused.rates('ours')]}/s, "
+        f"refused {refusals}"
+    )
+    for pair in (a, b, c, c_voids, refused):
         for problem in pair.problems():
             print(f"   PROBLEM {problem}")
     label = rounds_label(config.rounds)
@@ -339,5 +393,18 @@ def run(config: Config | None = None) -> list[Result]:
             _ratio(v_ours, v_base),
             v_base,
             problems=c_voids.problems(),
+        ),
+        Result(
+            "ledger.half_refused",
+            f"authorizations/s, {config.spread_clients} clients, every other one refused "
+            "with 429 (an account at its concurrency limit)",
+            "-",
+            r_ours,
+            "/s",
+            None,
+            label,
+            _ratio(r_ours, r_base),
+            r_base,
+            problems=refused.problems(),
         ),
     ]

@@ -305,6 +305,26 @@ class Admin:
         body = self._post(f"/admin/v1/accounts/{account_id}/api-keys", {"name": "bench"})
         return str(body["id"]), str(body["key"])
 
+    def access_rules(
+        self, account_id: str, models: Sequence[str], max_concurrent_requests: int
+    ) -> bool:
+        """§10's limits on the account (a model list, a limit on requests in flight), so the
+        checks are on the measured path; False on code that has no such routes (a commit from
+        before them, in a before/after comparison), which then measures without them."""
+        limited = self.client.patch(
+            f"/admin/v1/accounts/{account_id}",
+            json={"max_concurrent_requests": max_concurrent_requests},
+        )
+        if limited.status_code in (404, 405):
+            return False
+        listed = self.client.put(
+            f"/admin/v1/accounts/{account_id}/model-access", json={"models": list(models)}
+        )
+        for response in (limited, listed):
+            if response.status_code != 200:
+                raise RuntimeError(f"setup: {response.status_code} {response.text[:300]}")
+        return True
+
     def grant(self, account_id: str, cents: int) -> None:
         self._post(
             f"/admin/v1/accounts/{account_id}/grants",

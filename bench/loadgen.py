@@ -20,6 +20,7 @@ class HttpError(Exception):
 class Response:
     status: int
     body: bytes
+    headers: dict[str, str] = field(default_factory=dict)  # names lower-cased
 
     def json(self) -> Any:
         return json.loads(self.body)
@@ -60,12 +61,14 @@ class Connection:
         status = int(status_line.split(b" ", 2)[1])
         length = 0
         closing = False
+        received: dict[str, str] = {}
         while True:
             line = await self.reader.readline()
             if line in (b"\r\n", b""):
                 break
             name, _, value = line.partition(b":")
             lowered = name.strip().lower()
+            received[lowered.decode("latin-1")] = value.strip().decode("latin-1")
             if lowered == b"content-length":
                 length = int(value.strip())
             elif lowered == b"connection" and value.strip().lower() == b"close":
@@ -73,7 +76,7 @@ class Connection:
         data = await self.reader.readexactly(length) if length else b""
         if closing:
             await self.close()
-        return Response(status, data)
+        return Response(status, data, received)
 
     async def close(self) -> None:
         if self.writer is not None:

@@ -79,6 +79,7 @@ def create_app(
         catalog.router,
         catalog.admin_router,
         accounts.admin_router,
+        accounts.router,
         ledger.router,
         ledger.admin_router,
         usage.admin_router,

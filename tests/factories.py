@@ -100,6 +100,7 @@ ERROR_TYPES = {
     405: "invalid_request_error",
     409: "conflict_error",
     413: "invalid_request_error",
+    429: "rate_limit_error",
     500: "api_error",
 }
 

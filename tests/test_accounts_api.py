@@ -56,6 +56,8 @@ class TestCreateAccount:
             "name": name,
             "billing": billing,
             "created_at": NOW_TEXT,
+            "max_concurrent_requests": None,
+            "model_access": None,
         }
         fetched = api.admin("GET", f"/admin/v1/accounts/{account['id']}")
         assert (fetched.status_code, fetched.json()) == (200, account)

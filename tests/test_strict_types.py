@@ -37,9 +37,15 @@ def _concrete(path: str) -> str:
     return re.sub(r"\{[^}]+\}", "x1", path)
 
 
+# Routes an account key calls (the others under /v1/ take the gateway token).
+ACCOUNT_KEY_PATHS = {"/v1/api-keys", "/v1/usage", "/v1/credits", "/v1/models"}
+
+
 def _headers(api: Api, path: str) -> dict[str, str]:
     if path.startswith("/admin/"):
         return api.admin_headers
+    if path in ACCOUNT_KEY_PATHS:
+        return {"Authorization": f"Bearer {create_key(api, create_account(api)).secret}"}
     return api.gateway_headers
 
 

@@ -37,8 +37,10 @@ CLI_ACTOR = "cli"
 # Every action the service records, with what it means (docs/api.md lists the same).
 ACTIONS: dict[str, str] = {
     "account.create": "an account was created",
+    "account.update": "an account was renamed or its limit on requests in flight changed",
+    "model_access.update": "the models an account may use changed",
     "api_key.create": "an API key was created (its secret redacted)",
-    "api_key.update": "a key was renamed or its monthly spend limit changed",
+    "api_key.update": "a key was renamed, or its spend limit, window or models changed",
     "api_key.revoke": "a key was revoked",
     "grant.create": "prepaid credit was added",
     "adjustment.create": "a balance was corrected",

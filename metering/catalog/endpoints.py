@@ -22,8 +22,9 @@ admin_router = APIRouter(
 
 @router.get("/models")
 def list_models(session: SessionDep, key: OptionalAccountKeyDep, now: NowDep) -> dict[str, Any]:
-    """List the models in service with the prices in force now (your account's with a key)."""
-    cards = service.listed_models(session, key.account_id if key else None, now)
+    """List the models in service with the prices in force now; with a key, the models that key
+    may use, at your account's rates."""
+    cards = service.listed_models(session, key, now)
     return {"object": "list", "data": cards}
 
 

@@ -6,9 +6,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
+from metering.accounts.keys import KeyPrincipal
 from metering.accounts.service import get_account
 from metering.catalog.prices import PriceInForce, price_in_force, price_of
 from metering.catalog.rules import is_retired
@@ -17,7 +18,16 @@ from metering.kit.errors import Conflict, InvalidRequest, NotFound
 from metering.kit.ids import new_id
 from metering.kit.money import is_whole_cents, whole_cents
 from metering.kit.timeutil import format_timestamp, parse_timestamp
-from metering.models import AccountRate, CatalogModel, PriceVersion, UsageEvent, table
+from metering.ledger.access import account_sees, key_allows, listed_by_account_or_key
+from metering.models import (
+    Account,
+    AccountRate,
+    ApiKey,
+    CatalogModel,
+    PriceVersion,
+    UsageEvent,
+    table,
+)
 from metering.models.catalog import RATE_COLUMNS
 from metering.pricing import Rates
 
@@ -41,15 +51,37 @@ def require_model(session: Session, model_id: str, *, lock: bool = False) -> Cat
     return model
 
 
-def listed_models(session: Session, account_id: str | None, now: datetime) -> list[dict[str, Any]]:
-    """The cards of the models in service now (not hidden, not retired, with a price in force:
-    the account's rates, or list prices without an account), by id in byte order."""
+def listed_models(
+    session: Session, key: KeyPrincipal | None, now: datetime
+) -> list[dict[str, Any]]:
+    """The cards of the models in service now (not retired, with a price in force: the
+    account's rates, or list prices without a key), by id in byte order. Without a key, the
+    models not hidden; with one, the models that key may use (§10), leaving out hidden ones
+    that no list of its own or its account's names."""
+    account_id = key.account_id if key else None
     price = price_in_force(account_id, MODELS.c.id, now)
-    rows = session.execute(
-        select(MODELS, *price.labelled())
-        .select_from(price.join(MODELS))
-        .where(MODELS.c.hidden.is_(False))
-    ).all()
+    query = select(MODELS, *price.labelled()).select_from(price.join(MODELS))
+    if key is None:
+        query = query.where(MODELS.c.hidden.is_(False))
+    else:
+        keys, accounts = table(ApiKey), table(Account)
+        restricts = (
+            select(keys.c.restricts_models).where(keys.c.id == key.api_key_id).scalar_subquery()
+        )
+        account_restricts = (
+            select(accounts.c.restricts_models)
+            .where(accounts.c.id == key.account_id)
+            .scalar_subquery()
+        )
+        query = query.where(
+            account_sees(key.account_id, account_restricts, MODELS.c.id),
+            key_allows(key.api_key_id, restricts, MODELS.c.id),
+            or_(
+                MODELS.c.hidden.is_(False),
+                listed_by_account_or_key(key.account_id, key.api_key_id, MODELS.c.id),
+            ),
+        )
+    rows = session.execute(query).all()
     cards = []
     for row in rows:
         found = price_of(row._mapping)

@@ -24,6 +24,9 @@ class MeteringError(Exception):
         self.param = param
         self.extra = extra
 
+    # HTTP headers the answer carries besides the request id (e.g. ``Retry-After`` on a 429).
+    headers: ClassVar[dict[str, str]] = {}
+
     def body(self, request_id: str) -> dict[str, Any]:
         error: dict[str, Any] = {
             "message": self.message,
@@ -52,6 +55,12 @@ class InsufficientCredits(MeteringError):
     status = 402
     type = "insufficient_credits"
     default_code = "insufficient_credits"
+
+
+class PermissionDenied(MeteringError):
+    status = 403
+    type = "permission_error"
+    default_code = "model_not_allowed"
 
 
 class NotFound(MeteringError):
@@ -84,6 +93,15 @@ class DatabaseUnavailable(MeteringError):
     status = 503
     type = "api_error"
     default_code = "database_unavailable"
+
+
+class RateLimited(MeteringError):
+    """429: come back in a second (the contract's two headers say so)."""
+
+    status = 429
+    type = "rate_limit_error"
+    default_code = "concurrency_limit_exceeded"
+    headers: ClassVar[dict[str, str]] = {"retry-after": "1", "ratelimit-reset": "1"}
 
 
 class InternalError(MeteringError):

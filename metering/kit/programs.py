@@ -264,11 +264,12 @@ class Fetch:
 @dataclass(frozen=True)
 class Sum:
     """The sum of one column over the rows a statement returns (0 for none): e.g. what an
-    ``UPDATE … RETURNING`` released."""
+    ``UPDATE … RETURNING`` released; with ``count``, how many rows it returned as well."""
 
     statement: UpdateBase
     column: str
     into: Var
+    count: Var | None = None
 
 
 @dataclass(frozen=True)
@@ -586,8 +587,10 @@ def _declarations(steps: Iterable[Step]) -> Iterable[tuple[str, str]]:
         targets: tuple[Var, ...] = ()
         if isinstance(step, Fetch | ForEach):
             targets = step.into
-        elif isinstance(step, Sum | Assign):
+        elif isinstance(step, Assign):
             targets = (step.into,)
+        elif isinstance(step, Sum):
+            targets = (step.into,) if step.count is None else (step.into, step.count)
         elif isinstance(step, Collect):
             for name, kind in step.into.columns:
                 yield step.into.array(name), f"{_pg_type(kind)}[]"
@@ -607,6 +610,8 @@ def _variables(steps: Iterable[Step]) -> Iterable[str]:
             yield from (target.name for target in step.into)
         elif isinstance(step, Sum | Assign | Collect):
             yield step.into.name
+            if isinstance(step, Sum) and step.count is not None:
+                yield step.count.name
         if isinstance(step, When):
             yield from _variables(step.then)
             yield from _variables(step.otherwise)
@@ -637,9 +642,11 @@ def _render(steps: Iterable[Step], program: Program, depth: int) -> list[str]:
                     f"IF NOT FOUND THEN\n    RAISE EXCEPTION '{message}';\nEND IF;", depth
                 )
         elif isinstance(step, Sum):
+            counted = "" if step.count is None else ", count(*)"
+            into = step.into.name if step.count is None else f"{step.into.name}, {step.count.name}"
             sql = (
                 f"WITH summed AS (\n{_sql(step.statement)}\n)\n"
-                f"SELECT coalesce(sum(summed.{step.column}), 0) INTO {step.into.name} FROM summed;"
+                f"SELECT coalesce(sum(summed.{step.column}), 0){counted} INTO {into} FROM summed;"
             )
             lines += _indent(sql, depth)
         elif isinstance(step, Assign):
@@ -726,8 +733,10 @@ def _interpret(
             for index, target in enumerate(step.into):
                 env[target.name] = None if row is None else row[index]
         elif isinstance(step, Sum):
-            result = connection.execute(step.statement, env)
-            env[step.into.name] = sum(getattr(row, step.column) for row in result)
+            values = [getattr(row, step.column) for row in connection.execute(step.statement, env)]
+            env[step.into.name] = sum(values)
+            if step.count is not None:
+                env[step.count.name] = len(values)
         elif isinstance(step, Assign):
             env[step.into.name] = _value(connection, step.expression, env)
         elif isinstance(step, Collect):

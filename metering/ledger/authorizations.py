@@ -24,6 +24,7 @@ from sqlalchemy import and_, or_, select
 from sqlalchemy.orm import Session
 
 from metering.accounts.keys import hash_secret
+from metering.accounts.windows import window_bounds
 from metering.catalog.rules import is_retired
 from metering.db import Database, Steps
 from metering.kit.errors import (
@@ -33,13 +34,15 @@ from metering.kit.errors import (
     InvalidRequest,
     MeteringError,
     NotFound,
+    RateLimited,
 )
 from metering.kit.ids import new_id
 from metering.kit.money import cents
 from metering.kit.pagination import decode_cursor, page
 from metering.kit.ranges import INT64_MAX
-from metering.kit.timeutil import format_timestamp, next_month, parse_timestamp, start_of_month
+from metering.kit.timeutil import format_timestamp, parse_timestamp
 from metering.ledger import holds
+from metering.ledger.access import checked_under_lock, not_allowed, unknown_model
 from metering.ledger.holds import HoldStatus
 from metering.ledger.metrics import AUTHORIZATIONS, VOIDS
 from metering.ledger.placement.postgres import PostgresHolds, Remembered
@@ -146,22 +149,23 @@ def _hold_steps(
         "max_tokens": estimate.max_tokens,
         "estimate_microcents": estimate.total_microcents,
         "created_at": now,
-        "expires_at": now + timedelta(seconds=ttl_seconds),
+        "expires_at": now + timedelta(seconds=request.hold_ttl_seconds or ttl_seconds),
     }
     placement: Placement
-    if found.billing == "prepaid":
-        window_start = start_of_month(now)
+    if checked_under_lock(found.billing, found.max_concurrent_requests):
+        window_start, window_end = window_bounds(found.spend_limit_window, now)
         hold = {
             **values,
             "spend_limit": found.spend_limit_microcents,
             "window_start": window_start,
-            "window_end": next_month(window_start),
+            "window_end": window_end,
             **(confirm or _NOT_CONFIRMING),
         }
         placement = yield lambda holds: holds.place(hold)
     else:
-        # Unbilled accounts always pass; the hold is still recorded (not counted). Not
-        # inserted: its request id is taken, or the held sum would leave the range.
+        # Unbilled accounts without a concurrency limit always pass; the hold is still
+        # recorded (not counted). Not inserted: its request id is taken, or the held sum
+        # would leave the range.
         inserted = yield lambda holds: holds.insert_unbilled(values)
         if inserted:
             placement = Placement(Outcome.GRANTED, 0)
@@ -192,6 +196,12 @@ def _hold_steps(
             code="invalid_parameter",
             param=param,
         )
+    if outcome is Outcome.CONCURRENCY_LIMIT:
+        raise RateLimited(
+            "the account has as many requests in flight as its max_concurrent_requests allows; "
+            "retry when one of them ends",
+            code="concurrency_limit_exceeded",
+        )
     if outcome is Outcome.INSUFFICIENT_CREDITS:
         raise InsufficientCredits(
             "the credit balance is too low for this request's maximum cost; add credits, or "
@@ -201,10 +211,16 @@ def _hold_steps(
             credits_required_cents_estimate=cents(estimate.total_microcents),
         )
     if outcome is Outcome.MEMBER_SPEND_LIMIT:
-        assert found.spend_limit_microcents is not None
+        assert found.spend_limit_microcents is not None and placement.spent is not None
+        window = found.spend_limit_window
         raise InsufficientCredits(
-            "this API key's monthly spend limit would be exceeded by this request's maximum cost",
+            f"this API key's spend limit for the {window} would be exceeded by this request's "
+            "maximum cost",
             code="member_spend_limit",
+            spend_limit_cents=cents(found.spend_limit_microcents),
+            spend_limit_window=window,
+            spent_cents=cents(placement.spent),
+            # As before windows (§10): the limit's amount under its first name.
             monthly_spend_limit_cents=cents(found.spend_limit_microcents),
             credits_required_cents_estimate=cents(estimate.total_microcents),
         )
@@ -213,27 +229,29 @@ def _hold_steps(
 
 
 def _fingerprint(api_key_id: str, request: AuthorizationCreate) -> str:
-    """The request as billing sees it: the key by id, the model case-folded, defaults applied."""
-    return fingerprint(
-        {
-            "api_key_id": api_key_id,
-            "model": request.model.lower(),
-            "api": request.api,
-            "prompt_tokens": request.prompt_tokens,
-            "max_tokens": request.max_tokens,
-            "n": request.n,
-            "reasoning": request.reasoning,
-        }
-    )
+    """The request as billing sees it: the key by id, the model case-folded, defaults applied;
+    ``hold_ttl_seconds`` as given (omitted ≠ any value), and only when given, so that holds
+    placed before it existed keep their fingerprints."""
+    values: dict[str, Any] = {
+        "api_key_id": api_key_id,
+        "model": request.model.lower(),
+        "api": request.api,
+        "prompt_tokens": request.prompt_tokens,
+        "max_tokens": request.max_tokens,
+        "n": request.n,
+        "reasoning": request.reasoning,
+    }
+    if request.hold_ttl_seconds is not None:
+        values["hold_ttl_seconds"] = request.hold_ttl_seconds
+    return fingerprint(values)
 
 
 def _estimate(found: Resolution, request: AuthorizationCreate, now: datetime) -> Estimate:
     """The maximum cost at the account's rates in force now (404 for a model that is unknown,
-    retired, or without a price; 400 for the estimate's rules)."""
-    if found.model_id is None:
-        raise NotFound(
-            f"model {request.model!r} does not exist", code="model_not_found", param="model"
-        )
+    not among the account's, retired, or without a price; 403 for one the key may not use; 400
+    for the estimate's rules)."""
+    if found.model_id is None or not found.account_sees:
+        raise unknown_model(request.model)
     if is_retired(found.deprecation_date, now):
         assert found.deprecation_date is not None
         raise NotFound(
@@ -249,6 +267,8 @@ def _estimate(found: Resolution, request: AuthorizationCreate, now: datetime) ->
             code="model_not_found",
             param="model",
         )
+    if not found.key_allows:
+        raise not_allowed(found.model_id)
     try:
         return estimate_cost(_estimate_request(request), found.limits, rates)
     except EstimateError as error:

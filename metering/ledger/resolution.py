@@ -19,6 +19,7 @@ from sqlalchemy import Date, Select, String, Text, bindparam, cast, select
 from metering.accounts.keys import ACCOUNTS, KEYS, live_key
 from metering.catalog.prices import RATE_COLUMNS, price_in_force
 from metering.kit.programs import json_row
+from metering.ledger.access import account_sees, key_allows
 from metering.models import CatalogModel, table
 from metering.models.base import UTCDateTime
 from metering.pricing import ModelLimits, Rates
@@ -35,12 +36,16 @@ class Resolution:
     account_id: str
     billing: str
     spend_limit_microcents: int | None
+    spend_limit_window: str
+    max_concurrent_requests: int | None
     model_id: str | None
     context_length: int | None
     max_output_tokens: int | None
     reasoning_headroom_tokens: int | None
     deprecation_date: date | None
     price_version_id: str | None
+    account_sees: bool  # §10: the account may use the model (else: as if unknown)
+    key_allows: bool  # §10: the key's own list lets it use the model
     rates: Rates | None  # the price's RATE_COLUMNS, when one is in force
 
     @property
@@ -58,6 +63,8 @@ class Resolution:
         values = {name: row[name] for name in NAMES}
         rates = {name: values.pop(name) for name in RATE_COLUMNS}
         priced = values["price_version_id"] is not None
+        for name in _BOOLEAN_COLUMNS:  # SQLite's json_array writes them as 1 and 0
+            values[name] = bool(values[name])
         return cls(**values, rates=Rates(**rates) if priced else None)
 
     @classmethod
@@ -83,12 +90,16 @@ def _parts(secret_hash: Any, model_key: Any, at: Any) -> tuple[dict[str, Any], A
         "account_id": KEYS.c.account_id,
         "billing": ACCOUNTS.c.billing,
         "spend_limit_microcents": KEYS.c.monthly_spend_limit_microcents,
+        "spend_limit_window": KEYS.c.spend_limit_window,
+        "max_concurrent_requests": ACCOUNTS.c.max_concurrent_requests,
         "model_id": models.c.id,
         "context_length": models.c.context_length,
         "max_output_tokens": models.c.max_output_tokens,
         "reasoning_headroom_tokens": models.c.reasoning_headroom_tokens,
         "deprecation_date": models.c.deprecation_date,
         "price_version_id": price.version_id,
+        "account_sees": account_sees(KEYS.c.account_id, ACCOUNTS.c.restricts_models, models.c.id),
+        "key_allows": key_allows(KEYS.c.id, KEYS.c.restricts_models, models.c.id),
         **{name: price.rate(name) for name in RATE_COLUMNS},
     }
     assert tuple(columns) == NAMES
@@ -132,3 +143,4 @@ _DATE_COLUMNS = tuple(
     for name, column in _parts(SECRET_HASH, MODEL_KEY, AT)[0].items()
     if isinstance(column.type, Date)
 )
+_BOOLEAN_COLUMNS = ("account_sees", "key_allows")

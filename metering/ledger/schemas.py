@@ -14,6 +14,8 @@ from metering.pricing import MAX_TOKEN_COUNT
 REQUEST_ID_PATTERN = r"^[A-Za-z0-9._:\-]{1,64}$"
 # The inference API's own ceiling on ``n``; far enough below any overflow of an estimate.
 MAX_CHOICES = 128
+# §10: a hold lives at most a week.
+MAX_HOLD_TTL_SECONDS = 604_800
 
 IdempotencyKey = Annotated[Text, Field(min_length=1, max_length=200)]
 # Signs and positivity are the estimate's rules (metering.pricing, which names the field); the
@@ -56,3 +58,5 @@ class AuthorizationCreate(BaseModel):
     max_tokens: Annotated[BoundedCount, Field(json_schema_extra={"minimum": 1})] | None = None
     n: Annotated[int, Strict(), Field(le=MAX_CHOICES, json_schema_extra={"minimum": 1})] = 1
     reasoning: Annotated[bool, Strict()] = False
+    # §10: the hold's lifetime (default METERING_HOLD_TTL_SECONDS); compared for idempotency.
+    hold_ttl_seconds: Annotated[int, Strict(), Field(ge=1, le=MAX_HOLD_TTL_SECONDS)] | None = None

@@ -103,20 +103,28 @@ def credit_balance(session: Session, account_id: str, now: datetime) -> dict[str
 
 def held_counter_mismatches(session: Session) -> list[str]:
     """For ``metering verify``: every account's ``held_microcents`` equals the sum of the holds
-    it counts, and no active hold of a prepaid account goes uncounted (either would let a
+    it counts (and ``held_count`` their number), and no active hold of a prepaid account goes
+    uncounted (either would let a
     check-and-hold grant credit that is not there, or refuse credit that is)."""
     counted = (
-        select(HOLDS.c.account_id, func.sum(HOLDS.c.estimate_microcents).label("total"))
+        select(
+            HOLDS.c.account_id,
+            func.sum(HOLDS.c.estimate_microcents).label("total"),
+            func.count().label("number"),
+        )
         .where(HOLDS.c.counted)
         .group_by(HOLDS.c.account_id)
         .subquery()
     )
+    total, number = func.coalesce(counted.c.total, 0), func.coalesce(counted.c.number, 0)
     mismatches = [
-        f"account {account_id}: held counter {held} microcents, counted holds {total}"
-        for account_id, held, total in session.execute(
-            select(ACCOUNTS.c.id, ACCOUNTS.c.held_microcents, func.coalesce(counted.c.total, 0))
+        f"account {account_id}: held counter {held} microcents, counted holds {summed}"
+        if held != summed
+        else f"account {account_id}: held count {count}, counted holds {how_many}"
+        for account_id, held, summed, count, how_many in session.execute(
+            select(ACCOUNTS.c.id, ACCOUNTS.c.held_microcents, total, ACCOUNTS.c.held_count, number)
             .outerjoin(counted, counted.c.account_id == ACCOUNTS.c.id)
-            .where(ACCOUNTS.c.held_microcents != func.coalesce(counted.c.total, 0))
+            .where((ACCOUNTS.c.held_microcents != total) | (ACCOUNTS.c.held_count != number))
             .order_by(ACCOUNTS.c.id)
         )
     ]

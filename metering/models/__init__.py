@@ -1,7 +1,7 @@
 """All ORM tables, imported in one place so Alembic sees the whole schema."""
 
 from metering.kit.ranges import add_integer_checks
-from metering.models.accounts import Account, ApiKey
+from metering.models.accounts import Account, AccountModel, ApiKey, ApiKeyModel
 from metering.models.audit import AuditEvent
 from metering.models.base import Base, table
 from metering.models.catalog import AccountRate, CatalogModel, PriceVersion
@@ -11,8 +11,10 @@ from metering.models.usage import QuarantinedEvent, UsageEvent, UsageRollup
 
 __all__ = [
     "Account",
+    "AccountModel",
     "AccountRate",
     "ApiKey",
+    "ApiKeyModel",
     "AuditEvent",
     "Authorization",
     "Base",

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import BigInteger, CheckConstraint, ForeignKey, String
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    ForeignKey,
+    Integer,
+    PrimaryKeyConstraint,
+    String,
+)
 from sqlalchemy.orm import Mapped, mapped_column
 
 from metering.models.base import Base, UTCDateTime
@@ -12,7 +20,13 @@ from metering.models.base import Base, UTCDateTime
 
 class Account(Base):
     __tablename__ = "accounts"
-    __table_args__ = (CheckConstraint("billing IN ('prepaid', 'unbilled')", name="billing"),)
+    __table_args__ = (
+        CheckConstraint("billing IN ('prepaid', 'unbilled')", name="billing"),
+        CheckConstraint(
+            "max_concurrent_requests IS NULL OR max_concurrent_requests >= 1",
+            name="max_concurrent_requests_positive",
+        ),
+    )
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
     name: Mapped[str] = mapped_column(String(200))
@@ -24,17 +38,58 @@ class Account(Base):
     # check-and-hold itself, which first stops counting the holds released since (see
     # metering.ledger.placement). ``GET /v1/credits`` sums the holds in force instead.
     held_microcents: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    # How many holds ``held_microcents`` counts: the account's requests in flight, kept beside
+    # it by the same check-and-hold (contract §10; metering.ledger.access).
+    held_count: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    # §10: null = no limit on requests in flight.
+    max_concurrent_requests: Mapped[int | None] = mapped_column(Integer)
+    # §10: false = every catalog model; true = exactly the models of ``account_models``.
+    restricts_models: Mapped[bool] = mapped_column(Boolean, default=False, server_default="0")
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
 
 
 class ApiKey(Base):
     __tablename__ = "api_keys"
+    __table_args__ = (
+        CheckConstraint(
+            "spend_limit_window IN ('day', 'week', 'month')", name="spend_limit_window"
+        ),
+    )
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
     account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"), index=True)
     name: Mapped[str] = mapped_column(String(200))
     prefix: Mapped[str] = mapped_column(String(16))
     secret_hash: Mapped[str] = mapped_column(String(64), unique=True)  # hex SHA-256 of the secret
+    # The key's spend limit (§10: per ``spend_limit_window``; the column keeps its first name).
     monthly_spend_limit_microcents: Mapped[int | None] = mapped_column(BigInteger)
+    spend_limit_window: Mapped[str] = mapped_column(
+        String(8), default="month", server_default="month"
+    )
+    # §10: false = every model of its account; true = the models of ``api_key_models`` (∩ the
+    # account's).
+    restricts_models: Mapped[bool] = mapped_column(Boolean, default=False, server_default="0")
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+
+class AccountModel(Base):
+    """A model an account that restricts its models may use (private models included)."""
+
+    __tablename__ = "account_models"
+    __table_args__ = (PrimaryKeyConstraint("account_id", "model_id"),)
+
+    account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"))
+    model_id: Mapped[str] = mapped_column(ForeignKey("catalog_models.id"))
+
+
+class ApiKeyModel(Base):
+    """A model a key that restricts its models names (it grants it only while its account
+    sees the model too)."""
+
+    __tablename__ = "api_key_models"
+    __table_args__ = (PrimaryKeyConstraint("api_key_id", "model_id"),)
+
+    account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"))
+    api_key_id: Mapped[str] = mapped_column(ForeignKey("api_keys.id"))
+    model_id: Mapped[str] = mapped_column(ForeignKey("catalog_models.id"))

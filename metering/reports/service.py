@@ -15,9 +15,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from operator import add
 
-from sqlalchemy import BigInteger, String, cast, func, select, type_coerce
+from sqlalchemy import BigInteger, String, and_, cast, exists, func, select, type_coerce
 from sqlalchemy.orm import Session
 
+from metering.ledger.access import ACCOUNT_MODELS
 from metering.models import ApiKey, CatalogModel, UsageRollup, table
 from metering.reports.params import ReportQuery
 
@@ -165,8 +166,14 @@ def usage_report(session: Session, account_id: str, billing: str, query: ReportQ
     """The report of ``account_id``'s usage for ``query``."""
     catalog: Sequence[tuple[str, str, bool]] = ()
     if query.group_by == "model" or query.models is not None:
+        # Hidden as this account sees it (§10): a hidden model its own list names (a private
+        # model) is shown by its id.
+        named = exists().where(
+            ACCOUNT_MODELS.c.account_id == account_id,
+            ACCOUNT_MODELS.c.model_id == CatalogModel.id,
+        )
         catalog = session.execute(
-            select(CatalogModel.id, CatalogModel.id_key, CatalogModel.hidden)
+            select(CatalogModel.id, CatalogModel.id_key, and_(CatalogModel.hidden, ~named))
         ).all()
     key_names: dict[str, str] = {}
     if query.group_by == "api_key":

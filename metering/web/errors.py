@@ -46,7 +46,8 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     "4XX": {
         "model": ErrorBody,
         "description": "A client error: 400 invalid request, 401 no or bad credential, 402 not "
-        "enough credit, 404 unknown, 405 method, 409 conflict, 413 body too large.",
+        "enough credit, 403 not permitted, 404 unknown, 405 method, 409 conflict, 413 body too "
+        "large, 429 too many requests in flight.",
     },
     "500": {"model": ErrorBody, "description": "An unexpected error (code internal_error)."},
     "503": {
@@ -59,7 +60,9 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 def error_response(request: Request, error: MeteringError) -> Response:
     request_id = request_id_of(request.scope)
     return ExactJSONResponse(
-        error.body(request_id), status_code=error.status, headers={"x-request-id": request_id}
+        error.body(request_id),
+        status_code=error.status,
+        headers={**error.headers, "x-request-id": request_id},
     )
 
 

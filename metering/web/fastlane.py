@@ -121,7 +121,8 @@ class FastLane:
             return
         except MeteringError as error:
             request_id = request_id_of(scope)
-            await _answer(send, error.status, jsonenc.dumps(error.body(request_id)))
+            answer = jsonenc.dumps(error.body(request_id))
+            await _answer(send, error.status, answer, error.headers)
             return
         await _answer(send, 200, content)
 
@@ -188,7 +189,9 @@ def _replaying(received: list[Message], receive: Receive) -> Receive:
     return replay
 
 
-async def _answer(send: Send, status: int, body: bytes) -> None:
+async def _answer(
+    send: Send, status: int, body: bytes, headers: Mapping[str, str] | None = None
+) -> None:
     # The headers FastAPI's JSON response writes (the request id is added outside).
     await send(
         {
@@ -197,6 +200,7 @@ async def _answer(send: Send, status: int, body: bytes) -> None:
             "headers": [
                 (b"content-length", str(len(body)).encode()),
                 (b"content-type", b"application/json"),
+                *((name.encode(), value.encode()) for name, value in (headers or {}).items()),
             ],
         }
     )

@@ -85,6 +85,22 @@ MUTATIONS: dict[tuple[str, str], Mutation] = {
         False,
         "account",
     ),
+    ("PATCH", "/admin/v1/accounts/{account_id}"): Mutation(
+        "account.update",
+        lambda api, w: api.admin(
+            "PATCH", f"/admin/v1/accounts/{w.account}", json={"max_concurrent_requests": 10}
+        ),
+        True,
+        "account",
+    ),
+    ("PUT", "/admin/v1/accounts/{account_id}/model-access"): Mutation(
+        "model_access.update",
+        lambda api, w: api.admin(
+            "PUT", f"/admin/v1/accounts/{w.account}/model-access", json={"models": [w.model]}
+        ),
+        True,
+        "account",
+    ),
     ("POST", "/admin/v1/accounts/{account_id}/api-keys"): Mutation(
         "api_key.create",
         lambda api, w: api.admin(

@@ -208,7 +208,9 @@ class TestVerify:
                 update(Authorization).where(Authorization.id == hold["id"]).values(counted=False)
             )
             session.execute(
-                update(Account).where(Account.id == setup.account).values(held_microcents=0)
+                update(Account)
+                .where(Account.id == setup.account)
+                .values(held_microcents=0, held_count=0)
             )
             session.commit()
         assert mismatches_of(api, setup.account) == [

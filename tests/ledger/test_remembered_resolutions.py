@@ -228,13 +228,13 @@ def test_the_check_and_hold_places_only_a_confirmed_resolution(pg_api: Api) -> N
     setup = prepaid(pg_api, 1)
     resolution = _resolution(pg_api, setup)
     assert json.loads(resolution)[:2] == [setup.key.id, setup.account]
-    doctored = json.dumps([*json.loads(resolution)[:10], 1, 1, 0])  # a cheaper price
+    doctored = json.dumps([*json.loads(resolution)[:-3], 1, 1, 0])  # a cheaper price
     assert _place(pg_api, setup, doctored, "auth_doctored") == [
-        ("auth_doctored", "stale", 1_000_000)
+        ("auth_doctored", "stale", 1_000_000, None)
     ]
     assert [hold.id for hold in holds(pg_api, setup.account)] == []
     assert _place(pg_api, setup, resolution, "auth_confirmed") == [
-        ("auth_confirmed", "granted", 1_000_000)
+        ("auth_confirmed", "granted", 1_000_000, None)
     ]
     assert [hold.id for hold in holds(pg_api, setup.account)] == ["auth_confirmed"]
     _revoke(pg_api, setup)

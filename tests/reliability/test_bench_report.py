@@ -47,7 +47,13 @@ INGEST_SMALL: dict[str, Any] = {
     "accounts": 2,
     "copy_rows": 2000,
 }
-LEDGER_FIGURES = ["ledger.spread", "ledger.p99", "ledger.hot", "ledger.hot_voids"]
+LEDGER_FIGURES = [
+    "ledger.spread",
+    "ledger.p99",
+    "ledger.hot",
+    "ledger.hot_voids",
+    "ledger.half_refused",
+]
 INGEST_FIGURES = ["ingest.batches", "ingest.singles", "ingest.rss"]
 
 

@@ -61,7 +61,7 @@ GATEWAY_ROUTES = {
     ("DELETE", "/v1/authorizations/{authorization_id}"),
     ("POST", "/v1/usage/events"),
 }
-ACCOUNT_KEY_ROUTES = {"/v1/usage", "/v1/credits", "/v1/models"}
+ACCOUNT_KEY_ROUTES = {"/v1/usage", "/v1/credits", "/v1/models", "/v1/api-keys"}
 
 
 @dataclass
@@ -165,6 +165,11 @@ STATED_ONLY_IN_CODE = [
     (("PUT", "/admin/v1/models/{model_id}"), "invalid_parameter", "max_output_tokens", "exceed"),
     (("PUT", "/admin/v1/models/{model_id}"), "invalid_parameter", "model_id", "reserved"),
     (("POST", "/admin/v1/accounts/{account_id}/rates"), "invalid_parameter", None, "all three"),
+    # §10: the older limit field with the newer ones; model lists against the catalog and the
+    # account's own list (stored state).
+    (None, "invalid_parameter", "monthly_spend_limit_cents", "cannot be sent with"),
+    (None, "invalid_parameter", "allowed_models", ""),
+    (None, "invalid_parameter", "models", "unknown model"),
 ]
 
 

@@ -2,7 +2,8 @@
 learn or guess about another account (its id, key ids, key prefixes, request ids, hold ids,
 model and override), on every route of the service.
 
-* The routes an account key may call (``/v1/usage``, ``/v1/credits``, ``/v1/models``) take no
+* The routes an account key may call (``/v1/usage``, ``/v1/credits``, ``/v1/models``,
+  ``/v1/api-keys``) take no
   account id: whatever is put in their parameters, they answer for the caller's own account
   (200) or refuse the parameter (400); nothing of the other account ever appears.
 * Every other route (admin and gateway) answers an account key with 401, whatever it names.
@@ -33,7 +34,12 @@ from tests.factories import (
 )
 from tests.security.helpers import assert_books_reconcile, assert_contract_response
 
-ACCOUNT_KEY_ROUTES = {("GET", "/v1/usage"), ("GET", "/v1/credits"), ("GET", "/v1/models")}
+ACCOUNT_KEY_ROUTES = {
+    ("GET", "/v1/usage"),
+    ("GET", "/v1/credits"),
+    ("GET", "/v1/models"),
+    ("GET", "/v1/api-keys"),
+}
 PUBLIC_ROUTES = {"/healthz", "/readyz", "/metrics"}
 
 
@@ -88,6 +94,7 @@ def snapshot(api: Api, tenant: Tenant) -> dict[str, Any]:
         ),
         "own credits": api.as_key(key.secret, "GET", "/v1/credits"),
         "own models": api.as_key(key.secret, "GET", "/v1/models"),
+        "own api keys": api.as_key(key.secret, "GET", "/v1/api-keys"),
         "own usage": api.as_key(key.secret, "GET", "/v1/usage?starting_at=2026-11-20"),
         "own usage by key": api.as_key(
             key.secret, "GET", "/v1/usage?starting_at=2026-11-20&group_by=api_key"
@@ -221,6 +228,13 @@ class TestAccountKeyRoutes:
                 assert_reveals_nothing(response, victim)
                 expected = mine["own credits"] if path == "/v1/credits" else mine["own models"]
                 assert response.json() == expected  # the caller's own view, unchanged
+        for query in ["", *queries]:
+            response = api.as_key(secret, "GET", f"/v1/api-keys?{query}")
+            assert_contract_response(response)
+            assert response.status_code in (200, 400), response.text
+            assert_reveals_nothing(response, victim)
+            if response.status_code == 200:
+                assert response.json() == mine["own api keys"]
         assert snapshot(api, victim) == before
         assert_books_reconcile(api)
 
@@ -245,7 +259,8 @@ class TestAccountKeyRoutes:
         self, api: Api, tenants: tuple[Tenant, Tenant], headers: Any
     ) -> None:
         victim, attacker = tenants
-        for path in ("/v1/credits", "/v1/usage?starting_at=2026-11-20", "/v1/models"):
+        paths = ("/v1/credits", "/v1/usage?starting_at=2026-11-20", "/v1/models", "/v1/api-keys")
+        for path in paths:
             response = api.client.get(path, headers=headers(victim, attacker))
             assert_error(response, 401, "invalid_api_key")
 

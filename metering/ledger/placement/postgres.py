@@ -17,6 +17,7 @@ import psycopg
 from sqlalchemy import String, bindparam, exists, select
 
 from metering.kit.programs import psycopg_text
+from metering.ledger.access import checked_under_lock
 from metering.ledger.metrics import RESOLUTIONS
 from metering.ledger.placement.program import (
     BODY_COLUMNS,
@@ -116,7 +117,9 @@ class PostgresHolds:
                 "p_holds": json.dumps(batch, default=datetime.isoformat),
             },
         )
-        outcomes = {row[0]: Placement(Outcome(row[1]), row[2]) for row in await cursor.fetchall()}
+        outcomes = {
+            row[0]: Placement(Outcome(row[1]), row[2], row[3]) for row in await cursor.fetchall()
+        }
         for placement in outcomes.values():
             if placement.outcome is Outcome.STALE:
                 RESOLUTIONS.inc("stale")
@@ -153,8 +156,9 @@ class _Remembered:
     it: the check-and-hold confirms the text under the account's lock, and a resolution that no
     longer holds is read afresh (and replaced).
 
-    Only resolutions a hold can be placed with are kept: a prepaid account's, with a model and a
-    price. Bounded: when full, it starts again empty (a miss costs one round trip)."""
+    Only resolutions a hold can be placed with are kept: a prepaid account's (or an unbilled
+    one's with a concurrency limit), with a model and a price. Bounded: when full, it starts
+    again empty (a miss costs one round trip)."""
 
     LIMIT = 10_000
 
@@ -165,7 +169,9 @@ class _Remembered:
         return self._resolutions.get((secret_hash, model_key))
 
     def keep(self, secret_hash: str, model_key: str, found: Resolution, text: str) -> None:
-        if found.billing != "prepaid" or found.rates is None:
+        if not checked_under_lock(found.billing, found.max_concurrent_requests) or (
+            found.rates is None
+        ):
             self.forget(secret_hash, model_key)
             return
         if len(self._resolutions) >= self.LIMIT:

@@ -30,6 +30,7 @@ from typing import Any
 from sqlalchemy import (
     BigInteger,
     Boolean,
+    Integer,
     String,
     Text,
     and_,
@@ -49,6 +50,7 @@ from sqlalchemy.sql.elements import ColumnElement
 from metering.kit import programs as p
 from metering.kit.ranges import INT64_MAX
 from metering.ledger import holds
+from metering.ledger.access import in_flight_limited
 from metering.ledger.holds import HoldStatus
 from metering.ledger.resolution import resolution_text
 from metering.models import Account, Authorization, table
@@ -63,6 +65,7 @@ class Outcome(StrEnum):
     GRANTED = "granted"
     INSUFFICIENT_CREDITS = "insufficient_credits"
     MEMBER_SPEND_LIMIT = "member_spend_limit"
+    CONCURRENCY_LIMIT = "concurrency_limit_exceeded"
     EXISTS = "exists"  # the account already has a hold with this request id
     STALE = "stale"  # the remembered resolution it was estimated from no longer holds
     # The account's held sum would leave the signed 64-bit range (unbilled accounts; a prepaid
@@ -73,10 +76,12 @@ class Outcome(StrEnum):
 @dataclass(frozen=True, slots=True)
 class Placement:
     """A hold's outcome; ``available``: the account's balance minus its holds in force, before
-    this one."""
+    this one; ``spent``: for a key refused by its spend limit, its charges in the window plus
+    its holds in force."""
 
     outcome: Outcome
     available: int
+    spent: int | None = None
 
 
 # The columns an authorization writes into a hold (the rest are the state machine's).
@@ -119,12 +124,60 @@ def key_holds_in_force(api_key_id: Any, at: Any) -> ColumnElement[Any]:
     )
 
 
+def adopt_unbilled(
+    account: p.Var,
+    billing: p.Var,
+    now: p.Var,
+    held: p.Var,
+    count: p.Var,
+    changed: p.Var,
+    adopted: p.Var,
+    adopted_count: p.Var,
+) -> p.When:
+    """An unbilled account's active holds placed without the lock (while it had no concurrency
+    limit) start being counted, so its requests in flight are all counted from now on
+    (metering.ledger.access). Locked ones are skipped, as every release skips them."""
+    chosen = HOLDS.alias("uncounted")
+    adopt = (
+        update(HOLDS)
+        .where(
+            HOLDS.c.id.in_(
+                select(chosen.c.id)
+                .where(
+                    chosen.c.account_id == account.ref,
+                    holds.in_force(chosen, now.ref),
+                    ~chosen.c.counted,
+                )
+                .with_for_update(key_share=True, skip_locked=True)
+            )
+        )
+        .values(counted=True)
+        .returning(HOLDS.c.estimate_microcents)
+    )
+    return p.When(
+        billing.ref == "unbilled",
+        (
+            p.Sum(adopt, "estimate_microcents", adopted, count=adopted_count),
+            p.Assign(held, held.ref + adopted.ref),
+            p.Assign(count, count.ref + adopted_count.ref),
+            p.Assign(changed, changed.ref | (adopted_count.ref != 0)),
+        ),
+    )
+
+
 def _place_holds(on: p.Backend) -> list[p.Step]:
     given = on.records(HOLDS_IN, "h")
     h = {name: p.Var(f"v_h_{name}", kind) for name, kind in HOLDS_IN.columns}
     account = p.Var("v_account_id", String())
     balance, held = p.Var("v_balance", BigInteger()), p.Var("v_held", BigInteger())
     released, expired = p.Var("v_released", BigInteger()), p.Var("v_expired", BigInteger())
+    # §10 (metering.ledger.access): the holds counted, the account's limit and billing.
+    count, limit = p.Var("v_count", BigInteger()), p.Var("v_limit", Integer())
+    billing = p.Var("v_billing", String())
+    released_count = p.Var("v_released_count", BigInteger())
+    expired_count = p.Var("v_expired_count", BigInteger())
+    adopted = p.Var("v_adopted", BigInteger())
+    adopted_count = p.Var("v_adopted_count", BigInteger())
     available = p.Var("v_available", BigInteger())
     changed, outcome = p.Var("v_changed", Boolean()), p.Var("v_outcome", String())
     locked = HOLDS.alias("locked")
@@ -149,7 +202,7 @@ def _place_holds(on: p.Backend) -> list[p.Step]:
             p.Run(
                 update(ACCOUNTS)
                 .where(ACCOUNTS.c.id == account.ref)
-                .values(held_microcents=held.ref)
+                .values(held_microcents=held.ref, held_count=count.ref)
             ),
         ),
     )
@@ -159,13 +212,24 @@ def _place_holds(on: p.Backend) -> list[p.Step]:
             flush,
             p.Assign(account, h["account_id"].ref),
             p.Fetch(
-                select(ACCOUNTS.c.balance_microcents, ACCOUNTS.c.held_microcents)
+                select(
+                    ACCOUNTS.c.balance_microcents,
+                    ACCOUNTS.c.held_microcents,
+                    ACCOUNTS.c.held_count,
+                    ACCOUNTS.c.max_concurrent_requests,
+                    ACCOUNTS.c.billing,
+                )
                 .where(ACCOUNTS.c.id == account.ref)
                 .with_for_update(key_share=True),
-                into=(balance, held),
+                into=(balance, held, count, limit, billing),
                 required="no such account",
             ),
-            p.Sum(release(holds.released(locked)), "estimate_microcents", released),
+            p.Sum(
+                release(holds.released(locked)),
+                "estimate_microcents",
+                released,
+                count=released_count,
+            ),
             p.Sum(
                 release(
                     and_(holds.past_expiry(locked, NOW.ref), locked.c.counted),
@@ -173,9 +237,12 @@ def _place_holds(on: p.Backend) -> list[p.Step]:
                 ),
                 "estimate_microcents",
                 expired,
+                count=expired_count,
             ),
             p.Assign(held, held.ref - released.ref - expired.ref),
-            p.Assign(changed, (released.ref != 0) | (expired.ref != 0)),
+            p.Assign(count, count.ref - released_count.ref - expired_count.ref),
+            p.Assign(changed, (released_count.ref != 0) | (expired_count.ref != 0)),
+            adopt_unbilled(account, billing, NOW, held, count, changed, adopted, adopted_count),
         ),
     )
     estimate = h["estimate_microcents"].ref
@@ -201,9 +268,29 @@ def _place_holds(on: p.Backend) -> list[p.Step]:
             ),
             Outcome.EXISTS.value,
         ),
-        (estimate > available.ref, Outcome.INSUFFICIENT_CREDITS.value),
+        # Ranges (§1): an account that is not refused for credit (unbilled, here only with a
+        # concurrency limit) takes its held sum no further than a signed 64-bit integer; written
+        # so that the comparison cannot overflow itself (estimates are >= 0). Before the 429:
+        # it is the estimate's 400.
         (
-            and_(h["spend_limit"].ref.isnot(None), spent + estimate > h["spend_limit"].ref),
+            and_(
+                billing.ref != "prepaid",
+                estimate > literal(INT64_MAX, BigInteger()) - held.ref,
+            ),
+            Outcome.OUT_OF_RANGE.value,
+        ),
+        (in_flight_limited(count.ref, limit.ref), Outcome.CONCURRENCY_LIMIT.value),
+        # Unbilled accounts (here only when they have a concurrency limit) skip the 402s.
+        (
+            and_(billing.ref == "prepaid", estimate > available.ref),
+            Outcome.INSUFFICIENT_CREDITS.value,
+        ),
+        (
+            and_(
+                billing.ref == "prepaid",
+                h["spend_limit"].ref.isnot(None),
+                spent + estimate > h["spend_limit"].ref,
+            ),
             Outcome.MEMBER_SPEND_LIMIT.value,
         ),
         else_=Outcome.GRANTED.value,
@@ -221,6 +308,7 @@ def _place_holds(on: p.Backend) -> list[p.Step]:
                 )
             ),
             p.Assign(held, held.ref + estimate),
+            p.Assign(count, count.ref + 1),
             p.Assign(changed, true()),
         ),
     )
@@ -235,7 +323,18 @@ def _place_holds(on: p.Backend) -> list[p.Step]:
                 p.Assign(available, balance.ref - held.ref),
                 p.Assign(outcome, decide),
                 grant,
-                p.Emit((h["id"].ref, outcome.ref, available.ref)),
+                p.Emit(
+                    (
+                        h["id"].ref,
+                        outcome.ref,
+                        available.ref,
+                        # What a refused key spent in its window (its 402 says it).
+                        case(
+                            (outcome.ref == Outcome.MEMBER_SPEND_LIMIT.value, spent),
+                            else_=None,
+                        ),
+                    )
+                ),
             ),
         ),
         flush,
@@ -246,7 +345,12 @@ PLACE_HOLDS = p.Program(
     "metering_place_holds",
     params=(NOW, HOLDS_IN),
     build=_place_holds,
-    returns=(("hold_id", String()), ("outcome", String()), ("available", BigInteger())),
+    returns=(
+        ("hold_id", String()),
+        ("outcome", String()),
+        ("available", BigInteger()),
+        ("spent", BigInteger()),
+    ),
     initial={"v_changed": False},
 )
 

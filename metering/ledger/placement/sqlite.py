@@ -65,8 +65,8 @@ class SqliteHolds:
             p_now=hold["created_at"],
             p_holds=records_json(HOLDS_IN, [hold], SQLITE),
         )
-        ((_, outcome, available),) = rows
-        return Placement(Outcome(outcome), available)
+        ((_, outcome, available, spent),) = rows
+        return Placement(Outcome(outcome), available, spent)
 
     def insert_unbilled(self, values: Mapping[str, Any]) -> bool:
         return self._connection.execute(INSERT_UNBILLED, dict(values)).first() is not None
