@@ -8,6 +8,8 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
+import pytest
+
 from metering.pricing import Estimate, EstimateRequest, field_beyond_range
 from tests.conftest import NOW, Api
 from tests.factories import (
@@ -29,7 +31,12 @@ def granted(response: Any) -> int:
     return int(response.json()["estimate_microcents"])
 
 
-def test_the_held_sum_of_an_unbilled_account_stays_in_range(api: Api) -> None:
+# Without a concurrency limit an unbilled account's holds are inserted without any lock; with
+# one, they go through the check-and-hold under the account's lock: the same rule either way.
+@pytest.mark.parametrize("concurrency_limit", [None, 10**6])
+def test_the_held_sum_of_an_unbilled_account_stays_in_range(
+    api: Api, concurrency_limit: int | None
+) -> None:
     model = priced_model(
         api,
         NOW - timedelta(days=1),
@@ -37,7 +44,15 @@ def test_the_held_sum_of_an_unbilled_account_stays_in_range(api: Api) -> None:
         context_length=MAX_TOKENS,
         reasoning_headroom_tokens=MAX_TOKENS,
     )
-    key = create_key(api, create_account(api, billing="unbilled"))
+    account = create_account(api, billing="unbilled")
+    if concurrency_limit is not None:
+        response = api.admin(
+            "PATCH",
+            f"/admin/v1/accounts/{account}",
+            json={"max_concurrent_requests": concurrency_limit},
+        )
+        assert response.status_code == 200, response.text
+    key = create_key(api, account)
     per_choice = (MAX_TOKENS - 1 + MAX_TOKENS) * 10**6  # (max_tokens + headroom) at 1 µ¢/token
     widest = {"prompt_tokens": 1, "max_tokens": MAX_TOKENS - 1, "reasoning": True}
 
