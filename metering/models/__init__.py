@@ -5,6 +5,7 @@ from metering.models.audit import AuditEvent
 from metering.models.base import Base, table
 from metering.models.catalog import AccountRate, CatalogModel, PriceVersion
 from metering.models.exports import ExportDay, ExportRun
+from metering.models.grants import CreditAllocation, CreditGrant
 from metering.models.ledger import Authorization, LedgerEntry
 from metering.models.usage import QuarantinedEvent, UsageEvent, UsageRollup
 
@@ -16,6 +17,8 @@ __all__ = [
     "Authorization",
     "Base",
     "CatalogModel",
+    "CreditAllocation",
+    "CreditGrant",
     "ExportDay",
     "ExportRun",
     "LedgerEntry",

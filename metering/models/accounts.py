@@ -24,6 +24,11 @@ class Account(Base):
     # check-and-hold itself, which first stops counting the holds released since (see
     # metering.ledger.placement). ``GET /v1/credits`` sums the holds in force instead.
     held_microcents: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    # What charges ran beyond the live grants (contract §9): balance = Σ remainders − deficit.
+    deficit_microcents: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    # No grant of the account with a remainder expires before this instant (null: none
+    # expires), so the check-and-hold looks for expired remainders only once it has passed.
+    next_expiry_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
 
 

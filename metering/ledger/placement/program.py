@@ -48,6 +48,7 @@ from metering.kit import programs as p
 from metering.ledger import holds
 from metering.ledger.holds import HoldStatus
 from metering.ledger.resolution import resolution_text
+from metering.ledger.spending import without_pending_expiries
 from metering.models import Account, Authorization, table
 from metering.models.base import UTCDateTime
 from metering.usage.spend import key_charges
@@ -120,6 +121,7 @@ def _place_holds(on: p.Backend) -> list[p.Step]:
     balance, held = p.Var("v_balance", BigInteger()), p.Var("v_held", BigInteger())
     released, expired = p.Var("v_released", BigInteger()), p.Var("v_expired", BigInteger())
     available = p.Var("v_available", BigInteger())
+    next_expiry = p.Var("v_next_expiry", UTCDateTime())
     changed, outcome = p.Var("v_changed", Boolean()), p.Var("v_outcome", String())
     locked = HOLDS.alias("locked")
 
@@ -153,12 +155,18 @@ def _place_holds(on: p.Backend) -> list[p.Step]:
             flush,
             p.Assign(account, h["account_id"].ref),
             p.Fetch(
-                select(ACCOUNTS.c.balance_microcents, ACCOUNTS.c.held_microcents)
+                select(
+                    ACCOUNTS.c.balance_microcents,
+                    ACCOUNTS.c.held_microcents,
+                    ACCOUNTS.c.next_expiry_at,
+                )
                 .where(ACCOUNTS.c.id == account.ref)
                 .with_for_update(key_share=True),
-                into=(balance, held),
+                into=(balance, held, next_expiry),
                 required="no such account",
             ),
+            # Grants expired at this instant count no more, their forfeits written or not.
+            without_pending_expiries(balance, next_expiry, account, NOW),
             p.Sum(release(holds.released(locked)), "estimate_microcents", released),
             p.Sum(
                 release(
