@@ -5,7 +5,7 @@ from metering.models.audit import AuditEvent
 from metering.models.base import Base, table
 from metering.models.catalog import AccountRate, CatalogModel, PriceVersion
 from metering.models.exports import ExportDay, ExportRun
-from metering.models.grants import CreditAllocation, CreditGrant
+from metering.models.grants import CreditAllocation, CreditGrant, CreditRollforward
 from metering.models.ledger import Authorization, LedgerEntry
 from metering.models.usage import QuarantinedEvent, UsageEvent, UsageRollup
 
@@ -19,6 +19,7 @@ __all__ = [
     "CatalogModel",
     "CreditAllocation",
     "CreditGrant",
+    "CreditRollforward",
     "ExportDay",
     "ExportRun",
     "LedgerEntry",

@@ -3,9 +3,19 @@ the record of which grants (or the deficit) paid each debit."""
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import date, datetime
 
-from sqlalchemy import BigInteger, CheckConstraint, ForeignKey, Index, Integer, String, Text, text
+from sqlalchemy import (
+    BigInteger,
+    CheckConstraint,
+    Date,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    text,
+)
 from sqlalchemy.orm import Mapped, mapped_column
 
 from metering.models.base import Base, BigIntPK, UTCDateTime
@@ -73,3 +83,13 @@ class CreditAllocation(Base):
     kind: Mapped[str] = mapped_column(String(16))
     amount_microcents: Mapped[int] = mapped_column(BigInteger)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class CreditRollforward(Base):
+    """One row: the first day of the daily credit roll-forward (the day migration 0015 ran;
+    earlier days are not back-filled)."""
+
+    __tablename__ = "credit_rollforward"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    start_date: Mapped[date] = mapped_column(Date)

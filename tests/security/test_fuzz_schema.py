@@ -165,6 +165,13 @@ STATED_ONLY_IN_CODE = [
     (("PUT", "/admin/v1/models/{model_id}"), "invalid_parameter", "max_output_tokens", "exceed"),
     (("PUT", "/admin/v1/models/{model_id}"), "invalid_parameter", "model_id", "reserved"),
     (("POST", "/admin/v1/accounts/{account_id}/rates"), "invalid_parameter", None, "all three"),
+    # a grant's expiry must be later than the clock's now
+    (
+        ("POST", "/admin/v1/accounts/{account_id}/grants"),
+        "invalid_parameter",
+        "expires_at",
+        "later than now",
+    ),
 ]
 
 

@@ -27,6 +27,7 @@ import base64
 import importlib.util
 import secrets
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from types import ModuleType
 
@@ -142,6 +143,16 @@ def _schema_up() -> None:
             sa.Column("deficit_microcents", sa.BigInteger(), server_default="0", nullable=False)
         )
         batch_op.add_column(sa.Column("next_expiry_at", sa.DateTime(timezone=True), nullable=True))
+    op.create_table(
+        "credit_rollforward",
+        sa.Column("id", sa.Integer(), nullable=False),
+        sa.Column("start_date", sa.Date(), nullable=False),
+        sa.PrimaryKeyConstraint("id", name=op.f("pk_credit_rollforward")),
+    )
+    with op.batch_alter_table("export_days", schema=None) as batch_op:
+        batch_op.add_column(
+            sa.Column("credits_exported_at", sa.DateTime(timezone=True), nullable=True)
+        )
     with op.batch_alter_table("ledger_entries", schema=None) as batch_op:
         batch_op.add_column(sa.Column("grant_id", sa.String(length=32), nullable=True))
         batch_op.add_column(sa.Column("effective_at", sa.DateTime(timezone=True), nullable=True))
@@ -153,8 +164,22 @@ def _schema_up() -> None:
 
 def _data_up() -> None:
     """Existing grants and positive adjustments become grants; their remainders are what the
-    existing debits left of them in creation order (see the module)."""
+    existing debits left of them in creation order (see the module). What each grant had paid,
+    and the deficit, are written as allocations at the migration's instant, and the credit
+    roll-forward starts on its day (what was spent before shows as spent on that day)."""
     bind = op.get_bind()
+    now = datetime.now(UTC)
+    allocations = sa.table(
+        "credit_allocations",
+        *(
+            sa.column(name)
+            for name in ("account_id", "grant_id", "kind", "amount_microcents", "created_at")
+        ),
+    )
+    bind.execute(
+        sa.table("credit_rollforward", sa.column("id"), sa.column("start_date")).insert(),
+        [{"id": 1, "start_date": now.date()}],
+    )
     accounts = bind.execute(
         sa.text("SELECT id, balance_microcents FROM accounts ORDER BY id")
     ).all()
@@ -193,13 +218,23 @@ def _data_up() -> None:
             ),
             {"a": account_id},
         ).all()
-        rows, held = [], 0
+        rows, spent, held = [], [], 0
         for entry_id, kind, amount, created_at, note in created:
             consumed = min(int(amount), left)
             left -= consumed
             remaining = int(amount) - consumed
             held += remaining
             grant_id = _grant_id()
+            if consumed:
+                spent.append(
+                    {
+                        "account_id": account_id,
+                        "grant_id": grant_id,
+                        "kind": "spend",
+                        "amount_microcents": consumed,
+                        "created_at": now,
+                    }
+                )
             rows.append(
                 {
                     "id": grant_id,
@@ -222,6 +257,18 @@ def _data_up() -> None:
         if rows:
             bind.execute(grants.insert(), rows)
         deficit = left
+        if deficit:
+            spent.append(
+                {
+                    "account_id": account_id,
+                    "grant_id": None,
+                    "kind": "deficit",
+                    "amount_microcents": deficit,
+                    "created_at": now,
+                }
+            )
+        if spent:
+            bind.execute(allocations.insert(), spent)
         if held - deficit != int(balance):
             raise RuntimeError(
                 f"account {account_id}: balance {balance} microcents, but its grants hold "
@@ -277,6 +324,9 @@ def downgrade() -> None:
         batch_op.create_check_constraint("amount_sign", _OLD_SIGNS)
         batch_op.drop_column("effective_at")
         batch_op.drop_column("grant_id")
+    with op.batch_alter_table("export_days", schema=None) as batch_op:
+        batch_op.drop_column("credits_exported_at")
+    op.drop_table("credit_rollforward")
     with op.batch_alter_table("accounts", schema=None) as batch_op:
         batch_op.drop_column("next_expiry_at")
         batch_op.drop_column("deficit_microcents")
