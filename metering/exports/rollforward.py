@@ -25,7 +25,7 @@ from datetime import date, datetime, timedelta
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
-from sqlalchemy import BigInteger, String, case, cast, func, literal, select, union_all
+from sqlalchemy import BigInteger, String, case, cast, func, literal, select, type_coerce, union_all
 from sqlalchemy.orm import Session
 
 from metering.kit.timeutil import start_of_day
@@ -80,7 +80,7 @@ def _movements() -> object:
         select(
             ENTRIES.c.account_id,
             GRANTS.c.category,
-            cast(at, UTCDateTime()).label("at"),
+            type_coerce(at, UTCDateTime()).label("at"),
             case(
                 (ENTRIES.c.kind == "expiry", "expired"),
                 (ENTRIES.c.kind == "void", "voided"),
