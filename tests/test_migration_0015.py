@@ -104,6 +104,21 @@ def test_existing_balances_become_grants(backend: str, tmp_path: Path) -> None:
                     assert all(r[5] for r in rows)
                     remainders = sum(r[1] for r in rows)
                     assert remainders - deficit == balance, account_id
+                    # What was spent before is recorded as allocations (the roll-forward's
+                    # first day shows it): each grant's consumed part, and the deficit.
+                    spent = connection.execute(
+                        text(
+                            "SELECT kind, SUM(amount_microcents) FROM credit_allocations "
+                            "WHERE account_id = :a GROUP BY kind"
+                        ),
+                        {"a": account_id},
+                    ).all()
+                    granted = sum(amount for _, amount in entries if amount > 0)
+                    assert dict(spent) == {
+                        k: v
+                        for k, v in (("spend", granted - remainders), ("deficit", deficit))
+                        if v
+                    }, account_id
             migrate.downgrade(url, "0012")
             with engine.connect() as connection:
                 balances = dict(

@@ -11,7 +11,8 @@ Under the account's row lock (the balance update takes it), for each account of 
    the spending order (metering.ledger.grants: the same sort key) with one window over them:
    a grant pays ``min(remainder, total − what the grants before it hold)`` while that is
    positive, and what they cannot cover adds to the deficit. So a batch of many events of one
-   account allocates its total once. Every part is an allocation row (``spend`` / ``deficit``).
+   account allocates its total once. Every part is an allocation row (``spend`` / ``deficit``),
+   written first; the grants and the deficit then move by what that insert returned.
 """
 
 from __future__ import annotations
@@ -173,6 +174,7 @@ def debit_steps(on: p.Backend, debits: p.Rows, now: BindParameter[Any]) -> list[
         d.c.account_id,
         (d.c.total - held).label("amount"),
     ).where(d.c.total > held)
+    found = union_all(takes, shortfalls).subquery("found")
     return [
         p.Sum(
             ACCOUNTS.update()
@@ -183,7 +185,27 @@ def debit_steps(on: p.Backend, debits: p.Rows, now: BindParameter[Any]) -> list[
             _EXPIRING,
         ),
         p.When(_EXPIRING.ref > 0, tuple(expiry_steps(on, debits, now))),
-        p.Collect(union_all(takes, shortfalls), into=_PARTS),
+        # The parts (each grant's take, and each account's shortfall) become allocation rows
+        # and are collected from what the insert returns: one statement for both.
+        p.Collect(
+            ALLOCATIONS.insert()
+            .from_select(
+                ["account_id", "grant_id", "kind", "amount_microcents", "created_at"],
+                select(
+                    found.c.account_id,
+                    found.c.grant_id,
+                    case((found.c.grant_id.is_(None), "deficit"), else_="spend"),
+                    found.c.amount,
+                    now,
+                ),
+            )
+            .returning(
+                ALLOCATIONS.c.grant_id,
+                ALLOCATIONS.c.account_id,
+                ALLOCATIONS.c.amount_microcents.label("amount"),
+            ),
+            into=_PARTS,
+        ),
         p.When(
             on.count(_PARTS) > 0,
             (
@@ -191,18 +213,6 @@ def debit_steps(on: p.Backend, debits: p.Rows, now: BindParameter[Any]) -> list[
                     GRANTS.update()
                     .values(remaining_microcents=GRANTS.c.remaining_microcents - parts.c.amount)
                     .where(GRANTS.c.id == parts.c.grant_id)
-                ),
-                p.Run(
-                    ALLOCATIONS.insert().from_select(
-                        ["account_id", "grant_id", "kind", "amount_microcents", "created_at"],
-                        select(
-                            parts.c.account_id,
-                            parts.c.grant_id,
-                            case((parts.c.grant_id.is_(None), "deficit"), else_="spend"),
-                            parts.c.amount,
-                            now,
-                        ),
-                    )
                 ),
                 p.Run(
                     ACCOUNTS.update()

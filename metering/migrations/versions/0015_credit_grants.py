@@ -529,23 +529,22 @@ BEGIN
             FROM unnest(v_debits_account_id, v_debits_total) AS xd(account_id, total)) AND accounts.next_expiry_at <= p_now;
         END IF;
         WITH collected AS (
-        SELECT live.id AS grant_id, live.account_id, CASE WHEN (live.remaining < live.total - live.prior) THEN live.remaining ELSE live.total - live.prior END AS amount
+        INSERT INTO credit_allocations (account_id, grant_id, kind, amount_microcents, created_at) SELECT found.account_id, found.grant_id, CASE WHEN (found.grant_id IS NULL) THEN 'deficit' ELSE 'spend' END AS anon_1, found.amount, p_now AS anon_2
+        FROM (SELECT live.id AS grant_id, live.account_id AS account_id, CASE WHEN (live.remaining < live.total - live.prior) THEN live.remaining ELSE live.total - live.prior END AS amount
         FROM (SELECT credit_grants.id AS id, credit_grants.account_id AS account_id, credit_grants.remaining_microcents AS remaining, dt.total AS total, CAST(coalesce(sum(credit_grants.remaining_microcents) OVER (PARTITION BY credit_grants.account_id ORDER BY credit_grants.priority, CASE WHEN (credit_grants.expires_at IS NULL) THEN 1 ELSE 0 END, credit_grants.expires_at, credit_grants.entry_id ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS BIGINT) AS prior
         FROM credit_grants JOIN unnest(v_debits_account_id, v_debits_total) AS dt(account_id, total) ON credit_grants.account_id = dt.account_id
         WHERE credit_grants.status = 'active' AND credit_grants.remaining_microcents > 0 AND (credit_grants.expires_at IS NULL OR credit_grants.expires_at > p_now) AND dt.total > 0) AS live
-        WHERE live.prior < live.total UNION ALL SELECT CAST(NULL AS VARCHAR(32)) AS grant_id, d.account_id, d.total - (SELECT coalesce(sum(covered.remaining_microcents), 0) AS coalesce_1
+        WHERE live.prior < live.total UNION ALL SELECT CAST(NULL AS VARCHAR(32)) AS grant_id, d.account_id AS account_id, d.total - (SELECT coalesce(sum(covered.remaining_microcents), 0) AS coalesce_1
         FROM credit_grants AS covered
         WHERE covered.account_id = d.account_id AND covered.status = 'active' AND covered.remaining_microcents > 0 AND (covered.expires_at IS NULL OR covered.expires_at > p_now)) AS amount
         FROM unnest(v_debits_account_id, v_debits_total) AS d(account_id, total)
         WHERE d.total > (SELECT coalesce(sum(covered.remaining_microcents), 0) AS coalesce_1
         FROM credit_grants AS covered
-        WHERE covered.account_id = d.account_id AND covered.status = 'active' AND covered.remaining_microcents > 0 AND (covered.expires_at IS NULL OR covered.expires_at > p_now))
+        WHERE covered.account_id = d.account_id AND covered.status = 'active' AND covered.remaining_microcents > 0 AND (covered.expires_at IS NULL OR covered.expires_at > p_now))) AS found RETURNING credit_allocations.grant_id, credit_allocations.account_id, credit_allocations.amount_microcents AS amount
         )
         SELECT array_agg(collected.grant_id), array_agg(collected.account_id), array_agg(collected.amount) INTO v_parts_grant_id, v_parts_account_id, v_parts_amount FROM collected;
         IF coalesce(cardinality(v_parts_grant_id), 0) > 0 THEN
             UPDATE credit_grants SET remaining_microcents=(credit_grants.remaining_microcents - pt.amount) FROM unnest(v_parts_grant_id, v_parts_account_id, v_parts_amount) AS pt(grant_id, account_id, amount) WHERE credit_grants.id = pt.grant_id;
-            INSERT INTO credit_allocations (account_id, grant_id, kind, amount_microcents, created_at) SELECT pt.account_id, pt.grant_id, CASE WHEN (pt.grant_id IS NULL) THEN 'deficit' ELSE 'spend' END AS anon_1, pt.amount, p_now AS anon_2
-            FROM unnest(v_parts_grant_id, v_parts_account_id, v_parts_amount) AS pt(grant_id, account_id, amount);
             UPDATE accounts SET deficit_microcents=(accounts.deficit_microcents + pt.amount) FROM unnest(v_parts_grant_id, v_parts_account_id, v_parts_amount) AS pt(grant_id, account_id, amount) WHERE accounts.id = pt.account_id AND pt.grant_id IS NULL;
         END IF;
     END IF;
@@ -651,23 +650,22 @@ BEGIN
                 FROM unnest(v_debits_account_id, v_debits_total) AS xd(account_id, total)) AND accounts.next_expiry_at <= p_now;
             END IF;
             WITH collected AS (
-            SELECT live.id AS grant_id, live.account_id, CASE WHEN (live.remaining < live.total - live.prior) THEN live.remaining ELSE live.total - live.prior END AS amount
+            INSERT INTO credit_allocations (account_id, grant_id, kind, amount_microcents, created_at) SELECT found.account_id, found.grant_id, CASE WHEN (found.grant_id IS NULL) THEN 'deficit' ELSE 'spend' END AS anon_1, found.amount, p_now AS anon_2
+            FROM (SELECT live.id AS grant_id, live.account_id AS account_id, CASE WHEN (live.remaining < live.total - live.prior) THEN live.remaining ELSE live.total - live.prior END AS amount
             FROM (SELECT credit_grants.id AS id, credit_grants.account_id AS account_id, credit_grants.remaining_microcents AS remaining, dt.total AS total, CAST(coalesce(sum(credit_grants.remaining_microcents) OVER (PARTITION BY credit_grants.account_id ORDER BY credit_grants.priority, CASE WHEN (credit_grants.expires_at IS NULL) THEN 1 ELSE 0 END, credit_grants.expires_at, credit_grants.entry_id ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS BIGINT) AS prior
             FROM credit_grants JOIN unnest(v_debits_account_id, v_debits_total) AS dt(account_id, total) ON credit_grants.account_id = dt.account_id
             WHERE credit_grants.status = 'active' AND credit_grants.remaining_microcents > 0 AND (credit_grants.expires_at IS NULL OR credit_grants.expires_at > p_now) AND dt.total > 0) AS live
-            WHERE live.prior < live.total UNION ALL SELECT CAST(NULL AS VARCHAR(32)) AS grant_id, d.account_id, d.total - (SELECT coalesce(sum(covered.remaining_microcents), 0) AS coalesce_1
+            WHERE live.prior < live.total UNION ALL SELECT CAST(NULL AS VARCHAR(32)) AS grant_id, d.account_id AS account_id, d.total - (SELECT coalesce(sum(covered.remaining_microcents), 0) AS coalesce_1
             FROM credit_grants AS covered
             WHERE covered.account_id = d.account_id AND covered.status = 'active' AND covered.remaining_microcents > 0 AND (covered.expires_at IS NULL OR covered.expires_at > p_now)) AS amount
             FROM unnest(v_debits_account_id, v_debits_total) AS d(account_id, total)
             WHERE d.total > (SELECT coalesce(sum(covered.remaining_microcents), 0) AS coalesce_1
             FROM credit_grants AS covered
-            WHERE covered.account_id = d.account_id AND covered.status = 'active' AND covered.remaining_microcents > 0 AND (covered.expires_at IS NULL OR covered.expires_at > p_now))
+            WHERE covered.account_id = d.account_id AND covered.status = 'active' AND covered.remaining_microcents > 0 AND (covered.expires_at IS NULL OR covered.expires_at > p_now))) AS found RETURNING credit_allocations.grant_id, credit_allocations.account_id, credit_allocations.amount_microcents AS amount
             )
             SELECT array_agg(collected.grant_id), array_agg(collected.account_id), array_agg(collected.amount) INTO v_parts_grant_id, v_parts_account_id, v_parts_amount FROM collected;
             IF coalesce(cardinality(v_parts_grant_id), 0) > 0 THEN
                 UPDATE credit_grants SET remaining_microcents=(credit_grants.remaining_microcents - pt.amount) FROM unnest(v_parts_grant_id, v_parts_account_id, v_parts_amount) AS pt(grant_id, account_id, amount) WHERE credit_grants.id = pt.grant_id;
-                INSERT INTO credit_allocations (account_id, grant_id, kind, amount_microcents, created_at) SELECT pt.account_id, pt.grant_id, CASE WHEN (pt.grant_id IS NULL) THEN 'deficit' ELSE 'spend' END AS anon_1, pt.amount, p_now AS anon_2
-                FROM unnest(v_parts_grant_id, v_parts_account_id, v_parts_amount) AS pt(grant_id, account_id, amount);
                 UPDATE accounts SET deficit_microcents=(accounts.deficit_microcents + pt.amount) FROM unnest(v_parts_grant_id, v_parts_account_id, v_parts_amount) AS pt(grant_id, account_id, amount) WHERE accounts.id = pt.account_id AND pt.grant_id IS NULL;
             END IF;
         END IF;
@@ -735,23 +733,22 @@ BEGIN
         FROM unnest(v_debits_account_id, v_debits_total) AS xd(account_id, total)) AND accounts.next_expiry_at <= p_now;
     END IF;
     WITH collected AS (
-    SELECT live.id AS grant_id, live.account_id, CASE WHEN (live.remaining < live.total - live.prior) THEN live.remaining ELSE live.total - live.prior END AS amount
+    INSERT INTO credit_allocations (account_id, grant_id, kind, amount_microcents, created_at) SELECT found.account_id, found.grant_id, CASE WHEN (found.grant_id IS NULL) THEN 'deficit' ELSE 'spend' END AS anon_1, found.amount, p_now AS anon_2
+    FROM (SELECT live.id AS grant_id, live.account_id AS account_id, CASE WHEN (live.remaining < live.total - live.prior) THEN live.remaining ELSE live.total - live.prior END AS amount
     FROM (SELECT credit_grants.id AS id, credit_grants.account_id AS account_id, credit_grants.remaining_microcents AS remaining, dt.total AS total, CAST(coalesce(sum(credit_grants.remaining_microcents) OVER (PARTITION BY credit_grants.account_id ORDER BY credit_grants.priority, CASE WHEN (credit_grants.expires_at IS NULL) THEN 1 ELSE 0 END, credit_grants.expires_at, credit_grants.entry_id ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS BIGINT) AS prior
     FROM credit_grants JOIN unnest(v_debits_account_id, v_debits_total) AS dt(account_id, total) ON credit_grants.account_id = dt.account_id
     WHERE credit_grants.status = 'active' AND credit_grants.remaining_microcents > 0 AND (credit_grants.expires_at IS NULL OR credit_grants.expires_at > p_now) AND dt.total > 0) AS live
-    WHERE live.prior < live.total UNION ALL SELECT CAST(NULL AS VARCHAR(32)) AS grant_id, d.account_id, d.total - (SELECT coalesce(sum(covered.remaining_microcents), 0) AS coalesce_1
+    WHERE live.prior < live.total UNION ALL SELECT CAST(NULL AS VARCHAR(32)) AS grant_id, d.account_id AS account_id, d.total - (SELECT coalesce(sum(covered.remaining_microcents), 0) AS coalesce_1
     FROM credit_grants AS covered
     WHERE covered.account_id = d.account_id AND covered.status = 'active' AND covered.remaining_microcents > 0 AND (covered.expires_at IS NULL OR covered.expires_at > p_now)) AS amount
     FROM unnest(v_debits_account_id, v_debits_total) AS d(account_id, total)
     WHERE d.total > (SELECT coalesce(sum(covered.remaining_microcents), 0) AS coalesce_1
     FROM credit_grants AS covered
-    WHERE covered.account_id = d.account_id AND covered.status = 'active' AND covered.remaining_microcents > 0 AND (covered.expires_at IS NULL OR covered.expires_at > p_now))
+    WHERE covered.account_id = d.account_id AND covered.status = 'active' AND covered.remaining_microcents > 0 AND (covered.expires_at IS NULL OR covered.expires_at > p_now))) AS found RETURNING credit_allocations.grant_id, credit_allocations.account_id, credit_allocations.amount_microcents AS amount
     )
     SELECT array_agg(collected.grant_id), array_agg(collected.account_id), array_agg(collected.amount) INTO v_parts_grant_id, v_parts_account_id, v_parts_amount FROM collected;
     IF coalesce(cardinality(v_parts_grant_id), 0) > 0 THEN
         UPDATE credit_grants SET remaining_microcents=(credit_grants.remaining_microcents - pt.amount) FROM unnest(v_parts_grant_id, v_parts_account_id, v_parts_amount) AS pt(grant_id, account_id, amount) WHERE credit_grants.id = pt.grant_id;
-        INSERT INTO credit_allocations (account_id, grant_id, kind, amount_microcents, created_at) SELECT pt.account_id, pt.grant_id, CASE WHEN (pt.grant_id IS NULL) THEN 'deficit' ELSE 'spend' END AS anon_1, pt.amount, p_now AS anon_2
-        FROM unnest(v_parts_grant_id, v_parts_account_id, v_parts_amount) AS pt(grant_id, account_id, amount);
         UPDATE accounts SET deficit_microcents=(accounts.deficit_microcents + pt.amount) FROM unnest(v_parts_grant_id, v_parts_account_id, v_parts_amount) AS pt(grant_id, account_id, amount) WHERE accounts.id = pt.account_id AND pt.grant_id IS NULL;
     END IF;
 END;
