@@ -89,8 +89,8 @@ CONCURRENCY = 1000
 
 
 def _setup(config: Config, url: str, base_url: str, workdir: Path) -> Fixture:
-    """A priced model (``metering catalog import``), accounts with a key and a grant each
-    (admin API): as an operator sets them up."""
+    """A priced model (``metering catalog import``), accounts with a key and three grants each
+    (one promotional expiring, two paid; admin API): as an operator sets them up."""
     config.code.import_catalog(url, workdir, catalog_file(workdir, [MODEL], GLM_RATES))
     keys: list[str] = []
     with Admin(base_url) as admin:
@@ -98,7 +98,7 @@ def _setup(config: Config, url: str, base_url: str, workdir: Path) -> Fixture:
         for index in range(config.accounts + 1):
             account = admin.account(f"bench-{index}")
             _key_id, secret = admin.key(account)
-            admin.grant(account, GRANT_CENTS)
+            admin.three_grants(account, GRANT_CENTS)
             limits = admin.access_rules(account, [MODEL], CONCURRENCY) and limits
             keys.append(secret)
         full = None
@@ -346,8 +346,8 @@ def run(config: Config | None = None) -> list[Result]:
     return [
         Result(
             "ledger.spread",
-            f"authorizations/s, {config.spread_clients} clients, {accounts} accounts, "
-            f"{config.workers} workers",
+            f"authorizations/s, {config.spread_clients} clients, {accounts} accounts "
+            f"(three grants each: one promotional expiring, two paid), {config.workers} workers",
             ">= 1000/s",
             a_ours,
             "/s",

@@ -19,7 +19,7 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -330,6 +330,27 @@ class Admin:
             f"/admin/v1/accounts/{account_id}/grants",
             {"amount_cents": cents, "idempotency_key": f"seed-{account_id}"},
         )
+
+    def three_grants(self, account_id: str, cents: int) -> None:
+        """``cents`` of credit as three grants: a promotional one (a tenth, expiring in 30
+        days, spent first) and two paid ones. A server from before credit grants had terms
+        (400 on them) gets the promotional one as a plain grant."""
+        path = f"/admin/v1/accounts/{account_id}/grants"
+        promotional = cents // 10
+        expires = format_timestamp(datetime.now(UTC) + timedelta(days=30))
+        body = {"amount_cents": promotional, "idempotency_key": f"promo-{account_id}"}
+        response = self.client.post(
+            path, json={**body, "category": "promotional", "expires_at": expires}
+        )
+        if response.status_code == 400:
+            self._post(path, body)
+        elif response.status_code != 201:
+            raise RuntimeError(f"setup: POST {path}: {response.status_code} {response.text[:300]}")
+        half = (cents - promotional) // 2
+        for index, amount in enumerate((half, cents - promotional - half)):
+            self._post(
+                path, {"amount_cents": amount, "idempotency_key": f"paid{index}-{account_id}"}
+            )
 
 
 def catalog_file(workdir: Path, models: Sequence[str], rates: tuple[int, int, int]) -> Path:

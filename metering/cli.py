@@ -185,6 +185,11 @@ def verify(args: argparse.Namespace, settings: Settings) -> int:
         print(f"verify failed: {len(report.mismatches or [])} mismatches", file=sys.stderr)
         return 1
     print(f"verified {report.accounts} accounts and {report.rollup_rows} usage aggregate rows")
+    if report.pending_expiries:
+        print(
+            f"pending: {report.pending_expiries} grant expiries not yet written "
+            f"({report.pending_microcents} microcents)"
+        )
     return 0
 
 

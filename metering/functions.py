@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from metering.kit.programs import Program
 from metering.ledger.placement.program import PLACE_HOLDS
+from metering.ledger.spending import SPEND_CREDIT
 from metering.usage.recording import RECORD_USAGE, SETTLE_USAGE
 
-PROGRAMS: tuple[Program, ...] = (PLACE_HOLDS, SETTLE_USAGE, RECORD_USAGE)
+PROGRAMS: tuple[Program, ...] = (PLACE_HOLDS, SETTLE_USAGE, RECORD_USAGE, SPEND_CREDIT)
 
 if __name__ == "__main__":
     for program in PROGRAMS:

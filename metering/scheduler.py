@@ -33,12 +33,14 @@ from metering.settings import Settings
 log = logging.getLogger("metering.scheduler")
 
 DEFAULT_INTERVAL_SECONDS = 60.0
+EXPIRY_BATCH = 100  # accounts per transaction when the scheduler writes due grant expiries
 
 
 @dataclass
 class TickReport:
     at: datetime
     expired_holds: int | None = None  # None: the tidy-up failed (logged)
+    expiry_accounts: int | None = None  # accounts whose due grant expiries were written
     exports: list[DayResult] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
 
@@ -69,6 +71,9 @@ class Scheduler:
         now = self.clock.now()
         report = TickReport(now)
         report.expired_holds = self._expire_holds(now, report)
+        # Before any export: every grant expiry due by now (so by the end of each day due for
+        # export) is a ledger entry by then.
+        report.expiry_accounts = self._write_expiries(now, report)
         try:
             due = self.exporter.due_days(now, self.after)
         except Exception as exc:
@@ -104,6 +109,26 @@ class Scheduler:
         if expired:
             log.info("marked %d expired holds", expired)
         return expired
+
+    def _write_expiries(self, now: datetime, report: TickReport) -> int | None:
+        from metering.ledger.credit_grants import accounts_with_due_expiries
+        from metering.ledger.spending import spend
+
+        try:
+            with self.database.reading() as session:
+                accounts = accounts_with_due_expiries(session, now)
+            for start in range(0, len(accounts), EXPIRY_BATCH):
+                batch = accounts[start : start + EXPIRY_BATCH]
+                with self.database.unit_of_work() as session:
+                    spend(session, dict.fromkeys(batch, 0), now)
+                    session.commit()
+        except Exception as exc:
+            log.exception("writing due grant expiries failed")
+            report.errors.append(f"grant expiries: {type(exc).__name__}: {exc}")
+            return None
+        if accounts:
+            log.info("wrote due grant expiries of %d accounts", len(accounts))
+        return len(accounts)
 
     def _beat(self, now: datetime) -> None:
         """The heartbeat file a container healthcheck reads: rewritten after every tick."""

@@ -213,7 +213,7 @@ def exact_json(response: Any) -> Any:
 def grant(
     api: Api, account_id: str, amount_cents: Any, idempotency_key: str | None = None
 ) -> dict[str, Any]:
-    """Prepaid credit through ``POST /admin/v1/accounts/{id}/grants``; the new ledger entry.
+    """Prepaid credit through ``POST /admin/v1/accounts/{id}/grants``; the new credit grant.
     ``amount_cents`` may be a Decimal: it is sent as an exact JSON number."""
     import json
     from decimal import Decimal

@@ -190,12 +190,13 @@ def manifest_bytes(day: date, entries: Sequence[dict[str, Any]], generated_at: d
     """The day's manifest: every file (by name) with rows, cost, sha256, and the newest event
     included by ingest order. Only ``generated_at`` differs between two runs on the same data."""
     files = sorted(entries, key=lambda entry: str(entry["file"]))
-    newest = max((int(entry["newest_event_id"]) for entry in files), default=None)
+    usage = [entry for entry in files if "account_id" in entry]  # not the credit roll-forward
+    newest = max((int(entry["newest_event_id"]) for entry in usage), default=None)
     body = {
         "date": day.isoformat(),
         "generated_at": format_timestamp(generated_at),
         "newest_event_id": newest,
-        "accounts": len({entry["account_id"] for entry in files}),
+        "accounts": len({entry["account_id"] for entry in usage}),
         "files": files,
     }
     return (json.dumps(body, indent=2, ensure_ascii=False) + "\n").encode("utf-8")

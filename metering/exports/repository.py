@@ -9,21 +9,32 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import date, datetime
+from datetime import date, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import BigInteger, and_, cast, func, literal_column, select
+from sqlalchemy import BigInteger, and_, cast, func, literal_column, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
+from metering.exports import rollforward
 from metering.exports.files import AccountDay, Line, ordered
 from metering.kit.timeutil import start_of_day
-from metering.models import Account, ApiKey, ExportDay, UsageRollup, table
+from metering.models import (
+    Account,
+    ApiKey,
+    CreditRollforward,
+    ExportDay,
+    LedgerEntry,
+    UsageRollup,
+    table,
+)
 
 ROLLUPS = table(UsageRollup)
 KEYS = table(ApiKey)
 ACCOUNTS = table(Account)
 DAYS = table(ExportDay)
+ROLLFORWARD = table(CreditRollforward)
+ENTRIES = table(LedgerEntry)
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,3 +169,48 @@ def exported_mark(session: Session, day: date) -> DayMark | None:
         select(DAYS.c.newest_event_id, DAYS.c.requests).where(DAYS.c.export_date == day)
     ).first()
     return None if row is None else _exported(row)
+
+
+def credit_days_due(session: Session, before: datetime) -> list[date]:
+    """Days from the roll-forward's start that ended before ``before`` and need their credit
+    roll-forward: never written, or an expiry dated in the day written since (a late change)."""
+    start = session.execute(select(ROLLFORWARD.c.start_date)).scalar()
+    if start is None:
+        return []
+    written = {
+        row.export_date: row.credits_exported_at
+        for row in session.execute(
+            select(DAYS.c.export_date, DAYS.c.credits_exported_at).where(
+                DAYS.c.export_date >= start
+            )
+        )
+    }
+    late: dict[date, datetime] = {}
+    oldest = min((at for at in written.values() if at is not None), default=None)
+    if oldest is not None:
+        for effective_at, created_at in session.execute(
+            select(ENTRIES.c.effective_at, ENTRIES.c.created_at).where(
+                ENTRIES.c.kind == "expiry", ENTRIES.c.created_at > oldest
+            )
+        ):
+            day = effective_at.date()
+            late[day] = max(late.get(day, created_at), created_at)
+    due = []
+    day = start
+    while start_of_day(day) + timedelta(days=1) <= before:
+        if rollforward.is_due(start, day, written.get(day), late.get(day)):
+            due.append(day)
+        day += timedelta(days=1)
+    return due
+
+
+def mark_credits_exported(session: Session, day: date, at: datetime) -> None:
+    session.execute(update(DAYS).where(DAYS.c.export_date == day).values(credits_exported_at=at))
+
+
+def credits_on(session: Session, day: date) -> list[rollforward.Row] | None:
+    """The day's roll-forward rows, or None before the roll-forward's start."""
+    start = session.execute(select(ROLLFORWARD.c.start_date)).scalar()
+    if start is None or day < start:
+        return None
+    return rollforward.rows_of_day(session, day)

@@ -25,10 +25,10 @@ from sqlalchemy import insert, update
 from sqlalchemy.orm import Session
 
 from metering.db import Database
-from metering.exports import files, repository
+from metering.exports import files, repository, rollforward
 from metering.exports.repository import DayMark
 from metering.kit.clock import Clock
-from metering.kit.timeutil import floor_day
+from metering.kit.timeutil import floor_day, start_of_day
 from metering.models import ExportDay, ExportRun, table
 
 log = logging.getLogger("metering.exports")
@@ -36,6 +36,7 @@ log = logging.getLogger("metering.exports")
 DAYS = table(ExportDay)
 RUNS = table(ExportRun)
 MAX_ERROR_LENGTH = 2000
+_ONE_DAY = timedelta(days=1)
 
 EXPORTED, UNCHANGED, BUSY, EMPTY, FAILED = "exported", "unchanged", "busy", "empty", "failed"
 
@@ -88,10 +89,13 @@ class Exporter:
     def due_days(self, now: datetime, after: timedelta) -> list[date]:
         """Ended days (``after`` past their end) with usage that no successful export has
         included in full: never exported, last run failed, or late events since."""
+        cutoff = first_due_cutoff(now, after)
         with self.database.reading() as session:
-            current = repository.ended_day_marks(session, first_due_cutoff(now, after))
+            current = repository.ended_day_marks(session, cutoff)
             exported = repository.exported_marks(session)
-        return sorted(day for day, mark in current.items() if exported.get(day) != mark)
+            credits = repository.credit_days_due(session, cutoff)
+        usage = {day for day, mark in current.items() if exported.get(day) != mark}
+        return sorted(usage | set(credits))
 
     def export_day(
         self,
@@ -133,9 +137,12 @@ class Exporter:
         account_days = repository.account_days(session, day, account_id)
         mark = repository.mark_of(account_days)
         whole_day = account_id is None
-        if trigger == "scheduled" and repository.exported_mark(session, day) == mark:
+        credits_due = day in repository.credit_days_due(session, start_of_day(day + _ONE_DAY))
+        usage_due = repository.exported_mark(session, day) != mark
+        if trigger == "scheduled" and not usage_due and not credits_due:
             return DayResult(day, UNCHANGED, mark=mark)  # another scheduler did it meanwhile
-        if not account_days:
+        credits = repository.credits_on(session, day)
+        if not account_days and credits is None:
             return DayResult(day, EMPTY)
 
         directory = self.directory(day)
@@ -150,6 +157,16 @@ class Exporter:
                 if entry.get("account_id") != account_id
             ]
         written = 0
+        if credits is not None:
+            # The roll-forward is always rewritten whole (also for one account by hand).
+            entries = [e for e in entries if e.get("kind") != "credit_rollforward"]
+            for name, file_format, content in (
+                (rollforward.CSV_NAME, "csv", rollforward.csv_bytes(credits)),
+                (rollforward.PARQUET_NAME, "parquet", rollforward.parquet_bytes(credits)),
+            ):
+                files.write_atomic(directory / name, content)
+                entries.append(rollforward.manifest_entry(name, file_format, content, credits))
+                written += 1
         for account_day in account_days:
             for rendered in files.render(account_day):
                 files.write_atomic(directory / rendered.name, rendered.content)
@@ -160,7 +177,9 @@ class Exporter:
             directory / files.MANIFEST, files.manifest_bytes(day, entries, self.clock.now())
         )
         finished = self.clock.now()
-        if whole_day:
+        if credits is not None:
+            repository.mark_credits_exported(session, day, finished)
+        if whole_day and account_days:
             session.execute(
                 update(DAYS)
                 .where(DAYS.c.export_date == day)

@@ -15,9 +15,11 @@ from metering.kit import jsonenc
 from metering.kit.errors import InvalidRequest
 from metering.kit.money import parse_cents
 from metering.kit.pagination import PageParams
-from metering.ledger import authorizations, service
+from metering.kit.timeutil import parse_timestamp
+from metering.ledger import authorizations, credit_grants, service
+from metering.ledger import grants as grant_rules
 from metering.ledger.holds import HoldStatus
-from metering.ledger.schemas import AdjustmentCreate, AuthorizationCreate, GrantCreate
+from metering.ledger.schemas import AdjustmentCreate, AuthorizationCreate, GrantCreate, GrantVoid
 from metering.web.deps import (
     AccountKeyDep,
     AdminDep,
@@ -91,18 +93,68 @@ def create_grant(
     response: Response,
     audit: AuditDep,
 ) -> dict[str, Any]:
-    """Add prepaid credit (201; 200 with the original grant when the same request is retried)."""
+    """Add prepaid credit: a credit grant (201; 200 with the grant as it now stands when the
+    same request is retried)."""
     amount = parse_cents(body.amount_cents, "amount_cents")
     if amount == 0:
         raise InvalidRequest("amount_cents must be greater than 0", param="amount_cents")
-    entry, created = service.add_entry(
-        session, account_id, "grant", amount, body.idempotency_key, body.note, now
+    expires_at = None
+    if body.expires_at is not None:
+        expires_at = parse_timestamp(body.expires_at, "expires_at")  # later than now: checked
+        # once it is known not to be a replay (a replay answers even after its expiry)
+    priority = body.priority
+    if priority is None:
+        priority = grant_rules.DEFAULT_PRIORITY[body.category]
+    terms = service.GrantTerms(body.category, priority, expires_at)
+    grant, created = service.add_entry(
+        session, account_id, "grant", amount, body.idempotency_key, body.note, now, terms
     )
     if created:
-        _record_entry(session, audit, "grant.create", entry, now)
+        changes = {
+            "amount_cents": grant["amount_cents"],
+            "idempotency_key": body.idempotency_key,
+            "note": grant["note"],
+            "category": grant["category"],
+            "priority": grant["priority"],
+            "expires_at": grant["expires_at"],
+        }
+        audit.record(session, now, "grant.create", "credit_grant", grant["id"], account_id, changes)
     else:
         response.status_code = 200
-    return entry
+    return grant
+
+
+@admin_router.get("/accounts/{account_id}/grants")
+def list_grants(
+    account_id: str, session: SessionDep, now: NowDep, paging: PageParams
+) -> dict[str, Any]:
+    """An account's credit grants, newest first."""
+    limit, after = paging
+    return credit_grants.list_grants(session, account_id, limit, after, now)
+
+
+@admin_router.get("/grants/{grant_id}")
+def get_grant(grant_id: str, session: SessionDep, now: NowDep) -> dict[str, Any]:
+    """One credit grant as it now stands."""
+    return credit_grants.get_grant(session, grant_id, now)
+
+
+@admin_router.post("/grants/{grant_id}/void")
+def void_grant(
+    grant_id: str, body: GrantVoid, session: SessionDep, now: NowDep, audit: AuditDep
+) -> dict[str, Any]:
+    """Forfeit a grant's remainder at once; a grant no longer active is returned unchanged."""
+    grant, entry = credit_grants.void_grant(session, grant_id, body.reason, now)
+    if entry is not None:
+        changes = {
+            "status": grant["status"],
+            "forfeited_microcents": -entry["amount_microcents"],
+            "reason": body.reason,
+        }
+        audit.record(
+            session, now, "grant.void", "credit_grant", grant_id, grant["account_id"], changes
+        )
+    return grant
 
 
 @admin_router.post("/accounts/{account_id}/adjustments", status_code=201, responses=_REPLAYED)
@@ -131,8 +183,8 @@ def create_adjustment(
 def _record_entry(
     session: Session, audit: Auditor, action: str, entry: dict[str, Any], now: datetime
 ) -> None:
-    """A new grant or adjustment in the audit log (a replay is no change: never recorded)."""
-    text = "note" if entry["kind"] == "grant" else "reason"
+    """A new adjustment in the audit log (a replay is no change: never recorded)."""
+    text = "reason"
     changes = {
         "amount_cents": entry["amount_cents"],
         "idempotency_key": entry["idempotency_key"],

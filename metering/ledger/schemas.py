@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field, Strict
 
 from metering.kit.money import CentsInput, PositiveCentsInput
 from metering.kit.text import Text
+from metering.kit.timeutil import TimestampText
 from metering.pricing import MAX_TOKEN_COUNT
 
 # The characters of a request id (contract §5), so a hold and its usage event can name each other.
@@ -31,6 +32,19 @@ class GrantCreate(BaseModel):
     amount_cents: PositiveCentsInput
     idempotency_key: IdempotencyKey
     note: Text | None = Field(default=None, max_length=2000)
+    # §9: paid (default) or promotional; priority 0–100, lower spent first (default 10 for
+    # promotional, 50 for paid); expires_at later than now (checked by the route), or never.
+    category: Literal["paid", "promotional"] = "paid"
+    priority: Annotated[int, Strict(), Field(ge=0, le=100)] | None = None
+    expires_at: TimestampText | None = None
+
+
+class GrantVoid(BaseModel):
+    """``POST /admin/v1/grants/{id}/void``: forfeit a grant's remainder at once."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    reason: Text | None = Field(default=None, max_length=2000)
 
 
 class AdjustmentCreate(BaseModel):

@@ -25,7 +25,16 @@ from metering.kit.money import INT64_MAX, cents
 from metering.kit.pagination import decode_cursor, page
 from metering.kit.timeutil import format_timestamp
 from metering.ledger import holds
+from metering.ledger.credit_grants import (
+    create_grant,
+    credit_fields,
+    get_grant,
+    write_due_expiries,
+)
 from metering.ledger.holds import HoldStatus
+from metering.ledger.spending import (
+    spend,
+)
 from metering.models import Account, Authorization, LedgerEntry, table
 
 ACCOUNTS = table(Account)
@@ -87,7 +96,8 @@ def credit_balance(session: Session, account_id: str, now: datetime) -> dict[str
     row = session.execute(_CREDITS, {"account_id": account_id, "now": now}).first()
     if row is None:
         raise NotFound(f"no account {account_id}", param="account_id")
-    balance, held = int(row.balance_microcents), int(row.held)
+    pending, grants = credit_fields(session, account_id, now)
+    balance, held = int(row.balance_microcents) - pending, int(row.held)
     available = balance - held
     return {
         "object": "credit_balance",
@@ -98,6 +108,7 @@ def credit_balance(session: Session, account_id: str, now: datetime) -> dict[str
         "balance_microcents": balance,
         "held_microcents": held,
         "available_microcents": available,
+        **grants,
     }
 
 
@@ -157,6 +168,29 @@ _MOVE_BALANCE = (
 )
 
 
+@dataclass(frozen=True, slots=True)
+class GrantTerms:
+    """A grant's terms (§9), defaults applied."""
+
+    category: str
+    priority: int
+    expires_at: datetime | None
+
+    def fingerprinted(self) -> dict[str, Any]:
+        """What the fingerprint adds: nothing for the terms every grant had before §9 (so a
+        retry of a grant made then still replays it)."""
+        if (self.category, self.priority, self.expires_at) == ("paid", 50, None):
+            return {}
+        return {
+            "category": self.category,
+            "priority": self.priority,
+            "expires_at": format_timestamp(self.expires_at) if self.expires_at else None,
+        }
+
+
+ADJUSTMENT_TERMS = GrantTerms("adjustment", 50, None)
+
+
 def add_entry(
     session: Session,
     account_id: str,
@@ -165,21 +199,41 @@ def add_entry(
     idempotency_key: str,
     note: str | None,
     now: datetime,
+    terms: GrantTerms | None = None,
 ) -> tuple[dict[str, Any], bool]:
-    """Append a grant or an adjustment and move the balance with it; returns the entry's body
-    and whether it was created (False: the same request was made before, nothing changed).
+    """Append a grant or an adjustment and move the books with it; returns the entry's body
+    (for a grant: the grant's, §9) and whether it was created (False: the same request was
+    made before, nothing changed).
 
-    The same idempotency key with a different request is a 409, whatever the kind: grants and
-    adjustments share one namespace per account.
+    A grant, or a positive adjustment, creates a credit grant, which first pays off the
+    deficit; a negative adjustment is spent like a charge (metering.ledger.spending). Due
+    expiries of the account are written first. The same idempotency key with a different
+    request is a 409, whatever the kind: grants and adjustments share one namespace per
+    account.
     """
+    lock_account(session, account_id)
+    write_due_expiries(session, account_id, now)
     account = lock_account(session, account_id)
+    if kind == "grant":
+        terms = terms or GrantTerms("paid", 50, None)
+    elif amount_microcents > 0:
+        terms = ADJUSTMENT_TERMS
     request_fingerprint = fingerprint(
-        {"kind": kind, "amount_microcents": amount_microcents, "note": note}
+        {
+            "kind": kind,
+            "amount_microcents": amount_microcents,
+            "note": note,
+            **(terms.fingerprinted() if kind == "grant" and terms else {}),
+        }
     )
     params = {"account_id": account_id, "idempotency_key": idempotency_key}
     existing = session.execute(_ENTRY_BY_KEY, params).first()
     if existing is not None:
-        return _replayed(existing, request_fingerprint), False
+        return _replayed(session, existing, request_fingerprint, now), False
+    if terms is not None and terms.expires_at is not None and terms.expires_at <= now:
+        raise InvalidRequest(
+            "expires_at must be later than now", code="invalid_parameter", param="expires_at"
+        )
     new_balance = account.balance_microcents + amount_microcents
     if not INT64_MIN <= new_balance <= INT64_MAX:
         raise InvalidRequest(
@@ -208,12 +262,32 @@ def add_entry(
         existing = session.execute(_ENTRY_BY_KEY, params).first()
         if existing is None:
             raise
-        return _replayed(existing, request_fingerprint), False
-    session.execute(_MOVE_BALANCE, {"account_id": account_id, "amount": amount_microcents})
-    return entry_body({**values, "id": entry_id}), True
+        return _replayed(session, existing, request_fingerprint, now), False
+    grant_id = None
+    if amount_microcents > 0:
+        assert terms is not None
+        session.execute(_MOVE_BALANCE, {"account_id": account_id, "amount": amount_microcents})
+        grant_id = create_grant(
+            session,
+            account_id,
+            entry_id,
+            terms.category,
+            terms.priority,
+            amount_microcents,
+            terms.expires_at,
+            note,
+            now,
+        )
+    else:
+        spend(session, {account_id: -amount_microcents}, now)
+    if kind == "grant":
+        return get_grant(session, str(grant_id), now), True
+    return entry_body({**values, "id": entry_id, "grant_id": grant_id}), True
 
 
-def _replayed(existing: Any, request_fingerprint: str) -> dict[str, Any]:
+def _replayed(
+    session: Session, existing: Any, request_fingerprint: str, now: datetime
+) -> dict[str, Any]:
     if existing.request_fingerprint != request_fingerprint:
         raise Conflict(
             f"idempotency_key {existing.idempotency_key!r} was already used for a different "
@@ -221,6 +295,8 @@ def _replayed(existing: Any, request_fingerprint: str) -> dict[str, Any]:
             code="idempotency_conflict",
             param="idempotency_key",
         )
+    if existing.kind == "grant":  # the grant as it now stands
+        return get_grant(session, existing.grant_id, now)
     return entry_body(existing._mapping)
 
 
@@ -236,10 +312,12 @@ def entry_body(entry: Any) -> dict[str, Any]:
         "amount_microcents": amount,
         "idempotency_key": entry["idempotency_key"],
         "note": entry["note"] if kind == "grant" else None,
-        "reason": entry["note"] if kind == "adjustment" else None,
+        "reason": entry["note"] if kind in ("adjustment", "void") else None,
         "usage_event_id": entry["usage_event_id"],
         "api_key_id": entry["api_key_id"],
+        "grant_id": entry.get("grant_id"),
         "created_at": format_timestamp(entry["created_at"]),
+        "effective_at": format_timestamp(entry.get("effective_at") or entry["created_at"]),
     }
 
 

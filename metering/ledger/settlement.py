@@ -29,6 +29,7 @@ from sqlalchemy.sql.elements import BindParameter
 
 from metering.kit import programs as p
 from metering.ledger import holds
+from metering.ledger.spending import debit_steps
 from metering.models import Account, Authorization, LedgerEntry, table
 
 ACCOUNTS = table(Account)
@@ -184,14 +185,6 @@ def settle_steps(on: p.Backend, charges: FromClause, now: BindParameter[Any]) ->
                 ),
             ),
         ),
-        p.When(
-            on.count(_DEBITS) > 0,
-            (
-                p.Run(
-                    ACCOUNTS.update()
-                    .values(balance_microcents=ACCOUNTS.c.balance_microcents - debits.c.total)
-                    .where(ACCOUNTS.c.id == debits.c.account_id)
-                ),
-            ),
-        ),
+        # The balances, due expiries and the allocation over the grants (metering.ledger.spending).
+        p.When(on.count(_DEBITS) > 0, tuple(debit_steps(on, _DEBITS, now))),
     ]

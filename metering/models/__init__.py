@@ -6,6 +6,7 @@ from metering.models.audit import AuditEvent
 from metering.models.base import Base, table
 from metering.models.catalog import AccountRate, CatalogModel, PriceVersion
 from metering.models.exports import ExportDay, ExportRun
+from metering.models.grants import CreditAllocation, CreditGrant, CreditRollforward
 from metering.models.ledger import Authorization, LedgerEntry
 from metering.models.usage import QuarantinedEvent, UsageEvent, UsageRollup
 
@@ -19,6 +20,9 @@ __all__ = [
     "Authorization",
     "Base",
     "CatalogModel",
+    "CreditAllocation",
+    "CreditGrant",
+    "CreditRollforward",
     "ExportDay",
     "ExportRun",
     "LedgerEntry",

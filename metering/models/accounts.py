@@ -45,6 +45,11 @@ class Account(Base):
     max_concurrent_requests: Mapped[int | None] = mapped_column(Integer)
     # §10: false = every catalog model; true = exactly the models of ``account_models``.
     restricts_models: Mapped[bool] = mapped_column(Boolean, default=False, server_default="0")
+    # What charges ran beyond the live grants (contract §9): balance = Σ remainders − deficit.
+    deficit_microcents: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    # No grant of the account with a remainder expires before this instant (null: none
+    # expires), so the check-and-hold looks for expired remainders only once it has passed.
+    next_expiry_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
 
 

@@ -32,6 +32,8 @@ class ExportDay(Base):
     last_error: Mapped[str | None] = mapped_column(Text)
     last_attempt_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     exported_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # When the day's credit roll-forward (credits.csv/.parquet) was last written.
+    credits_exported_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
 
 class ExportRun(Base):

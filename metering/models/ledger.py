@@ -21,6 +21,13 @@ from sqlalchemy.orm import Mapped, mapped_column
 from metering.ledger.holds import ACTIVE_ROWS, RELEASED_ROWS, STATUS_CHECK
 from metering.models.base import Base, BigIntPK, UTCDateTime
 
+ENTRY_KINDS = "kind IN ('grant', 'adjustment', 'charge', 'expiry', 'void')"
+ENTRY_SIGNS = (
+    "(kind = 'grant' AND amount_microcents > 0) OR (kind = 'adjustment' AND "
+    "amount_microcents <> 0) OR (kind = 'charge' AND amount_microcents <= 0) OR "
+    "(kind IN ('expiry', 'void') AND amount_microcents < 0)"
+)
+
 
 class LedgerEntry(Base):
     """One movement of an account's balance. Never updated or deleted; corrections are new
@@ -28,12 +35,8 @@ class LedgerEntry(Base):
 
     __tablename__ = "ledger_entries"
     __table_args__ = (
-        CheckConstraint("kind IN ('grant', 'adjustment', 'charge')", name="kind"),
-        CheckConstraint(
-            "(kind = 'grant' AND amount_microcents > 0) OR (kind = 'adjustment' AND "
-            "amount_microcents <> 0) OR (kind = 'charge' AND amount_microcents <= 0)",
-            name="amount_sign",
-        ),
+        CheckConstraint(ENTRY_KINDS, name="kind"),
+        CheckConstraint(ENTRY_SIGNS, name="amount_sign"),
         # Grants and adjustments share one idempotency namespace per account. Charges have no
         # key and stay out of the index (migration 0006): one per usage event, on the hot path.
         Index(
@@ -59,6 +62,10 @@ class LedgerEntry(Base):
     usage_event_id: Mapped[int | None] = mapped_column(BigInteger)
     api_key_id: Mapped[str | None] = mapped_column(String(32))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    # The grant a grant, positive adjustment, expiry or void entry is about (§9).
+    grant_id: Mapped[str | None] = mapped_column(String(32))
+    # When it counts (§9): an expiry's is its grant's expires_at; null means created_at.
+    effective_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
 
 class Authorization(Base):

@@ -6,7 +6,11 @@
   ``usage_events`` for all six row kinds, both ways (a row missing, a row that should not exist);
 * every usage event's account, API key (of that account) and model exist (usage_events has no
   foreign keys: see migration 0006);
-* every account's held counter equals the sum of the holds it counts (metering.ledger).
+* every account's held counter equals the sum of the holds it counts (metering.ledger);
+* every account's credit grants (§9): the remainders of its active grants less its deficit
+  equal its balance; remainders of grants already expired at the clock whose ``expiry`` entry
+  is not yet written are **pending** (counted and reported, not a mismatch): the balance as the
+  clock sees it is the written balance less them.
 
 Read in one snapshot (REPEATABLE READ on PostgreSQL), so it may run beside live ingest.
 """
@@ -14,6 +18,7 @@ Read in one snapshot (REPEATABLE READ on PostgreSQL), so it may run beside live 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import ColumnElement, func, literal, select, type_coerce
@@ -21,11 +26,13 @@ from sqlalchemy.orm import Session
 
 from metering.db import is_postgresql
 from metering.kit.timeutil import format_timestamp
+from metering.ledger.grants import pending_sql
 from metering.ledger.service import held_counter_mismatches
 from metering.models import (
     Account,
     ApiKey,
     CatalogModel,
+    CreditGrant,
     LedgerEntry,
     UsageEvent,
     UsageRollup,
@@ -44,6 +51,8 @@ class Report:
     accounts: int = 0
     rollup_rows: int = 0
     mismatches: list[str] | None = None
+    pending_expiries: int = 0  # grants expired at the clock, their forfeits not yet written
+    pending_microcents: int = 0
 
     @property
     def ok(self) -> bool:
@@ -210,7 +219,52 @@ def _check_references(session: Session, mismatches: list[str]) -> None:
         )
 
 
-def verify(session: Session) -> Report:
+def _check_grants(session: Session, now: datetime, mismatches: list[str], report: Report) -> None:
+    grants = table(CreditGrant)
+    held = (
+        select(
+            grants.c.account_id,
+            func.sum(grants.c.remaining_microcents).label("held"),
+        )
+        .where(grants.c.status == "active")
+        .group_by(grants.c.account_id)
+        .subquery()
+    )
+    ledger = (
+        select(LedgerEntry.account_id, func.sum(LedgerEntry.amount_microcents).label("total"))
+        .group_by(LedgerEntry.account_id)
+        .subquery()
+    )
+    rows = session.execute(
+        select(
+            Account.id,
+            func.coalesce(ledger.c.total, 0),
+            Account.deficit_microcents,
+            func.coalesce(held.c.held, 0),
+        )
+        .outerjoin(held, held.c.account_id == Account.id)
+        .outerjoin(ledger, ledger.c.account_id == Account.id)
+        .order_by(Account.id)
+    )
+    # Against the ledger (the balance is checked against it above), so each tampering is
+    # named once.
+    for account_id, ledger_sum, deficit, remainders in rows:
+        if int(remainders) - int(deficit) != int(ledger_sum):
+            mismatches.append(
+                f"account {account_id}: ledger sum {ledger_sum} microcents, grants' "
+                f"remainders {remainders} less deficit {deficit}"
+            )
+        if int(deficit) < 0:
+            mismatches.append(f"account {account_id}: negative deficit {deficit}")
+    count, total = session.execute(
+        select(func.count(), func.coalesce(func.sum(grants.c.remaining_microcents), 0)).where(
+            pending_sql(grants, now)
+        )
+    ).one()
+    report.pending_expiries, report.pending_microcents = int(count), int(total)
+
+
+def verify(session: Session, now: datetime | None = None) -> Report:
     if is_postgresql(session):
         # One snapshot for every query, so concurrent ingest cannot show up half-counted.
         session.connection(execution_options={"isolation_level": "REPEATABLE READ"})
@@ -220,5 +274,6 @@ def verify(session: Session) -> Report:
     report.rollup_rows = _check_rollups(session, mismatches)
     _check_references(session, mismatches)
     mismatches += held_counter_mismatches(session)
+    _check_grants(session, now or datetime.now(UTC), mismatches, report)
     report.mismatches = mismatches
     return report

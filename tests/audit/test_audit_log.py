@@ -78,6 +78,16 @@ def _reprocess(api: Api, world: World) -> Any:
     return api.admin("POST", "/admin/v1/quarantine/reprocess", json={"ids": ids})
 
 
+def _void(api: Api, world: World) -> Any:
+    """A grant made without the API (so only the void is audited), then voided."""
+    from metering.ledger.service import add_entry
+
+    with api.database.unit_of_work() as session:
+        grant, _ = add_entry(session, world.account, "grant", 10**6, unique("v"), None, NOW)
+        session.commit()
+    return api.admin("POST", f"/admin/v1/grants/{grant['id']}/void", json={"reason": "fraud"})
+
+
 MUTATIONS: dict[tuple[str, str], Mutation] = {
     ("POST", "/admin/v1/accounts"): Mutation(
         "account.create",
@@ -131,7 +141,10 @@ MUTATIONS: dict[tuple[str, str], Mutation] = {
             json={"amount_cents": 500, "idempotency_key": "g1"},
         ),
         True,
-        "ledger_entry",
+        "credit_grant",
+    ),
+    ("POST", "/admin/v1/grants/{grant_id}/void"): Mutation(
+        "grant.void", lambda api, w: _void(api, w), True, "credit_grant"
     ),
     ("POST", "/admin/v1/accounts/{account_id}/adjustments"): Mutation(
         "adjustment.create",

@@ -166,3 +166,42 @@ def test_the_tick_marks_expired_holds(fresh_api: Api, tmp_path: Path) -> None:
         (hold.json()["id"], "expired")
     ]
     assert jobs.tick().expired_holds == 0
+
+
+def test_the_tick_writes_due_grant_expiries(fresh_api: Api, tmp_path: Path) -> None:
+    from sqlalchemy import select
+
+    from metering.kit.timeutil import format_timestamp
+    from metering.models import Account, LedgerEntry
+
+    api = fresh_api
+    accounts = [tenant(api).account_id for _ in range(2)]
+    expires = NOW + timedelta(hours=1)
+    for number, account in enumerate(accounts):
+        granted = api.admin(
+            "POST",
+            f"/admin/v1/accounts/{account}/grants",
+            json={
+                "amount_cents": 10 + number,
+                "idempotency_key": "promo",
+                "category": "promotional",
+                "expires_at": format_timestamp(expires),
+            },
+        )
+        assert granted.status_code == 201, granted.text
+    jobs, clock = scheduler(api, tmp_path / "exports", expires - timedelta(microseconds=1))
+    assert jobs.tick().expiry_accounts == 0
+    clock.set(expires)
+    assert jobs.tick().expiry_accounts == 2
+    with api.database.reading() as session:
+        written = session.execute(
+            select(LedgerEntry.account_id, LedgerEntry.amount_microcents, LedgerEntry.effective_at)
+            .where(LedgerEntry.kind == "expiry")
+            .order_by(LedgerEntry.account_id)
+        ).all()
+        balances = dict(session.execute(select(Account.id, Account.balance_microcents)).all())
+    assert sorted(written) == sorted(
+        [(accounts[0], -10 * 10**6, expires), (accounts[1], -11 * 10**6, expires)]
+    )
+    assert {a: balances[a] for a in accounts} == dict.fromkeys(accounts, 0)
+    assert jobs.tick().expiry_accounts == 0  # next_expiry_at moved on: nothing due

@@ -48,27 +48,46 @@ def stored(api: Api, account_id: str) -> tuple[int, int, int]:
 
 
 class TestGrants:
-    def test_a_grant_adds_credit_and_is_a_ledger_entry(self, api: Api) -> None:
+    def test_a_grant_adds_credit_as_a_credit_grant_and_a_ledger_entry(self, api: Api) -> None:
         account = create_account(api)
         key = create_key(api, account)
         response = post_entry(
             api, account, "grants", amount_cents=1234.5, idempotency_key="topup-1", note="welcome"
         )
         assert response.status_code == 201, response.text
-        entry = exact_json(response)
+        body = exact_json(response)
+        assert body == {
+            "id": body["id"],
+            "object": "credit_grant",
+            "account_id": account,
+            "category": "paid",
+            "priority": 50,
+            "amount_cents": Decimal("1234.5"),
+            "amount_microcents": 1_234_500_000,
+            "remaining_cents": Decimal("1234.5"),
+            "remaining_microcents": 1_234_500_000,
+            "expires_at": None,
+            "status": "active",
+            "created_at": NOW_TEXT,
+            "note": "welcome",
+        }
+        assert body["id"].startswith("grant_")
+        (entry,) = api.admin("GET", f"/admin/v1/accounts/{account}/ledger").json()["data"]
         assert entry == {
             "id": entry["id"],
             "object": "ledger_entry",
             "account_id": account,
             "kind": "grant",
-            "amount_cents": Decimal("1234.5"),
+            "amount_cents": 1234.5,
             "amount_microcents": 1_234_500_000,
             "idempotency_key": "topup-1",
             "note": "welcome",
             "reason": None,
             "usage_event_id": None,
             "api_key_id": None,
+            "grant_id": body["id"],
             "created_at": NOW_TEXT,
+            "effective_at": NOW_TEXT,
         }
         assert credits_of(api, key) == {
             "object": "credit_balance",
@@ -79,6 +98,17 @@ class TestGrants:
             "balance_microcents": 1_234_500_000,
             "held_microcents": 0,
             "available_microcents": 1_234_500_000,
+            "grants": [
+                {
+                    "id": body["id"],
+                    "category": "paid",
+                    "remaining_cents": Decimal("1234.5"),
+                    "remaining_microcents": 1_234_500_000,
+                    "expires_at": None,
+                }
+            ],
+            "deficit_cents": 0,
+            "deficit_microcents": 0,
         }
         assert stored(api, account) == (1_234_500_000, 1_234_500_000, 1)
 

@@ -2,7 +2,9 @@
 against a plain in-memory model.
 
 A hypothesis ``RuleBasedStateMachine`` drives the real app (in process, on each backend) with
-grants and adjustments (idempotency keys reused on purpose), authorizations (fresh, retried,
+grants and adjustments (idempotency keys reused on purpose), credit grants with categories,
+priorities and expiries, and their voids (§9: the model keeps each grant's remainder and the
+deficit, and spends each charge in the spending order), authorizations (fresh, retried,
 conflicting, refused), voids, the clock moving past hold expiries and month ends, usage batches
 (new events, duplicates, conflicts, events naming holds, and every quarantine reason), reprocess
 of the quarantine, and list-price and account-rate changes. The model is plain Python and integer
@@ -125,12 +127,65 @@ class Entry:
 
 
 @dataclass
+class CreditGrant:
+    """A grant as the model keeps it (contract §9)."""
+
+    id: str
+    category: str
+    priority: int
+    expires_at: datetime | None
+    order: int  # creation order
+    amount: int
+    remaining: int
+    voided: bool = False
+
+    def live(self, now: datetime) -> bool:
+        expired = self.expires_at is not None and self.expires_at <= now
+        return not self.voided and not expired and self.remaining > 0
+
+    def status(self, now: datetime) -> str:
+        if self.voided:
+            return "voided"
+        if self.expires_at is not None and self.expires_at <= now:
+            return "expired"
+        return "active" if self.remaining else "depleted"
+
+
+@dataclass
 class Account:
     id: str
     billed: bool
     keys: dict[str, int | None] = field(default_factory=dict)  # key id -> monthly limit (µ¢)
     secrets: dict[str, str] = field(default_factory=dict)
-    balance: int = 0
+    grants: dict[str, CreditGrant] = field(default_factory=dict)
+    deficit: int = 0
+
+    def live(self, now: datetime) -> list[CreditGrant]:
+        """Live grants in spending order: priority, then expiry (never last), then creation."""
+        return sorted(
+            (g for g in self.grants.values() if g.live(now)),
+            key=lambda g: (g.priority, g.expires_at is None, g.expires_at or now, g.order),
+        )
+
+    def balance_at(self, now: datetime) -> int:
+        return sum(g.remaining for g in self.live(now)) - self.deficit
+
+    def spend(self, amount: int, now: datetime) -> None:
+        for grant in self.live(now):
+            take = min(grant.remaining, amount)
+            grant.remaining -= take
+            amount -= take
+        self.deficit += amount
+
+    def credit(
+        self, grant_id: str, category: str, priority: int, expires: Any, amount: int
+    ) -> None:
+        paid = min(self.deficit, amount)
+        self.deficit -= paid
+        self.grants[grant_id] = CreditGrant(
+            grant_id, category, priority, expires, len(self.grants), amount, amount - paid
+        )
+
     entries: dict[str, tuple[str, int, str | None]] = field(default_factory=dict)  # idem key
     overrides: dict[str, list[tuple[datetime, Rates | None]]] = field(default_factory=dict)
 
@@ -285,12 +340,79 @@ class Billing(RuleBasedStateMachine):
         if previous is None:
             body = self.check(response, 201)
             model.entries[idempotency] = (kind, amount, note)
-            model.balance += amount
+            if amount < 0:
+                model.spend(-amount, self.now)
+            elif kind == "grant":
+                model.credit(body["id"], "paid", 50, None, amount)
+            else:
+                model.credit(body["grant_id"], "adjustment", 50, None, amount)
             assert body["amount_microcents"] == amount
         elif previous == (kind, amount, note):
             assert self.check(response, 200)["amount_microcents"] == amount
         else:
             self.check(response, 409, "idempotency_conflict")
+
+    @rule(
+        account=st.sampled_from(["A", "A", "U"]),
+        promotional=st.booleans(),
+        priority=st.sampled_from([None, 0, 10, 50, 100]),
+        expires_in=st.sampled_from([None, 1, TTL, 3600, 86_400]),
+        amount=st.sampled_from([1, 999_999, 25 * MICRO, 100 * MICRO]),
+    )
+    def credit_grant(
+        self,
+        account: str,
+        promotional: bool,
+        priority: int | None,
+        expires_in: int | None,
+        amount: int,
+    ) -> None:
+        """A grant with §9's terms (a fresh idempotency key: replays are ``ledger_entry``'s)."""
+        model = self.accounts[account]
+        category = "promotional" if promotional else "paid"
+        body: dict[str, Any] = {"idempotency_key": self.next_id("g"), "category": category}
+        if priority is not None:
+            body["priority"] = priority
+        expires = None if expires_in is None else self.now + timedelta(seconds=expires_in)
+        if expires is not None:
+            body["expires_at"] = iso(expires)
+        text = json.dumps(body)
+        response = self.api.client.post(
+            f"/admin/v1/accounts/{model.id}/grants",
+            content=f'{{"amount_cents": {cents_text(amount)}, {text[1:]}'.encode(),
+            headers={**self.api.admin_headers, "Content-Type": "application/json"},
+        )
+        made = self.check(response, 201)
+        chosen = priority if priority is not None else (10 if promotional else 50)
+        model.credit(made["id"], category, chosen, expires, amount)
+        assert (made["category"], made["priority"], made["amount_microcents"]) == (
+            category,
+            chosen,
+            amount,
+        )
+        assert made["remaining_microcents"] == model.grants[made["id"]].remaining
+        seen(f"grant {category}{' expiring' if expires else ''}")
+
+    @precondition(lambda self: any(a.grants for a in self.accounts.values()))
+    @rule(data=st.data())
+    def void_grant(self, data: st.DataObject) -> None:
+        grants = [
+            (account, grant)
+            for account in self.accounts.values()
+            for grant in account.grants.values()
+        ]
+        _account, grant = data.draw(st.sampled_from(grants), label="grant")
+        response = self.api.admin("POST", f"/admin/v1/grants/{grant.id}/void", json={})
+        if grant.status(self.now) == "active":
+            grant.voided, grant.remaining = True, 0
+            seen("grant voided")
+        else:
+            seen(f"void of a {grant.status(self.now)} grant")
+        body = self.check(response, 200)
+        assert (body["status"], body["remaining_microcents"]) == (
+            grant.status(self.now),
+            grant.remaining if grant.status(self.now) in ("active", "depleted") else 0,
+        )
 
     # -- authorizations --------------------------------------------------------------------
 
@@ -433,7 +555,7 @@ class Billing(RuleBasedStateMachine):
             return
         limit, estimate = outcome
         if account.billed:
-            available = account.balance - self.held(account)
+            available = account.balance_at(self.now) - self.held(account)
             spend_limit = account.keys[key]
             if estimate > available:
                 self.check(response, 402, "insufficient_credits")
@@ -710,7 +832,7 @@ class Billing(RuleBasedStateMachine):
             self.raw_of_recorded[(account.id, raw["request_id"])] = raw
             recorded_now.append(entry)
             if account.billed:
-                account.balance -= total
+                account.spend(total, self.now)
             results.append(("recorded", charge))
             self.settle(account, raw)
         return results
@@ -819,15 +941,20 @@ class Billing(RuleBasedStateMachine):
             secret = next(iter(account.secrets.values()))
             credits = exact_json(self.api.as_key(secret, "GET", "/v1/credits"))
             held = self.held(account)
+            balance = account.balance_at(self.now)
             assert (
                 credits["balance_microcents"],
                 credits["held_microcents"],
                 credits["available_microcents"],
-            ) == (account.balance, held, account.balance - held), credits
+                credits["deficit_microcents"],
+            ) == (balance, held, balance - held, account.deficit), credits
             assert (credits["balance_cents"], credits["available_cents"]) == (
-                Decimal(cents_text(account.balance)),
-                Decimal(cents_text(account.balance - held)),
+                Decimal(cents_text(balance)),
+                Decimal(cents_text(balance - held)),
             )
+            assert [(g["id"], g["remaining_microcents"]) for g in credits["grants"]] == [
+                (g.id, g.remaining) for g in account.live(self.now)
+            ]
             report = self.api.as_key(
                 secret,
                 "GET",

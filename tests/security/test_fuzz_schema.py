@@ -170,6 +170,13 @@ STATED_ONLY_IN_CODE = [
     (None, "invalid_parameter", "monthly_spend_limit_cents", "cannot be sent with"),
     (None, "invalid_parameter", "allowed_models", ""),
     (None, "invalid_parameter", "models", "unknown model"),
+    # a grant's expiry must be later than the clock's now
+    (
+        ("POST", "/admin/v1/accounts/{account_id}/grants"),
+        "invalid_parameter",
+        "expires_at",
+        "later than now",
+    ),
 ]
 
 

@@ -51,13 +51,14 @@ class Tenant:
     request_id: str
     hold_id: str
     key_names: list[str]
+    grant_id: str
 
 
 def make_tenant(api: Api, *, override: bool) -> Tenant:
     account = create_account(api)
     names = [f"secret-name-{account[-6:]}-{i}" for i in range(2)]
     keys = [create_key(api, account, name=name, limit_cents=500) for name in names]
-    grant(api, account, 1000)
+    granted = grant(api, account, 1000)
     model = priced_model(api, NOW - timedelta(days=10))
     if override:
         response = api.admin(
@@ -76,7 +77,9 @@ def make_tenant(api: Api, *, override: bool) -> Tenant:
     ingest(api, event, usage_event(keys[1], "Not-A-Model", NOW - timedelta(hours=1)))
     hold = api.gateway("POST", "/v1/authorizations", json=authorization_request(keys[1], model))
     assert hold.status_code == 200, hold.text
-    return Tenant(account, keys, model, event["request_id"], hold.json()["id"], names)
+    return Tenant(
+        account, keys, model, event["request_id"], hold.json()["id"], names, granted["id"]
+    )
 
 
 def snapshot(api: Api, tenant: Tenant) -> dict[str, Any]:
@@ -87,6 +90,7 @@ def snapshot(api: Api, tenant: Tenant) -> dict[str, Any]:
         "keys": api.admin("GET", f"/admin/v1/accounts/{account}/api-keys"),
         "ledger": api.admin("GET", f"/admin/v1/accounts/{account}/ledger"),
         "credits": api.admin("GET", f"/admin/v1/accounts/{account}/credits"),
+        "grants": api.admin("GET", f"/admin/v1/accounts/{account}/grants"),
         "holds": api.admin("GET", f"/admin/v1/authorizations?account_id={account}"),
         "quarantine": api.admin("GET", f"/admin/v1/quarantine?account_id={account}"),
         "event": api.admin(
@@ -127,6 +131,7 @@ def fill(path: str, victim: Tenant) -> str:
         "model_id": victim.model,
         "authorization_id": victim.hold_id,
         "request_id": victim.request_id,
+        "grant_id": victim.grant_id,
     }
     for name, value in values.items():
         path = path.replace("{" + name + "}", quote(value, safe=""))

@@ -53,6 +53,7 @@ from metering.ledger import holds
 from metering.ledger.access import in_flight_limited
 from metering.ledger.holds import HoldStatus
 from metering.ledger.resolution import resolution_text
+from metering.ledger.spending import without_pending_expiries
 from metering.models import Account, Authorization, table
 from metering.models.base import UTCDateTime
 from metering.usage.spend import key_charges
@@ -179,6 +180,7 @@ def _place_holds(on: p.Backend) -> list[p.Step]:
     adopted = p.Var("v_adopted", BigInteger())
     adopted_count = p.Var("v_adopted_count", BigInteger())
     available = p.Var("v_available", BigInteger())
+    next_expiry = p.Var("v_next_expiry", UTCDateTime())
     changed, outcome = p.Var("v_changed", Boolean()), p.Var("v_outcome", String())
     locked = HOLDS.alias("locked")
 
@@ -218,12 +220,15 @@ def _place_holds(on: p.Backend) -> list[p.Step]:
                     ACCOUNTS.c.held_count,
                     ACCOUNTS.c.max_concurrent_requests,
                     ACCOUNTS.c.billing,
+                    ACCOUNTS.c.next_expiry_at,
                 )
                 .where(ACCOUNTS.c.id == account.ref)
                 .with_for_update(key_share=True),
-                into=(balance, held, count, limit, billing),
+                into=(balance, held, count, limit, billing, next_expiry),
                 required="no such account",
             ),
+            # Grants expired at this instant count no more, their forfeits written or not.
+            without_pending_expiries(balance, next_expiry, account, NOW),
             p.Sum(
                 release(holds.released(locked)),
                 "estimate_microcents",

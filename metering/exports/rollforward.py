@@ -1,0 +1,215 @@
+"""The daily credit roll-forward (contract §9): finance's deferred-revenue report of one UTC day,
+one row per account × category (``paid``, ``promotional``, ``adjustment``, ``deficit``) with
+integer columns ``opening, granted, spent, expired, voided, closing`` (microcents).
+
+Computed from the books in one statement: every movement of credit as a (account, category,
+instant, column, amount) row — a grant's full amount (``granted``), what each grant paid of a
+debit or of a deficit (``spent``, from the allocation rows), expiries (``expired``, at their
+``effective_at``), voids (``voided``); for the ``deficit`` row, what charges ran beyond the
+grants (``spent``) and what later credit paid off (``granted``) — summed before the day
+(opening) and within it. So for every row closing = opening + granted − spent − expired −
+voided, and an account's closing rows sum to its balance at the end of the day (the ledger sum
+by ``effective_at``). The ``deficit`` row carries the deficit as a negative amount.
+
+The roll-forward starts on the day migration 0015 ran (``credit_rollforward.start_date``);
+that day shows as spent what grants made before it had already paid (the allocations the
+migration wrote), and earlier days are not written.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import astuple, dataclass
+from datetime import date, datetime, timedelta
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+from sqlalchemy import BigInteger, String, case, cast, func, literal, select, type_coerce, union_all
+from sqlalchemy.orm import Session
+
+from metering.kit.timeutil import start_of_day
+from metering.models import CreditAllocation, CreditGrant, LedgerEntry, table
+from metering.models.base import UTCDateTime
+
+GRANTS = table(CreditGrant)
+ALLOCATIONS = table(CreditAllocation)
+ENTRIES = table(LedgerEntry)
+
+CSV_NAME, PARQUET_NAME = "credits.csv", "credits.parquet"
+CATEGORIES = ("adjustment", "deficit", "paid", "promotional")  # byte order
+MOVEMENTS = ("granted", "spent", "expired", "voided")
+COLUMNS = (
+    "date",
+    "account_id",
+    "category",
+    "opening_microcents",
+    "granted_microcents",
+    "spent_microcents",
+    "expired_microcents",
+    "voided_microcents",
+    "closing_microcents",
+)
+PARQUET_SCHEMA = pa.schema(
+    [
+        pa.field("date", pa.string(), nullable=False),
+        pa.field("account_id", pa.string(), nullable=False),
+        pa.field("category", pa.string(), nullable=False),
+        *(pa.field(name, pa.int64(), nullable=False) for name in COLUMNS[3:]),
+    ]
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    date: str
+    account_id: str
+    category: str
+    opening_microcents: int
+    granted_microcents: int
+    spent_microcents: int
+    expired_microcents: int
+    voided_microcents: int
+    closing_microcents: int
+
+
+def _movements() -> object:
+    """Every movement: (account_id, category, at, movement, amount ≥ 0, sign on the balance)."""
+    at = func.coalesce(ENTRIES.c.effective_at, ENTRIES.c.created_at)
+    by_entry = (
+        select(
+            ENTRIES.c.account_id,
+            GRANTS.c.category,
+            type_coerce(at, UTCDateTime()).label("at"),
+            case(
+                (ENTRIES.c.kind == "expiry", "expired"),
+                (ENTRIES.c.kind == "void", "voided"),
+                else_="granted",
+            ).label("movement"),
+            func.abs(ENTRIES.c.amount_microcents).label("amount"),
+        )
+        .join(GRANTS, GRANTS.c.id == ENTRIES.c.grant_id)
+        .where(ENTRIES.c.grant_id.isnot(None))
+    )
+    by_grant_allocation = select(
+        ALLOCATIONS.c.account_id,
+        GRANTS.c.category,
+        ALLOCATIONS.c.created_at.label("at"),
+        literal("spent", String()).label("movement"),
+        ALLOCATIONS.c.amount_microcents.label("amount"),
+    ).join(GRANTS, GRANTS.c.id == ALLOCATIONS.c.grant_id)
+    by_deficit = select(
+        ALLOCATIONS.c.account_id,
+        literal("deficit", String()).label("category"),
+        ALLOCATIONS.c.created_at.label("at"),
+        case((ALLOCATIONS.c.kind == "payoff", "granted"), else_="spent").label("movement"),
+        ALLOCATIONS.c.amount_microcents.label("amount"),
+    ).where(ALLOCATIONS.c.kind.in_(("payoff", "deficit")))
+    return union_all(by_entry, by_grant_allocation, by_deficit).subquery("moves")
+
+
+def rows_of_day(session: Session, day: date) -> list[Row]:
+    """The day's roll-forward rows, ordered by account then category (byte order)."""
+    start = start_of_day(day)
+    end = start + timedelta(days=1)
+    moves = _movements()
+    m = moves.c  # type: ignore[attr-defined]
+    signed = case((m.movement == "granted", m.amount), else_=-m.amount)
+    within = (m.at >= start) & (m.at < end)
+    statement = (
+        select(
+            m.account_id,
+            m.category,
+            cast(
+                func.coalesce(func.sum(case((m.at < start, signed), else_=0)), 0), BigInteger
+            ).label("opening"),
+            *(
+                cast(
+                    func.coalesce(
+                        func.sum(case((within & (m.movement == name), m.amount), else_=0)), 0
+                    ),
+                    BigInteger,
+                ).label(name)
+                for name in MOVEMENTS
+            ),
+        )
+        .where(m.at < end)
+        .group_by(m.account_id, m.category)
+    )
+    rows = []
+    for account_id, category, opening, granted, spent, expired, voided in session.execute(
+        statement
+    ):
+        values = [int(v) for v in (opening, granted, spent, expired, voided)]
+        closing = values[0] + values[1] - values[2] - values[3] - values[4]
+        if any(values) or closing:
+            rows.append(
+                Row(
+                    day.isoformat(),
+                    account_id,
+                    category,
+                    opening_microcents=values[0],
+                    granted_microcents=values[1],
+                    spent_microcents=values[2],
+                    expired_microcents=values[3],
+                    voided_microcents=values[4],
+                    closing_microcents=closing,
+                )
+            )
+    return sorted(rows, key=lambda row: (row.account_id.encode(), row.category.encode()))
+
+
+def _frame(rows: list[Row]) -> pd.DataFrame:
+    values = [astuple(row) for row in rows]
+    columns: dict[str, object] = {}
+    for index, name in enumerate(COLUMNS):
+        dtype = "str" if index < 3 else "int64"
+        columns[name] = pd.array([v[index] for v in values], dtype=dtype)
+    return pd.DataFrame(columns, columns=list(COLUMNS))
+
+
+def csv_bytes(rows: list[Row]) -> bytes:
+    return _frame(rows).to_csv(index=False, lineterminator="\n").encode("utf-8")
+
+
+def parquet_bytes(rows: list[Row]) -> bytes:
+    data = pa.Table.from_pandas(_frame(rows), schema=PARQUET_SCHEMA, preserve_index=False)
+    data = data.replace_schema_metadata(None)
+    out = io.BytesIO()
+    pq.write_table(
+        data,
+        out,
+        compression="zstd",
+        compression_level=3,
+        use_dictionary=True,
+        write_statistics=True,
+        row_group_size=max(1, data.num_rows),
+    )
+    return out.getvalue()
+
+
+def manifest_entry(
+    name: str, file_format: str, content: bytes, rows: list[Row]
+) -> dict[str, object]:
+    import hashlib
+
+    return {
+        "file": name,
+        "format": file_format,
+        "kind": "credit_rollforward",
+        "rows": len(rows),
+        "accounts": len({row.account_id for row in rows}),
+        "closing_microcents": sum(row.closing_microcents for row in rows),
+        "bytes": len(content),
+        "sha256": hashlib.sha256(content).hexdigest(),
+    }
+
+
+def is_due(
+    start: date | None, day: date, exported_at: datetime | None, late: datetime | None
+) -> bool:
+    """A day gets its roll-forward once it has ended (from the start day on), and again when
+    an expiry dated in it was written after its last roll-forward."""
+    if start is None or day < start:
+        return False
+    return exported_at is None or (late is not None and late > exported_at)

@@ -1,0 +1,250 @@
+"""Credit grants (contract §9): creating them (a grant, or a positive adjustment), voiding
+them, reading them, and the balance as the clock sees it.
+
+Every write here takes the account's row lock first and writes the account's due expiries
+(metering.ledger.spending, the program every debit runs), so the books move in one order.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import bindparam, func, insert, select, update
+from sqlalchemy.orm import Session
+
+from metering.kit.errors import InvalidRequest, NotFound
+from metering.kit.ids import new_id
+from metering.kit.money import INT64_MAX, cents
+from metering.kit.pagination import decode_cursor, page
+from metering.kit.timeutil import format_timestamp
+from metering.ledger import grants as rules
+from metering.ledger.spending import pending_forfeits, spend
+from metering.models import Account, CreditAllocation, CreditGrant, LedgerEntry, table
+
+ACCOUNTS = table(Account)
+GRANTS = table(CreditGrant)
+ALLOCATIONS = table(CreditAllocation)
+ENTRIES = table(LedgerEntry)
+
+
+def write_due_expiries(session: Session, account_id: str, now: datetime) -> None:
+    """The account's expiries due at ``now``, written (a debit of 0)."""
+    spend(session, {account_id: 0}, now)
+
+
+def create_grant(
+    session: Session,
+    account_id: str,
+    entry_id: int,
+    category: str,
+    priority: int,
+    amount: int,
+    expires_at: datetime | None,
+    note: str | None,
+    now: datetime,
+) -> str:
+    """A new grant of ``amount`` for the ledger entry ``entry_id`` (already appended, the
+    balance already moved by it, the account locked): it first pays off the deficit; the rest
+    is its remainder. Returns the grant's id."""
+    deficit, next_expiry = session.execute(
+        select(ACCOUNTS.c.deficit_microcents, ACCOUNTS.c.next_expiry_at).where(
+            ACCOUNTS.c.id == account_id
+        )
+    ).one()
+    paid, remaining = rules.pay_off(int(deficit), amount)
+    grant_id = new_id("grant")
+    session.execute(
+        insert(GRANTS).values(
+            id=grant_id,
+            account_id=account_id,
+            entry_id=entry_id,
+            category=category,
+            priority=priority,
+            amount_microcents=amount,
+            remaining_microcents=remaining,
+            expires_at=expires_at,
+            status="active",
+            created_at=now,
+            note=note,
+        )
+    )
+    session.execute(update(ENTRIES).where(ENTRIES.c.id == entry_id).values(grant_id=grant_id))
+    values: dict[str, Any] = {}
+    if paid:
+        values["deficit_microcents"] = ACCOUNTS.c.deficit_microcents - paid
+        session.execute(
+            insert(ALLOCATIONS).values(
+                account_id=account_id,
+                grant_id=grant_id,
+                kind="payoff",
+                amount_microcents=paid,
+                created_at=now,
+            )
+        )
+    if remaining and expires_at is not None and (next_expiry is None or expires_at < next_expiry):
+        values["next_expiry_at"] = expires_at
+    if values:
+        session.execute(update(ACCOUNTS).where(ACCOUNTS.c.id == account_id).values(values))
+    return grant_id
+
+
+def grant_for_entry(session: Session, entry_id: int) -> Any:
+    return session.execute(select(GRANTS).where(GRANTS.c.entry_id == entry_id)).first()
+
+
+def void_grant(
+    session: Session, grant_id: str, reason: str | None, now: datetime
+) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """Forfeit an active grant's remainder at once (a ``void`` entry); a grant no longer
+    active is returned as it stands. Returns the grant and the entry written (or None)."""
+    found = session.execute(select(GRANTS.c.account_id).where(GRANTS.c.id == grant_id)).first()
+    if found is None:
+        raise NotFound(f"no grant {grant_id}", param="grant_id")
+    account_id = found.account_id
+    session.execute(
+        select(ACCOUNTS.c.id).where(ACCOUNTS.c.id == account_id).with_for_update(key_share=True)
+    )
+    write_due_expiries(session, account_id, now)
+    grant = session.execute(
+        select(GRANTS).where(GRANTS.c.id == grant_id, GRANTS.c.account_id == account_id)
+    ).one()
+    if rules.status(grant.status, grant.remaining_microcents, grant.expires_at, now) != "active":
+        return grant_body(grant._mapping, now), None
+    forfeit = int(grant.remaining_microcents)
+    entry = {
+        "account_id": account_id,
+        "kind": "void",
+        "amount_microcents": -forfeit,
+        "note": reason,
+        "grant_id": grant_id,
+        "created_at": now,
+    }
+    entry_id = session.execute(insert(ENTRIES).values(entry).returning(ENTRIES.c.id)).scalar_one()
+    session.execute(
+        update(GRANTS)
+        .where(GRANTS.c.id == grant_id)
+        .values(remaining_microcents=0, status="voided")
+    )
+    session.execute(
+        update(ACCOUNTS)
+        .where(ACCOUNTS.c.id == account_id)
+        .values(balance_microcents=ACCOUNTS.c.balance_microcents - forfeit)
+    )
+    grant = session.execute(select(GRANTS).where(GRANTS.c.id == grant_id)).one()
+    return grant_body(grant._mapping, now), {**entry, "id": entry_id}
+
+
+def grant_body(grant: Any, now: datetime) -> dict[str, Any]:
+    status = rules.status(
+        grant["status"], int(grant["remaining_microcents"]), grant["expires_at"], now
+    )
+    remaining = 0 if status in ("expired", "voided") else int(grant["remaining_microcents"])
+    amount = int(grant["amount_microcents"])
+    expires_at = grant["expires_at"]
+    return {
+        "id": grant["id"],
+        "object": "credit_grant",
+        "account_id": grant["account_id"],
+        "category": grant["category"],
+        "priority": grant["priority"],
+        "amount_cents": cents(amount),
+        "amount_microcents": amount,
+        "remaining_cents": cents(remaining),
+        "remaining_microcents": remaining,
+        "expires_at": format_timestamp(expires_at) if expires_at is not None else None,
+        "status": status,
+        "created_at": format_timestamp(grant["created_at"]),
+        "note": grant["note"],
+    }
+
+
+def get_grant(session: Session, grant_id: str, now: datetime) -> dict[str, Any]:
+    row = session.execute(select(GRANTS).where(GRANTS.c.id == grant_id)).first()
+    if row is None:
+        raise NotFound(f"no grant {grant_id}", param="grant_id")
+    return grant_body(row._mapping, now)
+
+
+def list_grants(
+    session: Session, account_id: str, limit: int, after: str | None, now: datetime
+) -> dict[str, Any]:
+    """An account's grants, newest first (by creation order)."""
+    if session.execute(select(ACCOUNTS.c.id).where(ACCOUNTS.c.id == account_id)).first() is None:
+        raise NotFound(f"no account {account_id}", param="account_id")
+    query = (
+        select(GRANTS)
+        .where(GRANTS.c.account_id == account_id)
+        .order_by(GRANTS.c.entry_id.desc())
+        .limit(limit + 1)
+    )
+    if after:
+        (last,) = decode_cursor(after, 1)
+        valid = isinstance(last, int) and not isinstance(last, bool)
+        if not valid or not 0 < last <= INT64_MAX:
+            raise InvalidRequest("after is not a cursor this list returned", param="after")
+        query = query.where(GRANTS.c.entry_id < last)
+    rows = [row._mapping for row in session.execute(query)]
+    return page(rows, limit, lambda row: grant_body(row, now), lambda row: (row["entry_id"],))
+
+
+_LIVE = (
+    select(GRANTS.c.id, GRANTS.c.category, GRANTS.c.remaining_microcents, GRANTS.c.expires_at)
+    .where(
+        GRANTS.c.account_id == bindparam("account_id"),
+        rules.live_sql(GRANTS, bindparam("now", type_=GRANTS.c.expires_at.type)),
+    )
+    .order_by(*rules.order_by(GRANTS))
+    .limit(100)
+)
+
+
+def credit_fields(session: Session, account_id: str, now: datetime) -> tuple[int, dict[str, Any]]:
+    """What ``GET /v1/credits`` adds (§9): the pending forfeits to leave out of the written
+    balance, and the fields ``grants``, ``deficit_cents`` and ``deficit_microcents``."""
+    row = session.execute(
+        select(
+            ACCOUNTS.c.deficit_microcents,
+            pending_forfeits(ACCOUNTS.c.id, bindparam("now", type_=GRANTS.c.expires_at.type)),
+        ).where(ACCOUNTS.c.id == bindparam("account_id")),
+        {"account_id": account_id, "now": now},
+    ).one()
+    deficit, pending = int(row[0]), int(row[1])
+    live = [
+        {
+            "id": grant.id,
+            "category": grant.category,
+            "remaining_cents": cents(int(grant.remaining_microcents)),
+            "remaining_microcents": int(grant.remaining_microcents),
+            "expires_at": (
+                format_timestamp(grant.expires_at) if grant.expires_at is not None else None
+            ),
+        }
+        for grant in session.execute(_LIVE, {"account_id": account_id, "now": now})
+    ]
+    return pending, {
+        "grants": live,
+        "deficit_cents": cents(deficit),
+        "deficit_microcents": deficit,
+    }
+
+
+def pending_expiries(session: Session, now: datetime) -> dict[str, int]:
+    """Per account, the remainders of grants expired at ``now`` whose forfeit is not written."""
+    return {
+        account_id: int(total)
+        for account_id, total in session.execute(
+            select(GRANTS.c.account_id, func.sum(GRANTS.c.remaining_microcents))
+            .where(rules.pending_sql(GRANTS, now))
+            .group_by(GRANTS.c.account_id)
+        )
+    }
+
+
+def accounts_with_due_expiries(session: Session, now: datetime) -> list[str]:
+    """Accounts whose ``next_expiry_at`` has passed (the scheduler writes their expiries)."""
+    return list(
+        session.execute(
+            select(ACCOUNTS.c.id).where(ACCOUNTS.c.next_expiry_at <= now).order_by(ACCOUNTS.c.id)
+        ).scalars()
+    )

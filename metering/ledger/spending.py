@@ -1,0 +1,273 @@
+"""Spending credit: the steps every debit of a balance runs (a batch's charges, a negative
+adjustment, and a write of due expiries alone), defined once (metering.kit.programs).
+
+Under the account's row lock (the balance update takes it), for each account of the debits:
+
+1. **Due expiries.** When the account's ``next_expiry_at`` has passed, every grant expired at
+   the clock whose remainder is not yet forfeited gets its ``expiry`` entry (dated at its
+   ``expires_at``), its remainder goes to 0 (status ``expired``), the balance drops by it, and
+   ``next_expiry_at`` moves to the next live grant's expiry.
+2. **Allocation, set-based.** The account's total of the batch is paid from its live grants in
+   the spending order (metering.ledger.grants: the same sort key) with one window over them:
+   a grant pays ``min(remainder, total − what the grants before it hold)`` while that is
+   positive, and what they cannot cover adds to the deficit. So a batch of many events of one
+   account allocates its total once. Every part is an allocation row (``spend`` / ``deficit``),
+   written first; the grants and the deficit then move by what that insert returned.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import BigInteger, String, case, cast, func, literal, null, select, union_all
+from sqlalchemy.orm import Session
+from sqlalchemy.sql.elements import BindParameter
+
+from metering.db import driver_connection, is_postgresql
+from metering.kit import programs as p
+from metering.ledger.grants import live_sql, order_by, pending_sql
+from metering.models import Account, CreditAllocation, CreditGrant, LedgerEntry, table
+from metering.models.base import UTCDateTime
+
+ACCOUNTS = table(Account)
+GRANTS = table(CreditGrant)
+ALLOCATIONS = table(CreditAllocation)
+ENTRIES = table(LedgerEntry)
+
+_DUE = p.Rows(
+    "v_due",
+    (
+        ("grant_id", GRANTS.c.id.type),
+        ("account_id", ACCOUNTS.c.id.type),
+        ("amount", BigInteger()),
+        ("expires_at", UTCDateTime()),
+    ),
+)
+_PARTS = p.Rows(
+    "v_parts",
+    (("grant_id", GRANTS.c.id.type), ("account_id", ACCOUNTS.c.id.type), ("amount", BigInteger())),
+)
+_EXPIRING = p.Var("v_expiring", BigInteger())
+
+
+def expiry_steps(on: p.Backend, debits: p.Rows, now: BindParameter[Any]) -> list[p.Step]:
+    """Write the due expiries of ``debits``' accounts (already locked) whose ``next_expiry_at``
+    has passed."""
+    d = on.rows(debits, "xd")
+    due = on.rows(_DUE, "due")
+    due_sum = on.rows(_DUE, "ds")
+    next_live = GRANTS.alias("nl")
+    return [
+        p.Collect(
+            select(
+                GRANTS.c.id.label("grant_id"),
+                GRANTS.c.account_id,
+                GRANTS.c.remaining_microcents.label("amount"),
+                GRANTS.c.expires_at,
+            ).where(GRANTS.c.account_id.in_(select(d.c.account_id)), pending_sql(GRANTS, now)),
+            into=_DUE,
+            order_by=("expires_at", "grant_id"),
+        ),
+        p.When(
+            on.count(_DUE) > 0,
+            (
+                p.Run(
+                    ENTRIES.insert().from_select(
+                        [
+                            "account_id",
+                            "kind",
+                            "amount_microcents",
+                            "grant_id",
+                            "created_at",
+                            "effective_at",
+                        ],
+                        select(
+                            due.c.account_id,
+                            literal("expiry", String()),
+                            -due.c.amount,
+                            due.c.grant_id,
+                            now,
+                            due.c.expires_at,
+                        ).order_by(due.c.expires_at, p.byte_order(due.c.grant_id)),
+                    )
+                ),
+                p.Run(
+                    GRANTS.update()
+                    .values(remaining_microcents=0, status="expired")
+                    .where(GRANTS.c.id == due.c.grant_id)
+                ),
+            ),
+        ),
+        p.Run(
+            ACCOUNTS.update()
+            .values(
+                balance_microcents=ACCOUNTS.c.balance_microcents
+                - select(func.coalesce(func.sum(due_sum.c.amount), 0))
+                .where(due_sum.c.account_id == ACCOUNTS.c.id)
+                .scalar_subquery(),
+                next_expiry_at=select(func.min(next_live.c.expires_at))
+                .where(next_live.c.account_id == ACCOUNTS.c.id, live_sql(next_live, now))
+                .scalar_subquery(),
+            )
+            .where(ACCOUNTS.c.id.in_(select(d.c.account_id)), ACCOUNTS.c.next_expiry_at <= now)
+        ),
+    ]
+
+
+def pending_forfeits(account_id: Any, now: Any) -> Any:
+    """What the account's grants expired at ``now`` still hold (forfeits not yet written)."""
+    return (
+        select(func.coalesce(func.sum(GRANTS.c.remaining_microcents), 0))
+        .where(GRANTS.c.account_id == account_id, pending_sql(GRANTS, now))
+        .scalar_subquery()
+    )
+
+
+def without_pending_expiries(
+    balance: p.Var, next_expiry: p.Var, account: p.Var, now: p.Var
+) -> p.Step:
+    """The check-and-hold's balance at ``now``: the written balance less the remainders of
+    grants expired since (looked for only once the account's ``next_expiry_at`` has passed)."""
+    return p.When(
+        next_expiry.ref <= now.ref,
+        (p.Assign(balance, balance.ref - pending_forfeits(account.ref, now.ref)),),
+    )
+
+
+def debit_steps(on: p.Backend, debits: p.Rows, now: BindParameter[Any]) -> list[p.Step]:
+    """Debit each account of ``debits`` (rows ``account_id``, ``total`` ≥ 0, one per account,
+    their rows locked first when there are several) by its total: the balance, due expiries,
+    and the allocation over its live grants in spending order (see the module)."""
+    d = on.rows(debits, "d")
+    totals = on.rows(debits, "dt")
+    parts = on.rows(_PARTS, "pt")
+    before = func.sum(GRANTS.c.remaining_microcents).over(
+        partition_by=GRANTS.c.account_id, order_by=order_by(GRANTS), rows=(None, -1)
+    )
+    live = (
+        select(
+            GRANTS.c.id,
+            GRANTS.c.account_id,
+            GRANTS.c.remaining_microcents.label("remaining"),
+            totals.c.total,
+            cast(func.coalesce(before, 0), BigInteger).label("prior"),
+        )
+        .select_from(GRANTS.join(totals, GRANTS.c.account_id == totals.c.account_id))
+        .where(live_sql(GRANTS, now), totals.c.total > 0)
+        .subquery("live")
+    )
+    left = live.c.total - live.c.prior
+    takes = select(
+        live.c.id.label("grant_id"),
+        live.c.account_id,
+        case((live.c.remaining < left, live.c.remaining), else_=left).label("amount"),
+    ).where(live.c.prior < live.c.total)
+    covered = GRANTS.alias("covered")
+    held = (
+        select(func.coalesce(func.sum(covered.c.remaining_microcents), 0))
+        .where(covered.c.account_id == d.c.account_id, live_sql(covered, now))
+        .scalar_subquery()
+    )
+    shortfalls = select(
+        cast(null(), GRANTS.c.id.type).label("grant_id"),
+        d.c.account_id,
+        (d.c.total - held).label("amount"),
+    ).where(d.c.total > held)
+    found = union_all(takes, shortfalls).subquery("found")
+    return [
+        p.Sum(
+            ACCOUNTS.update()
+            .values(balance_microcents=ACCOUNTS.c.balance_microcents - d.c.total)
+            .where(ACCOUNTS.c.id == d.c.account_id)
+            .returning(case((ACCOUNTS.c.next_expiry_at <= now, 1), else_=0).label("expiring")),
+            "expiring",
+            _EXPIRING,
+        ),
+        p.When(_EXPIRING.ref > 0, tuple(expiry_steps(on, debits, now))),
+        # The parts (each grant's take, and each account's shortfall) become allocation rows
+        # and are collected from what the insert returns: one statement for both.
+        p.Collect(
+            ALLOCATIONS.insert()
+            .from_select(
+                ["account_id", "grant_id", "kind", "amount_microcents", "created_at"],
+                select(
+                    found.c.account_id,
+                    found.c.grant_id,
+                    case((found.c.grant_id.is_(None), "deficit"), else_="spend"),
+                    found.c.amount,
+                    now,
+                ),
+            )
+            .returning(
+                ALLOCATIONS.c.grant_id,
+                ALLOCATIONS.c.account_id,
+                ALLOCATIONS.c.amount_microcents.label("amount"),
+            ),
+            into=_PARTS,
+        ),
+        p.When(
+            on.count(_PARTS) > 0,
+            (
+                p.Run(
+                    GRANTS.update()
+                    .values(remaining_microcents=GRANTS.c.remaining_microcents - parts.c.amount)
+                    .where(GRANTS.c.id == parts.c.grant_id)
+                ),
+                p.Run(
+                    ACCOUNTS.update()
+                    .values(deficit_microcents=ACCOUNTS.c.deficit_microcents + parts.c.amount)
+                    .where(ACCOUNTS.c.id == parts.c.account_id, parts.c.grant_id.is_(None))
+                ),
+            ),
+        ),
+    ]
+
+
+# -- The program for debits outside settlement: a negative adjustment, or due expiries alone. --
+
+NOW = p.Var("p_now", UTCDateTime())
+DEBITS_IN = p.Records("p_debits", (("account_id", ACCOUNTS.c.id.type), ("total", BigInteger())))
+_DEBITS = p.Rows("v_debits", DEBITS_IN.columns)
+
+
+def _spend_credit(on: p.Backend) -> list[p.Step]:
+    given = on.records(DEBITS_IN, "g")
+    debits = on.rows(_DEBITS, "ld")
+    return [
+        p.Collect(
+            select(given.c.account_id, given.c.total), into=_DEBITS, order_by=("account_id",)
+        ),
+        p.When(
+            on.count(_DEBITS) > 1,
+            (
+                p.Run(
+                    select(ACCOUNTS.c.id)
+                    .where(ACCOUNTS.c.id.in_(select(debits.c.account_id)))
+                    .order_by(p.byte_order(ACCOUNTS.c.id))
+                    .with_for_update(key_share=True)
+                ),
+            ),
+        ),
+        *debit_steps(on, _DEBITS, NOW.ref),
+    ]
+
+
+SPEND_CREDIT = p.Program("metering_spend_credit", params=(NOW, DEBITS_IN), build=_spend_credit)
+
+
+def spend(session: Session, debits: dict[str, int], now: datetime) -> None:
+    """Debit accounts (id → amount ≥ 0; 0 only writes their due expiries) in the session's
+    transaction (``SPEND_CREDIT``: one round trip on PostgreSQL)."""
+    rows = [{"account_id": a, "total": t} for a, t in sorted(debits.items())]
+    if is_postgresql(session):
+        driver_connection(session).execute(
+            SPEND_CREDIT.call_sql,
+            {"p_now": now, "p_debits": p.records_json(DEBITS_IN, rows, p.POSTGRESQL)},
+        )
+        return
+    SPEND_CREDIT.run(
+        session.connection(),
+        p_now=now,
+        p_debits=p.records_json(DEBITS_IN, rows, p.SQLITE),
+    )

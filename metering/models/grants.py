@@ -1,0 +1,95 @@
+"""Credit grants (contract §9): prepaid credit held in grants, each with its own remainder, and
+the record of which grants (or the deficit) paid each debit."""
+
+from __future__ import annotations
+
+from datetime import date, datetime
+
+from sqlalchemy import (
+    BigInteger,
+    CheckConstraint,
+    Date,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    text,
+)
+from sqlalchemy.orm import Mapped, mapped_column
+
+from metering.models.base import Base, BigIntPK, UTCDateTime
+
+# Rows a debit may still be paid from (the live test adds "not expired at now").
+UNSPENT_ROWS = "status = 'active' AND remaining_microcents > 0"
+
+
+class CreditGrant(Base):
+    """One grant. ``remaining_microcents`` moves only under the account's row lock, together
+    with the ledger entry or the allocation that moves it. ``status`` as stored is ``active``,
+    ``expired`` (its forfeit is written) or ``voided``; ``depleted`` and an expiry not yet
+    written are read from the remainder and the clock (metering.ledger.grants)."""
+
+    __tablename__ = "credit_grants"
+    __table_args__ = (
+        CheckConstraint("category IN ('paid', 'promotional', 'adjustment')", name="category"),
+        CheckConstraint("status IN ('active', 'expired', 'voided')", name="status"),
+        CheckConstraint("priority >= 0 AND priority <= 100", name="priority"),
+        CheckConstraint("amount_microcents > 0", name="amount_positive"),
+        CheckConstraint(
+            "remaining_microcents >= 0 AND remaining_microcents <= amount_microcents",
+            name="remaining_within_amount",
+        ),
+        Index("ix_credit_grants_account_id_entry_id", "account_id", "entry_id"),
+        Index(
+            "ix_credit_grants_unspent",
+            "account_id",
+            "expires_at",
+            sqlite_where=text(UNSPENT_ROWS),
+            postgresql_where=text(UNSPENT_ROWS),
+        ),
+    )
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)  # grant_…
+    account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"))
+    # The ledger entry that created it (a grant or a positive adjustment): its creation order.
+    entry_id: Mapped[int] = mapped_column(BigInteger, unique=True)
+    category: Mapped[str] = mapped_column(String(16))
+    priority: Mapped[int] = mapped_column(Integer)
+    amount_microcents: Mapped[int] = mapped_column(BigInteger)
+    remaining_microcents: Mapped[int] = mapped_column(BigInteger)
+    expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    status: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    note: Mapped[str | None] = mapped_column(Text)
+
+
+class CreditAllocation(Base):
+    """What paid a debit: ``spend`` (a grant paid part of a charge or negative adjustment),
+    ``deficit`` (no live grant could: the deficit grew; no grant) or ``payoff`` (a new grant
+    paid off part of the deficit). Written in the debit's transaction; never updated."""
+
+    __tablename__ = "credit_allocations"
+    __table_args__ = (
+        CheckConstraint("kind IN ('spend', 'deficit', 'payoff')", name="kind"),
+        CheckConstraint("amount_microcents > 0", name="amount_positive"),
+        CheckConstraint("(kind = 'deficit') = (grant_id IS NULL)", name="grant_named"),
+        Index("ix_credit_allocations_account_id_created_at", "account_id", "created_at"),
+    )
+
+    id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
+    account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"))
+    grant_id: Mapped[str | None] = mapped_column(String(32))
+    kind: Mapped[str] = mapped_column(String(16))
+    amount_microcents: Mapped[int] = mapped_column(BigInteger)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class CreditRollforward(Base):
+    """One row: the first day of the daily credit roll-forward (the day migration 0015 ran;
+    earlier days are not back-filled)."""
+
+    __tablename__ = "credit_rollforward"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    start_date: Mapped[date] = mapped_column(Date)
