@@ -19,7 +19,7 @@ expiries and remainders, the deficit, and the record of what paid each debit.
   allocation over the grants, due expiries), and the new ``metering_spend_credit``.
 
 Revision ID: 0015
-Revises: 0012
+Revises: 0014
 Create Date: 2026-12-01 13:00:00
 """
 
@@ -35,7 +35,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0015"
-down_revision: str | Sequence[str] | None = "0012"
+down_revision: str | Sequence[str] | None = "0014"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
@@ -305,7 +305,7 @@ def downgrade() -> None:
         op.execute("DROP FUNCTION metering_spend_credit(timestamptz, json)")
         revision_0012 = _migration("0012")
         for function in (
-            revision_0012.PLACE_HOLDS,
+            _migration("0014").PLACE_HOLDS,
             revision_0012.SETTLE_USAGE,
             revision_0012.RECORD_USAGE,
         ):
@@ -346,7 +346,7 @@ def downgrade() -> None:
 
 PLACE_HOLDS = """
 CREATE OR REPLACE FUNCTION metering_place_holds(p_now TIMESTAMP WITH TIME ZONE, p_holds json)
-RETURNS TABLE (hold_id VARCHAR, outcome VARCHAR, available BIGINT)
+RETURNS TABLE (hold_id VARCHAR, outcome VARCHAR, available BIGINT, spent BIGINT)
 LANGUAGE plpgsql VOLATILE AS $$
 #variable_conflict use_column
 DECLARE
@@ -374,10 +374,17 @@ DECLARE
     v_account_id VARCHAR;
     v_balance BIGINT;
     v_held BIGINT;
+    v_count BIGINT;
+    v_limit INTEGER;
+    v_billing VARCHAR;
     v_next_expiry TIMESTAMP WITH TIME ZONE;
     v_released BIGINT;
+    v_released_count BIGINT;
     v_expired BIGINT;
+    v_expired_count BIGINT;
     v_changed BOOLEAN := false;
+    v_adopted BIGINT;
+    v_adopted_count BIGINT;
     v_available BIGINT;
     v_outcome VARCHAR;
 BEGIN
@@ -387,13 +394,13 @@ BEGIN
     LOOP
         IF v_h_account_id IS DISTINCT FROM v_account_id THEN
             IF v_changed THEN
-                UPDATE accounts SET held_microcents=v_held WHERE accounts.id = v_account_id;
+                UPDATE accounts SET held_microcents=v_held, held_count=v_count WHERE accounts.id = v_account_id;
             END IF;
             v_account_id := v_h_account_id;
-            SELECT accounts.balance_microcents, accounts.held_microcents, accounts.next_expiry_at
+            SELECT accounts.balance_microcents, accounts.held_microcents, accounts.held_count, accounts.max_concurrent_requests, accounts.billing, accounts.next_expiry_at
             FROM accounts
             WHERE accounts.id = v_account_id FOR NO KEY UPDATE
-            INTO v_balance, v_held, v_next_expiry;
+            INTO v_balance, v_held, v_count, v_limit, v_billing, v_next_expiry;
             IF NOT FOUND THEN
                 RAISE EXCEPTION 'no such account';
             END IF;
@@ -407,19 +414,35 @@ BEGIN
             FROM authorizations AS locked
             WHERE locked.account_id = v_account_id AND locked.counted AND locked.status != 'active' FOR NO KEY UPDATE SKIP LOCKED) RETURNING authorizations.estimate_microcents
             )
-            SELECT coalesce(sum(summed.estimate_microcents), 0) INTO v_released FROM summed;
+            SELECT coalesce(sum(summed.estimate_microcents), 0), count(*) INTO v_released, v_released_count FROM summed;
             WITH summed AS (
             UPDATE authorizations SET status='expired', counted=false WHERE authorizations.id IN (SELECT locked.id
             FROM authorizations AS locked
             WHERE locked.account_id = v_account_id AND locked.status = 'active' AND locked.expires_at <= p_now AND locked.counted FOR NO KEY UPDATE SKIP LOCKED) RETURNING authorizations.estimate_microcents
             )
-            SELECT coalesce(sum(summed.estimate_microcents), 0) INTO v_expired FROM summed;
+            SELECT coalesce(sum(summed.estimate_microcents), 0), count(*) INTO v_expired, v_expired_count FROM summed;
             v_held := (v_held - v_released) - v_expired;
-            v_changed := v_released != 0 OR v_expired != 0;
+            v_count := (v_count - v_released_count) - v_expired_count;
+            v_changed := v_released_count != 0 OR v_expired_count != 0;
+            IF v_billing = 'unbilled' THEN
+                WITH summed AS (
+                UPDATE authorizations SET counted=true WHERE authorizations.id IN (SELECT uncounted.id
+                FROM authorizations AS uncounted
+                WHERE uncounted.account_id = v_account_id AND uncounted.status = 'active' AND uncounted.expires_at > p_now AND NOT uncounted.counted FOR NO KEY UPDATE SKIP LOCKED) RETURNING authorizations.estimate_microcents
+                )
+                SELECT coalesce(sum(summed.estimate_microcents), 0), count(*) INTO v_adopted, v_adopted_count FROM summed;
+                v_held := v_held + v_adopted;
+                v_count := v_count + v_adopted_count;
+                v_changed := v_changed OR v_adopted_count != 0;
+            END IF;
         END IF;
         v_available := v_balance - v_held;
-        v_outcome := CASE WHEN (v_h_resolution IS NOT NULL AND (SELECT CAST(json_build_array(resolution.api_key_id, resolution.account_id, resolution.billing, resolution.spend_limit_microcents, resolution.model_id, resolution.context_length, resolution.max_output_tokens, resolution.reasoning_headroom_tokens, resolution.deprecation_date, resolution.price_version_id, resolution.input_microcents_per_million, resolution.output_microcents_per_million, resolution.cache_read_microcents_per_million) AS TEXT) AS json_build_array_1
-        FROM (SELECT api_keys.id AS api_key_id, api_keys.account_id AS account_id, accounts.billing AS billing, api_keys.monthly_spend_limit_microcents AS spend_limit_microcents, model.id AS model_id, model.context_length AS context_length, model.max_output_tokens AS max_output_tokens, model.reasoning_headroom_tokens AS reasoning_headroom_tokens, model.deprecation_date AS deprecation_date, coalesce(override.id, listed.id) AS price_version_id, coalesce(override.input_microcents_per_million, listed.input_microcents_per_million) AS input_microcents_per_million, coalesce(override.output_microcents_per_million, listed.output_microcents_per_million) AS output_microcents_per_million, coalesce(override.cache_read_microcents_per_million, listed.cache_read_microcents_per_million) AS cache_read_microcents_per_million
+        v_outcome := CASE WHEN (v_h_resolution IS NOT NULL AND (SELECT CAST(json_build_array(resolution.api_key_id, resolution.account_id, resolution.billing, resolution.spend_limit_microcents, resolution.spend_limit_window, resolution.max_concurrent_requests, resolution.model_id, resolution.context_length, resolution.max_output_tokens, resolution.reasoning_headroom_tokens, resolution.deprecation_date, resolution.price_version_id, resolution.account_sees, resolution.key_allows, resolution.input_microcents_per_million, resolution.output_microcents_per_million, resolution.cache_read_microcents_per_million) AS TEXT) AS json_build_array_1
+        FROM (SELECT api_keys.id AS api_key_id, api_keys.account_id AS account_id, accounts.billing AS billing, api_keys.monthly_spend_limit_microcents AS spend_limit_microcents, api_keys.spend_limit_window AS spend_limit_window, accounts.max_concurrent_requests AS max_concurrent_requests, model.id AS model_id, model.context_length AS context_length, model.max_output_tokens AS max_output_tokens, model.reasoning_headroom_tokens AS reasoning_headroom_tokens, model.deprecation_date AS deprecation_date, coalesce(override.id, listed.id) AS price_version_id, accounts.restricts_models IS false OR (EXISTS (SELECT *
+        FROM account_models
+        WHERE account_models.account_id = api_keys.account_id AND account_models.model_id = model.id)) AS account_sees, api_keys.restricts_models IS false OR (EXISTS (SELECT *
+        FROM api_key_models
+        WHERE api_key_models.api_key_id = api_keys.id AND api_key_models.model_id = model.id)) AS key_allows, coalesce(override.input_microcents_per_million, listed.input_microcents_per_million) AS input_microcents_per_million, coalesce(override.output_microcents_per_million, listed.output_microcents_per_million) AS output_microcents_per_million, coalesce(override.cache_read_microcents_per_million, listed.cache_read_microcents_per_million) AS cache_read_microcents_per_million
         FROM api_keys JOIN accounts ON accounts.id = api_keys.account_id LEFT OUTER JOIN catalog_models AS model ON model.id_key = v_h_model_key LEFT OUTER JOIN account_rates AS override ON override.id = (SELECT account_rates.id
         FROM account_rates
         WHERE account_rates.account_id = api_keys.account_id AND account_rates.model_id = model.id AND account_rates.effective_at <= v_h_created_at ORDER BY account_rates.effective_at DESC
@@ -429,7 +452,7 @@ BEGIN
          LIMIT 1)
         WHERE api_keys.secret_hash = v_h_secret_hash AND api_keys.revoked_at IS NULL) AS resolution) IS DISTINCT FROM v_h_resolution) THEN 'stale' WHEN (v_h_request_id IS NOT NULL AND (EXISTS (SELECT *
         FROM authorizations
-        WHERE authorizations.account_id = v_account_id AND authorizations.request_id = v_h_request_id))) THEN 'exists' WHEN (v_h_estimate_microcents > v_available) THEN 'insufficient_credits' WHEN (v_h_spend_limit IS NOT NULL AND (SELECT coalesce(sum(usage_rollups.cost_microcents), 0) AS coalesce_1
+        WHERE authorizations.account_id = v_account_id AND authorizations.request_id = v_h_request_id))) THEN 'exists' WHEN (v_billing != 'prepaid' AND v_h_estimate_microcents > 9223372036854775807 - v_held) THEN 'out_of_range' WHEN (v_limit IS NOT NULL AND v_count >= v_limit) THEN 'concurrency_limit_exceeded' WHEN (v_billing = 'prepaid' AND v_h_estimate_microcents > v_available) THEN 'insufficient_credits' WHEN (v_billing = 'prepaid' AND v_h_spend_limit IS NOT NULL AND (SELECT coalesce(sum(usage_rollups.cost_microcents), 0) AS coalesce_1
         FROM usage_rollups
         WHERE usage_rollups.account_id = v_account_id AND usage_rollups.bucket_width = '1d' AND usage_rollups.grouping = 'key' AND usage_rollups.bucket_start >= v_h_window_start AND usage_rollups.bucket_start < v_h_window_end AND usage_rollups.api_key_id = v_h_api_key_id) + (SELECT coalesce(sum(authorizations.estimate_microcents), 0) AS coalesce_2
         FROM authorizations
@@ -437,15 +460,21 @@ BEGIN
         IF v_outcome = 'granted' THEN
             INSERT INTO authorizations (id, account_id, api_key_id, request_id, request_fingerprint, model_id, api, prompt_tokens, requested_max_tokens, n, reasoning, max_tokens, estimate_microcents, status, created_at, expires_at, counted) VALUES (v_h_id, v_h_account_id, v_h_api_key_id, v_h_request_id, v_h_request_fingerprint, v_h_model_id, v_h_api, v_h_prompt_tokens, v_h_requested_max_tokens, v_h_n, v_h_reasoning, v_h_max_tokens, v_h_estimate_microcents, 'active', v_h_created_at, v_h_expires_at, true);
             v_held := v_held + v_h_estimate_microcents;
+            v_count := v_count + 1;
             v_changed := true;
         END IF;
         hold_id := v_h_id;
         outcome := v_outcome;
         available := v_available;
+        spent := CASE WHEN (v_outcome = 'member_spend_limit') THEN (SELECT coalesce(sum(usage_rollups.cost_microcents), 0) AS coalesce_1
+        FROM usage_rollups
+        WHERE usage_rollups.account_id = v_account_id AND usage_rollups.bucket_width = '1d' AND usage_rollups.grouping = 'key' AND usage_rollups.bucket_start >= v_h_window_start AND usage_rollups.bucket_start < v_h_window_end AND usage_rollups.api_key_id = v_h_api_key_id) + (SELECT coalesce(sum(authorizations.estimate_microcents), 0) AS coalesce_2
+        FROM authorizations
+        WHERE authorizations.api_key_id = v_h_api_key_id AND authorizations.status = 'active' AND authorizations.expires_at > v_h_created_at) END;
         RETURN NEXT;
     END LOOP;
     IF v_changed THEN
-        UPDATE accounts SET held_microcents=v_held WHERE accounts.id = v_account_id;
+        UPDATE accounts SET held_microcents=v_held, held_count=v_count WHERE accounts.id = v_account_id;
     END IF;
 END;
 $$
