@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
 from datetime import date
@@ -241,6 +242,10 @@ def serve(args: argparse.Namespace, settings: Settings) -> int:
         from metering.demo import local_url
 
         _prepare_embedded(settings, local_url(args.host, args.port))
+        if not settings.public_base_url:
+            # The workers read their settings from the environment: the portal's links point
+            # at this server unless METERING_PUBLIC_BASE_URL says otherwise.
+            os.environ["METERING_PUBLIC_BASE_URL"] = local_url(args.host, args.port)
     elif not _schema_is_current(settings.effective_database_url):
         print("the database schema is not current: run `metering migrate`", file=sys.stderr)
         return 1

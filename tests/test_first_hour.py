@@ -131,7 +131,11 @@ def test_a_server_database_keeps_the_scheduler_out_of_the_server(
             [str(METERING), "serve", "--port", str(port)],
             cwd=tmp_path,
             env=_clean_env(
-                METERING_DATABASE_URL=url, METERING_ADMIN_TOKENS="a1", METERING_GATEWAY_TOKENS="g1"
+                METERING_DATABASE_URL=url,
+                METERING_ADMIN_TOKENS="a1",
+                METERING_GATEWAY_TOKENS="g1",
+                METERING_SECRET_KEY="s" * 32,
+                METERING_PUBLIC_BASE_URL=f"http://127.0.0.1:{port}",
             ),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,

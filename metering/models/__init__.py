@@ -6,6 +6,7 @@ from metering.models.base import Base, table
 from metering.models.catalog import AccountRate, CatalogModel, PriceVersion
 from metering.models.exports import ExportDay, ExportRun
 from metering.models.ledger import Authorization, LedgerEntry
+from metering.models.portal import PortalSession, PortalSignInToken
 from metering.models.usage import QuarantinedEvent, UsageEvent, UsageRollup
 
 __all__ = [
@@ -19,6 +20,8 @@ __all__ = [
     "ExportDay",
     "ExportRun",
     "LedgerEntry",
+    "PortalSession",
+    "PortalSignInToken",
     "PriceVersion",
     "QuarantinedEvent",
     "UsageEvent",
