@@ -89,9 +89,11 @@ def _set_cookie(request: Request, response: Response, name: str, value: str, age
 async def form_of(request: Request) -> dict[str, str]:
     """An urlencoded form's fields (the first value of each), at most 8 KiB."""
     kind = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+    body = await request.body()
+    if not body:
+        return {}  # no fields at all: the CSRF check refuses it
     if kind != "application/x-www-form-urlencoded":
         raise InvalidRequest("send the form as application/x-www-form-urlencoded")
-    body = await request.body()
     if len(body) > MAX_FORM_BYTES:
         raise InvalidRequest("the form is too large")
     try:
