@@ -26,7 +26,7 @@ def _account(api: Api) -> tuple[str, str]:
 
 
 def test_no_wcag_a_or_aa_violation_on_any_page(browser: Browser, portal: Api) -> None:
-    account, secret = _account(portal)
+    account, _ = _account(portal)
     visited: dict[str, list[object]] = {}
     browser.open("/billing/sign-in")
     visited["sign-in"] = browser.axe_violations()
