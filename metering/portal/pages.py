@@ -10,11 +10,12 @@ from typing import Any
 from fastapi import Request, Response
 from fastapi.responses import HTMLResponse
 from jinja2 import Environment, PackageLoader, select_autoescape
-from markupsafe import Markup
+from markupsafe import Markup, escape
 
 from metering.kit.errors import MeteringError
 from metering.kit.money import scaled_text, usd_text
 from metering.kit.timeutil import format_timestamp
+from metering.reports.service import Report
 from metering.web.middleware import request_id_of
 
 PREFIX = "/billing"
@@ -70,13 +71,43 @@ def json_script(value: Any) -> Markup:
     return Markup(text)
 
 
+def report_rows(report: Report) -> Markup:
+    """The report table's body: one row per bucket and group. Written here rather than by the
+    template: 93 days by 50 keys is 4,650 rows, which a template loop renders five times slower
+    than the report itself takes. Every text is escaped; amounts are exact (``money``)."""
+    by_key = report.query.group_by == "api_key"
+    names = report.key_names
+    labels: dict[str, str] = {}
+    billed = report.billed
+    parts = []
+    for bucket in report.buckets:
+        start = f'<tr class="result"><td>{format_timestamp(bucket.starting_at)}</td><td>'
+        for key, (requests, input_tokens, cache_read, output_tokens, cost) in bucket.results:
+            label = labels.get(key)
+            if label is None:
+                if by_key:
+                    label = f"{escape(names.get(key, ''))} <code>{escape(key)}</code>"
+                else:
+                    label = str(escape(key))
+                labels[key] = label
+            parts.append(
+                f'{start}{label}</td><td class="num">{requests:,}</td>'
+                f'<td class="num">{input_tokens:,}</td><td class="num">{cache_read:,}</td>'
+                f'<td class="num">{output_tokens:,}</td>'
+                f'<td class="num">{money(cost) if billed else "not billed"}</td></tr>\n'
+            )
+    return Markup("".join(parts))
+
+
 ENVIRONMENT = Environment(
     loader=PackageLoader("metering.portal", "templates"),
     autoescape=select_autoescape(default=True, default_for_string=True),
     trim_blocks=True,
     lstrip_blocks=True,
 )
-ENVIRONMENT.filters.update(money=money, count=count, when=when, json_script=json_script)
+ENVIRONMENT.filters.update(
+    money=money, count=count, when=when, json_script=json_script, report_rows=report_rows
+)
 ENVIRONMENT.globals.update(static=STATIC, chart_js=CHART_JS, prefix=PREFIX)
 
 
