@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 from datetime import date, timedelta
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
@@ -200,3 +201,98 @@ def test_the_portal_link_command(api: Api, tmp_path: Path) -> None:
         timeout=60,
     )
     assert missing.returncode == 1 and "acct_nope" in missing.stderr
+
+
+def _signed_in_client(api: Api, account: str) -> TestClient:
+    client = _client(api)
+    assert _sign_in(client, _link(api, account)).status_code == 303  # type: ignore[attr-defined]
+    return client
+
+
+def _cells(html: str, row_attribute: str, value: str) -> list[str]:
+    row = re.search(rf'<tr {row_attribute}="{re.escape(value)}">(.*?)</tr>', html, re.S)
+    assert row, value
+    return [
+        re.sub(r"<[^>]+>", "", cell).strip()
+        for cell in re.findall(r"<td[^>]*>(.*?)</td>", row.group(1), re.S)
+    ]
+
+
+def _dollars(text: str) -> Decimal:
+    return Decimal(text.replace("$", ""))
+
+
+def test_the_keys_page_shows_the_months_spend_of_each_key_as_the_report_counts_it(
+    api: Api,
+) -> None:
+    account = create_account(api)
+    limited, other = create_key(api, account, limit_cents=250), create_key(api, account)
+    revoked = create_key(api, account)
+    grant(api, account, 1000)
+    model = priced_model(api, NOW - timedelta(days=60))
+    events = [usage_event(limited, model, NOW - timedelta(days=d, hours=1)) for d in range(5)]
+    events += [usage_event(other, model, NOW - timedelta(days=40))]  # last month: not counted
+    ingest(api, *events)
+    api.admin("DELETE", f"/admin/v1/api-keys/{revoked.id}")
+    page = _signed_in_client(api, account).get("/billing/keys").text
+    month = api.as_key(
+        limited.secret,
+        "GET",
+        "/v1/usage",
+        params={"starting_at": "2026-11-01", "ending_at": "2026-12-01", "group_by": "api_key"},
+    ).json()
+    spent = {key.id: 0 for key in (limited, other, revoked)}
+    for bucket in month["data"]:
+        for result in bucket["results"]:
+            spent[result["api_key"]] += result["cost_microcents"]
+    for key, status, limit in (
+        (limited, "active", "$2.50"),
+        (other, "active", "no limit"),
+        (revoked, "revoked", "no limit"),
+    ):
+        cells = _cells(page, "data-key", key.id)
+        assert cells[1] == key.id and cells[3] == status and cells[5] == limit
+        assert _dollars(cells[4]) == Decimal(spent[key.id]).scaleb(-8)
+    assert spent[limited.id] > 0 and limited.secret not in page
+
+
+def test_the_models_page_shows_the_accounts_rates_as_v1_models_does(api: Api) -> None:
+    account = create_account(api)
+    key = create_key(api, account)
+    model = priced_model(api, NOW - timedelta(days=1), rates=(1_234_567, 7_654_321, 17))
+    api.admin(
+        "POST",
+        f"/admin/v1/accounts/{account}/rates",
+        json={
+            "model": model,
+            "effective_at": "2026-11-29T12:00:00Z",
+            "input_microcents_per_million": 1,
+            "output_microcents_per_million": 20_000_000,
+            "cache_read_microcents_per_million": 3,
+        },
+    )
+    page = _signed_in_client(api, account).get("/billing/models").text
+    cards = {c["id"]: c for c in api.as_key(key.secret, "GET", "/v1/models").json()["data"]}
+    pricing = cards[model]["wafer"]["pricing"]
+    cells = _cells(page, "data-model", model)
+    assert _dollars(cells[3]) == Decimal(pricing["input_microcents_per_million"]).scaleb(-8)
+    assert _dollars(cells[4]) == Decimal(pricing["cache_read_microcents_per_million"]).scaleb(-8)
+    assert _dollars(cells[5]) == Decimal(pricing["output_cents_per_million"]) / 100
+    assert cells[3] == "$0.00000001"  # exact, not rounded
+
+
+def test_every_asset_is_the_services_own(api: Api) -> None:
+    account = create_account(api)
+    client = _signed_in_client(api, account)
+    for path in ("/billing", "/billing/usage", "/billing/keys", "/billing/sign-in"):
+        html = client.get(path).text
+        assets = re.findall(r'(?:src|href)="([^"]+)"', html)
+        assert assets and all(a.startswith("/billing") or a.startswith("#") for a in assets), assets
+        for asset in re.findall(r'src="([^"]+)"', html) + re.findall(
+            r'<link[^>]+href="([^"]+)"', html
+        ):
+            assert client.get(asset).status_code == 200, asset
+    chart = client.get("/billing/static/vendor/chart.js-4.5.1/chart.umd.min.js")
+    assert chart.status_code == 200 and b"Chart.js v4.5.1" in chart.content
+    assert client.get("/billing/static/vendor/chart.js-4.5.1/LICENSE.md").status_code == 200
+    assert client.get("/billing/static/../../settings.py").status_code == 404
