@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from metering.exports.commands import export
 from metering.runtime import runtime_settings
 from metering.settings import Settings
-from tests.conftest import NOW, Api
+from tests.conftest import NOW, Api, running_api
 from tests.factories import create_account, create_key, grant, ingest, priced_model, usage_event
 
 CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')
@@ -296,3 +296,13 @@ def test_every_asset_is_the_services_own(api: Api) -> None:
     assert chart.status_code == 200 and b"Chart.js v4.5.1" in chart.content
     assert client.get("/billing/static/vendor/chart.js-4.5.1/LICENSE.md").status_code == 200
     assert client.get("/billing/static/../../settings.py").status_code == 404
+
+
+def test_without_a_secret_key_the_portal_says_so_and_signs_no_one_in(
+    api: Api, tmp_path: Path
+) -> None:
+    with running_api(api.backend, api.url, tmp_path, secret_key=[]) as bare:
+        page = bare.client.get("/billing/sign-in")
+        assert page.status_code == 503 and "METERING_SECRET_KEY" in page.text
+        assert page.headers["content-type"].startswith("text/html")
+        assert "set-cookie" not in page.headers
