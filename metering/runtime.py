@@ -82,19 +82,16 @@ def runtime_settings(settings: Settings | None = None) -> Settings:
     error."""
     settings = settings or Settings()
     if not settings.is_embedded:
-        missing = [
-            name
-            for name, value in (
-                ("METERING_ADMIN_TOKENS", settings.admin_tokens),
-                ("METERING_GATEWAY_TOKENS", settings.gateway_tokens),
-                ("METERING_SECRET_KEY", settings.secret_key),
-                ("METERING_PUBLIC_BASE_URL", settings.public_base_url),
-            )
-            if not value
-        ]
+        missing = []
+        if not (settings.admin_tokens and settings.gateway_tokens):
+            missing.append("METERING_ADMIN_TOKENS and METERING_GATEWAY_TOKENS")
+        if not settings.secret_key:
+            missing.append("METERING_SECRET_KEY")
+        if not settings.public_base_url:
+            missing.append("METERING_PUBLIC_BASE_URL")
         if missing:
             raise SystemExit(
-                f"{' and '.join(missing)} must be set when METERING_DATABASE_URL points at a "
+                f"{', '.join(missing)} must be set when METERING_DATABASE_URL points at a "
                 "server database"
             )
         return settings
