@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: serve test lint typecheck unit promtool bench bench-compare lock clean
+.PHONY: serve test lint typecheck unit promtool browser bench bench-compare lock clean
 
 $(STAMP): pyproject.toml requirements.lock
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -19,7 +19,16 @@ $(STAMP): pyproject.toml requirements.lock
 serve: $(STAMP)
 	$(BIN)/metering serve --host $(HOST) --port $(PORT)
 
-test: lint typecheck unit
+test: browser lint typecheck unit
+
+# The portal's tests drive a real browser: Debian's chromium and its chromedriver, installed
+# when missing (as root, as on CI; `apt-get update` first, as a fresh machine has no lists).
+browser:
+	@if ! test -x /usr/bin/chromium || ! test -x /usr/bin/chromedriver; then \
+		echo "installing chromium and chromium-driver (Debian packages) for the portal's tests"; \
+		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
+			chromium chromium-driver fonts-dejavu-core; \
+	fi
 
 lint: $(STAMP)
 	$(BIN)/ruff check metering tests bench

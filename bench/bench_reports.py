@@ -21,6 +21,7 @@ import asyncio
 import json
 import os
 import random
+import re
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import httpx2 as httpx
 import psycopg
 
 from bench import common
@@ -53,6 +55,9 @@ KEYS = 50
 DAYS = 93
 BATCH = 1000  # the most one request may carry (§5)
 TARGET_MS = 50.0
+# The billing portal's Usage page for the 93 days by key (a browser's request, session cookie).
+PORTAL_TARGET_MS = 300.0
+CSRF = re.compile(rb'name="csrf_token" value="([^"]+)"')
 RATES = (22_000_000, 339_000_000, 17_750_000)
 
 
@@ -235,6 +240,52 @@ async def _measure(
     return latencies, body, problems
 
 
+def _portal_cookie(base_url: str, account_id: str) -> str:
+    """A portal session's cookie, got as a customer gets one: an operator's sign-in link,
+    its confirmation page, its button (a POST with the page's CSRF token)."""
+    with Admin(base_url) as admin:
+        created = admin.client.post(f"/admin/v1/accounts/{account_id}/portal-sessions")
+    if created.status_code != 201:
+        raise Unexpected(f"portal link: {created.status_code} {created.text[:160]}")
+    path = "/billing/sign-in/" + str(created.json()["url"]).rsplit("/", 1)[1]
+    with httpx.Client(base_url=base_url, timeout=60) as browser:
+        page = browser.get(path)
+        match = CSRF.search(page.content)
+        if page.status_code != 200 or match is None:
+            raise Unexpected(f"portal confirmation page: {page.status_code}")
+        signed_in = browser.post(path, data={"csrf_token": match.group(1).decode()})
+        cookie = browser.cookies.get("metering_portal")
+    if signed_in.status_code not in (200, 303) or not cookie:
+        raise Unexpected(f"portal sign-in: {signed_in.status_code}")
+    return f"metering_portal={cookie}"
+
+
+async def _measure_portal(
+    config: Config, port: int, cookie: str, path: str
+) -> tuple[list[float], list[str]]:
+    """Latencies of the portal page, as ``_measure`` does for the JSON report."""
+    connection = Connection("127.0.0.1", port, {"Cookie": cookie})
+    latencies: list[float] = []
+    problems: list[str] = []
+    try:
+        for index in range(config.samples + config.warmup):
+            started = time.perf_counter()
+            response = await connection.request("GET", path)
+            elapsed = time.perf_counter() - started
+            try:
+                expect(response, 200, "portal usage page")
+                if b'id="usage-table"' not in response.body:
+                    raise Unexpected("portal usage page: no usage table")
+            except Unexpected as exc:
+                problems.append(str(exc))
+                break
+            if index >= config.warmup:
+                latencies.append(elapsed)
+    finally:
+        await connection.close()
+    return latencies, problems
+
+
 def _path(config: Config, report: str, group_by: str) -> str:
     query = "&".join(f"{k}={v}" for k, v in {**config.window(report), "group_by": group_by}.items())
     return f"/v1/usage?{query}"
@@ -319,7 +370,13 @@ def run(config: Config | None = None) -> list[Result]:
 
         server = config.code.server(url, workdir / "server", workers=1).start()
         load_before = load_average()
+        portal = Report("portal", "93 daily", "api_key")
         try:
+            try:
+                cookie = _portal_cookie(server.base_url, account_id)
+            except (Unexpected, httpx.HTTPError) as exc:
+                cookie = ""
+                portal.problems.append(str(exc))
             for index in range(config.rounds):
                 for report in reports:
                     if report.name == "daily":
@@ -341,6 +398,22 @@ def run(config: Config | None = None) -> list[Result]:
                     if report.name == "daily" and index == 0:
                         same = _matches_raw(config, json.loads(body), raw_rows, report.group_by)
                         matches.append(same)
+                if cookie:
+                    cpu_before = _cpu_seconds(server.pid)
+                    portal_path = _path(config, "daily", "api_key").replace(
+                        "/v1/usage", "/billing/usage"
+                    )
+                    latencies, problems = asyncio.run(
+                        _measure_portal(config, server.port, cookie, portal_path)
+                    )
+                    portal.problems += problems
+                    if latencies:
+                        cpu = (_cpu_seconds(server.pid) - cpu_before) / (
+                            len(latencies) + config.warmup
+                        )
+                        portal.cpu_ms.append(cpu * 1000)
+                        portal.p50.append(percentile(latencies, 50) * 1000)
+                        portal.p95.append(percentile(latencies, 95) * 1000)
                 print(
                     f"   round {index + 1}: p95 "
                     + ", ".join(f"{r.name}/{r.group_by} {r.p95[-1]:.1f} ms" for r in reports)
@@ -405,6 +478,22 @@ def run(config: Config | None = None) -> list[Result]:
                 problems=problems,
             )
         )
+    portal_p95 = median(portal.p95)
+    results.append(
+        Result(
+            "reports.portal.usage.api_key.p95",
+            "billing portal Usage page, 93 daily buckets by key (HTML: table and chart) p95",
+            f"<= {PORTAL_TARGET_MS:.0f} ms",
+            portal_p95,
+            "ms",
+            portal_p95 <= PORTAL_TARGET_MS if portal.p95 else False,
+            label,
+            f"p50 {median(portal.p50):.1f} ms; "
+            f"server CPU {median(portal.cpu_ms):.1f} ms per request",
+            higher_is_better=False,
+            problems=tuple(load_problems + portal.problems),
+        )
+    )
     results.append(
         Result(
             "reports.load_average",

@@ -222,6 +222,9 @@ class CodeUnderTest:
                 "METERING_DATABASE_URL": database_url,
                 "METERING_ADMIN_TOKENS": ADMIN_TOKEN,
                 "METERING_GATEWAY_TOKENS": GATEWAY_TOKEN,
+                # Read by checkouts that have the portal (older ones ignore them).
+                "METERING_SECRET_KEY": "bench-secret-key-of-at-least-32-characters",
+                "METERING_PUBLIC_BASE_URL": "http://127.0.0.1:8000",
                 "METERING_DATA_DIR": str(workdir),
                 "METERING_EXPORT_DIR": str(workdir / "exports"),
                 "METERING_LOG_LEVEL": "WARNING",

@@ -67,6 +67,7 @@ def create_app(
     from metering.audit import endpoints as audit
     from metering.catalog import endpoints as catalog
     from metering.ledger import endpoints as ledger
+    from metering.portal import endpoints as portal
     from metering.reports import endpoints as reports
     from metering.usage import endpoints as usage
     from metering.web import docs, openapi
@@ -84,11 +85,13 @@ def create_app(
         ledger.admin_router,
         usage.admin_router,
         audit.admin_router,
+        portal.admin_router,
         reports.router,
     )
     for router in routers:
         app.include_router(router, responses=ERROR_RESPONSES)
     app.include_router(docs.router)
+    app.include_router(portal.router)
     openapi.install(app)
     # The last added is the outermost: the request context applies to the fast lane's answers.
     app.add_middleware(FastLane, lanes=lanes_of(r for router in routers for r in router.routes))

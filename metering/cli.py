@@ -63,6 +63,11 @@ def build_parser() -> argparse.ArgumentParser:
     scheduler.add_argument("--once", action="store_true", help="run one tick, then exit")
     scheduler.add_argument("--heartbeat", type=Path, help="file rewritten after every tick")
 
+    link = sub.add_parser(
+        "portal-link", help="print a single-use sign-in link to an account's billing portal"
+    )
+    link.add_argument("account_id", help="the account (acct_…)")
+
     export = sub.add_parser("export", help="export UTC days by hand (backfills)")
     days = export.add_mutually_exclusive_group(required=True)
     days.add_argument("--date", type=_iso_date, help="one day, YYYY-MM-DD")
@@ -237,6 +242,56 @@ def export(args: argparse.Namespace, settings: Settings) -> int:
     return export_days(settings, args.date, args.first, args.last, args.account)
 
 
+@command("portal-link")
+def portal_link(args: argparse.Namespace, settings: Settings) -> int:
+    """A sign-in link (valid 15 minutes, single use), recorded in the audit log as the CLI's."""
+    from metering.audit.service import CLI
+    from metering.db import Database
+    from metering.kit.clock import SystemClock
+    from metering.kit.errors import NotFound
+    from metering.kit.timeutil import format_timestamp
+    from metering.portal.sessions import create_link
+    from metering.runtime import EMBEDDED_BASE_URL
+
+    base_url = settings.public_base_url
+    if not base_url:
+        if not settings.is_embedded:
+            print(
+                "METERING_PUBLIC_BASE_URL must be set when METERING_DATABASE_URL points at a "
+                "server database (the link starts with it)",
+                file=sys.stderr,
+            )
+            return 2
+        base_url = EMBEDDED_BASE_URL
+    if not _schema_is_current(settings.effective_database_url):
+        print("the database schema is not current: run `metering migrate`", file=sys.stderr)
+        return 1
+    database = Database.from_url(settings.effective_database_url)
+    now = SystemClock().now()
+    try:
+        with database.unit_of_work() as session:
+            link = create_link(session, args.account_id, base_url, now)
+            expires_at = format_timestamp(link.expires_at)
+            CLI.record(
+                session,
+                now,
+                "portal_session.create",
+                "account",
+                args.account_id,
+                args.account_id,
+                {"expires_at": expires_at},
+            )
+            session.commit()
+    except NotFound as exc:
+        print(exc.message, file=sys.stderr)
+        return 1
+    finally:
+        database.dispose()
+    print(link.url)
+    print(f"single use, valid until {expires_at}", file=sys.stderr)
+    return 0
+
+
 @command("serve")
 def serve(args: argparse.Namespace, settings: Settings) -> int:
     from metering.runtime import MULTIPROC_ENV, prepare_metrics_directory, remove_metrics_directory
@@ -263,6 +318,10 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
         from metering.demo import local_url
 
         _prepare_embedded(settings, local_url(args.host, args.port))
+        if not settings.public_base_url:
+            # The workers read their settings from the environment: the portal's links point
+            # at this server unless METERING_PUBLIC_BASE_URL says otherwise.
+            os.environ["METERING_PUBLIC_BASE_URL"] = local_url(args.host, args.port)
     elif not _schema_is_current(settings.effective_database_url):
         print("the database schema is not current: run `metering migrate`", file=sys.stderr)
         return 1

@@ -271,6 +271,8 @@ def banner(summary: DemoSummary, base_url: str, secret_path: Path) -> str:
         f"    {summary.secret}",
         "Try:",
         *(f"  {command}" for command in curl_commands(summary, base_url)),
+        f"Billing portal: {base_url}/billing/sign-in (sign in with the demo key), or "
+        f"`metering portal-link {summary.account_id}` for a sign-in link",
     ]
     return "\n".join(lines)
 

@@ -8,6 +8,7 @@ import os
 import secrets
 import shutil
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +19,10 @@ ADMIN_VAR = "METERING_ADMIN_TOKEN"
 GATEWAY_VAR = "METERING_GATEWAY_TOKEN"
 # prometheus_client's multiprocess mode: read by it when it is first imported (metering.metrics).
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+SECRET_KEY_FILE = "secret-key"
+# The embedded server's address when METERING_PUBLIC_BASE_URL is unset (``metering serve``
+# passes its own --host and --port to its workers instead).
+EMBEDDED_BASE_URL = "http://127.0.0.1:8000"
 
 
 @dataclass(frozen=True)
@@ -55,24 +60,56 @@ def ensure_dev_tokens(settings: Settings) -> DevTokens:
     return DevTokens(values[ADMIN_VAR], values[GATEWAY_VAR], path, created)
 
 
+def ensure_secret_key(settings: Settings) -> str:
+    """The embedded quick start's ``METERING_SECRET_KEY``, generated on first start and kept
+    (mode 0600) in the data directory, so sessions survive a restart."""
+    path = settings.data_dir / SECRET_KEY_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        pass  # made before, or by another worker just now
+    else:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(secrets.token_urlsafe(48) + "\n")
+    for _ in range(50):  # another worker may be writing it this instant
+        key = path.read_text().strip()
+        if key:
+            return key
+        time.sleep(0.01)
+    raise SystemExit(f"{path} is empty: remove it to have a new secret key generated")
+
+
 def runtime_settings(settings: Settings | None = None) -> Settings:
-    """Settings from the environment; with the embedded database and no tokens configured, the
-    generated dev tokens. A server database without tokens is a configuration error."""
+    """Settings from the environment; with the embedded database, the generated dev tokens and
+    secret key where none is configured, and the embedded server's own address as the public
+    one. A server database without tokens, secret key or public address is a configuration
+    error."""
     settings = settings or Settings()
-    if settings.admin_tokens and settings.gateway_tokens:
-        return settings
     if not settings.is_embedded:
-        raise SystemExit(
-            "METERING_ADMIN_TOKENS and METERING_GATEWAY_TOKENS must be set when "
-            "METERING_DATABASE_URL points at a server database"
-        )
-    tokens = ensure_dev_tokens(settings)
-    return settings.model_copy(
-        update={
-            "admin_tokens": settings.admin_tokens or [tokens.admin],
-            "gateway_tokens": settings.gateway_tokens or [tokens.gateway],
-        }
-    )
+        missing = []
+        if not (settings.admin_tokens and settings.gateway_tokens):
+            missing.append("METERING_ADMIN_TOKENS and METERING_GATEWAY_TOKENS")
+        if not settings.secret_key:
+            missing.append("METERING_SECRET_KEY")
+        if not settings.public_base_url:
+            missing.append("METERING_PUBLIC_BASE_URL")
+        if missing:
+            raise SystemExit(
+                f"{', '.join(missing)} must be set when METERING_DATABASE_URL points at a "
+                "server database"
+            )
+        return settings
+    update: dict[str, object] = {}
+    if not (settings.admin_tokens and settings.gateway_tokens):
+        tokens = ensure_dev_tokens(settings)
+        update["admin_tokens"] = settings.admin_tokens or [tokens.admin]
+        update["gateway_tokens"] = settings.gateway_tokens or [tokens.gateway]
+    if not settings.secret_key:
+        update["secret_key"] = [ensure_secret_key(settings)]
+    if not settings.public_base_url:
+        update["public_base_url"] = EMBEDDED_BASE_URL
+    return settings.model_copy(update=update) if update else settings
 
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 from pathlib import Path
 from typing import Annotated
@@ -12,6 +13,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from metering.kit.tokens import duplicate_secrets
 
 DEFAULT_BODY_LIMIT = 16 * 1024 * 1024
+MIN_SECRET_KEY_LENGTH = 32
 
 
 def _split_tokens(value: object) -> object:
@@ -44,10 +46,37 @@ class Settings(BaseSettings):
     log_level: str = "INFO"
     # One line per request on the "metering.access" logger (method, path, status, duration).
     access_log: bool = True
+    # Signs the portal's cookies and CSRF tokens (and encrypts secrets at rest): one or more
+    # comma-separated strings of at least 32 characters; the first signs, every one verifies
+    # (rotation). Generated for the embedded quick start; required with a server database
+    # (metering.runtime.runtime_settings).
+    secret_key: Annotated[list[str], NoDecode] = Field(default_factory=list, repr=False)
+    # The address customers reach the service at: the portal's sign-in links start with it.
+    # Defaults to the embedded server's own address; required with a server database.
+    public_base_url: str = ""
 
     _split = field_validator(
-        "gateway_tokens", "admin_tokens", "admin_readonly_tokens", mode="before"
+        "gateway_tokens", "admin_tokens", "admin_readonly_tokens", "secret_key", mode="before"
     )(_split_tokens)
+
+    @field_validator("secret_key")
+    @classmethod
+    def _long_enough(cls, keys: list[str]) -> list[str]:
+        if any(len(key) < MIN_SECRET_KEY_LENGTH for key in keys):
+            raise ValueError(
+                f"each comma-separated key must be at least {MIN_SECRET_KEY_LENGTH} characters"
+            )
+        return keys
+
+    @field_validator("public_base_url")
+    @classmethod
+    def _an_address(cls, url: str) -> str:
+        url = url.strip().rstrip("/")
+        if url and not re.fullmatch(r"https?://[^\s/?#]+(/[^\s?#]*)?", url):
+            raise ValueError(
+                "must be an http:// or https:// address, e.g. https://billing.example.com"
+            )
+        return url
 
     @model_validator(mode="after")
     def _each_secret_once(self) -> Settings:

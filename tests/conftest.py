@@ -31,6 +31,7 @@ from metering.settings import Settings
 
 ADMIN_TOKEN = "test-admin-token"
 GATEWAY_TOKEN = "test-gateway-token"
+SECRET_KEY = "test-secret-key-of-at-least-32-characters"
 # The default "now" of every test; tests that move time set it back via the ``clock`` fixture.
 NOW = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
 
@@ -119,6 +120,8 @@ def make_settings(url: str, tmp_dir: Path, **overrides: Any) -> Settings:
         "export_dir": tmp_dir / "exports",
         "admin_tokens": [ADMIN_TOKEN],
         "gateway_tokens": [GATEWAY_TOKEN],
+        "secret_key": [SECRET_KEY],
+        "public_base_url": "http://testserver",
     }
     values.update(overrides)
     return Settings(**values)

@@ -52,6 +52,7 @@ ACTIONS: dict[str, str] = {
     "(only while it has priced no charge)",
     "account_rate.create": "an account's rate override version was added (or ended)",
     "quarantine.reprocess": "quarantined events were retried",
+    "portal_session.create": "a sign-in link to an account's billing portal was made",
 }
 
 

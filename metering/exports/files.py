@@ -256,3 +256,57 @@ def _fsync_directory(directory: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+@dataclass(frozen=True, slots=True)
+class AccountFile:
+    """One of an account's export files, as its day's manifest lists it."""
+
+    day: date
+    name: str
+    format: str
+    rows: int
+    cost_microcents: int | None
+    bytes: int
+    sha256: str
+    path: Path
+
+
+def account_files(export_dir: Path, account_id: str, limit_days: int = 93) -> list[AccountFile]:
+    """An account's export files of its newest ``limit_days`` exported days, newest first, from
+    each day's manifest (the files it names exist: they are written before it)."""
+    found: list[AccountFile] = []
+    if not export_dir.is_dir():
+        return found
+    days = sorted(
+        (p for p in export_dir.iterdir() if p.is_dir() and _is_day(p.name)),
+        key=lambda p: p.name,
+        reverse=True,
+    )
+    for directory in days:
+        if len({f.day for f in found}) >= limit_days:
+            break
+        for entry in read_manifest_entries(directory):
+            if entry.get("account_id") != account_id:
+                continue
+            name = str(entry["file"])
+            found.append(
+                AccountFile(
+                    day=date.fromisoformat(directory.name),
+                    name=name,
+                    format=str(entry.get("format", "")),
+                    rows=int(entry.get("rows", 0)),
+                    cost_microcents=entry.get("cost_microcents"),
+                    bytes=int(entry.get("bytes", 0)),
+                    sha256=str(entry.get("sha256", "")),
+                    path=directory / name,
+                )
+            )
+    return found
+
+
+def _is_day(name: str) -> bool:
+    try:
+        return date.fromisoformat(name).isoformat() == name
+    except ValueError:
+        return False

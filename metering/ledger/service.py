@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import bindparam, func, insert, select, update
+from sqlalchemy import BigInteger, bindparam, cast, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -341,3 +341,45 @@ def list_entries(
         query = query.where(ENTRIES.c.id < last_id)
     rows = [row._mapping for row in session.execute(query)]
     return page(rows, limit, entry_body, lambda row: (row["id"],))
+
+
+# -- activity (the portal's Activity page) -------------------------------------------------------
+
+
+def _utc_day(session: Session, column: Any) -> Any:
+    """The UTC date of a timestamp column as ``YYYY-MM-DD`` text, on either backend (SQLite
+    keeps UTC timestamps as sortable text that starts with the date)."""
+    if session.get_bind().dialect.name == "postgresql":
+        return func.to_char(func.timezone("UTC", column), "YYYY-MM-DD")
+    return func.substr(column, 1, 10)
+
+
+def activity(session: Session, account_id: str, since: datetime, until: datetime) -> dict[str, Any]:
+    """An account's entries recorded in [since, until): grants and adjustments one by one,
+    charges summed per UTC day of recording; newest first."""
+    window = (
+        ENTRIES.c.account_id == account_id,
+        ENTRIES.c.created_at >= since,
+        ENTRIES.c.created_at < until,
+    )
+    entries = [
+        entry_body(row._mapping)
+        for row in session.execute(
+            select(ENTRIES).where(*window, ENTRIES.c.kind != "charge").order_by(ENTRIES.c.id.desc())
+        )
+    ]
+    day = _utc_day(session, ENTRIES.c.created_at).label("day")
+    charges = [
+        {"date": row.day, "charges": int(row[1]), "amount_microcents": int(row.total)}
+        for row in session.execute(
+            select(
+                day,
+                func.count().label("count"),
+                cast(func.sum(ENTRIES.c.amount_microcents), BigInteger).label("total"),
+            )
+            .where(*window, ENTRIES.c.kind == "charge")
+            .group_by(day)
+            .order_by(day.desc())
+        )
+    ]
+    return {"entries": entries, "charges_by_day": charges}

@@ -8,6 +8,7 @@ from metering.models.catalog import AccountRate, CatalogModel, PriceVersion
 from metering.models.exports import ExportDay, ExportRun
 from metering.models.grants import CreditAllocation, CreditGrant, CreditRollforward
 from metering.models.ledger import Authorization, LedgerEntry
+from metering.models.portal import PortalSession, PortalSignInToken
 from metering.models.usage import QuarantinedEvent, UsageEvent, UsageRollup
 
 __all__ = [
@@ -26,6 +27,8 @@ __all__ = [
     "ExportDay",
     "ExportRun",
     "LedgerEntry",
+    "PortalSession",
+    "PortalSignInToken",
     "PriceVersion",
     "QuarantinedEvent",
     "UsageEvent",

@@ -20,7 +20,7 @@ from metering.kit.errors import (
     NotFound,
 )
 from metering.web.jsonio import ExactJSONResponse
-from metering.web.middleware import request_id_of
+from metering.web.middleware import logged_path, request_id_of
 from metering.web.routes import allowed_methods
 
 log = logging.getLogger("metering.errors")
@@ -58,6 +58,11 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 
 
 def error_response(request: Request, error: MeteringError) -> Response:
+    """The contract's JSON error body; under /billing (the portal) an HTML page instead."""
+    from metering.portal import pages
+
+    if pages.is_portal_path(request.url.path):
+        return pages.error_page(request, error)
     request_id = request_id_of(request.scope)
     return ExactJSONResponse(
         error.body(request_id),
@@ -174,7 +179,10 @@ def install_error_handlers(app: FastAPI) -> None:
             unavailable = DatabaseUnavailable("the database is unavailable; try again shortly")
             return error_response(request, unavailable)
         log.exception(
-            "unhandled error (request_id=%s, %s %s)", request_id, request.method, request.url.path
+            "unhandled error (request_id=%s, %s %s)",
+            request_id,
+            request.method,
+            logged_path(request.url.path.encode("utf-8", "surrogateescape")),
         )
         return error_response(request, InternalError("internal error; quote the request_id"))
 

@@ -21,6 +21,24 @@ log = logging.getLogger("metering.errors")
 access = logging.getLogger("metering.access")
 
 
+# The portal's sign-in links carry their token in the path: logs show the path without it.
+SIGN_IN_PREFIX = b"/billing/sign-in/"
+REDACTED_SIGN_IN = SIGN_IN_PREFIX + b"[redacted]"
+
+
+def logged_path(raw: bytes) -> str:
+    """A request path as logs show it: without the query string (it may carry a secret) and
+    without a sign-in link's token; control characters escaped."""
+    raw = raw.partition(b"?")[0]
+    if raw.startswith(SIGN_IN_PREFIX) and len(raw) > len(SIGN_IN_PREFIX):
+        raw = REDACTED_SIGN_IN
+    return raw.decode("ascii", "backslashreplace")
+
+
+def _path_of(scope: Scope) -> str:
+    return logged_path(scope.get("raw_path") or scope["path"].encode("utf-8", "surrogateescape"))
+
+
 def request_id_of(scope: Scope) -> str:
     state = scope.setdefault("state", {})
     request_id = state.get("request_id")
@@ -108,24 +126,22 @@ def _unexpected(scope: Scope, request_id: str) -> MeteringError:
             "database unavailable (request_id=%s, %s %s): %s",
             request_id,
             scope["method"],
-            scope["path"],
+            _path_of(scope),
             str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__,
         )
         return DatabaseUnavailable("the database is unavailable; try again shortly")
     log.exception(
-        "unhandled error (request_id=%s, %s %s)", request_id, scope["method"], scope["path"]
+        "unhandled error (request_id=%s, %s %s)", request_id, scope["method"], _path_of(scope)
     )
     return InternalError("internal error; quote the request_id")
 
 
 def _log_access(scope: Scope, status: int, started: float, request_id: str) -> None:
     if access.isEnabledFor(logging.INFO):
-        raw = scope.get("raw_path") or scope["path"].encode("utf-8", "surrogateescape")
-        raw = raw.partition(b"?")[0]
         access.info(
             "%s %s %d %.1fms request_id=%s",
             scope["method"],
-            raw.decode("ascii", "backslashreplace"),  # as sent: control characters escaped
+            _path_of(scope),
             status,
             (time.perf_counter() - started) * 1000,
             request_id,

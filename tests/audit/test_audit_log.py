@@ -187,6 +187,12 @@ MUTATIONS: dict[tuple[str, str], Mutation] = {
     ("POST", "/admin/v1/quarantine/reprocess"): Mutation(
         "quarantine.reprocess", _reprocess, False, "quarantine"
     ),
+    ("POST", "/admin/v1/accounts/{account_id}/portal-sessions"): Mutation(
+        "portal_session.create",
+        lambda api, w: api.admin("POST", f"/admin/v1/accounts/{w.account}/portal-sessions"),
+        True,
+        "account",
+    ),
 }
 
 

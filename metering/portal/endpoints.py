@@ -1,0 +1,403 @@
+"""The portal's routes: sign-in (link or API key), sign-out, the pages, their static files, and
+the operator's ``POST /admin/v1/accounts/{id}/portal-sessions``."""
+
+from __future__ import annotations
+
+import mimetypes
+import secrets
+from datetime import datetime
+from pathlib import Path
+from typing import Annotated, Any
+from urllib.parse import parse_qs
+
+from fastapi import APIRouter, Depends, Query, Request, Response
+from fastapi.responses import HTMLResponse
+from sqlalchemy.orm import Session
+
+from metering.accounts.keys import resolve_key
+from metering.kit.errors import AuthenticationFailed, InvalidRequest, MeteringError, NotFound
+from metering.kit.timeutil import format_timestamp
+from metering.portal import pages, sessions, views
+from metering.portal.sessions import PortalUser
+from metering.portal.signing import Signer
+from metering.reports import render as report_render
+from metering.runtime import EMBEDDED_BASE_URL
+from metering.settings import Settings
+from metering.web.deps import AdminDep, AuditDep, NowDep, SessionDep, get_clock, get_settings
+from metering.web.jsonio import MeteringRoute
+
+SESSION_COOKIE = "metering_portal"
+NONCE_COOKIE = "metering_portal_nonce"  # binds the sign-in forms' CSRF tokens to a browser
+CSRF_FIELD = "csrf_token"
+MAX_FORM_BYTES = 8 * 1024
+STATIC_DIR = Path(__file__).resolve().parent.parent / "web" / "static"
+# Every file served under /billing/static, fixed when the process starts (no path is joined
+# from a request, so nothing outside the directory can be named).
+STATIC_FILES = {
+    path.relative_to(STATIC_DIR).as_posix(): path
+    for path in STATIC_DIR.rglob("*")
+    if path.is_file() and path.suffix in (".js", ".css", ".md", ".txt")
+}
+
+router = APIRouter(prefix=pages.PREFIX, include_in_schema=False)
+admin_router = APIRouter(
+    prefix="/admin/v1", route_class=MeteringRoute, dependencies=[AdminDep], tags=["admin: portal"]
+)
+
+
+class SignInRequired(MeteringError):
+    status = 401
+    type = "authentication_error"
+    default_code = "sign_in_required"
+
+
+class PortalNotConfigured(MeteringError):
+    status = 503
+    type = "api_error"
+    default_code = "portal_not_configured"
+
+
+class CsrfRefused(MeteringError):
+    status = 403
+    type = "permission_error"
+    default_code = "csrf_token_invalid"
+
+
+def signer_of(request: Request) -> Signer:
+    signer = Signer.of(get_settings(request).secret_key)
+    if not signer.configured:
+        raise PortalNotConfigured("the portal needs METERING_SECRET_KEY to be set")
+    return signer
+
+
+def _secure(request: Request, settings: Settings) -> bool:
+    return request.url.scheme == "https" or settings.public_base_url.startswith("https://")
+
+
+def _set_cookie(request: Request, response: Response, name: str, value: str, age: int) -> None:
+    response.set_cookie(
+        name,
+        value,
+        max_age=age,
+        path=pages.PREFIX,
+        httponly=True,
+        samesite="lax",
+        secure=_secure(request, get_settings(request)),
+    )
+
+
+async def form_of(request: Request) -> dict[str, str]:
+    """An urlencoded form's fields (the first value of each), at most 8 KiB."""
+    kind = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+    body = await request.body()
+    if not body:
+        return {}  # no fields at all: the CSRF check refuses it
+    if kind != "application/x-www-form-urlencoded":
+        raise InvalidRequest("send the form as application/x-www-form-urlencoded")
+    if len(body) > MAX_FORM_BYTES:
+        raise InvalidRequest("the form is too large")
+    try:
+        fields = parse_qs(body.decode("utf-8"), keep_blank_values=True, max_num_fields=20)
+    except (UnicodeDecodeError, ValueError):
+        raise InvalidRequest("the form could not be read") from None
+    return {name: values[0] for name, values in fields.items()}
+
+
+FormDep = Annotated[dict[str, str], Depends(form_of)]
+
+
+# -- who is signed in ----------------------------------------------------------------------------
+
+
+def current_user(request: Request, session: SessionDep, now: NowDep) -> PortalUser:
+    """The signed-in session of the request's cookie; otherwise the sign-in page (401)."""
+    signer = signer_of(request)
+    secret = signer.unsign(SESSION_COOKIE, request.cookies.get(SESSION_COOKIE))
+    user = sessions.user_of(session, secret, now) if secret else None
+    if user is None:
+        raise SignInRequired("sign in to see your account")
+    return user
+
+
+UserDep = Annotated[PortalUser, Depends(current_user)]
+
+
+def csrf_token(request: Request, user: PortalUser) -> str:
+    return signer_of(request).token("csrf", user.session_id)
+
+
+def check_csrf(request: Request, user: PortalUser, form: dict[str, str]) -> None:
+    if not signer_of(request).token_matches("csrf", user.session_id, form.get(CSRF_FIELD)):
+        raise CsrfRefused("the form's security token is missing or wrong: reload the page")
+
+
+def _nonce(request: Request) -> tuple[str, str | None]:
+    """The browser's sign-in nonce, and the signed cookie to set when it has none yet."""
+    signer = signer_of(request)
+    nonce = signer.unsign(NONCE_COOKIE, request.cookies.get(NONCE_COOKIE))
+    if nonce:
+        return nonce, None
+    nonce = secrets.token_urlsafe(16)
+    return nonce, signer.sign(NONCE_COOKIE, nonce)
+
+
+def _with_nonce(request: Request, response: Response, cookie: str | None) -> Response:
+    if cookie is not None:
+        _set_cookie(
+            request, response, NONCE_COOKIE, cookie, int(sessions.SESSION_LIFETIME.total_seconds())
+        )
+    return response
+
+
+def check_sign_in_csrf(request: Request, form: dict[str, str]) -> None:
+    signer = signer_of(request)
+    nonce = signer.unsign(NONCE_COOKIE, request.cookies.get(NONCE_COOKIE))
+    if not nonce or not signer.token_matches("sign-in", nonce, form.get(CSRF_FIELD)):
+        raise CsrfRefused("the form's security token is missing or wrong: reload the page")
+
+
+def _signed_in(request: Request, session: Session, account_id: str, method: str) -> Response:
+    secret = sessions.start_session(session, account_id, method, get_clock(request).now())
+    response = Response(
+        status_code=303, headers={"location": pages.PREFIX, **pages.SECURITY_HEADERS}
+    )
+    _set_cookie(
+        request,
+        response,
+        SESSION_COOKIE,
+        signer_of(request).sign(SESSION_COOKIE, secret),
+        int(sessions.SESSION_LIFETIME.total_seconds()),
+    )
+    return response
+
+
+# -- signing in and out --------------------------------------------------------------------------
+
+
+def sign_in_page(request: Request, status_code: int = 200, problem: str | None = None) -> Response:
+    nonce, cookie = _nonce(request)
+    response = pages.render(
+        request,
+        "sign_in.html",
+        status_code=status_code,
+        problem=problem,
+        csrf=signer_of(request).token("sign-in", nonce),
+    )
+    return _with_nonce(request, response, cookie)
+
+
+@router.get("/sign-in")
+def sign_in_form(request: Request) -> Response:
+    return sign_in_page(request)
+
+
+@router.post("/sign-in")
+def sign_in_with_key(request: Request, form: FormDep, session: SessionDep) -> Response:
+    check_sign_in_csrf(request, form)
+    try:
+        key = resolve_key(session, form.get("api_key", "").strip() or None, param=None)
+    except AuthenticationFailed:
+        return sign_in_page(request, 401, "That API key is not valid (or was revoked).")
+    return _signed_in(request, session, key.account_id, f"api_key:{key.api_key_id}")
+
+
+@router.get("/sign-in/{token}")
+def confirm_link(token: str, request: Request, session: SessionDep, now: NowDep) -> Response:
+    if not sessions.link_is_usable(session, token, now):
+        return pages.render(request, "link_refused.html", status_code=410)
+    nonce, cookie = _nonce(request)
+    response = pages.render(
+        request, "confirm.html", csrf=signer_of(request).token("sign-in", nonce), token=token
+    )
+    return _with_nonce(request, response, cookie)
+
+
+@router.post("/sign-in/{token}")
+def sign_in_with_link(
+    token: str, request: Request, form: FormDep, session: SessionDep, now: NowDep
+) -> Response:
+    check_sign_in_csrf(request, form)
+    account_id = sessions.spend_link(session, token, now)
+    if account_id is None:
+        return pages.render(request, "link_refused.html", status_code=410)
+    return _signed_in(request, session, account_id, "link")
+
+
+@router.post("/sign-out")
+def sign_out(
+    request: Request, form: FormDep, session: SessionDep, user: UserDep, now: NowDep
+) -> Response:
+    check_csrf(request, user, form)
+    secret = signer_of(request).unsign(SESSION_COOKIE, request.cookies.get(SESSION_COOKIE))
+    if secret:
+        sessions.end_session(session, secret, now)
+    response = Response(
+        status_code=303, headers={"location": f"{pages.PREFIX}/sign-in", **pages.SECURITY_HEADERS}
+    )
+    response.delete_cookie(SESSION_COOKIE, path=pages.PREFIX)
+    return response
+
+
+# -- pages ---------------------------------------------------------------------------------------
+
+
+def _page(request: Request, user: PortalUser, template: str, **context: Any) -> HTMLResponse:
+    return pages.render(request, template, user=user, csrf=csrf_token(request, user), **context)
+
+
+@router.get("")
+def overview(request: Request, user: UserDep, session: SessionDep, now: NowDep) -> Response:
+    query = views.overview_query(now)
+    report = views.report(session, user.account_id, user.billing, query)
+    return _page(
+        request,
+        user,
+        "overview.html",
+        credits=views.credits(session, user.account_id, now),
+        report=report,
+        chart=views.chart_of(report),
+    )
+
+
+UsageParam = Annotated[str | None, Query(max_length=40)]
+
+
+@router.get("/usage")
+def usage(
+    request: Request,
+    user: UserDep,
+    session: SessionDep,
+    now: NowDep,
+    starting_at: UsageParam = None,
+    ending_at: UsageParam = None,
+    bucket_width: UsageParam = None,
+    group_by: UsageParam = None,
+) -> Response:
+    query = views.usage_query(now, starting_at, ending_at, bucket_width, group_by)
+    report = views.report(session, user.account_id, user.billing, query)
+    form = {
+        "starting_at": _shown_time(query.starting_at, query.bucket_width),
+        "ending_at": _shown_time(query.ending_at, query.bucket_width),
+        "bucket_width": query.bucket_width,
+        "group_by": query.group_by,
+    }
+    return _page(
+        request, user, "usage.html", report=report, chart=views.chart_of(report), form=form
+    )
+
+
+def _shown_time(at: datetime, width: str) -> str:
+    return at.date().isoformat() if width == "1d" else format_timestamp(at)
+
+
+@router.get("/usage.csv")
+def usage_csv(
+    user: UserDep,
+    session: SessionDep,
+    now: NowDep,
+    starting_at: UsageParam = None,
+    ending_at: UsageParam = None,
+    bucket_width: UsageParam = None,
+    group_by: UsageParam = None,
+) -> Response:
+    query = views.usage_query(now, starting_at, ending_at, bucket_width, group_by)
+    report = views.report(session, user.account_id, user.billing, query)
+    span = "_".join(f"{t:%Y%m%dT%H%MZ}" for t in (query.starting_at, query.ending_at))
+    return Response(
+        report_render.report_csv(report).encode(),
+        media_type="text/csv; charset=utf-8",
+        headers={
+            "content-disposition": f'attachment; filename="usage_{span}.csv"',
+            "cache-control": "no-store",
+        },
+    )
+
+
+@router.get("/keys")
+def keys(request: Request, user: UserDep, session: SessionDep, now: NowDep) -> Response:
+    return _page(request, user, "keys.html", keys=views.keys(session, user.account_id, now))
+
+
+@router.get("/activity")
+def activity(request: Request, user: UserDep, session: SessionDep, now: NowDep) -> Response:
+    found = views.activity(session, user.account_id, now)
+    return _page(request, user, "activity.html", **found)
+
+
+@router.get("/exports")
+def exports(request: Request, user: UserDep) -> Response:
+    files = views.exports(get_settings(request).export_dir, user.account_id)
+    return _page(request, user, "exports.html", files=files)
+
+
+@router.get("/exports/{day}/{name}")
+def export_file(day: str, name: str, request: Request, user: UserDep) -> Response:
+    """One of the account's own export files, found in its day's manifest (never by a path
+    made from the request)."""
+    for file in views.exports(get_settings(request).export_dir, user.account_id):
+        if file.day.isoformat() == day and file.name == name and file.path.is_file():
+            media = (
+                "text/csv; charset=utf-8"
+                if file.format == "csv"
+                else "application/vnd.apache.parquet"
+            )
+            return Response(
+                file.path.read_bytes(),
+                media_type=media,
+                headers={
+                    "content-disposition": f'attachment; filename="{day}_{name}"',
+                    "cache-control": "no-store",
+                },
+            )
+    raise NotFound("no such export file of this account")
+
+
+@router.get("/models")
+def models(request: Request, user: UserDep, session: SessionDep, now: NowDep) -> Response:
+    return _page(request, user, "models.html", models=views.models(session, user.account_id, now))
+
+
+@router.get("/static/{name:path}")
+def static(name: str) -> Response:
+    path = STATIC_FILES.get(name)
+    if path is None:
+        raise NotFound(f"no static file {name!r}")
+    media = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
+    if media.startswith("text/") or media.endswith("javascript"):
+        media += "; charset=utf-8"
+    return Response(
+        path.read_bytes(),
+        media_type=media,
+        headers={"cache-control": "max-age=86400", "x-content-type-options": "nosniff"},
+    )
+
+
+# -- the operator's sign-in links ----------------------------------------------------------------
+
+
+def public_base_url(settings: Settings) -> str:
+    return settings.public_base_url or EMBEDDED_BASE_URL
+
+
+@admin_router.post("/accounts/{account_id}/portal-sessions", status_code=201)
+def create_portal_session(
+    account_id: str, request: Request, session: SessionDep, now: NowDep, audit: AuditDep
+) -> dict[str, Any]:
+    """A single-use sign-in link to the account's billing portal, valid for 15 minutes."""
+    link = sessions.create_link(session, account_id, public_base_url(get_settings(request)), now)
+    expires_at = format_timestamp(link.expires_at)
+    audit.record(
+        session,
+        now,
+        "portal_session.create",
+        "account",
+        account_id,
+        account_id,
+        {"expires_at": expires_at},
+    )
+    return {
+        "object": "portal_session",
+        "account_id": account_id,
+        "url": link.url,
+        "expires_at": expires_at,
+    }

@@ -1,0 +1,142 @@
+"""Sign-in links (single use, 15 minutes) and server-side sessions (12 hours).
+
+A link's token and a session's secret are 256 random bits; only their SHA-256 is stored. A
+link is spent by one conditional UPDATE, so two clicks (or two processes) can never both sign
+in with it. A session is found by its secret's hash and is over at ``expires_at`` or once
+signed out (``ended_at``): every process sees the same, nothing is kept in memory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from sqlalchemy import insert, select, update
+from sqlalchemy.orm import Session
+
+from metering.accounts.service import get_account
+from metering.kit.ids import new_id
+from metering.models import Account, PortalSession, PortalSignInToken, table
+
+LINK_LIFETIME = timedelta(minutes=15)
+SESSION_LIFETIME = timedelta(hours=12)
+SIGN_IN_PATH = "/billing/sign-in/"
+
+TOKENS = table(PortalSignInToken)
+SESSIONS = table(PortalSession)
+ACCOUNTS = table(Account)
+
+
+def _hash(secret: str) -> str:
+    return hashlib.sha256(secret.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class SignInLink:
+    url: str
+    account_id: str
+    expires_at: datetime
+
+
+def create_link(session: Session, account_id: str, base_url: str, now: datetime) -> SignInLink:
+    """A new single-use sign-in link for ``account_id`` (404 when there is no such account)."""
+    get_account(session, account_id)
+    token = secrets.token_urlsafe(32)
+    expires_at = now + LINK_LIFETIME
+    session.execute(
+        insert(TOKENS).values(
+            token_hash=_hash(token),
+            account_id=account_id,
+            created_at=now,
+            expires_at=expires_at,
+            used_at=None,
+        )
+    )
+    return SignInLink(f"{base_url.rstrip('/')}{SIGN_IN_PATH}{token}", account_id, expires_at)
+
+
+def link_is_usable(session: Session, token: str, now: datetime) -> bool:
+    """Whether the link would sign in now (for the confirmation page; spending decides)."""
+    row = session.execute(
+        select(TOKENS.c.account_id).where(
+            TOKENS.c.token_hash == _hash(token),
+            TOKENS.c.used_at.is_(None),
+            TOKENS.c.expires_at > now,
+        )
+    ).first()
+    return row is not None
+
+
+def spend_link(session: Session, token: str, now: datetime) -> str | None:
+    """The account the link signs into, marking it used; None for a link that is unknown,
+    expired or already used (no hint which)."""
+    return session.execute(
+        update(TOKENS)
+        .where(
+            TOKENS.c.token_hash == _hash(token),
+            TOKENS.c.used_at.is_(None),
+            TOKENS.c.expires_at > now,
+        )
+        .values(used_at=now)
+        .returning(TOKENS.c.account_id)
+    ).scalar_one_or_none()
+
+
+@dataclass(frozen=True, slots=True)
+class PortalUser:
+    """A signed-in session: whose account it shows."""
+
+    session_id: str
+    account_id: str
+    account_name: str
+    billing: str
+    expires_at: datetime
+
+
+def start_session(session: Session, account_id: str, method: str, now: datetime) -> str:
+    """A new session for ``account_id``; returns its secret (for the cookie, never stored)."""
+    secret = secrets.token_urlsafe(32)
+    session.execute(
+        insert(SESSIONS).values(
+            secret_hash=_hash(secret),
+            id=new_id("psess"),
+            account_id=account_id,
+            method=method,
+            created_at=now,
+            expires_at=now + SESSION_LIFETIME,
+            ended_at=None,
+        )
+    )
+    return secret
+
+
+def user_of(session: Session, secret: str, now: datetime) -> PortalUser | None:
+    """The live session whose secret this is, or None (unknown, expired or signed out)."""
+    row = session.execute(
+        select(
+            SESSIONS.c.id,
+            SESSIONS.c.account_id,
+            SESSIONS.c.expires_at,
+            ACCOUNTS.c.name,
+            ACCOUNTS.c.billing,
+        )
+        .join(ACCOUNTS, ACCOUNTS.c.id == SESSIONS.c.account_id)
+        .where(
+            SESSIONS.c.secret_hash == _hash(secret),
+            SESSIONS.c.ended_at.is_(None),
+            SESSIONS.c.expires_at > now,
+        )
+    ).first()
+    if row is None:
+        return None
+    return PortalUser(row.id, row.account_id, row.name, row.billing, row.expires_at)
+
+
+def end_session(session: Session, secret: str, now: datetime) -> None:
+    session.execute(
+        update(SESSIONS)
+        .where(SESSIONS.c.secret_hash == _hash(secret), SESSIONS.c.ended_at.is_(None))
+        .values(ended_at=now)
+    )

@@ -1,0 +1,122 @@
+"""Accessibility in the real browser: axe-core (vendored, pinned) finds no violation of its
+wcag2a and wcag2aa rules on any page, and every page's actions work with the keyboard alone."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from selenium.webdriver.common.action_chains import ActionChains
+from selenium.webdriver.common.by import By
+from selenium.webdriver.common.keys import Keys
+from selenium.webdriver.remote.webelement import WebElement
+
+from tests.conftest import NOW, Api
+from tests.factories import create_account, create_key, grant, ingest, priced_model, usage_event
+from tests.portal.browser import Browser, sign_in_link
+from tests.portal.test_browser import PAGES
+
+
+def _account(api: Api) -> tuple[str, str]:
+    account = create_account(api)
+    key = create_key(api, account, limit_cents=100)
+    grant(api, account, 100)
+    model = priced_model(api, NOW - timedelta(days=40))
+    ingest(api, *[usage_event(key, model, NOW - timedelta(days=d, hours=3)) for d in range(3)])
+    return account, key.secret
+
+
+def test_no_wcag_a_or_aa_violation_on_any_page(browser: Browser, portal: Api) -> None:
+    account, _ = _account(portal)
+    visited: dict[str, list[object]] = {}
+    browser.open("/billing/sign-in")
+    visited["sign-in"] = browser.axe_violations()
+    browser.driver.get(sign_in_link(portal, account))
+    visited["confirm"] = browser.axe_violations()
+    browser.click("#confirm")
+    for page in PAGES:
+        browser.open("/billing" + page)
+        visited[page or "overview"] = browser.axe_violations()
+    browser.open("/billing/usage?bucket_width=1h&group_by=api_key")
+    visited["usage by key, hourly"] = browser.axe_violations()
+    assert browser.console_errors() == []
+    # The error pages (their 400 and 410 statuses are logged by the browser as failed loads).
+    browser.open("/billing/usage?starting_at=yesterday")
+    visited["error page"] = browser.axe_violations()
+    browser.open("/billing/sign-in/not-a-link")
+    visited["refused link"] = browser.axe_violations()
+    assert {page: found for page, found in visited.items() if found} == {}
+
+
+def _focused(browser: Browser) -> WebElement:
+    return browser.driver.switch_to.active_element
+
+
+def _tab_to(browser: Browser, matches: str, limit: int = 60) -> WebElement:
+    """Press Tab until the focused element matches the CSS selector ``matches``."""
+    for _ in range(limit):
+        ActionChains(browser.driver).send_keys(Keys.TAB).perform()
+        element = _focused(browser)
+        if browser.driver.execute_script(
+            "return arguments[0].matches(arguments[1])", element, matches
+        ):
+            return element
+    raise AssertionError(f"Tab never reached {matches}")
+
+
+def _press(browser: Browser, *keys: str) -> None:
+    before = browser.driver.find_element(By.TAG_NAME, "html")
+    ActionChains(browser.driver).send_keys(*keys).perform()
+    browser.wait_for_new_page(before)
+
+
+def test_every_action_works_with_the_keyboard_alone(browser: Browser, portal: Api) -> None:
+    account, secret = _account(portal)
+    # Sign in by key: Tab to the field, type, Enter.
+    browser.open("/billing/sign-in")
+    _tab_to(browser, "#api_key")
+    ActionChains(browser.driver).send_keys(secret).perform()
+    _press(browser, Keys.ENTER)
+    assert browser.driver.current_url.endswith("/billing")
+    # The skip link is the first stop and takes focus to the content.
+    ActionChains(browser.driver).send_keys(Keys.TAB).perform()
+    assert _focused(browser).get_attribute("class") == "skip"
+    # Every page through the navigation, by Tab and Enter.
+    for page, label in zip(
+        PAGES[1:], ("Usage", "Keys", "Activity", "Exports", "Models"), strict=True
+    ):
+        link = _tab_to(browser, f'nav a[href="/billing{page}"]')
+        assert link.text == label
+        _press(browser, Keys.ENTER)
+        assert browser.driver.current_url.endswith("/billing" + page)
+        # Each scrollable table can be reached (and so scrolled) from the keyboard.
+        if browser.driver.find_elements(By.CSS_SELECTOR, ".table-wrap"):
+            _tab_to(browser, ".table-wrap")
+    # The usage form: choose hours and group by key with the keyboard, submit with Enter.
+    browser.open("/billing/usage")
+    start = _tab_to(browser, "#starting_at")
+    start.send_keys(Keys.CONTROL, "a")
+    ActionChains(browser.driver).send_keys("2026-11-28T00:00:00Z").perform()
+    end = _tab_to(browser, "#ending_at")
+    end.send_keys(Keys.CONTROL, "a")  # typing replaces the selection
+    ActionChains(browser.driver).send_keys("2026-11-29T00:00:00Z").perform()
+    _tab_to(browser, "#bucket_width")
+    ActionChains(browser.driver).send_keys("h").perform()  # a select takes its option's letter
+    _tab_to(browser, "#group_by")
+    ActionChains(browser.driver).send_keys("a").perform()
+    _tab_to(browser, ".filters button")
+    _press(browser, Keys.ENTER)
+    assert "bucket_width=1h" in browser.driver.current_url
+    assert "group_by=api_key" in browser.driver.current_url
+    assert browser.table_rows("usage-table"), browser.driver.current_url
+    # The CSV download link is reachable; sign out with the keyboard.
+    _tab_to(browser, "#csv-link")
+    browser.open("/billing")
+    _tab_to(browser, "form.sign-out button")
+    _press(browser, Keys.ENTER)
+    assert browser.driver.current_url.endswith("/billing/sign-in")
+    # Sign in by link: the confirmation button by Tab and Enter.
+    browser.driver.get(sign_in_link(portal, account))
+    _tab_to(browser, "#confirm")
+    _press(browser, Keys.ENTER)
+    assert browser.driver.current_url.endswith("/billing")
+    assert browser.console_errors() == []

@@ -1,0 +1,280 @@
+"""The portal in a real browser (headless chromium), on SQLite and PostgreSQL: signing in by
+link and by key, every page without console errors, charts drawn with the numbers of their
+tables, the tables equal to the JSON API, one account never seeing another's data, and the
+refusals (a forged or replayed link, a missing CSRF token, an expired or ended session)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from decimal import Decimal
+from typing import Any
+
+import httpx2 as httpx
+from selenium.webdriver.common.by import By
+
+from tests.conftest import NOW, Api
+from tests.factories import (
+    Key,
+    create_account,
+    create_key,
+    grant,
+    ingest,
+    priced_model,
+    usage_event,
+)
+from tests.portal.browser import Browser, sign_in_link
+
+PAGES = ("", "/usage", "/keys", "/activity", "/exports", "/models")
+
+
+def _client(api: Api, cookies: dict[str, str]) -> httpx.Client:
+    """A plain HTTP client holding the browser's cookies (a script forging a request)."""
+    return httpx.Client(base_url=str(api.client.base_url), cookies=cookies, timeout=30)
+
+
+def _account_with_usage(api: Api, days: int = 5) -> tuple[str, Key, Key, str]:
+    account = create_account(api)
+    first, second = create_key(api, account, limit_cents=500), create_key(api, account)
+    grant(api, account, 1000)
+    model = priced_model(api, NOW - timedelta(days=60))
+    other = priced_model(api, NOW - timedelta(days=60), rates=(1_234_567, 7_654_321, 3))
+    events = []
+    for day in range(days):
+        at = NOW - timedelta(days=day, hours=2)
+        events.append(usage_event(first, model, at))
+        events.append(
+            usage_event(second, other, at, {"prompt_tokens": 37, "completion_tokens": 11})
+        )
+    assert ingest(api, *events)["recorded"] == len(events)
+    return account, first, second, model
+
+
+def _sign_in_by_link(browser: Browser, api: Api, account: str) -> None:
+    browser.driver.get(sign_in_link(api, account))
+    assert "Sign in to your billing portal" in browser.text("h1")
+    browser.click("#confirm")
+    assert browser.driver.current_url.endswith("/billing")
+
+
+def _sign_in_by_key(browser: Browser, secret: str) -> None:
+    browser.open("/billing/sign-in")
+    browser.driver.find_element(By.ID, "api_key").send_keys(secret)
+    browser.click("form.stack button")
+    assert browser.driver.current_url.endswith("/billing"), browser.driver.current_url
+
+
+def _expected_rows(report: dict[str, Any]) -> list[list[str]]:
+    """The table rows the JSON report implies, written independently of the portal's code."""
+    by_key = report["group_by"] == "api_key"
+    rows = []
+    for bucket in report["data"]:
+        for result in bucket["results"]:
+            cost = Decimal(result["cost_microcents"]).scaleb(-8)
+            if result["cost_usd"] is not None:
+                assert Decimal(str(result["cost_usd"])) == cost
+            group = f"{result['api_key_name']} {result['api_key']}" if by_key else result["model"]
+            rows.append(
+                [
+                    bucket["starting_at"],
+                    group,
+                    *(
+                        f"{result[m]:,}"
+                        for m in ("requests", "input_tokens", "cache_read_tokens", "output_tokens")
+                    ),
+                    cost,
+                ]
+            )
+    return rows
+
+
+def _shown_rows(browser: Browser, table_id: str) -> list[list[Any]]:
+    rows = browser.table_rows(table_id)
+    for row in rows:
+        assert row[-1].startswith("$") or row[-1].startswith("-$"), row
+        row[-1] = Decimal(row[-1].replace("$", ""))
+    return rows
+
+
+def _json_report(api: Api, key: Key, **query: str) -> dict[str, Any]:
+    response = api.as_key(key.secret, "GET", "/v1/usage", params=query)
+    assert response.status_code == 200, response.text
+    return dict(response.json(parse_float=Decimal))
+
+
+def _assert_chart_matches(browser: Browser, chart_id: str, report: dict[str, Any]) -> None:
+    painted = browser.chart_painted(chart_id)
+    groups = {r.get("api_key") or r.get("model") for b in report["data"] for r in b["results"]}
+    assert painted["datasets"] == len(groups) > 0, painted
+    assert painted["painted"] > 1000, painted  # bars, axes and labels were drawn
+    source = browser.chart_source(chart_id)
+    assert source["labels"] == [bucket["starting_at"] for bucket in report["data"]]
+    drawn = {d["label"]: d["data"] for d in source["datasets"]}
+    for index, bucket in enumerate(report["data"]):
+        for result in bucket["results"]:
+            group = result.get("api_key") or result["model"]
+            label = f"{result['api_key_name']} ({group})" if "api_key" in result else group
+            assert drawn[label][index] == result["cost_microcents"]
+
+
+def test_sign_in_by_link_and_the_overview_equals_the_json_api(
+    browser: Browser, portal: Api
+) -> None:
+    account, first, _, _ = _account_with_usage(portal)
+    _sign_in_by_link(browser, portal, account)
+    credits = portal.as_key(first.secret, "GET", "/v1/credits").json(parse_float=Decimal)
+    for field in ("balance", "held", "available"):
+        shown = browser.text(f"#{field}")
+        assert Decimal(shown.replace("$", "")) == Decimal(str(credits[f"{field}_cents"])) / 100
+    report = _json_report(portal, first, starting_at="2026-10-31", bucket_width="1d")
+    assert _shown_rows(browser, "daily-table") == _expected_rows(report)
+    _assert_chart_matches(browser, "daily-chart", report)
+    assert browser.console_errors() == []
+
+
+def test_sign_in_by_key_and_usage_by_key_by_hour_equals_the_json_api(
+    browser: Browser, portal: Api
+) -> None:
+    _, first, _, _ = _account_with_usage(portal)
+    _sign_in_by_key(browser, first.secret)
+    for query in (
+        {
+            "starting_at": "2026-11-25",
+            "ending_at": "2026-11-30",
+            "bucket_width": "1d",
+            "group_by": "model",
+        },
+        {
+            "starting_at": "2026-11-25",
+            "ending_at": "2026-11-30",
+            "bucket_width": "1d",
+            "group_by": "api_key",
+        },
+        {
+            "starting_at": "2026-11-28T00:00:00Z",
+            "ending_at": "2026-11-29T12:00:00Z",
+            "bucket_width": "1h",
+            "group_by": "api_key",
+        },
+    ):
+        browser.open("/billing/usage?" + str(httpx.QueryParams(query)))
+        report = _json_report(portal, first, **query)
+        assert _shown_rows(browser, "usage-table") == _expected_rows(report), query
+        _assert_chart_matches(browser, "usage-chart", report)
+        totals = browser.driver.find_elements(By.CSS_SELECTOR, "#usage-table tfoot td")
+        assert totals[0].text == f"{report['totals']['requests']:,}"
+        assert Decimal(totals[-1].text.replace("$", "")) == Decimal(
+            report["totals"]["cost_microcents"]
+        ).scaleb(-8)
+    assert browser.console_errors() == []
+
+
+def test_every_page_loads_without_console_errors(browser: Browser, portal: Api) -> None:
+    _, first, second, _ = _account_with_usage(portal)
+    _sign_in_by_key(browser, first.secret)
+    for page in PAGES:
+        browser.open("/billing" + page)
+        assert browser.driver.find_element(By.TAG_NAME, "h1").text
+        assert browser.console_errors() == [], page
+    browser.open("/billing/keys")
+    keys = {
+        row.get_attribute("data-key")
+        for row in browser.driver.find_elements(By.CSS_SELECTOR, "#keys-table tbody tr")
+    }
+    assert keys == {first.id, second.id}
+    assert first.secret not in browser.driver.page_source
+
+
+def test_a_second_accounts_session_never_sees_the_first_accounts_data(
+    browser: Browser, portal: Api
+) -> None:
+    first_account, first_key, _, first_model = _account_with_usage(portal)
+    other_account = create_account(portal)
+    other_key = create_key(portal, other_account)
+    _sign_in_by_key(browser, other_key.secret)
+    for page in PAGES:
+        browser.open("/billing" + page)
+        source = browser.driver.page_source
+        assert first_account not in source and first_key.id not in source, page
+        if page in ("", "/usage"):
+            assert browser.table_rows("daily-table" if page == "" else "usage-table") == []
+    browser.open("/billing/usage?group_by=api_key&starting_at=2026-11-25")
+    assert first_key.id not in browser.driver.page_source
+    # The other session is untouched: signing in as the first account shows its own usage.
+    browser.driver.delete_all_cookies()
+    _sign_in_by_key(browser, first_key.secret)
+    assert first_model in browser.driver.page_source
+
+
+def test_a_replayed_or_forged_link_is_refused(browser: Browser, portal: Api) -> None:
+    account = create_account(portal)
+    link = sign_in_link(portal, account)
+    browser.driver.get(link)
+    browser.click("#confirm")
+    assert browser.driver.current_url.endswith("/billing")
+    browser.driver.delete_all_cookies()
+    browser.driver.get(link)  # spent: no confirmation button any more
+    assert "cannot be used" in browser.text("h1")
+    assert not browser.driver.find_elements(By.ID, "confirm")
+    forged = link[:-6] + ("AAAAAA" if not link.endswith("AAAAAA") else "BBBBBB")
+    browser.driver.get(forged)
+    assert "cannot be used" in browser.text("h1")
+    browser.open("/billing")
+    assert "Sign in" in browser.text("h1")
+
+
+def test_a_link_opened_twice_signs_in_once(browser: Browser, portal: Api) -> None:
+    """Two confirmation pages of one link (two tabs, or a scanner that fetched it): only the
+    first POST signs in."""
+    account = create_account(portal)
+    link = sign_in_link(portal, account)
+    browser.driver.get(link)
+    csrf = browser.csrf()
+    cookies = {c["name"]: c["value"] for c in browser.driver.get_cookies()}
+    browser.click("#confirm")
+    assert browser.driver.current_url.endswith("/billing")
+    path = link.removeprefix(str(portal.client.base_url).rstrip("/"))
+    again = _client(portal, cookies).post(path, data={"csrf_token": csrf})
+    assert again.status_code == 410 and "metering_portal=" not in again.headers.get(
+        "set-cookie", ""
+    )
+
+
+def test_forms_without_their_csrf_token_are_refused(browser: Browser, portal: Api) -> None:
+    account = create_account(portal)
+    key = create_key(portal, account)
+    link = sign_in_link(portal, account)
+    browser.driver.get(link)
+    cookies = {c["name"]: c["value"] for c in browser.driver.get_cookies()}
+    path = link.removeprefix(str(portal.client.base_url).rstrip("/"))
+    for data in ({}, {"csrf_token": "forged"}):
+        refused = _client(portal, cookies).post(path, data=data)
+        assert refused.status_code == 403 and "request id" in refused.text
+        by_key = _client(portal, cookies).post(
+            "/billing/sign-in", data={**data, "api_key": key.secret}
+        )
+        assert by_key.status_code == 403
+    # The link was not spent by the refused attempts.
+    browser.click("#confirm")
+    assert browser.driver.current_url.endswith("/billing")
+    session = {c["name"]: c["value"] for c in browser.driver.get_cookies()}
+    assert _client(portal, session).post("/billing/sign-out", data={}).status_code == 403
+    assert _client(portal, session).get("/billing").status_code == 200
+
+
+def test_an_expired_session_and_a_signed_out_one_are_refused(browser: Browser, portal: Api) -> None:
+    account = create_account(portal)
+    key = create_key(portal, account)
+    _sign_in_by_key(browser, key.secret)
+    cookie = browser.cookie("metering_portal")
+    assert cookie is not None and cookie["httpOnly"] and cookie["sameSite"] == "Lax"
+    assert cookie["path"] == "/billing"
+    portal.clock.set(NOW + timedelta(hours=12))
+    browser.open("/billing/usage")
+    assert "Sign in" in browser.text("h1")
+    portal.clock.set(NOW)
+    _sign_in_by_key(browser, key.secret)
+    value = {"metering_portal": browser.cookie("metering_portal")["value"]}  # type: ignore[index]
+    browser.click("form.sign-out button")
+    assert browser.driver.current_url.endswith("/billing/sign-in")
+    # The same cookie, replayed after signing out, is refused: the session ended on the server.
+    assert _client(portal, value).get("/billing").status_code == 401
