@@ -52,35 +52,38 @@ def require_model(session: Session, model_id: str, *, lock: bool = False) -> Cat
 
 
 def listed_models(
-    session: Session, key: KeyPrincipal | None, now: datetime
+    session: Session, key: KeyPrincipal | None, now: datetime, *, account_id: str | None = None
 ) -> list[dict[str, Any]]:
     """The cards of the models in service now (not retired, with a price in force: the
     account's rates, or list prices without a key), by id in byte order. Without a key, the
     models not hidden; with one, the models that key may use (§10), leaving out hidden ones
-    that no list of its own or its account's names."""
-    account_id = key.account_id if key else None
+    that no list of its own or its account's names; with ``account_id`` instead (the portal's
+    view of an account), the models the account may use, the same way without a key's list."""
+    if key is not None:
+        account_id = key.account_id
     price = price_in_force(account_id, MODELS.c.id, now)
     query = select(MODELS, *price.labelled()).select_from(price.join(MODELS))
-    if key is None:
+    if account_id is None:
         query = query.where(MODELS.c.hidden.is_(False))
     else:
-        keys, accounts = table(ApiKey), table(Account)
-        restricts = (
-            select(keys.c.restricts_models).where(keys.c.id == key.api_key_id).scalar_subquery()
-        )
+        accounts = table(Account)
         account_restricts = (
-            select(accounts.c.restricts_models)
-            .where(accounts.c.id == key.account_id)
-            .scalar_subquery()
+            select(accounts.c.restricts_models).where(accounts.c.id == account_id).scalar_subquery()
         )
+        key_id = key.api_key_id if key is not None else None
         query = query.where(
-            account_sees(key.account_id, account_restricts, MODELS.c.id),
-            key_allows(key.api_key_id, restricts, MODELS.c.id),
+            account_sees(account_id, account_restricts, MODELS.c.id),
             or_(
                 MODELS.c.hidden.is_(False),
-                listed_by_account_or_key(key.account_id, key.api_key_id, MODELS.c.id),
+                listed_by_account_or_key(account_id, key_id, MODELS.c.id),
             ),
         )
+        if key is not None:
+            keys = table(ApiKey)
+            restricts = (
+                select(keys.c.restricts_models).where(keys.c.id == key.api_key_id).scalar_subquery()
+            )
+            query = query.where(key_allows(key.api_key_id, restricts, MODELS.c.id))
     rows = session.execute(query).all()
     cards = []
     for row in rows:

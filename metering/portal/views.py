@@ -119,8 +119,9 @@ def activity(session: Session, account_id: str, now: datetime) -> dict[str, Any]
 
 
 def models(session: Session, account_id: str, now: datetime) -> list[dict[str, Any]]:
-    """Exactly ``GET /v1/models``' cards for one of the account's keys: its rates."""
-    return listed_models(session, account_id, now)
+    """``GET /v1/models``' cards for the account: the models it may use, at its rates (a key's
+    own list may narrow them further: the Keys page shows it)."""
+    return listed_models(session, None, now, account_id=account_id)
 
 
 def exports(export_dir: Path, account_id: str) -> list[AccountFile]:
