@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
 import signal
 import statistics
 import subprocess
@@ -159,13 +160,19 @@ class Server:
     def start(self, timeout: float = 60.0) -> Server:
         self.workdir.mkdir(parents=True, exist_ok=True)
         log_path = self.workdir / f"uvicorn-{self.port}.log"
+        # As `metering serve` runs its workers: metrics in prometheus-client's multiprocess mode,
+        # a fresh directory per start (a checkout from before it ignores the variable).
+        metrics = self.workdir / f"metrics-{self.port}"
+        shutil.rmtree(metrics, ignore_errors=True)
+        metrics.mkdir()
+        env = {**self.env, "PROMETHEUS_MULTIPROC_DIR": str(metrics)}
         with open(log_path, "ab") as log:
             # uvicorn puts its working directory first on sys.path: the root's code is served.
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "uvicorn", "--factory", self.app,
                  "--host", "127.0.0.1", "--port", str(self.port), "--workers", str(self.workers),
                  "--no-access-log", "--log-level", "warning"],
-                cwd=self.root, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                cwd=self.root, env=env, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True,
             )  # fmt: skip
         deadline = time.monotonic() + timeout

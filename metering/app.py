@@ -38,6 +38,7 @@ def create_app(
         finally:
             REGISTRY.worker_stopping()
             if owns_database:
+                await db.close_async_pool()
                 db.dispose()
 
     app = FastAPI(

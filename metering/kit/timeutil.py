@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import re
-from datetime import UTC, date, datetime, time, timedelta, timezone
+from datetime import UTC, date, datetime, time, timedelta
 from typing import Annotated
 
+import ciso8601
 from pydantic import PlainValidator, WithJsonSchema
 
 from metering.kit.errors import InvalidRequest
@@ -39,21 +40,11 @@ def parse_timestamp(text: object, param: str, *, allow_date: bool = False) -> da
             code="invalid_timestamp",
             param=param,
         )
-    year, month, day, hour, minute, second, fraction, offset = match.groups()
-    micro = int((fraction or "0")[:6].ljust(6, "0"))
+    # The pattern decides what is accepted (RFC 3339 only: ciso8601 alone would also take an
+    # ordinal date, 2026-119, or a fraction of any length); ciso8601 builds the datetime, about
+    # 3 µs less per timestamp than doing it in Python (docs/performance.md).
     try:
-        if offset in ("Z", "z"):
-            tz = UTC
-        else:
-            sign = 1 if offset[0] == "+" else -1
-            hours, minutes = int(offset[1:3]), int(offset[4:6])
-            if hours > 23 or minutes > 59:
-                raise ValueError("offset out of range")
-            tz = timezone(sign * timedelta(hours=hours, minutes=minutes))
-        local = datetime(
-            int(year), int(month), int(day), int(hour), int(minute), int(second), micro, tzinfo=tz
-        )
-        return local.astimezone(UTC)
+        return ciso8601.parse_rfc3339(text).astimezone(UTC)
     except (ValueError, OverflowError):
         raise InvalidRequest(
             f"{param} is not a valid timestamp", code="invalid_timestamp", param=param

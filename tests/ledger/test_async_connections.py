@@ -1,7 +1,7 @@
 """The event loop's connection pool behind the gateway's routes
-(``Database.async_driver_autocommit``, PostgreSQL): connections are reused, statements commit on
-their own, and after the server drops every connection (a restart, a failover) only the
-statement that met a dead connection fails."""
+(``Database.async_driver_autocommit``, PostgreSQL, psycopg_pool): connections are reused,
+statements commit on their own, and after the server drops every connection (a restart, a
+failover) only the statement that met a dead connection fails."""
 
 from __future__ import annotations
 
@@ -83,11 +83,13 @@ def test_connections_are_reused_and_statements_commit_on_their_own(database: Dat
                 assert other.execute(text("SELECT count(*) FROM t")).scalar_one() == 1
         finally:
             engine.dispose()
-        return {await pid(database) for _ in range(5)}
+        return [await pid(database) for _ in range(20)]
 
     seen = asyncio.run(scenario())
-    assert len(seen) == 1
-    assert seen <= backends_of(url)
+    # Twenty statements in turn: a connection or two (the pool opens its first in the
+    # background and may add one while the first request waits), never one per statement.
+    assert len(set(seen)) <= 2
+    assert set(seen) <= backends_of(url)
 
 
 def test_after_the_server_drops_them_only_one_statement_fails(database: Database) -> None:
