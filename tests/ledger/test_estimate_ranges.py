@@ -108,3 +108,37 @@ def test_the_field_named() -> None:
     assert field_beyond_range(request, estimate, 499) == "n"
     single = EstimateRequest(api="chat_completions", prompt_tokens=10, max_tokens=10)
     assert field_beyond_range(single, estimate, 499) == "max_tokens"
+
+
+def test_a_balance_far_below_zero_with_holds_counted_is_refused_not_an_overflow(api: Api) -> None:
+    """balance − held would pass the bottom of the range: the authorization is a 402, never a
+    500 (the check-and-hold's ``available`` stops at the bottom of the range)."""
+    model = priced_model(
+        api,
+        NOW - timedelta(days=1),
+        rates=(MAX_RATE, MAX_RATE, MAX_RATE),
+        context_length=MAX_TOKENS,
+        reasoning_headroom_tokens=MAX_TOKENS,
+    )
+    account = create_account(api)
+    key = create_key(api, account)
+    grant_cents = 9 * 10**12
+    response = api.admin(
+        "POST",
+        f"/admin/v1/accounts/{account}/grants",
+        json={"amount_cents": grant_cents, "idempotency_key": "big"},
+    )
+    assert response.status_code == 201, response.text
+    widest = {"prompt_tokens": 1, "max_tokens": MAX_TOKENS - 1, "reasoning": True, "n": 128}
+    held = granted(authorize(api, key, model, **widest))
+    for index, cents in enumerate((-9 * 10**12, -9 * 10**12, -(INT64_MAX // 10**6 - 9 * 10**12))):
+        response = api.admin(
+            "POST",
+            f"/admin/v1/accounts/{account}/adjustments",
+            json={"amount_cents": cents, "idempotency_key": f"down-{index}", "reason": "test"},
+        )
+        assert response.status_code == 201, response.text
+    balance = credits_of(api, key)["balance_microcents"]
+    assert balance - held < -(2**63)  # what available would be
+    response = authorize(api, key, model, prompt_tokens=1, max_tokens=1)
+    assert_error(response, 402, "insufficient_credits")

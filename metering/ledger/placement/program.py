@@ -36,6 +36,7 @@ from sqlalchemy import (
     and_,
     bindparam,
     case,
+    cast,
     exists,
     false,
     func,
@@ -48,7 +49,7 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.sql.elements import ColumnElement
 
 from metering.kit import programs as p
-from metering.kit.ranges import INT64_MAX
+from metering.kit.ranges import INT64_MAX, INT64_MIN
 from metering.ledger import holds
 from metering.ledger.access import in_flight_limited
 from metering.ledger.holds import HoldStatus
@@ -114,6 +115,7 @@ _EXTRA: p.RowColumns = (
 )
 HOLDS_IN = p.Records("p_holds", (*((name, HOLDS.c[name].type) for name in HOLD_COLUMNS), *_EXTRA))
 NOW = p.Var("p_now", UTCDateTime())
+_BOTTOM = cast(literal(INT64_MIN, BigInteger()), BigInteger())  # a BIGINT, not a numeric
 
 
 def key_holds_in_force(api_key_id: Any, at: Any) -> ColumnElement[Any]:
@@ -325,7 +327,18 @@ def _place_holds(on: p.Backend) -> list[p.Step]:
             into=tuple(h.values()),
             steps=(
                 take_account,
-                p.Assign(available, balance.ref - held.ref),
+                # balance − held, or the bottom of the range when that would pass it (a
+                # balance driven far below zero while holds counted): never an overflow.
+                p.Assign(
+                    available,
+                    case(
+                        (
+                            balance.ref < _BOTTOM + held.ref,
+                            _BOTTOM,
+                        ),
+                        else_=balance.ref - held.ref,
+                    ),
+                ),
                 p.Assign(outcome, decide),
                 grant,
                 p.Emit(
