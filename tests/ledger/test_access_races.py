@@ -2,7 +2,7 @@
 authorizations at once against max_concurrent_requests = 10 with ample credit grant exactly 10
 (190 × 429 with Retry-After); voiding 3 frees exactly 3; holds expiring (hold_ttl_seconds=1)
 and holds settled by usage events free their slots exactly; an unbilled account is limited the
-same way."""
+same way; a key's weekly limit is exact under the race too."""
 
 from __future__ import annotations
 
@@ -12,11 +12,12 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 
 import pytest
-from sqlalchemy import update
+from sqlalchemy import insert, update
 
-from metering.models import Account
+from metering.accounts.windows import window_bounds
+from metering.models import Account, ApiKey, UsageRollup
 from tests.conftest import require_postgresql
-from tests.ledger.test_concurrency import GATEWAY, Cluster, _connection, _start
+from tests.ledger.test_concurrency import ESTIMATE, GATEWAY, Cluster, _connection, _start
 
 pg_only = pytest.mark.usefixtures("needs_postgresql")
 
@@ -144,3 +145,71 @@ def test_settled_holds_free_their_slots_exactly(cluster: Cluster) -> None:
     again = _granted(asyncio.run(_burst(cluster, secret, 200, "f")))
     assert len(again) == 4
     assert cluster.books(account)["active"] == 10
+
+
+@pg_only
+def test_a_weekly_limit_covering_exactly_100_grants_exactly_100(cluster: Cluster) -> None:
+    """The week's spend (the rollups of earlier days this week, from Monday) plus the holds in
+    flight, under the account's lock: exactly as many holds as the weekly limit leaves room
+    for, whatever process answers."""
+    now = datetime.now(UTC)
+    week_start, _ = window_bounds("week", now)
+    # The week's Monday counts; the same amount long before it does not.
+    spent = 654_321
+    account, key_id, secret = cluster.seed(10**12)
+    with cluster.database.unit_of_work() as session:
+        session.execute(
+            update(ApiKey)
+            .where(ApiKey.id == key_id)
+            .values(
+                monthly_spend_limit_microcents=spent + 100 * ESTIMATE, spend_limit_window="week"
+            )
+        )
+        for day, cost in ((week_start, spent), (week_start.replace(year=2000), 10**9)):
+            session.execute(
+                insert(UsageRollup).values(
+                    account_id=account,
+                    bucket_width="1d",
+                    grouping="key",
+                    bucket_start=day,
+                    api_key_id=key_id,
+                    model_id="",
+                    requests=1,
+                    input_tokens=0,
+                    cache_read_tokens=0,
+                    output_tokens=0,
+                    reasoning_tokens=0,
+                    cost_microcents=cost,
+                    last_event_id=0,
+                )
+            )
+        session.commit()
+    results = asyncio.run(_burst_any(cluster, secret, 200, "w"))
+    assert results.count(200) == 100
+    assert results.count("member_spend_limit") == 100
+    assert cluster.books(account)["active"] == 100
+
+
+async def _burst_any(cluster: Cluster, secret: str, count: int, prefix: str) -> list[object]:
+    """Statuses of ``count`` authorizations at once (the error code for a refusal)."""
+    connections = [_connection(cluster.servers[i % 2], GATEWAY) for i in range(count)]
+    for connection in connections:
+        await connection.request("GET", "/healthz")
+    body = {
+        "api_key": secret,
+        "model": cluster.model,
+        "api": "chat_completions",
+        "prompt_tokens": 1000,
+        "max_tokens": 100,
+    }
+    try:
+        responses = await asyncio.gather(
+            *(
+                c.request("POST", "/v1/authorizations", {**body, "request_id": f"{prefix}-{i}"})
+                for i, c in enumerate(connections)
+            )
+        )
+    finally:
+        for connection in connections:
+            await connection.close()
+    return [r.status if r.status == 200 else r.json()["error"]["code"] for r in responses]

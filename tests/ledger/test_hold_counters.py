@@ -172,6 +172,24 @@ class TestCounter:
 
 
 class TestVerify:
+    def test_a_count_that_drifted_is_named(self, api: Api) -> None:
+        setup = prepaid(api, 1)
+        place(api, setup)
+        with api.database.unit_of_work() as session:
+            session.execute(update(Account).where(Account.id == setup.account).values(held_count=2))
+            session.commit()
+        try:
+            assert mismatches_of(api, setup.account) == [
+                f"account {setup.account}: held count 2, counted holds 1"
+            ]
+        finally:
+            with api.database.unit_of_work() as session:
+                session.execute(
+                    update(Account).where(Account.id == setup.account).values(held_count=1)
+                )
+                session.commit()
+        assert mismatches_of(api, setup.account) == []
+
     def test_a_counter_that_drifted_is_named(self, api: Api) -> None:
         setup = prepaid(api, 1)
         place(api, setup)

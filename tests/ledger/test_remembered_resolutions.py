@@ -102,6 +102,41 @@ def _unbill(api: Api, setup: Setup) -> None:
     _change(api, "UPDATE accounts SET billing = 'unbilled' WHERE id = :id", id=setup.account)
 
 
+def _concurrency(api: Api, setup: Setup) -> None:
+    # The two warm-up holds are in flight: a limit of 2 leaves no room for a third.
+    _change(api, "UPDATE accounts SET max_concurrent_requests = 2 WHERE id = :id", id=setup.account)
+
+
+def _narrow_account(api: Api, setup: Setup) -> None:
+    _change(api, "UPDATE accounts SET restricts_models = true WHERE id = :id", id=setup.account)
+
+
+def _narrow_key(api: Api, setup: Setup) -> None:
+    _change(api, "UPDATE api_keys SET restricts_models = true WHERE id = :id", id=setup.key.id)
+
+
+def _daily(api: Api, setup: Setup) -> None:
+    # Yesterday's spend counts in the month's window, not in the day's.
+    _change(
+        api,
+        "INSERT INTO usage_rollups (account_id, bucket_width, grouping, bucket_start, "
+        "api_key_id, model_id, requests, input_tokens, cache_read_tokens, output_tokens, "
+        "reasoning_tokens, cost_microcents, last_event_id) VALUES (:account, '1d', 'key', "
+        ":day, :key, '', 1, 0, 0, 0, 0, :cost, 0)",
+        account=setup.account,
+        day=NOW.replace(hour=0) - timedelta(days=1),
+        key=setup.key.id,
+        cost=10 * ESTIMATE,
+    )
+    _change(
+        api,
+        "UPDATE api_keys SET monthly_spend_limit_microcents = :limit, "
+        "spend_limit_window = 'day' WHERE id = :id",
+        limit=3 * ESTIMATE,
+        id=setup.key.id,
+    )
+
+
 CHANGES: dict[str, Callable[[Api, Setup], None]] = {
     "revoked key": _revoke,
     "new spend limit": _limit,
@@ -109,6 +144,10 @@ CHANGES: dict[str, Callable[[Api, Setup], None]] = {
     "smaller context": _shrink,
     "new price": _reprice,
     "unbilled account": _unbill,
+    "concurrency limit": _concurrency,
+    "account's model list": _narrow_account,
+    "key's model list": _narrow_key,
+    "daily window": _daily,
 }
 
 
@@ -129,6 +168,16 @@ def test_a_change_behind_the_process_takes_effect_at_once(api: Api, change: str)
         assert response.status_code == 200, response.text
         assert response.json()["max_tokens"] == 50
         assert response.json()["estimate_microcents"] == expected_estimate(1000, 50, GLM_RATES)
+    elif change == "concurrency limit":
+        assert_error(response, 429, "concurrency_limit_exceeded")
+    elif change == "account's model list":
+        assert_error(response, 404, "model_not_found", param="model")
+    elif change == "key's model list":
+        assert_error(response, 403, "model_not_allowed", param="model")
+    elif change == "daily window":
+        # Today: nothing spent, two holds in flight, this one fits exactly.
+        assert response.status_code == 200, response.text
+        assert_error(authorize(api, setup.key, setup.model), 402, "member_spend_limit")
     elif change == "new price":
         assert response.status_code == 200, response.text
         doubled = expected_estimate(1000, 100, (GLM_RATES[0], 2 * GLM_RATES[1], 0))

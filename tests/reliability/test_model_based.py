@@ -7,11 +7,13 @@ priorities and expiries, and their voids (§9: the model keeps each grant's rema
 deficit, and spends each charge in the spending order), authorizations (fresh, retried,
 conflicting, refused), voids, the clock moving past hold expiries and month ends, usage batches
 (new events, duplicates, conflicts, events naming holds, and every quarantine reason), reprocess
-of the quarantine, and list-price and account-rate changes. The model is plain Python and integer
-arithmetic written from the contract (§3–§6) — it does not import ``metering.pricing`` — and after
-every step ``GET /v1/credits`` (balance, held, available) and ``GET /v1/usage`` (totals and each
-day) must equal it for a prepaid and an unbilled account, and the quarantine must hold exactly the
-model's entries with their codes. Every response is also checked against the model as it comes.
+of the quarantine, list-price and account-rate changes, and §10's rules: accounts' limits on
+requests in flight (429), accounts' and keys' model lists (404 vs 403). The model is plain
+Python and integer arithmetic written from the contract (§3–§6, §10) — it does not import
+``metering.pricing`` — and after every step ``GET /v1/credits`` (balance, held, available) and
+``GET /v1/usage`` (totals and each day) must equal it for a prepaid and an unbilled account, and
+the quarantine must hold exactly the model's entries with their codes. Every response is also
+checked against the model as it comes.
 
 Reproducing a failure: hypothesis prints the failing steps as code and a
 ``@reproduce_failure(...)`` blob; outside CI it also replays the failure from its example
@@ -188,6 +190,10 @@ class Account:
 
     entries: dict[str, tuple[str, int, str | None]] = field(default_factory=dict)  # idem key
     overrides: dict[str, list[tuple[datetime, Rates | None]]] = field(default_factory=dict)
+    # §10: the limit on requests in flight, the account's model list and each key's (None: all).
+    concurrency: int | None = None
+    models: set[str] | None = None
+    key_models: dict[str, set[str] | None] = field(default_factory=dict)
 
 
 @dataclass
@@ -446,6 +452,11 @@ class Billing(RuleBasedStateMachine):
         estimate = half_up(prompt * rates[0], MICRO) + half_up(reserved * rates[1], MICRO)
         return limit, estimate
 
+    def in_flight(self, account: Account) -> int:
+        return sum(
+            1 for h in self.holds if h.account == account.id and h.status_at(self.now) == "active"
+        )
+
     def held(self, account: Account, key: str | None = None) -> int:
         return sum(
             h.estimate
@@ -546,14 +557,23 @@ class Billing(RuleBasedStateMachine):
             return
         spec = self.models.get(body["model"].replace("m1-", "M1-"))
         rates = self.price_at(account, spec.id, self.now) if spec else None
-        if spec is None or rates is None:
+        sees = spec is not None and (account.models is None or spec.id in account.models)
+        if spec is None or rates is None or not sees:
             self.check(response, 404, "model_not_found")
+            return
+        allowed = account.key_models.get(key)
+        if allowed is not None and spec.id not in allowed:
+            self.check(response, 403, "model_not_allowed")
             return
         outcome = self.expected_estimate(spec, rates, body)
         if isinstance(outcome, str):
             self.check(response, 400, outcome)
             return
         limit, estimate = outcome
+        if account.concurrency is not None and self.in_flight(account) >= account.concurrency:
+            self.check(response, 429, "concurrency_limit_exceeded")
+            assert response.headers["retry-after"] == "1", response.headers
+            return
         if account.billed:
             available = account.balance_at(self.now) - self.held(account)
             spend_limit = account.keys[key]
@@ -596,6 +616,50 @@ class Billing(RuleBasedStateMachine):
         if hold.status_at(self.now) == "active":
             hold.status = "voided"
         assert self.check(response, 200)["status"] == hold.status_at(self.now)
+
+    # -- §10: requests in flight and model access -------------------------------------------
+
+    @rule(account=st.sampled_from(["A", "U"]), limit=st.sampled_from([None, 1, 2, 3]))
+    def set_concurrency(self, account: str, limit: int | None) -> None:
+        model = self.accounts[account]
+        response = self.api.admin(
+            "PATCH", f"/admin/v1/accounts/{model.id}", json={"max_concurrent_requests": limit}
+        )
+        assert self.check(response, 200)["max_concurrent_requests"] == limit
+        model.concurrency = limit
+
+    @rule(account=st.sampled_from(["A", "U"]), models=st.sampled_from([None, "M1", "M2", "both"]))
+    def set_model_access(self, account: str, models: str | None) -> None:
+        model = self.accounts[account]
+        ids = self.model_ids(models)
+        response = self.api.admin(
+            "PUT",
+            f"/admin/v1/accounts/{model.id}/model-access",
+            json={"models": None if ids is None else sorted(ids)},
+        )
+        shown = self.check(response, 200)["model_access"]
+        assert shown == (None if ids is None else sorted(ids, key=str.encode))
+        model.models = ids
+
+    @rule(data=st.data(), models=st.sampled_from([None, "M1", "M2", "both"]))
+    def set_key_models(self, data: st.DataObject, models: str | None) -> None:
+        key = data.draw(st.sampled_from(self.keys()), label="key")
+        account = self.accounts[self.key_owner[key]]
+        ids = self.model_ids(models)
+        response = self.api.admin(
+            "PATCH",
+            f"/admin/v1/api-keys/{key}",
+            json={"allowed_models": None if ids is None else sorted(ids)},
+        )
+        if ids is not None and account.models is not None and not ids <= account.models:
+            self.check(response, 400, "invalid_parameter")
+            return
+        self.check(response, 200)
+        account.key_models[key] = ids
+
+    def model_ids(self, choice: str | None) -> set[str] | None:
+        m1, m2 = f"M1-{self.prefix}", f"M2-{self.prefix}"
+        return {None: None, "M1": {m1}, "M2": {m2}, "both": {m1, m2}}[choice]
 
     # -- time and prices -------------------------------------------------------------------
 
