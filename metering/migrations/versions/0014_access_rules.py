@@ -133,7 +133,7 @@ BEGIN
          LIMIT 1)
         WHERE api_keys.secret_hash = v_h_secret_hash AND api_keys.revoked_at IS NULL) AS resolution) IS DISTINCT FROM v_h_resolution) THEN 'stale' WHEN (v_h_request_id IS NOT NULL AND (EXISTS (SELECT *
         FROM authorizations
-        WHERE authorizations.account_id = v_account_id AND authorizations.request_id = v_h_request_id))) THEN 'exists' WHEN (v_billing != 'prepaid' AND v_h_estimate_microcents > 9223372036854775807 - v_held) THEN 'out_of_range' WHEN (v_limit IS NOT NULL AND v_count >= v_limit) THEN 'concurrency_limit_exceeded' WHEN (v_billing = 'prepaid' AND v_h_estimate_microcents > v_available) THEN 'insufficient_credits' WHEN (v_billing = 'prepaid' AND v_h_spend_limit IS NOT NULL AND (SELECT coalesce(sum(usage_rollups.cost_microcents), 0) AS coalesce_1
+        WHERE authorizations.account_id = v_account_id AND authorizations.request_id = v_h_request_id))) THEN 'exists' WHEN (v_limit IS NOT NULL AND v_count >= v_limit) THEN 'concurrency_limit_exceeded' WHEN (v_billing = 'prepaid' AND v_h_estimate_microcents > v_available) THEN 'insufficient_credits' WHEN (v_billing = 'prepaid' AND v_h_spend_limit IS NOT NULL AND (SELECT coalesce(sum(usage_rollups.cost_microcents), 0) AS coalesce_1
         FROM usage_rollups
         WHERE usage_rollups.account_id = v_account_id AND usage_rollups.bucket_width = '1d' AND usage_rollups.grouping = 'key' AND usage_rollups.bucket_start >= v_h_window_start AND usage_rollups.bucket_start < v_h_window_end AND usage_rollups.api_key_id = v_h_api_key_id) + (SELECT coalesce(sum(authorizations.estimate_microcents), 0) AS coalesce_2
         FROM authorizations

@@ -436,7 +436,7 @@ BEGIN
                 v_changed := v_changed OR v_adopted_count != 0;
             END IF;
         END IF;
-        v_available := v_balance - v_held;
+        v_available := CASE WHEN (v_balance < CAST(-9223372036854775808 AS BIGINT) + v_held) THEN CAST(-9223372036854775808 AS BIGINT) ELSE v_balance - v_held END;
         v_outcome := CASE WHEN (v_h_resolution IS NOT NULL AND (SELECT CAST(json_build_array(resolution.api_key_id, resolution.account_id, resolution.billing, resolution.spend_limit_microcents, resolution.spend_limit_window, resolution.max_concurrent_requests, resolution.model_id, resolution.context_length, resolution.max_output_tokens, resolution.reasoning_headroom_tokens, resolution.deprecation_date, resolution.price_version_id, resolution.account_sees, resolution.key_allows, resolution.input_microcents_per_million, resolution.output_microcents_per_million, resolution.cache_read_microcents_per_million) AS TEXT) AS json_build_array_1
         FROM (SELECT api_keys.id AS api_key_id, api_keys.account_id AS account_id, accounts.billing AS billing, api_keys.monthly_spend_limit_microcents AS spend_limit_microcents, api_keys.spend_limit_window AS spend_limit_window, accounts.max_concurrent_requests AS max_concurrent_requests, model.id AS model_id, model.context_length AS context_length, model.max_output_tokens AS max_output_tokens, model.reasoning_headroom_tokens AS reasoning_headroom_tokens, model.deprecation_date AS deprecation_date, coalesce(override.id, listed.id) AS price_version_id, accounts.restricts_models IS false OR (EXISTS (SELECT *
         FROM account_models
