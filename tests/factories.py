@@ -101,6 +101,7 @@ ERROR_TYPES = {
     409: "conflict_error",
     413: "invalid_request_error",
     500: "api_error",
+    503: "api_error",
 }
 
 
