@@ -115,6 +115,8 @@ class Registry:
             prometheus_client.ProcessCollector(registry=self._process)
             prometheus_client.GCCollector(registry=self._process)
         self._platform = prometheus_client.PlatformCollector(registry=None)
+        if not multiprocess():
+            self._process.register(self._platform)
 
     def counter(self, name: str, help_text: str, labels: tuple[str, ...] = ()) -> Counter:
         return Counter(self._process, name, help_text, labels)
@@ -144,12 +146,13 @@ class Registry:
 
     def worker_started(self) -> None:
         """A server worker's start (the app's lifespan): it counts in
-        ``metering_server_worker_processes`` until it stops or dies."""
-        self._workers.set(1)
+        ``metering_server_worker_processes`` until it stops or dies. (Counted per app, so that
+        several apps in one process — tests — count as many.)"""
+        self._workers.inc()
 
     def worker_stopping(self) -> None:
         """A worker's shutdown: its share of the live gauges goes (its counters stay)."""
-        self._workers.set(0)
+        self._workers.dec()
         directory = multiprocess_directory()
         if directory is not None:
             mark_process_dead(os.getpid(), str(directory))

@@ -102,6 +102,7 @@ ERROR_TYPES = {
     413: "invalid_request_error",
     429: "rate_limit_error",
     500: "api_error",
+    503: "api_error",
 }
 
 
