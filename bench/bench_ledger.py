@@ -108,8 +108,10 @@ def _setup(config: Config, url: str, base_url: str, workdir: Path) -> Fixture:
             admin.grant(account, GRANT_CENTS)
             admin.access_rules(account, [MODEL], 1)
         if full is not None:
-            # Its one request in flight, for the whole run.
-            hold = admin.client.post(
+            # Its one request in flight, for the whole run. Not checked here: a hold that did
+            # not go through (a gateway token that no longer matches) leaves the account below
+            # its limit, and the case reports the answers that are not 429 as problems.
+            admin.client.post(
                 "/v1/authorizations",
                 headers={"Authorization": f"Bearer {GATEWAY_TOKEN}"},
                 json={
@@ -121,8 +123,6 @@ def _setup(config: Config, url: str, base_url: str, workdir: Path) -> Fixture:
                     "hold_ttl_seconds": 604800,
                 },
             )
-            if hold.status_code != 200:
-                raise RuntimeError(f"setup: the full account's hold: {hold.text[:300]}")
     return Fixture(keys[: config.accounts], keys[config.accounts], full)
 
 
