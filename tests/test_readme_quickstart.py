@@ -52,7 +52,7 @@ def _run(script: str, cwd: Path, env: dict[str, str]) -> str:
 
 
 def _check_own_account(out: str) -> None:
-    assert '"object":"ledger_entry"' in out and '"kind":"grant"' in out, out
+    assert '"object":"credit_grant"' in out and '"category":"paid"' in out, out
     assert '"status":"active"' in out, out  # the hold
     assert '"recorded": 1' in out, out  # the usage event, pretty-printed
     assert '"total_microcents": 87460' in out, out
