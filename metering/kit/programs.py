@@ -214,6 +214,17 @@ class Backend:
             )
         return self._json_rows(bindparam(rows.name, type_=Text), rows.columns, alias)
 
+    def last(self, rows: Rows, column_name: str) -> ColumnElement[Any]:
+        """``column_name`` of the last row ``rows`` holds (NULL when none), as a plain expression:
+        no query (PL/pgSQL evaluates it on its fast path, where ``max`` over the rows would be a
+        statement of its own). Collect the rows ordered by that column to get its largest."""
+        kind = dict(rows.columns)[column_name]
+        if self.name == "postgresql":
+            array = bindparam(rows.array(column_name), type_=postgresql.ARRAY(kind))
+            return type_coerce(array[func.cardinality(array)], kind)
+        path = f"$[#-1].{column_name}"
+        return type_coerce(func.json_extract(bindparam(rows.name, type_=Text), path), kind)
+
     def count(self, rows: Rows) -> ColumnElement[int]:
         """How many rows ``rows`` holds."""
         if self.name == "postgresql":

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import BigInteger, ColumnElement, FromClause, func, select, true
+from sqlalchemy import BigInteger, FromClause, select, true
 from sqlalchemy.orm import Session
 
 from metering.db import driver_connection, is_postgresql
@@ -104,7 +104,8 @@ _NEW = p.Rows("v_new", tuple((name, EVENTS.c[name].type) for name in _RETURNED))
 
 def _record_usage(on: p.Backend) -> list[p.Step]:
     new = on.rows(_NEW, "n")
-    newest: ColumnElement[Any] = select(func.max(new.c.id)).scalar_subquery()
+    # The new events are collected in id order: the newest is the last (one expression, no query).
+    newest = on.last(_NEW, "id")
     charges = select(
         new.c.account_id,
         new.c.api_key_id,
@@ -115,7 +116,7 @@ def _record_usage(on: p.Backend) -> list[p.Step]:
         PREPAID.ref.label("prepaid"),
     ).subquery("c")
     return [
-        p.Collect(insert_events(on, on.records(EVENTS_IN, "e")), into=_NEW),
+        p.Collect(insert_events(on, on.records(EVENTS_IN, "e")), into=_NEW, order_by=("id",)),
         p.When(
             on.count(_NEW) > 0,
             (

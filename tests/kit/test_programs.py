@@ -1,0 +1,64 @@
+"""The programs engine's expressions that differ per backend, run on both: a program defined
+once gives the same answer interpreted on SQLite and as its generated PL/pgSQL function."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+import pytest
+from sqlalchemy import BigInteger, create_engine, select
+
+from metering.kit import programs as p
+from metering.kit.programs import POSTGRESQL, SQLITE, Backend
+from tests.conftest import BACKENDS
+
+ROWS_IN = p.Records("p_rows", (("id", BigInteger()), ("amount", BigInteger())))
+KEPT = p.Rows("v_kept", (("id", BigInteger()), ("amount", BigInteger())))
+
+
+def _last_kept(on: Backend) -> list[p.Step]:
+    rows = on.records(ROWS_IN, "r")
+    kept = select(rows.c.id, rows.c.amount).where(rows.c.amount > 0)
+    return [p.Collect(kept, into=KEPT, order_by=("id",)), p.Return(on.last(KEPT, "id"))]
+
+
+LAST_KEPT = p.Program("metering_test_last_kept", params=(ROWS_IN,), build=_last_kept,
+                      returns=BigInteger())  # fmt: skip
+
+CASES: list[tuple[list[dict[str, int]], int | None]] = [
+    ([], None),
+    ([{"id": 7, "amount": 0}], None),
+    ([{"id": 7, "amount": 1}], 7),
+    # Collected in id order, whatever the input's order: the last is the largest.
+    ([{"id": 9, "amount": 1}, {"id": 3, "amount": 2}, {"id": 12, "amount": 0}], 9),
+    ([{"id": 2**62, "amount": 1}, {"id": 5, "amount": 1}], 2**62),
+]
+
+
+def _run(backend: str, url: str, rows: list[dict[str, int]]) -> Any:
+    if backend == "postgresql":
+        with psycopg.connect(url.replace("+psycopg", "")) as connection:
+            connection.execute(LAST_KEPT.plpgsql)
+            records = p.records_json(ROWS_IN, rows, POSTGRESQL)
+            row = connection.execute(LAST_KEPT.call_sql, {"p_rows": records}).fetchone()
+            connection.rollback()  # the test's function goes with it
+            return row[0] if row else None
+    engine = create_engine(url)
+    try:
+        with engine.connect() as connection:
+            return LAST_KEPT.run(connection, p_rows=p.records_json(ROWS_IN, rows, SQLITE))
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_last_is_the_last_collected_row_on_both_backends(
+    backend: str, tmp_path: Any, request: pytest.FixtureRequest
+) -> None:
+    if backend == "postgresql":
+        url = request.getfixturevalue("pg_url")
+    else:
+        url = f"sqlite:///{tmp_path / 'programs.db'}"
+    for rows, expected in CASES:
+        assert _run(backend, url, rows) == expected, rows
