@@ -175,7 +175,10 @@ def install_error_handlers(app: FastAPI) -> None:
     async def on_unexpected(request: Request, exc: Exception) -> Response:
         request_id = request_id_of(request.scope)
         if unreachable(exc):
-            log.warning("database unavailable (request_id=%s): %s", request_id, exc)
+            # The first line only: the rest of SQLAlchemy's message is the statement and its
+            # parameters, which may carry a request's data.
+            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            log.warning("database unavailable (request_id=%s): %s", request_id, reason)
             unavailable = DatabaseUnavailable("the database is unavailable; try again shortly")
             return error_response(request, unavailable)
         log.exception(
