@@ -11,6 +11,7 @@ from pathlib import Path
 from metering.settings import Settings
 
 DEV_TOKENS_FILE = "dev-tokens.env"
+SECRET_KEY_FILE = "secret-key"
 ADMIN_VAR = "METERING_ADMIN_TOKEN"
 GATEWAY_VAR = "METERING_GATEWAY_TOKEN"
 
@@ -50,17 +51,41 @@ def ensure_dev_tokens(settings: Settings) -> DevTokens:
     return DevTokens(values[ADMIN_VAR], values[GATEWAY_VAR], path, created)
 
 
+def ensure_secret_key(settings: Settings) -> str:
+    """The embedded default's ``METERING_SECRET_KEY`` (§11): generated on first start and kept
+    (mode 0600) in the data directory, never printed or logged."""
+    path = settings.data_dir / SECRET_KEY_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        pass  # made before (or by another worker just now): read it
+    else:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(secrets.token_urlsafe(48) + "\n")
+    return path.read_text().strip()
+
+
 def runtime_settings(settings: Settings | None = None) -> Settings:
-    """Settings from the environment; with the embedded database and no tokens configured, the
-    generated dev tokens. A server database without tokens is a configuration error."""
+    """Settings from the environment; with the embedded database and no tokens (or secret key)
+    configured, the generated ones. A server database without them is a configuration error."""
     settings = settings or Settings()
+    if not settings.is_embedded:
+        if not (settings.admin_tokens and settings.gateway_tokens):
+            raise SystemExit(
+                "METERING_ADMIN_TOKENS and METERING_GATEWAY_TOKENS must be set when "
+                "METERING_DATABASE_URL points at a server database"
+            )
+        if not settings.secret_key:
+            raise SystemExit(
+                "METERING_SECRET_KEY must be set when METERING_DATABASE_URL points at a "
+                "server database (at least 32 characters: it encrypts webhook signing secrets)"
+            )
+        return settings
+    if not settings.secret_key:
+        settings = settings.model_copy(update={"secret_key": [ensure_secret_key(settings)]})
     if settings.admin_tokens and settings.gateway_tokens:
         return settings
-    if not settings.is_embedded:
-        raise SystemExit(
-            "METERING_ADMIN_TOKENS and METERING_GATEWAY_TOKENS must be set when "
-            "METERING_DATABASE_URL points at a server database"
-        )
     tokens = ensure_dev_tokens(settings)
     return settings.model_copy(
         update={

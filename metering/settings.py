@@ -44,10 +44,25 @@ class Settings(BaseSettings):
     log_level: str = "INFO"
     # One line per request on the "metering.access" logger (method, path, status, duration).
     access_log: bool = True
+    # §11: one or more comma-separated strings of at least 32 characters; the first encrypts
+    # the webhook signing secrets, all decrypt (rotation). Generated for the embedded default.
+    secret_key: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    # Webhook delivery (§11): the timeout of one attempt, extra CA certificates (a PEM file), and
+    # whether private and loopback addresses (and http://) are allowed (None: only embedded).
+    webhook_timeout_seconds: float = Field(default=10.0, gt=0, le=60)
+    webhook_ca_bundle: Path | None = None
+    webhook_allow_private: bool | None = None
 
     _split = field_validator(
-        "gateway_tokens", "admin_tokens", "admin_readonly_tokens", mode="before"
+        "gateway_tokens", "admin_tokens", "admin_readonly_tokens", "secret_key", mode="before"
     )(_split_tokens)
+
+    @field_validator("secret_key")
+    @classmethod
+    def _long_enough(cls, value: list[str]) -> list[str]:
+        if any(len(part) < 32 for part in value):
+            raise ValueError("each key must be at least 32 characters")
+        return value
 
     @model_validator(mode="after")
     def _each_secret_once(self) -> Settings:
@@ -66,6 +81,12 @@ class Settings(BaseSettings):
     @property
     def is_embedded(self) -> bool:
         return not self.database_url
+
+    @property
+    def webhooks_may_reach_private(self) -> bool:
+        if self.webhook_allow_private is None:
+            return self.is_embedded
+        return self.webhook_allow_private
 
     @property
     def effective_database_url(self) -> str:

@@ -30,6 +30,7 @@ from sqlalchemy.sql.elements import BindParameter
 from metering.kit import programs as p
 from metering.ledger import holds
 from metering.models import Account, Authorization, LedgerEntry, table
+from metering.notifications import outbox
 
 ACCOUNTS = table(Account)
 HOLDS = table(Authorization)
@@ -76,6 +77,9 @@ CHARGES_IN = p.Records(  # ChargeToSettle's fields
 assert CHARGES_IN.names == tuple(f.name for f in fields(ChargeToSettle))
 _TARGETS = p.Rows("v_targets", (("hold_id", HOLDS.c.id.type), ("event_id", BigInteger())))
 _DEBITS = p.Rows("v_debits", (("account_id", ACCOUNTS.c.id.type), ("total", BigInteger())))
+_MOVED = p.Rows(
+    "v_moved", (("account_id", ACCOUNTS.c.id.type), ("after_microcents", BigInteger()))
+)
 
 
 def settle_steps(on: p.Backend, charges: FromClause, now: BindParameter[Any]) -> list[p.Step]:
@@ -187,11 +191,32 @@ def settle_steps(on: p.Backend, charges: FromClause, now: BindParameter[Any]) ->
         p.When(
             on.count(_DEBITS) > 0,
             (
-                p.Run(
+                p.Collect(
                     ACCOUNTS.update()
                     .values(balance_microcents=ACCOUNTS.c.balance_microcents - debits.c.total)
                     .where(ACCOUNTS.c.id == debits.c.account_id)
+                    .returning(
+                        ACCOUNTS.c.id.label("account_id"),
+                        ACCOUNTS.c.balance_microcents.label("after_microcents"),
+                    ),
+                    into=_MOVED,
                 ),
+                # §11: the balance thresholds this move crosses, under the same row lock.
+                p.Run(outbox.balance_crossings(_moves(on, debits), now)),
             ),
         ),
     ]
+
+
+def _moves(on: p.Backend, debits: FromClause) -> FromClause:
+    """The balances the debits moved: before (after + the debit) and after."""
+    moved = on.rows(_MOVED, "mv")
+    return (
+        select(
+            moved.c.account_id,
+            (moved.c.after_microcents + debits.c.total).label("before_microcents"),
+            moved.c.after_microcents,
+        )
+        .select_from(moved.join(debits, debits.c.account_id == moved.c.account_id))
+        .subquery("m")
+    )

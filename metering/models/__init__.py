@@ -6,6 +6,7 @@ from metering.models.base import Base, table
 from metering.models.catalog import AccountRate, CatalogModel, PriceVersion
 from metering.models.exports import ExportDay, ExportRun
 from metering.models.ledger import Authorization, LedgerEntry
+from metering.models.notifications import WebhookDelivery, WebhookEndpoint, WebhookEvent
 from metering.models.usage import QuarantinedEvent, UsageEvent, UsageRollup
 
 __all__ = [
@@ -23,5 +24,8 @@ __all__ = [
     "QuarantinedEvent",
     "UsageEvent",
     "UsageRollup",
+    "WebhookDelivery",
+    "WebhookEndpoint",
+    "WebhookEvent",
     "table",
 ]

@@ -25,6 +25,8 @@ class Account(Base):
     # metering.ledger.placement). ``GET /v1/credits`` sums the holds in force instead.
     held_microcents: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    # §11: ``credit.balance_low`` fires when a transaction takes the balance below it.
+    low_balance_threshold_microcents: Mapped[int | None] = mapped_column(BigInteger)
 
 
 class ApiKey(Base):

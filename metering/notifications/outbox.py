@@ -1,0 +1,188 @@
+"""The outbox: events written in the very transaction that causes them (§11).
+
+An event is a row of ``webhook_events``; the delivery loop later makes one delivery per matching
+endpoint. So a crash loses no event, and a rolled-back change sends none.
+
+Two ways in, one table:
+
+* ``emit(session, type, account_id, data, now)``: from Python, in the caller's unit of work. New
+  event types (``credit.grant_expiring``/``_expired``, ``spend_limit.threshold_reached``) are one
+  call of it in the transaction that crosses, under the account's row lock. Amounts in ``data``
+  are integer ``*_microcents`` fields; messages show them as ``*_cents`` beside the exact value.
+* ``balance_crossings(on, moves, now)``: the balance thresholds (``credit.balance_low``,
+  ``credit.balance_depleted``) as one Core statement over the balance moves of a transaction, a
+  step of the settlement programs (so PostgreSQL's functions and SQLite run the same rule) and
+  run as is by grants and adjustments.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import FromClause, String, and_, insert, literal, select, union_all
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.orm import Session
+from sqlalchemy.sql.functions import FunctionElement
+from sqlalchemy.types import Text
+
+from metering.kit.ids import new_id
+from metering.models import Account, WebhookEvent, table
+
+EVENTS = table(WebhookEvent)
+ACCOUNTS = table(Account)
+
+BALANCE_LOW = "credit.balance_low"
+BALANCE_DEPLETED = "credit.balance_depleted"
+EXPIRED_UNUSED = "authorization.expired_unused"
+USAGE_QUARANTINED = "usage.quarantined"
+EXPORT_COMPLETED = "export.completed"
+TEST = "webhook.test"
+
+# Every type an endpoint may subscribe to; those an account key may not (§11).
+EVENT_TYPES = frozenset(
+    {
+        BALANCE_LOW,
+        BALANCE_DEPLETED,
+        "credit.grant_expiring",
+        "credit.grant_expired",
+        "spend_limit.threshold_reached",
+        EXPIRED_UNUSED,
+        USAGE_QUARANTINED,
+        EXPORT_COMPLETED,
+        TEST,
+    }
+)
+OPERATOR_ONLY = frozenset({EXPIRED_UNUSED, USAGE_QUARANTINED, EXPORT_COMPLETED})
+
+
+def emit(
+    session: Session,
+    type_: str,
+    account_id: str | None,
+    data: Mapping[str, Any],
+    now: datetime,
+) -> str:
+    """Write one event in the session's transaction; returns its id (``evt_…``)."""
+    assert type_ in EVENT_TYPES, type_
+    public_id = new_id("evt", 26)
+    session.execute(
+        insert(EVENTS).values(
+            public_id=public_id,
+            account_id=account_id,
+            type=type_,
+            data=json.dumps(dict(data), separators=(",", ":"), allow_nan=False),
+            created_at=now,
+            dispatched=False,
+        )
+    )
+    return public_id
+
+
+# -- SQL pieces both backends render -------------------------------------------------------------
+
+
+class event_id(FunctionElement[str]):
+    """A new ``evt_…`` id made by the database (128 random bits, hex)."""
+
+    inherit_cache = True
+    name = "event_id"
+    type = String()
+
+
+@compiles(event_id)
+def _event_id_pg(element: event_id, compiler: Any, **kw: Any) -> str:
+    return "'evt_' || replace(CAST(gen_random_uuid() AS TEXT), '-', '')"
+
+
+@compiles(event_id, "sqlite")
+def _event_id_sqlite(element: event_id, compiler: Any, **kw: Any) -> str:
+    return "'evt_' || lower(hex(randomblob(16)))"
+
+
+class json_object_text(FunctionElement[str]):
+    """A JSON object of key/value pairs, as text (``json_build_object`` / ``json_object``)."""
+
+    inherit_cache = True
+    name = "json_object_text"
+    type = Text()
+
+
+@compiles(json_object_text)
+def _json_object_pg(element: json_object_text, compiler: Any, **kw: Any) -> str:
+    return f"CAST(json_build_object({compiler.process(element.clauses, **kw)}) AS TEXT)"
+
+
+@compiles(json_object_text, "sqlite")
+def _json_object_sqlite(element: json_object_text, compiler: Any, **kw: Any) -> str:
+    return f"json_object({compiler.process(element.clauses, **kw)})"
+
+
+def balance_crossings(moves: FromClause, now: Any) -> Any:
+    """Write the threshold events of balance moves: ``moves`` has ``account_id``,
+    ``before_microcents`` and ``after_microcents`` (the balance before and after the
+    transaction's move, read under the account's row lock, so two transactions that together
+    cross see the crossing once, in the second).
+
+    * ``credit.balance_low``: from ≥ the account's threshold to below it. Re-armed by being at or
+      above it again; a threshold set above the balance fires nothing until that recovery
+      (the balance was not ≥ the threshold before any later move).
+    * ``credit.balance_depleted``: from > 0 to ≤ 0; re-armed above 0.
+    """
+    threshold = ACCOUNTS.c.low_balance_threshold_microcents
+    joined = moves.join(ACCOUNTS, ACCOUNTS.c.id == moves.c.account_id)
+    low = (
+        select(
+            event_id(),
+            moves.c.account_id,
+            literal(BALANCE_LOW, String()),
+            json_object_text(
+                literal("balance_microcents", String()),
+                moves.c.after_microcents,
+                literal("threshold_microcents", String()),
+                threshold,
+            ),
+            now,
+        )
+        .select_from(joined)
+        .where(
+            threshold.is_not(None),
+            moves.c.before_microcents >= threshold,
+            moves.c.after_microcents < threshold,
+        )
+    )
+    depleted = (
+        select(
+            event_id(),
+            moves.c.account_id,
+            literal(BALANCE_DEPLETED, String()),
+            json_object_text(literal("balance_microcents", String()), moves.c.after_microcents),
+            now,
+        )
+        .select_from(moves)
+        .where(and_(moves.c.before_microcents > 0, moves.c.after_microcents <= 0))
+    )
+    crossed = union_all(low, depleted).subquery("crossed")
+    return insert(EVENTS).from_select(
+        ["public_id", "account_id", "type", "data", "created_at"],
+        select(*crossed.c),
+    )
+
+
+def note_balance_move(
+    session: Session, account_id: str, before: int, after: int, now: datetime
+) -> None:
+    """Grants and adjustments: ``balance_crossings`` for one move, in the session's transaction
+    (the caller holds the account's row lock)."""
+    if before == after:
+        return
+    from metering.models.base import UTCDateTime
+
+    moves = select(
+        literal(account_id, String()).label("account_id"),
+        literal(before, ACCOUNTS.c.balance_microcents.type).label("before_microcents"),
+        literal(after, ACCOUNTS.c.balance_microcents.type).label("after_microcents"),
+    ).subquery("m")
+    session.execute(balance_crossings(moves, literal(now, UTCDateTime())))
