@@ -62,6 +62,7 @@ def create_app(
     from metering.audit import endpoints as audit
     from metering.catalog import endpoints as catalog
     from metering.ledger import endpoints as ledger
+    from metering.notifications import endpoints as webhooks
     from metering.reports import endpoints as reports
     from metering.usage import endpoints as usage
     from metering.web import docs, openapi
@@ -79,6 +80,8 @@ def create_app(
         usage.admin_router,
         audit.admin_router,
         reports.router,
+        webhooks.router,
+        webhooks.admin_router,
     )
     for router in routers:
         app.include_router(router, responses=ERROR_RESPONSES)

@@ -28,11 +28,14 @@ from metering.db import Database
 from metering.exports.service import FAILED, DayResult, Exporter
 from metering.kit.clock import Clock
 from metering.kit.timeutil import format_timestamp
+from metering.notifications.addresses import Resolver
+from metering.notifications.delivery import Deliverer, PassReport
 from metering.settings import Settings
 
 log = logging.getLogger("metering.scheduler")
 
 DEFAULT_INTERVAL_SECONDS = 60.0
+WEBHOOK_INTERVAL_SECONDS = 1.0  # §11: due messages are looked for every second
 
 
 @dataclass
@@ -58,12 +61,32 @@ class Scheduler:
         *,
         heartbeat: Path | None = None,
         runner: str | None = None,
+        resolver: Resolver | None = None,
     ) -> None:
         self.database = database
         self.clock = clock
         self.after = timedelta(minutes=settings.export_after_minutes)
         self.exporter = Exporter(database, settings.export_dir, clock, runner)
         self.heartbeat = heartbeat
+        self.deliverer: Deliverer | None = None
+        if settings.secret_key:
+            self.deliverer = Deliverer(database, settings, clock, resolver=resolver)
+        else:
+            log.error("METERING_SECRET_KEY is not set: webhooks are not delivered")
+
+    def deliver(self) -> PassReport | None:
+        """One pass of the webhook delivery loop (§11: every second)."""
+        if self.deliverer is None:
+            return None
+        try:
+            return self.deliverer.run_once()
+        except Exception:
+            log.exception("webhook delivery pass failed (retried in a second)")
+            return None
+
+    def close(self) -> None:
+        if self.deliverer is not None:
+            self.deliverer.close()
 
     def tick(self) -> TickReport:
         now = self.clock.now()
@@ -91,11 +114,12 @@ class Scheduler:
         return report
 
     def _expire_holds(self, now: datetime, report: TickReport) -> int | None:
-        from metering.ledger.authorizations import expire_holds
+        from metering.ledger.authorizations import expire_holds, notice_expired_unused
 
         try:
             with self.database.unit_of_work() as session:
                 expired = expire_holds(session, now)
+                notice_expired_unused(session, now)
                 session.commit()
         except Exception as exc:
             log.exception("tidy-up of expired holds failed")
@@ -132,6 +156,16 @@ def _add_tick(apscheduler: Any, scheduler: Scheduler, interval_seconds: float) -
         coalesce=True,
         misfire_grace_time=max(1, int(interval_seconds)),
     )
+    apscheduler.add_job(
+        scheduler.deliver,
+        IntervalTrigger(seconds=WEBHOOK_INTERVAL_SECONDS, timezone=UTC),
+        id="webhooks",
+        name="webhook delivery",
+        next_run_time=datetime.now(UTC),
+        max_instances=1,
+        coalesce=True,
+        misfire_grace_time=5,
+    )
 
 
 def run(scheduler: Scheduler, interval_seconds: float = DEFAULT_INTERVAL_SECONDS) -> None:
@@ -162,11 +196,13 @@ class EmbeddedScheduler:
         from metering.kit.clock import SystemClock
 
         logging.getLogger("apscheduler").setLevel(logging.WARNING)  # not a line per tick
+        from metering.runtime import runtime_settings
+
+        settings = runtime_settings(settings)  # the embedded default's generated secret key
         self.database = Database.from_url(settings.effective_database_url, pool_size=2)
         self.background = BackgroundScheduler(timezone=UTC, daemon=True)
-        _add_tick(
-            self.background, Scheduler(self.database, settings, SystemClock()), interval_seconds
-        )
+        self.scheduler = Scheduler(self.database, settings, SystemClock())
+        _add_tick(self.background, self.scheduler, interval_seconds)
         self.interval_seconds = interval_seconds
 
     def start(self) -> None:
@@ -175,6 +211,7 @@ class EmbeddedScheduler:
 
     def stop(self) -> None:
         self.background.shutdown(wait=True)
+        self.scheduler.close()
         self.database.dispose()
 
 
@@ -185,12 +222,21 @@ def command(settings: Settings, interval_seconds: float, once: bool, heartbeat: 
 
     configure_logging(settings.log_level)
     logging.getLogger("apscheduler").setLevel(logging.WARNING)  # not a line per tick
+    if settings.is_embedded:
+        from metering.runtime import runtime_settings
+
+        settings = runtime_settings(settings)  # the embedded default's generated secret key
     database = Database.from_url(settings.effective_database_url, pool_size=2)
+    scheduler = None
     try:
         scheduler = Scheduler(database, settings, SystemClock(), heartbeat=heartbeat)
         if once:
-            return 0 if scheduler.tick().ok else 1
+            ok = scheduler.tick().ok
+            scheduler.deliver()
+            return 0 if ok else 1
         run(scheduler, interval_seconds)
     finally:
+        if scheduler is not None:
+            scheduler.close()
         database.dispose()
     return 0

@@ -31,6 +31,8 @@ from metering.settings import Settings
 
 ADMIN_TOKEN = "test-admin-token"
 GATEWAY_TOKEN = "test-gateway-token"
+# METERING_SECRET_KEY of every test app and server (§11: at least 32 characters).
+TEST_SECRET_KEY = "test-secret-key-of-at-least-32-characters"
 # The default "now" of every test; tests that move time set it back via the ``clock`` fixture.
 NOW = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
 
@@ -119,6 +121,7 @@ def make_settings(url: str, tmp_dir: Path, **overrides: Any) -> Settings:
         "export_dir": tmp_dir / "exports",
         "admin_tokens": [ADMIN_TOKEN],
         "gateway_tokens": [GATEWAY_TOKEN],
+        "secret_key": [TEST_SECRET_KEY],
     }
     values.update(overrides)
     return Settings(**values)

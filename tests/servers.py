@@ -16,7 +16,7 @@ from pathlib import Path
 
 import httpx2 as httpx
 
-from tests.conftest import ADMIN_TOKEN, GATEWAY_TOKEN
+from tests.conftest import ADMIN_TOKEN, GATEWAY_TOKEN, TEST_SECRET_KEY
 
 
 def free_port() -> int:
@@ -47,6 +47,7 @@ class ServerProcess:
                 "METERING_DATABASE_URL": self.database_url,
                 "METERING_ADMIN_TOKENS": ADMIN_TOKEN,
                 "METERING_GATEWAY_TOKENS": GATEWAY_TOKEN,
+                "METERING_SECRET_KEY": TEST_SECRET_KEY,
                 "METERING_DATA_DIR": str(self.workdir),
                 "METERING_EXPORT_DIR": str(self.workdir / "exports"),
                 "METERING_LOG_LEVEL": "WARNING",

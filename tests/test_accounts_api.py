@@ -56,6 +56,8 @@ class TestCreateAccount:
             "name": name,
             "billing": billing,
             "created_at": NOW_TEXT,
+            "low_balance_threshold_cents": None,
+            "low_balance_threshold_microcents": None,
         }
         fetched = api.admin("GET", f"/admin/v1/accounts/{account['id']}")
         assert (fetched.status_code, fetched.json()) == (200, account)

@@ -17,7 +17,7 @@ import pytest
 from metering import migrate
 from metering.catalog.importer import SHIPPED_CATALOG
 from metering.cli import main
-from tests.conftest import BACKENDS, fresh_database, running_api
+from tests.conftest import BACKENDS, TEST_SECRET_KEY, fresh_database, running_api
 from tests.test_cli import METERING, SHIPPED, _clean_env, _free_port
 
 
@@ -131,7 +131,10 @@ def test_a_server_database_keeps_the_scheduler_out_of_the_server(
             [str(METERING), "serve", "--port", str(port)],
             cwd=tmp_path,
             env=_clean_env(
-                METERING_DATABASE_URL=url, METERING_ADMIN_TOKENS="a1", METERING_GATEWAY_TOKENS="g1"
+                METERING_DATABASE_URL=url,
+                METERING_ADMIN_TOKENS="a1",
+                METERING_GATEWAY_TOKENS="g1",
+                METERING_SECRET_KEY=TEST_SECRET_KEY,
             ),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,

@@ -8,7 +8,7 @@ from fastapi import APIRouter
 from sqlalchemy import and_, or_, select
 
 from metering.accounts import service
-from metering.accounts.schemas import AccountCreate, ApiKeyCreate, ApiKeyUpdate
+from metering.accounts.schemas import AccountCreate, AccountUpdate, ApiKeyCreate, ApiKeyUpdate
 from metering.kit.money import parse_cents
 from metering.kit.pagination import PageParams, decode_cursor, page
 from metering.kit.timeutil import format_timestamp, parse_timestamp
@@ -54,6 +54,33 @@ def list_accounts(session: SessionDep, paging: PageParams) -> dict[str, Any]:
 def get_account(account_id: str, session: SessionDep) -> dict[str, Any]:
     """One account."""
     return service.account_body(service.get_account(session, account_id))
+
+
+@admin_router.patch("/accounts/{account_id}")
+def update_account(
+    account_id: str, body: AccountUpdate, session: SessionDep, now: NowDep, audit: AuditDep
+) -> dict[str, Any]:
+    """Rename an account or change its low-balance threshold (null clears it). A threshold set
+    above the balance fires nothing until the balance is at or above it again."""
+    account = service.get_account(session, account_id, lock=True)
+    before = service.account_body(account)
+    if "name" in body.model_fields_set:
+        account.name = body.name
+    if "low_balance_threshold_cents" in body.model_fields_set:
+        raw = body.low_balance_threshold_cents
+        account.low_balance_threshold_microcents = (
+            None if raw is None else parse_cents(raw, "low_balance_threshold_cents")
+        )
+    session.flush()
+    after = service.account_body(account)
+    changes = {
+        field: after[field]
+        for field in ("name", "low_balance_threshold_cents")
+        if after[field] != before[field]
+    }
+    if changes:
+        audit.record(session, now, "account.update", "account", account.id, account.id, changes)
+    return after
 
 
 @admin_router.post("/accounts/{account_id}/api-keys", status_code=201)

@@ -19,6 +19,15 @@ class AccountCreate(BaseModel):
     billing: Literal["prepaid", "unbilled"] = "prepaid"
 
 
+class AccountUpdate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    # Omitted: unchanged (null is no name: refused).
+    name: Text = Field(default=None, min_length=1, max_length=200)  # type: ignore[assignment]
+    # §11: null clears it (no credit.balance_low).
+    low_balance_threshold_cents: LimitCentsInput | None = None
+
+
 class ApiKeyCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 

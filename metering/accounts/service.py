@@ -69,12 +69,15 @@ def create_api_key(
 
 
 def account_body(account: Account) -> dict[str, Any]:
+    threshold = account.low_balance_threshold_microcents
     return {
         "id": account.id,
         "object": "account",
         "name": account.name,
         "billing": account.billing,
         "created_at": format_timestamp(account.created_at),
+        "low_balance_threshold_cents": None if threshold is None else cents(threshold),
+        "low_balance_threshold_microcents": threshold,
     }
 
 

@@ -49,6 +49,14 @@ ACTIONS: dict[str, str] = {
     "(only while it has priced no charge)",
     "account_rate.create": "an account's rate override version was added (or ended)",
     "quarantine.reprocess": "quarantined events were retried",
+    "account.update": "an account was renamed or its low-balance threshold changed",
+    "webhook_endpoint.create": "a webhook endpoint was added (its secret redacted)",
+    "webhook_endpoint.update": "a webhook endpoint's url, event types, state or description "
+    "changed",
+    "webhook_endpoint.delete": "a webhook endpoint was deleted (its undelivered messages dropped)",
+    "webhook_endpoint.rotate": "a webhook endpoint's signing secret was rotated (redacted)",
+    "webhook_endpoint.test": "a webhook.test event was sent to an endpoint",
+    "webhook_event.resend": "a webhook event was sent again",
 }
 
 

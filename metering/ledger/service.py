@@ -27,6 +27,7 @@ from metering.kit.timeutil import format_timestamp
 from metering.ledger import holds
 from metering.ledger.holds import HoldStatus
 from metering.models import Account, Authorization, LedgerEntry, table
+from metering.notifications import outbox
 
 ACCOUNTS = table(Account)
 HOLDS = table(Authorization)
@@ -202,6 +203,8 @@ def add_entry(
             raise
         return _replayed(existing, request_fingerprint), False
     session.execute(_MOVE_BALANCE, {"account_id": account_id, "amount": amount_microcents})
+    # §11: the thresholds this move crosses, under the account's row lock (taken above).
+    outbox.note_balance_move(session, account_id, account.balance_microcents, new_balance, now)
     return entry_body({**values, "id": entry_id}), True
 
 

@@ -77,9 +77,7 @@ CHARGES_IN = p.Records(  # ChargeToSettle's fields
 assert CHARGES_IN.names == tuple(f.name for f in fields(ChargeToSettle))
 _TARGETS = p.Rows("v_targets", (("hold_id", HOLDS.c.id.type), ("event_id", BigInteger())))
 _DEBITS = p.Rows("v_debits", (("account_id", ACCOUNTS.c.id.type), ("total", BigInteger())))
-_MOVED = p.Rows(
-    "v_moved", (("account_id", ACCOUNTS.c.id.type), ("after_microcents", BigInteger()))
-)
+_MOVED = p.Rows("v_moved", (("account_id", ACCOUNTS.c.id.type), ("after_microcents", BigInteger())))
 
 
 def settle_steps(on: p.Backend, charges: FromClause, now: BindParameter[Any]) -> list[p.Step]:

@@ -21,6 +21,8 @@ from sqlalchemy.orm import Mapped, mapped_column
 from metering.ledger.holds import ACTIVE_ROWS, RELEASED_ROWS, STATUS_CHECK
 from metering.models.base import Base, BigIntPK, UTCDateTime
 
+UNNOTICED_ROWS = "status = 'expired' AND NOT unused_noticed"
+
 
 class LedgerEntry(Base):
     """One movement of an account's balance. Never updated or deleted; corrections are new
@@ -94,6 +96,13 @@ class Authorization(Base):
             postgresql_where=text(ACTIVE_ROWS),
         ),
         Index("ix_authorizations_status_expires_at", "status", "expires_at"),
+        # Expired holds whose expired_unused event is still to be written (the tidy-up's).
+        Index(
+            "ix_authorizations_unnoticed_expiry",
+            "id",
+            sqlite_where=text(UNNOTICED_ROWS),
+            postgresql_where=text(UNNOTICED_ROWS),
+        ),
         # Released holds still counted: what the next check-and-hold of the account collects.
         Index(
             "ix_authorizations_released",
@@ -122,3 +131,5 @@ class Authorization(Base):
     closed_at: Mapped[datetime | None] = mapped_column(UTCDateTime)  # settled or voided
     usage_event_id: Mapped[int | None] = mapped_column(BigInteger)  # the event that settled it
     counted: Mapped[bool] = mapped_column(Boolean, default=False, server_default="0")
+    # §11: its ``authorization.expired_unused`` event is written (by the scheduler's tidy-up).
+    unused_noticed: Mapped[bool] = mapped_column(Boolean, server_default="0")

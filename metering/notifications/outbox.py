@@ -18,8 +18,8 @@ Two ways in, one table:
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
-from datetime import datetime
+from collections.abc import Mapping, Sequence
+from datetime import date, datetime
 from typing import Any
 
 from sqlalchemy import FromClause, String, and_, insert, literal, select, union_all
@@ -79,6 +79,35 @@ def emit(
         )
     )
     return public_id
+
+
+# A message's body is at most 64 KiB: a manifest larger than this is sent without its file list.
+MAX_MANIFEST_BYTES = 48 * 1024
+
+
+def emit_export_completed(session: Session, day: date, manifest: bytes, now: datetime) -> str:
+    """``export.completed`` {date, manifest} (operator-wide), with the export's own commit."""
+    document = json.loads(manifest)
+    if len(manifest) > MAX_MANIFEST_BYTES:
+        document["files_omitted"] = len(document.pop("files", []))
+    return emit(
+        session, EXPORT_COMPLETED, None, {"date": day.isoformat(), "manifest": document}, now
+    )
+
+
+def emit_quarantined(
+    session: Session, codes: Sequence[tuple[str | None, str]], now: datetime
+) -> None:
+    """``usage.quarantined`` {count, by_code}: one per account (None: keys of no account) of the
+    events a batch quarantined, given as (account id, code) pairs."""
+    accounts: dict[str | None, dict[str, int]] = {}
+    for account_id, code in codes:
+        by_code = accounts.setdefault(account_id, {})
+        by_code[code] = by_code.get(code, 0) + 1
+    for account_id in sorted(accounts, key=lambda a: a or ""):
+        by_code = dict(sorted(accounts[account_id].items()))
+        data = {"count": sum(by_code.values()), "by_code": by_code}
+        emit(session, USAGE_QUARANTINED, account_id, data, now)
 
 
 # -- SQL pieces both backends render -------------------------------------------------------------

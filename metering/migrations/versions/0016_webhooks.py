@@ -269,6 +269,19 @@ def upgrade() -> None:
         ["event_id", "endpoint_id"],
         unique=True,
     )
+    with op.batch_alter_table("authorizations") as batch:
+        batch.add_column(
+            sa.Column("unused_noticed", sa.Boolean(), server_default="0", nullable=False)
+        )
+    # Holds that expired before this revision announce nothing.
+    op.execute("UPDATE authorizations SET unused_noticed = true WHERE status = 'expired'")
+    op.create_index(
+        "ix_authorizations_unnoticed_expiry",
+        "authorizations",
+        ["id"],
+        postgresql_where=sa.text("status = 'expired' AND NOT unused_noticed"),
+        sqlite_where=sa.text("status = 'expired' AND NOT unused_noticed"),
+    )
     if op.get_bind().dialect.name == "postgresql":
         op.execute(SETTLE_USAGE)
         op.execute(RECORD_USAGE)
@@ -279,6 +292,9 @@ def downgrade() -> None:
         revision_0012 = _migration("0012")
         op.execute(revision_0012.SETTLE_USAGE)
         op.execute(revision_0012.RECORD_USAGE)
+    op.drop_index("ix_authorizations_unnoticed_expiry", table_name="authorizations")
+    with op.batch_alter_table("authorizations") as batch:
+        batch.drop_column("unused_noticed")
     op.drop_table("webhook_deliveries")
     op.drop_table("webhook_events")
     op.drop_table("webhook_endpoints")
