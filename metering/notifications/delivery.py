@@ -21,6 +21,7 @@ import random
 import ssl
 import time
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -29,7 +30,7 @@ import httpcore2
 import httpx2
 from httpcore2 import NetworkStream
 from httpcore2._backends.sync import SyncBackend
-from sqlalchemy import func, select, update
+from sqlalchemy import bindparam, func, select, update
 from sqlalchemy.orm import Session
 
 from metering.db import Database, is_postgresql
@@ -63,6 +64,7 @@ MAX_ATTEMPTS = len(RETRY_SCHEDULE) + 1
 JITTER = 0.2
 READ_LIMIT = 4096  # bytes of an answer read at most
 BATCH = 50
+SENDERS = 8  # attempts in flight at once per process
 
 DELIVERIES_TOTAL = REGISTRY.counter(
     "metering_webhook_deliveries_total",
@@ -172,8 +174,10 @@ class Deliverer:
         # Longer than any attempt can take, so a live attempt is never claimed twice.
         self.lease = timedelta(seconds=3 * settings.webhook_timeout_seconds + 5)
         self.client = make_client(settings, resolver or system_resolver)
+        self.pool = ThreadPoolExecutor(max_workers=SENDERS, thread_name_prefix="webhook")
 
     def close(self) -> None:
+        self.pool.shutdown(wait=True)
         self.client.close()
 
     def run_once(self) -> PassReport:
@@ -183,11 +187,11 @@ class Deliverer:
             claimed = self.claim()
             if not claimed:
                 return report
-            for item in claimed:
-                outcome = self.send(item)
-                self.record(item, outcome)
-                report.attempted += 1
-                report.delivered += outcome.delivered
+            # Sent side by side (one slow receiver holds one thread, not the batch).
+            outcomes = list(self.pool.map(self.send, claimed))
+            self.record_all(list(zip(claimed, outcomes, strict=True)))
+            report.attempted += len(claimed)
+            report.delivered += sum(o.delivered for o in outcomes)
             if len(claimed) < BATCH:
                 return report
 
@@ -325,40 +329,62 @@ class Deliverer:
 
     # -- 4. record -------------------------------------------------------------------------------
 
-    def record(self, item: Claimed, outcome: Outcome) -> None:
+    def record_all(self, results: Sequence[tuple[Claimed, Outcome]]) -> None:
+        """The outcomes of one batch, in one transaction; each only if the row still carries
+        the attempt that was made (a later claim's result is never overwritten)."""
         now = self.clock.now()
-        values: dict[str, Any] = {"last_status": outcome.status, "last_error": outcome.error}
-        if outcome.delivered:
-            values.update(status=DELIVERED, delivered_at=now, next_attempt_at=None)
-            result = "delivered"
-        elif item.attempt >= MAX_ATTEMPTS:
-            values.update(status=FAILED, next_attempt_at=None)
-            result = "failed"
-        else:
-            values.update(next_attempt_at=now + retry_delay(item.attempt, self.rng))
-            result = "retry"
-        if outcome.error is None and not outcome.delivered:
-            values["last_error"] = f"HTTP {outcome.status}"
-        with self.database.unit_of_work() as session:
-            session.execute(
-                update(DELIVERIES)
-                .where(
-                    DELIVERIES.c.id == item.delivery_id,
-                    DELIVERIES.c.attempts == item.attempt,  # still our claim
-                    DELIVERIES.c.status == PENDING,
+        rows = []
+        for item, outcome in results:
+            row: dict[str, Any] = {
+                "b_id": item.delivery_id,
+                "b_attempt": item.attempt,
+                "status": PENDING,
+                "last_status": outcome.status,
+                "last_error": outcome.error,
+                "delivered_at": None,
+                "next_attempt_at": None,
+            }
+            if outcome.delivered:
+                row.update(status=DELIVERED, delivered_at=now)
+                result = "delivered"
+            elif item.attempt >= MAX_ATTEMPTS:
+                row.update(status=FAILED)
+                result = "failed"
+            else:
+                row.update(next_attempt_at=now + retry_delay(item.attempt, self.rng))
+                result = "retry"
+            if outcome.error is None and not outcome.delivered:
+                row["last_error"] = f"HTTP {outcome.status}"
+            rows.append(row)
+            DELIVERIES_TOTAL.inc(result)
+            if result != "delivered":
+                log.info(
+                    "webhook %s attempt %d (delivery %d): %s",
+                    item.public_id,
+                    item.attempt,
+                    item.delivery_id,
+                    row["last_error"],
                 )
-                .values(**values)
-            )
+        with self.database.unit_of_work() as session:
+            session.execute(_RECORD, rows)
             session.commit()
-        DELIVERIES_TOTAL.inc(result)
-        if result != "delivered":
-            log.info(
-                "webhook %s attempt %d to delivery %d: %s",
-                item.public_id,
-                item.attempt,
-                item.delivery_id,
-                values["last_error"],
-            )
+
+
+_RECORD = (
+    update(DELIVERIES)
+    .where(
+        DELIVERIES.c.id == bindparam("b_id"),
+        DELIVERIES.c.attempts == bindparam("b_attempt"),  # still our claim
+        DELIVERIES.c.status == PENDING,
+    )
+    .values(
+        status=bindparam("status"),
+        last_status=bindparam("last_status"),
+        last_error=bindparam("last_error"),
+        delivered_at=bindparam("delivered_at", type_=DELIVERIES.c.delivered_at.type),
+        next_attempt_at=bindparam("next_attempt_at", type_=DELIVERIES.c.next_attempt_at.type),
+    )
+)
 
 
 @dataclass(frozen=True, slots=True)

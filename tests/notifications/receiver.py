@@ -109,11 +109,15 @@ def _handler(receiver: Receiver) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
+class _Server(ThreadingHTTPServer):
+    request_queue_size = 128  # many senders at once connect without being refused
+    daemon_threads = True
+
+
 @contextmanager
 def receiving(tls: ssl.SSLContext | None = None) -> Iterator[Receiver]:
     receiver = Receiver(scheme="https" if tls else "http")
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(receiver))
-    server.daemon_threads = True
+    server = _Server(("127.0.0.1", 0), _handler(receiver))
     if tls is not None:
         server.socket = tls.wrap_socket(server.socket, server_side=True)
     receiver.port = server.server_address[1]
