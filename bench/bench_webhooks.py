@@ -61,6 +61,11 @@ class Config:
     code: CodeUnderTest = field(default_factory=CodeUnderTest)
 
 
+class _Server(ThreadingHTTPServer):
+    request_queue_size = 128  # the senders' connections are never refused
+    daemon_threads = True
+
+
 class _Receiver:
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -70,6 +75,8 @@ class _Receiver:
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # keep-alive, as a real receiver does
+
             def log_message(self, *args: Any) -> None:
                 pass
 
@@ -85,8 +92,7 @@ class _Receiver:
                 self.send_header("content-length", "0")
                 self.end_headers()
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
+        self.server = _Server(("127.0.0.1", 0), Handler)
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
 
@@ -227,16 +233,19 @@ def _lags(
             problems.append(f"PATCH account: {response.status_code} {response.text[:200]}")
         key_id = admin.client.get(f"/admin/v1/accounts/{account}/api-keys").json()["data"][0]["id"]
         accounts.append((account, key_id, secret))
-    admin._post(
+    endpoint = admin._post(
         "/admin/v1/webhook-endpoints",
-        {"url": receiver.url, "event_types": ["credit.balance_low"], "account_id": None},
-    )
-    before = set(receiver.arrivals)
+        {"url": receiver.url, "event_types": ["credit.balance_low", "webhook.test"]},
+    )["id"]
     scheduler = _scheduler(code, url, workdir)
     sent: dict[str, float] = {}
     occurred = format_timestamp(datetime.now(UTC) - timedelta(minutes=1))
     try:
-        time.sleep(2)  # the scheduler is up and looking every second
+        # The scheduler is up and looking every second once a test message has arrived.
+        probe = admin.client.post(f"/admin/v1/webhook-endpoints/{endpoint}/test").json()["id"]
+        if not receiver.wait({probe}, timeout=120):
+            problems.append("lag: the scheduler delivered nothing in 120 s")
+        before = set(receiver.arrivals)
         with httpx.Client(
             base_url=base_url, headers={"Authorization": f"Bearer {GATEWAY_TOKEN}"}, timeout=30
         ) as gateway:
