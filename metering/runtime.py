@@ -66,6 +66,13 @@ def ensure_secret_key(settings: Settings) -> str:
     return path.read_text().strip()
 
 
+def with_secret_key(settings: Settings) -> Settings:
+    """The settings with a secret key: the configured one, or the embedded default's."""
+    if settings.secret_key or not settings.is_embedded:
+        return settings
+    return settings.model_copy(update={"secret_key": [ensure_secret_key(settings)]})
+
+
 def runtime_settings(settings: Settings | None = None) -> Settings:
     """Settings from the environment; with the embedded database and no tokens (or secret key)
     configured, the generated ones. A server database without them is a configuration error."""
@@ -82,8 +89,7 @@ def runtime_settings(settings: Settings | None = None) -> Settings:
                 "server database (at least 32 characters: it encrypts webhook signing secrets)"
             )
         return settings
-    if not settings.secret_key:
-        settings = settings.model_copy(update={"secret_key": [ensure_secret_key(settings)]})
+    settings = with_secret_key(settings)
     if settings.admin_tokens and settings.gateway_tokens:
         return settings
     tokens = ensure_dev_tokens(settings)

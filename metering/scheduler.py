@@ -4,9 +4,12 @@ One interval job, the tick (every minute by default), decides what is due from t
 alone, so a restart, a crash or a second replica never misses or repeats work:
 
 * tidy-up: holds past their expiry are marked 'expired' (nothing depends on it: an active hold
-  stops counting at its ``expires_at`` anyway);
+  stops counting at its ``expires_at`` anyway), and those that expired unused are announced
+  (``authorization.expired_unused``);
 * exports: every ended day (``METERING_EXPORT_AFTER_MINUTES`` past its end) whose rollups hold
   more than its last successful export included: never exported, failed, or late events since.
+
+A second job, every second, is the webhook delivery loop (metering.notifications.delivery).
 
 Replicas coordinate through the database (the day's row lock, see ``metering.exports.service``),
 never through process memory.
@@ -196,9 +199,9 @@ class EmbeddedScheduler:
         from metering.kit.clock import SystemClock
 
         logging.getLogger("apscheduler").setLevel(logging.WARNING)  # not a line per tick
-        from metering.runtime import runtime_settings
+        from metering.runtime import with_secret_key
 
-        settings = runtime_settings(settings)  # the embedded default's generated secret key
+        settings = with_secret_key(settings)  # the embedded default's generated secret key
         self.database = Database.from_url(settings.effective_database_url, pool_size=2)
         self.background = BackgroundScheduler(timezone=UTC, daemon=True)
         self.scheduler = Scheduler(self.database, settings, SystemClock())
@@ -222,10 +225,9 @@ def command(settings: Settings, interval_seconds: float, once: bool, heartbeat: 
 
     configure_logging(settings.log_level)
     logging.getLogger("apscheduler").setLevel(logging.WARNING)  # not a line per tick
-    if settings.is_embedded:
-        from metering.runtime import runtime_settings
+    from metering.runtime import with_secret_key
 
-        settings = runtime_settings(settings)  # the embedded default's generated secret key
+    settings = with_secret_key(settings)  # the embedded default's generated secret key
     database = Database.from_url(settings.effective_database_url, pool_size=2)
     scheduler = None
     try:

@@ -358,7 +358,8 @@ def notice_expired_unused(session: Session, now: datetime, limit: int = 1000) ->
 
     query = (
         select(HOLDS.c.id, HOLDS.c.account_id, HOLDS.c.api_key_id, HOLDS.c.estimate_microcents)
-        .where(HOLDS.c.status == HoldStatus.EXPIRED.value, HOLDS.c.unused_noticed.is_(False))
+        # The partial index's predicate, as written there.
+        .where(HOLDS.c.status == HoldStatus.EXPIRED.value, ~HOLDS.c.unused_noticed)
         .order_by(HOLDS.c.id)
         .limit(limit)
     )

@@ -202,7 +202,7 @@ class Deliverer:
         with self.database.unit_of_work() as session:
             query = (
                 select(EVENTS.c.id, EVENTS.c.account_id, EVENTS.c.type)
-                .where(EVENTS.c.dispatched.is_(False))
+                .where(~EVENTS.c.dispatched)  # the partial index's predicate
                 .order_by(EVENTS.c.id)
                 .limit(500)
             )
@@ -248,12 +248,19 @@ class Deliverer:
         with self.database.unit_of_work() as session:
             due = (
                 select(DELIVERIES.c.id)
-                .where(DELIVERIES.c.status == PENDING, DELIVERIES.c.next_attempt_at <= now)
+                .join(ENDPOINTS, ENDPOINTS.c.id == DELIVERIES.c.endpoint_id)
+                .where(
+                    DELIVERIES.c.status == PENDING,
+                    DELIVERIES.c.next_attempt_at <= now,
+                    # A disabled endpoint's messages wait until it is enabled again.
+                    ENDPOINTS.c.enabled,
+                    ENDPOINTS.c.deleted_at.is_(None),
+                )
                 .order_by(DELIVERIES.c.next_attempt_at, DELIVERIES.c.id)
                 .limit(BATCH)
             )
             if is_postgresql(session):
-                due = due.with_for_update(skip_locked=True)
+                due = due.with_for_update(of=DELIVERIES, skip_locked=True)
             ids = list(session.execute(due).scalars())
             if not ids:
                 return []

@@ -52,7 +52,8 @@ def check_types(types: Sequence[str], scope: Scope) -> list[str]:
     unknown = sorted(set(types) - outbox.EVENT_TYPES)
     if unknown:
         raise InvalidRequest(
-            f"unknown event type {unknown[0]!r}; known: {', '.join(sorted(outbox.EVENT_TYPES))}",
+            f"unknown event type {unknown[0][:64]!r}; known: "
+            f"{', '.join(sorted(outbox.EVENT_TYPES))}",
             param="event_types",
         )
     if not scope.operator:

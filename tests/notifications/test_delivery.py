@@ -255,3 +255,18 @@ class TestManagement:
             key.secret, "GET", f"/v1/webhook-endpoints/{endpoint['id']}/deliveries"
         )
         assert [d["status"] for d in listed.json()["data"]] == ["delivered"]
+
+
+class TestDisabled:
+    def test_a_disabled_endpoints_messages_wait_until_it_is_enabled(self, hooks: Hooks) -> None:
+        with receiving() as receiver:
+            endpoint = hooks.endpoint(receiver.url(), ["webhook.test"], create_account(hooks.api))
+            path = f"/admin/v1/webhook-endpoints/{endpoint['id']}"
+            event_id = _test_event(hooks, endpoint["id"])
+            assert hooks.api.admin("PATCH", path, json={"enabled": False}).status_code == 200
+            assert hooks.deliverer().run_once().attempted == 0
+            assert receiver.received == []
+            assert hooks.api.admin("PATCH", path, json={"enabled": True}).status_code == 200
+            assert hooks.deliverer().run_once().delivered == 1
+            (message,) = receiver.wait_for(1)
+        assert message.headers["webhook-id"] == event_id
