@@ -50,7 +50,8 @@ def test_migrate_says_what_it_applied_and_loads_the_catalog_once(
         assert main(["migrate"]) == 0
         out = capsys.readouterr().out
         applied = re.findall(r"^  (\d{4}) ", out, re.MULTILINE)
-        assert applied == [f"{n:04d}" for n in range(1, len(applied) + 1)] and len(applied) >= 11
+        # In order from 0001 (ids are assigned per feature, so a number may be skipped).
+        assert applied[0] == "0001" and applied == sorted(set(applied)) and len(applied) >= 11
         assert f"applied {len(applied)} migrations" in out
         assert "0011 The audit log" in out
         assert "the model catalog was empty: loading the shipped catalog" in out

@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
 from metering.kit.text import Text
+from metering.notifications.outbox import EVENT_TYPES
+
+# Checked by the service (so an unknown one is 400 naming ``event_types``), listed here for the
+# OpenAPI document.
+EventType = Annotated[Text, WithJsonSchema({"type": "string", "enum": sorted(EVENT_TYPES)})]
 
 Url = Field(min_length=1, max_length=2048)
 Types = Field(min_length=1, max_length=20)
@@ -17,7 +24,7 @@ class EndpointCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     url: Text = Url
-    event_types: list[Text] = Types
+    event_types: list[EventType] = Types
     description: Text | None = Description
 
 
@@ -30,7 +37,7 @@ class EndpointUpdate(BaseModel):
 
     # Omitted: unchanged.
     url: Text = Field(default=None, min_length=1, max_length=2048)  # type: ignore[assignment]
-    event_types: list[Text] = Field(default=None, min_length=1, max_length=20)  # type: ignore[arg-type]
+    event_types: list[EventType] = Field(default=None, min_length=1, max_length=20)  # type: ignore[arg-type]
     enabled: bool = Field(default=None)  # type: ignore[assignment]
     description: Text | None = Description
 
