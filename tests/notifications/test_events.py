@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
-from datetime import timedelta
+from datetime import UTC, datetime, time, timedelta
 from typing import Any
 
 from sqlalchemy import select
@@ -284,3 +284,28 @@ class TestOperatorEvents:
             "threshold_microcents": 1_000_000,
         }
         assert json.loads(messages[0].body)["id"] == messages[0].headers["webhook-id"]
+
+
+class TestExportCompleted:
+    def test_a_days_export_announces_its_manifest(self, hooks: Hooks) -> None:
+        api = hooks.api
+        _, key, model = _account(api, 100, None)
+        day = (api.clock.now() - timedelta(days=1)).date()
+        # After the price's start (a day before now) and before midnight.
+        occurred = datetime.combine(day, time(23, 59), tzinfo=UTC)
+        ingest(api, usage_event(key, model, occurred, chat_usage(1000, 0)))
+        before = len(events_of(api, None, "export.completed"))
+        scheduler = Scheduler(api.database, api.settings, api.clock)
+        try:
+            result = scheduler.exporter.export_day(day)
+        finally:
+            scheduler.close()
+        assert result.outcome == "exported", result.describe()
+        announced = events_of(api, None, "export.completed")[before:]
+        (event,) = announced
+        data = event["data"]
+        assert data["account_id"] is None and data["date"] == day.isoformat()
+        manifest = json.loads(
+            (api.settings.export_dir / day.isoformat() / "manifest.json").read_text()
+        )
+        assert data["manifest"] == manifest
