@@ -39,6 +39,7 @@ from metering.metrics import REGISTRY
 from metering.models import WebhookDelivery, WebhookEndpoint, WebhookEvent, table
 from metering.notifications import messages
 from metering.notifications.addresses import Resolver, allowed_addresses, system_resolver
+from metering.notifications.secrets import SecretUnreadable
 from metering.notifications.service import DELIVERED, FAILED, PENDING, signing_secrets
 from metering.settings import Settings
 
@@ -299,6 +300,13 @@ class Deliverer:
             endpoint = _EndpointRow(
                 row.endpoint_id, row.secret_sealed, row.previous_secret_sealed, row.previous_until
             )
+            try:
+                signing = signing_secrets(self.keys, endpoint, now)
+            except SecretUnreadable as exc:
+                # Not sent (it cannot be signed); retried on the schedule, so a key put back
+                # into METERING_SECRET_KEY lets it go.
+                log.error("%s", exc)
+                signing = []
             claimed.append(
                 Claimed(
                     row.id,
@@ -308,7 +316,7 @@ class Deliverer:
                     messages.body(
                         row.public_id, row.type, row.account_id, row.data, row.created_at
                     ),
-                    signing_secrets(self.keys, endpoint, now),
+                    signing,
                 )
             )
         return claimed
@@ -316,6 +324,8 @@ class Deliverer:
     # -- 3. send ---------------------------------------------------------------------------------
 
     def send(self, item: Claimed) -> Outcome:
+        if not item.signing:
+            return Outcome(None, "not sent: no METERING_SECRET_KEY opens the endpoint's secret")
         now = self.clock.now()
         headers = messages.headers(item.public_id, item.payload, item.signing, now)
         started = time.monotonic()
@@ -333,6 +343,9 @@ class Deliverer:
             return Outcome(None, f"timeout: {type(exc).__name__}")
         except httpx2.HTTPError as exc:
             return Outcome(None, f"{type(exc).__name__}: {exc}"[:500])
+        except Exception as exc:  # an odd URL or answer fails this attempt, not the batch
+            log.exception("webhook %s: unexpected error", item.public_id)
+            return Outcome(None, f"{type(exc).__name__}"[:500])
 
     # -- 4. record -------------------------------------------------------------------------------
 

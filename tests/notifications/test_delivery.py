@@ -270,3 +270,18 @@ class TestDisabled:
             assert hooks.deliverer().run_once().delivered == 1
             (message,) = receiver.wait_for(1)
         assert message.headers["webhook-id"] == event_id
+
+    def test_a_secret_no_configured_key_opens_is_not_sent_until_the_key_is_back(
+        self, hooks: Hooks
+    ) -> None:
+        with receiving() as receiver:
+            endpoint = hooks.endpoint(receiver.url(), ["webhook.test"], create_account(hooks.api))
+            _test_event(hooks, endpoint["id"])
+            wrong = hooks.deliverer(secret_key=["another-key-of-at-least-32-characters"])
+            assert wrong.run_once().delivered == 0
+            assert receiver.received == []
+            (delivery,) = hooks.deliveries(endpoint["id"])
+            assert "METERING_SECRET_KEY" in delivery["last_error"]
+            hooks.api.clock.advance(seconds=5)
+            assert hooks.deliverer().run_once().delivered == 1
+            receiver.wait_for(1)
