@@ -221,7 +221,9 @@ def run(scheduler: Scheduler, interval_seconds: float = DEFAULT_INTERVAL_SECONDS
 
     def stop(signum: int, _frame: FrameType | None) -> None:
         log.info("signal %d: stopping after the current tick", signum)
-        blocking.shutdown(wait=False)
+        # wait: the jobs running (a tick, a delivery pass that has sent and is recording) finish
+        # and commit first, so a stop never leaves sent messages recorded as pending.
+        blocking.shutdown(wait=True)
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)

@@ -23,7 +23,10 @@ def test_a_server_database_needs_a_secret_key(tmp_path: Path) -> None:
     with pytest.raises(SystemExit) as stopped:
         runtime_settings(settings)
     assert "METERING_SECRET_KEY" in str(stopped.value)
-    configured = settings.model_copy(update={"secret_key": ["k" * 32]})
+    # (the billing portal's public address is required beside it: issue 17)
+    configured = settings.model_copy(
+        update={"secret_key": ["k" * 32], "public_base_url": "https://billing.example.com"}
+    )
     assert runtime_settings(configured).secret_key == ["k" * 32]
 
 
