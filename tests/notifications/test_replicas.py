@@ -159,7 +159,7 @@ def test_a_delivery_process_killed_mid_send_loses_nothing(pg_hooks: Api, tmp_pat
         second = _scheduler(api, log)
         try:
             deadline = time.monotonic() + 60
-            while time.monotonic() < deadline and not set(ids) <= set(receiver.ids()):
+            while time.monotonic() < deadline and _undelivered(api, endpoint):
                 time.sleep(0.2)
         finally:
             os.killpg(second.pid, signal.SIGTERM)
