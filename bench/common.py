@@ -31,6 +31,7 @@ from sqlalchemy.engine import make_url
 HARNESS_ROOT = Path(__file__).resolve().parent.parent
 ADMIN_TOKEN = "bench-admin-token"
 GATEWAY_TOKEN = "bench-gateway-token"
+SECRET_KEY = "bench-secret-key-of-at-least-32-characters"
 PG_MAINTENANCE_URL = os.environ.get(
     "METERING_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 )
@@ -229,8 +230,8 @@ class CodeUnderTest:
                 "METERING_DATABASE_URL": database_url,
                 "METERING_ADMIN_TOKENS": ADMIN_TOKEN,
                 "METERING_GATEWAY_TOKENS": GATEWAY_TOKEN,
-                # Read by checkouts that have the portal (older ones ignore them).
-                "METERING_SECRET_KEY": "bench-secret-key-of-at-least-32-characters",
+                # Read by checkouts that have the portal or webhooks (older ones ignore them).
+                "METERING_SECRET_KEY": SECRET_KEY,
                 "METERING_PUBLIC_BASE_URL": "http://127.0.0.1:8000",
                 "METERING_DATA_DIR": str(workdir),
                 "METERING_EXPORT_DIR": str(workdir / "exports"),

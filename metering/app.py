@@ -68,6 +68,7 @@ def create_app(
     from metering.audit import endpoints as audit
     from metering.catalog import endpoints as catalog
     from metering.ledger import endpoints as ledger
+    from metering.notifications import endpoints as webhooks
     from metering.portal import endpoints as portal
     from metering.reports import endpoints as reports
     from metering.usage import endpoints as usage
@@ -88,6 +89,8 @@ def create_app(
         audit.admin_router,
         portal.admin_router,
         reports.router,
+        webhooks.router,
+        webhooks.admin_router,
     )
     for router in routers:
         app.include_router(router, responses=ERROR_RESPONSES)

@@ -15,6 +15,7 @@ from pathlib import Path
 from metering.settings import Settings
 
 DEV_TOKENS_FILE = "dev-tokens.env"
+SECRET_KEY_FILE = "secret-key"
 ADMIN_VAR = "METERING_ADMIN_TOKEN"
 GATEWAY_VAR = "METERING_GATEWAY_TOKEN"
 # prometheus_client's multiprocess mode: read by it when it is first imported (metering.metrics).
@@ -61,8 +62,9 @@ def ensure_dev_tokens(settings: Settings) -> DevTokens:
 
 
 def ensure_secret_key(settings: Settings) -> str:
-    """The embedded quick start's ``METERING_SECRET_KEY``, generated on first start and kept
-    (mode 0600) in the data directory, so sessions survive a restart."""
+    """The embedded quick start's ``METERING_SECRET_KEY`` (one home: the portal's cookies and
+    §11's webhook secrets), generated on first start and kept (mode 0600) in the data
+    directory, so sessions survive a restart; never printed or logged."""
     path = settings.data_dir / SECRET_KEY_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
@@ -80,11 +82,18 @@ def ensure_secret_key(settings: Settings) -> str:
     raise SystemExit(f"{path} is empty: remove it to have a new secret key generated")
 
 
+def with_secret_key(settings: Settings) -> Settings:
+    """The settings with a secret key: the configured one, or the embedded default's."""
+    if settings.secret_key or not settings.is_embedded:
+        return settings
+    return settings.model_copy(update={"secret_key": [ensure_secret_key(settings)]})
+
+
 def runtime_settings(settings: Settings | None = None) -> Settings:
     """Settings from the environment; with the embedded database, the generated dev tokens and
     secret key where none is configured, and the embedded server's own address as the public
     one. A server database without tokens, secret key or public address is a configuration
-    error."""
+    error. The one secret key signs the portal's cookies and encrypts webhook signing secrets."""
     settings = settings or Settings()
     if not settings.is_embedded:
         missing = []
@@ -100,13 +109,12 @@ def runtime_settings(settings: Settings | None = None) -> Settings:
                 "server database"
             )
         return settings
+    settings = with_secret_key(settings)
     update: dict[str, object] = {}
     if not (settings.admin_tokens and settings.gateway_tokens):
         tokens = ensure_dev_tokens(settings)
         update["admin_tokens"] = settings.admin_tokens or [tokens.admin]
         update["gateway_tokens"] = settings.gateway_tokens or [tokens.gateway]
-    if not settings.secret_key:
-        update["secret_key"] = [ensure_secret_key(settings)]
     if not settings.public_base_url:
         update["public_base_url"] = EMBEDDED_BASE_URL
     return settings.model_copy(update=update) if update else settings

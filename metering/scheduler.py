@@ -4,9 +4,12 @@ One interval job, the tick (every minute by default), decides what is due from t
 alone, so a restart, a crash or a second replica never misses or repeats work:
 
 * tidy-up: holds past their expiry are marked 'expired' (nothing depends on it: an active hold
-  stops counting at its ``expires_at`` anyway);
+  stops counting at its ``expires_at`` anyway), and those that expired unused are announced
+  (``authorization.expired_unused``);
 * exports: every ended day (``METERING_EXPORT_AFTER_MINUTES`` past its end) whose rollups hold
   more than its last successful export included: never exported, failed, or late events since.
+
+A second job, every second, is the webhook delivery loop (metering.notifications.delivery).
 
 Replicas coordinate through the database (the day's row lock, see ``metering.exports.service``),
 never through process memory.
@@ -28,12 +31,15 @@ from metering.db import Database
 from metering.exports.service import FAILED, DayResult, Exporter
 from metering.kit.clock import Clock
 from metering.kit.timeutil import format_timestamp
+from metering.notifications.addresses import Resolver
+from metering.notifications.delivery import Deliverer, PassReport
 from metering.settings import Settings
 
 log = logging.getLogger("metering.scheduler")
 
 DEFAULT_INTERVAL_SECONDS = 60.0
 EXPIRY_BATCH = 100  # accounts per transaction when the scheduler writes due grant expiries
+WEBHOOK_INTERVAL_SECONDS = 1.0  # §11: due messages are looked for every second
 
 
 @dataclass
@@ -41,6 +47,7 @@ class TickReport:
     at: datetime
     expired_holds: int | None = None  # None: the tidy-up failed (logged)
     expiry_accounts: int | None = None  # accounts whose due grant expiries were written
+    expiring_grants: int | None = None  # credit.grant_expiring events written (§11)
     exports: list[DayResult] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
 
@@ -60,12 +67,33 @@ class Scheduler:
         *,
         heartbeat: Path | None = None,
         runner: str | None = None,
+        resolver: Resolver | None = None,
     ) -> None:
         self.database = database
         self.clock = clock
         self.after = timedelta(minutes=settings.export_after_minutes)
+        self.grant_notice = timedelta(days=settings.grant_notice_days)
         self.exporter = Exporter(database, settings.export_dir, clock, runner)
         self.heartbeat = heartbeat
+        self.deliverer: Deliverer | None = None
+        if settings.secret_key:
+            self.deliverer = Deliverer(database, settings, clock, resolver=resolver)
+        else:
+            log.error("METERING_SECRET_KEY is not set: webhooks are not delivered")
+
+    def deliver(self) -> PassReport | None:
+        """One pass of the webhook delivery loop (§11: every second)."""
+        if self.deliverer is None:
+            return None
+        try:
+            return self.deliverer.run_once()
+        except Exception:
+            log.exception("webhook delivery pass failed (retried in a second)")
+            return None
+
+    def close(self) -> None:
+        if self.deliverer is not None:
+            self.deliverer.close()
 
     def tick(self) -> TickReport:
         now = self.clock.now()
@@ -74,6 +102,7 @@ class Scheduler:
         # Before any export: every grant expiry due by now (so by the end of each day due for
         # export) is a ledger entry by then.
         report.expiry_accounts = self._write_expiries(now, report)
+        report.expiring_grants = self._notice_expiring(now, report)
         try:
             due = self.exporter.due_days(now, self.after)
         except Exception as exc:
@@ -96,11 +125,12 @@ class Scheduler:
         return report
 
     def _expire_holds(self, now: datetime, report: TickReport) -> int | None:
-        from metering.ledger.authorizations import expire_holds
+        from metering.ledger.authorizations import expire_holds, notice_expired_unused
 
         try:
             with self.database.unit_of_work() as session:
                 expired = expire_holds(session, now)
+                notice_expired_unused(session, now)
                 session.commit()
         except Exception as exc:
             log.exception("tidy-up of expired holds failed")
@@ -130,6 +160,19 @@ class Scheduler:
             log.info("wrote due grant expiries of %d accounts", len(accounts))
         return len(accounts)
 
+    def _notice_expiring(self, now: datetime, report: TickReport) -> int | None:
+        from metering.ledger.credit_grants import notice_expiring
+
+        try:
+            with self.database.unit_of_work() as session:
+                written = notice_expiring(session, now, self.grant_notice)
+                session.commit()
+        except Exception as exc:
+            log.exception("writing credit.grant_expiring events failed")
+            report.errors.append(f"expiring grants: {type(exc).__name__}: {exc}")
+            return None
+        return written
+
     def _beat(self, now: datetime) -> None:
         """The heartbeat file a container healthcheck reads: rewritten after every tick."""
         if self.heartbeat is None:
@@ -157,6 +200,16 @@ def _add_tick(apscheduler: Any, scheduler: Scheduler, interval_seconds: float) -
         coalesce=True,
         misfire_grace_time=max(1, int(interval_seconds)),
     )
+    apscheduler.add_job(
+        scheduler.deliver,
+        IntervalTrigger(seconds=WEBHOOK_INTERVAL_SECONDS, timezone=UTC),
+        id="webhooks",
+        name="webhook delivery",
+        next_run_time=datetime.now(UTC),
+        max_instances=1,
+        coalesce=True,
+        misfire_grace_time=5,
+    )
 
 
 def run(scheduler: Scheduler, interval_seconds: float = DEFAULT_INTERVAL_SECONDS) -> None:
@@ -168,7 +221,9 @@ def run(scheduler: Scheduler, interval_seconds: float = DEFAULT_INTERVAL_SECONDS
 
     def stop(signum: int, _frame: FrameType | None) -> None:
         log.info("signal %d: stopping after the current tick", signum)
-        blocking.shutdown(wait=False)
+        # wait: the jobs running (a tick, a delivery pass that has sent and is recording) finish
+        # and commit first, so a stop never leaves sent messages recorded as pending.
+        blocking.shutdown(wait=True)
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
@@ -187,11 +242,13 @@ class EmbeddedScheduler:
         from metering.kit.clock import SystemClock
 
         logging.getLogger("apscheduler").setLevel(logging.WARNING)  # not a line per tick
+        from metering.runtime import with_secret_key
+
+        settings = with_secret_key(settings)  # the embedded default's generated secret key
         self.database = Database.from_url(settings.effective_database_url, pool_size=2)
         self.background = BackgroundScheduler(timezone=UTC, daemon=True)
-        _add_tick(
-            self.background, Scheduler(self.database, settings, SystemClock()), interval_seconds
-        )
+        self.scheduler = Scheduler(self.database, settings, SystemClock())
+        _add_tick(self.background, self.scheduler, interval_seconds)
         self.interval_seconds = interval_seconds
 
     def start(self) -> None:
@@ -200,6 +257,7 @@ class EmbeddedScheduler:
 
     def stop(self) -> None:
         self.background.shutdown(wait=True)
+        self.scheduler.close()
         self.database.dispose()
 
 
@@ -210,12 +268,20 @@ def command(settings: Settings, interval_seconds: float, once: bool, heartbeat: 
 
     configure_logging(settings.log_level)
     logging.getLogger("apscheduler").setLevel(logging.WARNING)  # not a line per tick
+    from metering.runtime import with_secret_key
+
+    settings = with_secret_key(settings)  # the embedded default's generated secret key
     database = Database.from_url(settings.effective_database_url, pool_size=2)
+    scheduler = None
     try:
         scheduler = Scheduler(database, settings, SystemClock(), heartbeat=heartbeat)
         if once:
-            return 0 if scheduler.tick().ok else 1
+            ok = scheduler.tick().ok
+            scheduler.deliver()
+            return 0 if ok else 1
         run(scheduler, interval_seconds)
     finally:
+        if scheduler is not None:
+            scheduler.close()
         database.dispose()
     return 0

@@ -58,6 +58,8 @@ class TestCreateAccount:
             "created_at": NOW_TEXT,
             "max_concurrent_requests": None,
             "model_access": None,
+            "low_balance_threshold_cents": None,
+            "low_balance_threshold_microcents": None,
         }
         fetched = api.admin("GET", f"/admin/v1/accounts/{account['id']}")
         assert (fetched.status_code, fetched.json()) == (200, account)

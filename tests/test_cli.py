@@ -26,6 +26,7 @@ from metering.cli import main
 from metering.models import Base
 from tests.conftest import (
     BACKENDS,
+    SECRET_KEY,
     Api,
     fresh_database,
     migrated_database,
@@ -298,6 +299,7 @@ class TestMigrate:
             monkeypatch.setenv("METERING_DATABASE_URL", url)
             monkeypatch.setenv("METERING_ADMIN_TOKENS", "a")
             monkeypatch.setenv("METERING_GATEWAY_TOKENS", "g")
+            monkeypatch.setenv("METERING_SECRET_KEY", SECRET_KEY)
             assert main(["serve"]) == 1
             assert "metering migrate" in capsys.readouterr().err
 
@@ -315,6 +317,7 @@ class TestMigrate:
         monkeypatch.setenv("METERING_DATABASE_URL", url)
         monkeypatch.setenv("METERING_ADMIN_TOKENS", "a")
         monkeypatch.setenv("METERING_GATEWAY_TOKENS", "g")
+        monkeypatch.setenv("METERING_SECRET_KEY", SECRET_KEY)
         assert main([command, "--once"] if command == "scheduler" else [command]) == 1
         err = capsys.readouterr().err
         assert f"cannot use the database postgresql+psycopg://metering:***@127.0.0.1:{port}" in err

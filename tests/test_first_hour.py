@@ -17,7 +17,7 @@ import pytest
 from metering import migrate
 from metering.catalog.importer import SHIPPED_CATALOG
 from metering.cli import main
-from tests.conftest import BACKENDS, fresh_database, running_api
+from tests.conftest import BACKENDS, SECRET_KEY, fresh_database, running_api
 from tests.test_cli import METERING, SHIPPED, _clean_env, _free_port
 
 
@@ -137,7 +137,7 @@ def test_a_server_database_keeps_the_scheduler_out_of_the_server(
                 METERING_DATABASE_URL=url,
                 METERING_ADMIN_TOKENS="a1",
                 METERING_GATEWAY_TOKENS="g1",
-                METERING_SECRET_KEY="s" * 32,
+                METERING_SECRET_KEY=SECRET_KEY,
                 METERING_PUBLIC_BASE_URL=f"http://127.0.0.1:{port}",
             ),
             stdout=subprocess.PIPE,

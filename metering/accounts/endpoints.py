@@ -15,6 +15,7 @@ from metering.accounts.schemas import (
     ApiKeyUpdate,
     ModelAccess,
 )
+from metering.kit.money import parse_cents
 from metering.kit.pagination import PageParams, decode_cursor, page
 from metering.kit.timeutil import format_timestamp, parse_timestamp
 from metering.models import Account, ApiKey
@@ -104,18 +105,25 @@ def get_account(account_id: str, session: SessionDep) -> dict[str, Any]:
 def update_account(
     account_id: str, body: AccountUpdate, session: SessionDep, now: NowDep, audit: AuditDep
 ) -> dict[str, Any]:
-    """Rename an account or change its limit on requests in flight (null removes it)."""
-    account = service.get_account(session, account_id)
+    """Rename an account, change its limit on requests in flight (null removes it) or its
+    low-balance threshold (null clears it). A threshold set above the balance fires nothing
+    until the balance is at or above it again."""
+    account = service.get_account(session, account_id, lock=True)
     before = service.account_body(session, account)
     if "name" in body.model_fields_set:
         account.name = body.name
     if "max_concurrent_requests" in body.model_fields_set:
         account.max_concurrent_requests = body.max_concurrent_requests
+    if "low_balance_threshold_cents" in body.model_fields_set:
+        raw = body.low_balance_threshold_cents
+        account.low_balance_threshold_microcents = (
+            None if raw is None else parse_cents(raw, "low_balance_threshold_cents")
+        )
     session.flush()
     after = service.account_body(session, account)
     changes = {
         field: after[field]
-        for field in ("name", "max_concurrent_requests")
+        for field in ("name", "max_concurrent_requests", "low_balance_threshold_cents")
         if after[field] != before[field]
     }
     if changes:

@@ -30,9 +30,12 @@ class AccountUpdate(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
+    # Omitted: unchanged (null is no name: refused).
     name: Text = Field(default=None, min_length=1, max_length=200)  # type: ignore[assignment]
     # null: no limit on requests in flight.
     max_concurrent_requests: ConcurrencyLimit | None = None
+    # §11: null clears it (no credit.balance_low).
+    low_balance_threshold_cents: LimitCentsInput | None = None
 
 
 class ModelAccess(BaseModel):

@@ -81,6 +81,7 @@ def create_api_key(
 
 
 def account_body(session: Session, account: Account) -> dict[str, Any]:
+    threshold = account.low_balance_threshold_microcents
     return {
         "id": account.id,
         "object": "account",
@@ -89,6 +90,8 @@ def account_body(session: Session, account: Account) -> dict[str, Any]:
         "created_at": format_timestamp(account.created_at),
         "max_concurrent_requests": account.max_concurrent_requests,
         "model_access": account_models(session, account),
+        "low_balance_threshold_cents": None if threshold is None else cents(threshold),
+        "low_balance_threshold_microcents": threshold,
     }
 
 

@@ -37,7 +37,8 @@ CLI_ACTOR = "cli"
 # Every action the service records, with what it means (docs/api.md lists the same).
 ACTIONS: dict[str, str] = {
     "account.create": "an account was created",
-    "account.update": "an account was renamed or its limit on requests in flight changed",
+    "account.update": "an account was renamed, or its limit on requests in flight or its "
+    "low-balance threshold changed",
     "model_access.update": "the models an account may use changed",
     "api_key.create": "an API key was created (its secret redacted)",
     "api_key.update": "a key was renamed, or its spend limit, window or models changed",
@@ -53,6 +54,13 @@ ACTIONS: dict[str, str] = {
     "account_rate.create": "an account's rate override version was added (or ended)",
     "quarantine.reprocess": "quarantined events were retried",
     "portal_session.create": "a sign-in link to an account's billing portal was made",
+    "webhook_endpoint.create": "a webhook endpoint was added (its secret redacted)",
+    "webhook_endpoint.update": "a webhook endpoint's url, event types, state or description "
+    "changed",
+    "webhook_endpoint.delete": "a webhook endpoint was deleted (its undelivered messages dropped)",
+    "webhook_endpoint.rotate": "a webhook endpoint's signing secret was rotated (redacted)",
+    "webhook_endpoint.test": "a webhook.test event was sent to an endpoint",
+    "webhook_event.resend": "a webhook event was sent again",
 }
 
 

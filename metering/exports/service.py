@@ -30,6 +30,7 @@ from metering.exports.repository import DayMark
 from metering.kit.clock import Clock
 from metering.kit.timeutil import floor_day, start_of_day
 from metering.models import ExportDay, ExportRun, table
+from metering.notifications import outbox
 
 log = logging.getLogger("metering.exports")
 
@@ -173,9 +174,8 @@ class Exporter:
                 entries.append(rendered.manifest_entry())
                 written += 1
         # Last, so a manifest never lists a file that is not there yet.
-        files.write_atomic(
-            directory / files.MANIFEST, files.manifest_bytes(day, entries, self.clock.now())
-        )
+        manifest = files.manifest_bytes(day, entries, self.clock.now())
+        files.write_atomic(directory / files.MANIFEST, manifest)
         finished = self.clock.now()
         if credits is not None:
             repository.mark_credits_exported(session, day, finished)
@@ -196,6 +196,7 @@ class Exporter:
         self._record_run(
             session, day, account_id, trigger, started, finished, "succeeded", mark, written, None
         )
+        outbox.emit_export_completed(session, day, manifest, finished)
         return DayResult(day, EXPORTED, len(account_days), written, mark)
 
     def _record_failure(

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, or_, select
+from sqlalchemy import and_, or_, select, update
 from sqlalchemy.orm import Session
 
 from metering.accounts.keys import hash_secret
@@ -392,3 +392,34 @@ def expire_holds(session: Session, now: datetime) -> int:
     account's held counter stops counting it at its next check-and-hold)."""
     result = session.execute(EXPIRE, {"now": now})
     return int(result.rowcount)  # type: ignore[attr-defined]
+
+
+def notice_expired_unused(session: Session, now: datetime, limit: int = 1000) -> int:
+    """§11 ``authorization.expired_unused``: one event per hold that expired with no usage
+    (marked by the tidy-up or by a check-and-hold of its account), in the tidy-up's
+    transaction; returns how many. Holds locked by a settlement meanwhile are skipped: they are
+    getting their usage, or are seen by the next tick."""
+    from metering.notifications import outbox
+
+    query = (
+        select(HOLDS.c.id, HOLDS.c.account_id, HOLDS.c.api_key_id, HOLDS.c.estimate_microcents)
+        # The partial index's predicate, as written there.
+        .where(HOLDS.c.status == HoldStatus.EXPIRED.value, ~HOLDS.c.unused_noticed)
+        .order_by(HOLDS.c.id)
+        .limit(limit)
+    )
+    if session.get_bind().dialect.name == "postgresql":
+        query = query.with_for_update(skip_locked=True)
+    rows = session.execute(query).all()
+    for row in rows:
+        data = {
+            "authorization_id": row.id,
+            "api_key_id": row.api_key_id,
+            "estimate_microcents": row.estimate_microcents,
+        }
+        outbox.emit(session, outbox.EXPIRED_UNUSED, row.account_id, data, now)
+    if rows:
+        session.execute(
+            update(HOLDS).where(HOLDS.c.id.in_([r.id for r in rows])).values(unused_noticed=True)
+        )
+    return len(rows)

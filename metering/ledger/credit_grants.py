@@ -7,7 +7,7 @@ Every write here takes the account's row lock first and writes the account's due
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import bindparam, func, insert, select, update
@@ -21,6 +21,7 @@ from metering.kit.timeutil import format_timestamp
 from metering.ledger import grants as rules
 from metering.ledger.spending import pending_forfeits, spend
 from metering.models import Account, CreditAllocation, CreditGrant, LedgerEntry, table
+from metering.notifications import outbox
 
 ACCOUNTS = table(Account)
 GRANTS = table(CreditGrant)
@@ -126,11 +127,14 @@ def void_grant(
         .where(GRANTS.c.id == grant_id)
         .values(remaining_microcents=0, status="voided")
     )
-    session.execute(
+    after = session.execute(
         update(ACCOUNTS)
         .where(ACCOUNTS.c.id == account_id)
         .values(balance_microcents=ACCOUNTS.c.balance_microcents - forfeit)
-    )
+        .returning(ACCOUNTS.c.balance_microcents)
+    ).scalar_one()
+    # §11: the thresholds the void crosses, under the account's row lock (taken above).
+    outbox.note_balance_move(session, account_id, int(after) + forfeit, int(after), now)
     grant = session.execute(select(GRANTS).where(GRANTS.c.id == grant_id)).one()
     return grant_body(grant._mapping, now), {**entry, "id": entry_id}
 
@@ -248,3 +252,49 @@ def accounts_with_due_expiries(session: Session, now: datetime) -> list[str]:
             select(ACCOUNTS.c.id).where(ACCOUNTS.c.next_expiry_at <= now).order_by(ACCOUNTS.c.id)
         ).scalars()
     )
+
+
+def notice_expiring(session: Session, now: datetime, notice: timedelta, limit: int = 1000) -> int:
+    """§11 ``credit.grant_expiring`` {grant_id, remaining_microcents, expires_at}: once per grant
+    with a remainder that expires within ``notice`` (the scheduler's, in its transaction);
+    grants due with nothing left, voided or expired are marked without one. Returns how many
+    were written. On PostgreSQL, grants locked meanwhile (being spent) wait for the next tick."""
+    query = (
+        select(
+            GRANTS.c.id,
+            GRANTS.c.account_id,
+            GRANTS.c.status,
+            GRANTS.c.remaining_microcents,
+            GRANTS.c.expires_at,
+        )
+        # The partial index's predicate, as written there.
+        .where(
+            GRANTS.c.expires_at.is_not(None),
+            ~GRANTS.c.expiring_noticed,
+            GRANTS.c.expires_at <= now + notice,
+        )
+        .order_by(GRANTS.c.expires_at, GRANTS.c.id)
+        .limit(limit)
+    )
+    if session.get_bind().dialect.name == "postgresql":
+        query = query.with_for_update(skip_locked=True)
+    rows = session.execute(query).all()
+    written = 0
+    for row in rows:
+        remaining = int(row.remaining_microcents)
+        if rules.status(row.status, remaining, row.expires_at, now) != "active":
+            continue
+        data = {
+            "grant_id": row.id,
+            "remaining_microcents": remaining,
+            "expires_at": format_timestamp(row.expires_at),
+        }
+        outbox.emit(session, outbox.GRANT_EXPIRING, row.account_id, data, now)
+        written += 1
+    if rows:
+        session.execute(
+            update(GRANTS)
+            .where(GRANTS.c.id.in_([r.id for r in rows]))
+            .values(expiring_noticed=True)
+        )
+    return written

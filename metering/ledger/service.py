@@ -36,6 +36,7 @@ from metering.ledger.spending import (
     spend,
 )
 from metering.models import Account, Authorization, LedgerEntry, table
+from metering.notifications import outbox
 
 ACCOUNTS = table(Account)
 HOLDS = table(Authorization)
@@ -267,6 +268,9 @@ def add_entry(
     if amount_microcents > 0:
         assert terms is not None
         session.execute(_MOVE_BALANCE, {"account_id": account_id, "amount": amount_microcents})
+        # §11: the thresholds this move crosses, under the account's row lock (taken above);
+        # a rise crosses none downward, so it only keeps the one rule in one place.
+        outbox.note_balance_move(session, account_id, account.balance_microcents, new_balance, now)
         grant_id = create_grant(
             session,
             account_id,
@@ -279,6 +283,7 @@ def add_entry(
             now,
         )
     else:
+        # The debit's steps write its balance crossings (metering.ledger.spending).
         spend(session, {account_id: -amount_microcents}, now)
     if kind == "grant":
         return get_grant(session, str(grant_id), now), True

@@ -185,6 +185,7 @@ def settle_steps(on: p.Backend, charges: FromClause, now: BindParameter[Any]) ->
                 ),
             ),
         ),
-        # The balances, due expiries and the allocation over the grants (metering.ledger.spending).
+        # The balances, due expiries, the allocation over the grants and the balance crossings
+        # (§11) of the move (metering.ledger.spending).
         p.When(on.count(_DEBITS) > 0, tuple(debit_steps(on, _DEBITS, now))),
     ]

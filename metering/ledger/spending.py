@@ -13,6 +13,10 @@ Under the account's row lock (the balance update takes it), for each account of 
    positive, and what they cannot cover adds to the deficit. So a batch of many events of one
    account allocates its total once. Every part is an allocation row (``spend`` / ``deficit``),
    written first; the grants and the deficit then move by what that insert returned.
+3. **Events (§11).** Each expiry entry's ``credit.grant_expired``, and the balance thresholds
+   the whole move crosses (``credit.balance_low`` / ``_depleted``: before = the balance the
+   debit's update returned plus the debit, after = the balance at the end, both under the row
+   lock), in the same transaction (metering.notifications.outbox).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from metering.kit import programs as p
 from metering.ledger.grants import live_sql, order_by, pending_sql
 from metering.models import Account, CreditAllocation, CreditGrant, LedgerEntry, table
 from metering.models.base import UTCDateTime
+from metering.notifications import outbox
 
 ACCOUNTS = table(Account)
 GRANTS = table(CreditGrant)
@@ -49,6 +54,14 @@ _PARTS = p.Rows(
     (("grant_id", GRANTS.c.id.type), ("account_id", ACCOUNTS.c.id.type), ("amount", BigInteger())),
 )
 _EXPIRING = p.Var("v_expiring", BigInteger())
+_MOVED = p.Rows(
+    "v_moved",
+    (
+        ("account_id", ACCOUNTS.c.id.type),
+        ("after_microcents", BigInteger()),
+        ("expiring", BigInteger()),
+    ),
+)
 
 
 def expiry_steps(on: p.Backend, debits: p.Rows, now: BindParameter[Any]) -> list[p.Step]:
@@ -97,6 +110,7 @@ def expiry_steps(on: p.Backend, debits: p.Rows, now: BindParameter[Any]) -> list
                     .values(remaining_microcents=0, status="expired")
                     .where(GRANTS.c.id == due.c.grant_id)
                 ),
+                p.Run(outbox.grants_expired(on.rows(_DUE, "de"), now)),
             ),
         ),
         p.Run(
@@ -142,6 +156,7 @@ def debit_steps(on: p.Backend, debits: p.Rows, now: BindParameter[Any]) -> list[
     d = on.rows(debits, "d")
     totals = on.rows(debits, "dt")
     parts = on.rows(_PARTS, "pt")
+    expiring = on.rows(_MOVED, "ex")
     before = func.sum(GRANTS.c.remaining_microcents).over(
         partition_by=GRANTS.c.account_id, order_by=order_by(GRANTS), rows=(None, -1)
     )
@@ -176,13 +191,20 @@ def debit_steps(on: p.Backend, debits: p.Rows, now: BindParameter[Any]) -> list[
     ).where(d.c.total > held)
     found = union_all(takes, shortfalls).subquery("found")
     return [
-        p.Sum(
+        p.Collect(
             ACCOUNTS.update()
             .values(balance_microcents=ACCOUNTS.c.balance_microcents - d.c.total)
             .where(ACCOUNTS.c.id == d.c.account_id)
-            .returning(case((ACCOUNTS.c.next_expiry_at <= now, 1), else_=0).label("expiring")),
-            "expiring",
+            .returning(
+                ACCOUNTS.c.id.label("account_id"),
+                ACCOUNTS.c.balance_microcents.label("after_microcents"),
+                case((ACCOUNTS.c.next_expiry_at <= now, 1), else_=0).label("expiring"),
+            ),
+            into=_MOVED,
+        ),
+        p.Assign(
             _EXPIRING,
+            select(func.coalesce(func.sum(expiring.c.expiring), 0)).scalar_subquery(),
         ),
         p.When(_EXPIRING.ref > 0, tuple(expiry_steps(on, debits, now))),
         # The parts (each grant's take, and each account's shortfall) become allocation rows
@@ -221,7 +243,30 @@ def debit_steps(on: p.Backend, debits: p.Rows, now: BindParameter[Any]) -> list[
                 ),
             ),
         ),
+        # §11: the thresholds the whole move (debit and due expiries) crosses, once.
+        p.Run(outbox.balance_crossings(_moves(on, debits), now)),
     ]
+
+
+def _moves(on: p.Backend, debits: p.Rows) -> Any:
+    """Each debited account's balance before the move (what its update returned plus the
+    debit) and after it (the balance now, due expiries included), under its row lock."""
+    moved = on.rows(_MOVED, "mv")
+    d = on.rows(debits, "md")
+    now_balance = ACCOUNTS.alias("nb")
+    return (
+        select(
+            moved.c.account_id,
+            (moved.c.after_microcents + d.c.total).label("before_microcents"),
+            now_balance.c.balance_microcents.label("after_microcents"),
+        )
+        .select_from(
+            moved.join(d, d.c.account_id == moved.c.account_id).join(
+                now_balance, now_balance.c.id == moved.c.account_id
+            )
+        )
+        .subquery("m")
+    )
 
 
 # -- The program for debits outside settlement: a negative adjustment, or due expiries alone. --

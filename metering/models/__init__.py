@@ -8,6 +8,7 @@ from metering.models.catalog import AccountRate, CatalogModel, PriceVersion
 from metering.models.exports import ExportDay, ExportRun
 from metering.models.grants import CreditAllocation, CreditGrant, CreditRollforward
 from metering.models.ledger import Authorization, LedgerEntry
+from metering.models.notifications import WebhookDelivery, WebhookEndpoint, WebhookEvent
 from metering.models.portal import PortalSession, PortalSignInToken
 from metering.models.usage import QuarantinedEvent, UsageEvent, UsageRollup
 
@@ -33,6 +34,9 @@ __all__ = [
     "QuarantinedEvent",
     "UsageEvent",
     "UsageRollup",
+    "WebhookDelivery",
+    "WebhookEndpoint",
+    "WebhookEvent",
     "table",
 ]
 

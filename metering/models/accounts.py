@@ -51,6 +51,8 @@ class Account(Base):
     # expires), so the check-and-hold looks for expired remainders only once it has passed.
     next_expiry_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    # §11: ``credit.balance_low`` fires when a transaction takes the balance below it.
+    low_balance_threshold_microcents: Mapped[int | None] = mapped_column(BigInteger)
 
 
 class ApiKey(Base):

@@ -7,6 +7,7 @@ from datetime import date, datetime
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     CheckConstraint,
     Date,
     ForeignKey,
@@ -22,6 +23,8 @@ from metering.models.base import Base, BigIntPK, UTCDateTime
 
 # Rows a debit may still be paid from (the live test adds "not expired at now").
 UNSPENT_ROWS = "status = 'active' AND remaining_microcents > 0"
+# Grants with an expiry whose credit.grant_expiring (§11) is still to be written or skipped.
+UNNOTICED_EXPIRY_ROWS = "expires_at IS NOT NULL AND NOT expiring_noticed"
 
 
 class CreditGrant(Base):
@@ -48,6 +51,12 @@ class CreditGrant(Base):
             sqlite_where=text(UNSPENT_ROWS),
             postgresql_where=text(UNSPENT_ROWS),
         ),
+        Index(
+            "ix_credit_grants_expiring_unnoticed",
+            "expires_at",
+            sqlite_where=text(UNNOTICED_EXPIRY_ROWS),
+            postgresql_where=text(UNNOTICED_EXPIRY_ROWS),
+        ),
     )
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True)  # grant_…
@@ -62,6 +71,8 @@ class CreditGrant(Base):
     status: Mapped[str] = mapped_column(String(16))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
     note: Mapped[str | None] = mapped_column(Text)
+    # §11: its credit.grant_expiring is written (or was not due: no remainder, voided, expired).
+    expiring_noticed: Mapped[bool] = mapped_column(Boolean, server_default="0")
 
 
 class CreditAllocation(Base):

@@ -27,6 +27,7 @@ ENTRY_SIGNS = (
     "amount_microcents <> 0) OR (kind = 'charge' AND amount_microcents <= 0) OR "
     "(kind IN ('expiry', 'void') AND amount_microcents < 0)"
 )
+UNNOTICED_ROWS = "status = 'expired' AND NOT unused_noticed"
 
 
 class LedgerEntry(Base):
@@ -101,6 +102,13 @@ class Authorization(Base):
             postgresql_where=text(ACTIVE_ROWS),
         ),
         Index("ix_authorizations_status_expires_at", "status", "expires_at"),
+        # Expired holds whose expired_unused event is still to be written (the tidy-up's).
+        Index(
+            "ix_authorizations_unnoticed_expiry",
+            "id",
+            sqlite_where=text(UNNOTICED_ROWS),
+            postgresql_where=text(UNNOTICED_ROWS),
+        ),
         # Released holds still counted: what the next check-and-hold of the account collects.
         Index(
             "ix_authorizations_released",
@@ -129,3 +137,5 @@ class Authorization(Base):
     closed_at: Mapped[datetime | None] = mapped_column(UTCDateTime)  # settled or voided
     usage_event_id: Mapped[int | None] = mapped_column(BigInteger)  # the event that settled it
     counted: Mapped[bool] = mapped_column(Boolean, default=False, server_default="0")
+    # §11: its ``authorization.expired_unused`` event is written (by the scheduler's tidy-up).
+    unused_noticed: Mapped[bool] = mapped_column(Boolean, server_default="0")

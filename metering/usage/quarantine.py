@@ -22,6 +22,7 @@ from metering.kit.pagination import decode_cursor, page
 from metering.kit.ranges import DATABASE_ERRORS, is_out_of_range
 from metering.kit.timeutil import format_timestamp
 from metering.models import QuarantinedEvent, table
+from metering.notifications import outbox
 from metering.usage.events import OUT_OF_RANGE, Event
 from metering.usage.schemas import MAX_BATCH
 from metering.usage.service import (
@@ -131,6 +132,10 @@ def keep(session: Session, events: Sequence[Event], now: datetime) -> None:
             now,
         ]
     _KEEP.run(session, [rows[sha] for sha in sorted(rows)])
+    # §11: with the batch's commit, so a batch rolled back announces nothing.
+    outbox.emit_quarantined(
+        session, [(e.account_id, e.problem.code) for e in events if e.problem is not None], now
+    )
 
 
 def entry_body(entry: QuarantinedEvent) -> dict[str, Any]:

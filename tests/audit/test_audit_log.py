@@ -54,13 +54,28 @@ class World:
     account: str
     key: Key
     model: str
+    endpoint: str  # a webhook endpoint of the account
+    event: str  # a webhook.test event sent to it
+
+
+# A public address (TEST-NET-3): saved without resolving anything.
+HOOK_URL = "https://203.0.113.10/hook"
 
 
 @pytest.fixture
 def world(api: Api) -> World:
     account = create_account(api)
     key = create_key(api, account)
-    return World(account, key, put_model(api))
+    endpoint = api.admin(
+        "POST",
+        "/admin/v1/webhook-endpoints",
+        json={"url": HOOK_URL, "event_types": ["webhook.test"], "account_id": account},
+    )
+    assert endpoint.status_code == 201, endpoint.text
+    endpoint_id = endpoint.json()["id"]
+    event = api.admin("POST", f"/admin/v1/webhook-endpoints/{endpoint_id}/test")
+    assert event.status_code == 200, event.text
+    return World(account, key, put_model(api), endpoint_id, event.json()["id"])
 
 
 @dataclass(frozen=True)
@@ -192,6 +207,48 @@ MUTATIONS: dict[tuple[str, str], Mutation] = {
         lambda api, w: api.admin("POST", f"/admin/v1/accounts/{w.account}/portal-sessions"),
         True,
         "account",
+    ),
+    ("POST", "/admin/v1/webhook-endpoints"): Mutation(
+        "webhook_endpoint.create",
+        lambda api, w: api.admin(
+            "POST",
+            "/admin/v1/webhook-endpoints",
+            json={"url": HOOK_URL, "event_types": ["webhook.test"], "account_id": w.account},
+        ),
+        True,
+        "webhook_endpoint",
+    ),
+    ("PATCH", "/admin/v1/webhook-endpoints/{endpoint_id}"): Mutation(
+        "webhook_endpoint.update",
+        lambda api, w: api.admin(
+            "PATCH", f"/admin/v1/webhook-endpoints/{w.endpoint}", json={"enabled": False}
+        ),
+        True,
+        "webhook_endpoint",
+    ),
+    ("DELETE", "/admin/v1/webhook-endpoints/{endpoint_id}"): Mutation(
+        "webhook_endpoint.delete",
+        lambda api, w: api.admin("DELETE", f"/admin/v1/webhook-endpoints/{w.endpoint}"),
+        True,
+        "webhook_endpoint",
+    ),
+    ("POST", "/admin/v1/webhook-endpoints/{endpoint_id}/rotate-secret"): Mutation(
+        "webhook_endpoint.rotate",
+        lambda api, w: api.admin("POST", f"/admin/v1/webhook-endpoints/{w.endpoint}/rotate-secret"),
+        True,
+        "webhook_endpoint",
+    ),
+    ("POST", "/admin/v1/webhook-endpoints/{endpoint_id}/test"): Mutation(
+        "webhook_endpoint.test",
+        lambda api, w: api.admin("POST", f"/admin/v1/webhook-endpoints/{w.endpoint}/test"),
+        True,
+        "webhook_event",
+    ),
+    ("POST", "/admin/v1/webhook-events/{event_id}/resend"): Mutation(
+        "webhook_event.resend",
+        lambda api, w: api.admin("POST", f"/admin/v1/webhook-events/{w.event}/resend", json={}),
+        True,
+        "webhook_event",
     ),
 }
 

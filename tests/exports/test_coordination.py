@@ -25,7 +25,7 @@ from metering.exports import files
 from metering.kit.clock import FrozenClock
 from metering.models import ExportDay, ExportRun
 from metering.scheduler import Scheduler, TickReport
-from tests.conftest import ADMIN_TOKEN, GATEWAY_TOKEN, Api, running_api
+from tests.conftest import ADMIN_TOKEN, GATEWAY_TOKEN, SECRET_KEY, Api, running_api
 from tests.exports.helpers import (
     DAY,
     Tenant,
@@ -161,6 +161,7 @@ def _scheduler_process(database_url: str, export_dir: Path, log: Path) -> subpro
             "METERING_DATABASE_URL": database_url,
             "METERING_ADMIN_TOKENS": ADMIN_TOKEN,
             "METERING_GATEWAY_TOKENS": GATEWAY_TOKEN,
+            "METERING_SECRET_KEY": SECRET_KEY,
             "METERING_EXPORT_DIR": str(export_dir),
             "METERING_EXPORT_AFTER_MINUTES": "0",
             "METERING_LOG_LEVEL": "INFO",

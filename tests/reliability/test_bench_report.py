@@ -70,7 +70,13 @@ def test_every_benchmark_module_is_run_by_make_bench() -> None:
     names = sorted(
         m.name for m in pkgutil.iter_modules(bench.__path__) if m.name.startswith("bench_")
     )
-    assert names == ["bench_embedded", "bench_ingest", "bench_ledger", "bench_reports"]
+    assert names == [
+        "bench_embedded",
+        "bench_ingest",
+        "bench_ledger",
+        "bench_reports",
+        "bench_webhooks",
+    ]
     for name in names:
         module = importlib.import_module(f"bench.{name}")
         assert callable(module.run) and callable(module.Config), name

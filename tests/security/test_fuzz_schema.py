@@ -62,6 +62,7 @@ GATEWAY_ROUTES = {
     ("POST", "/v1/usage/events"),
 }
 ACCOUNT_KEY_ROUTES = {"/v1/usage", "/v1/credits", "/v1/models", "/v1/api-keys"}
+HOOK_URL = "https://203.0.113.10/hook"  # public for the address rules, never resolved
 
 
 @dataclass
@@ -79,7 +80,7 @@ class Target:
             return dict(self.api.admin_headers)
         if (method, path) in GATEWAY_ROUTES:
             return dict(self.api.gateway_headers)
-        if path in ACCOUNT_KEY_ROUTES:
+        if path in ACCOUNT_KEY_ROUTES or path.startswith("/v1/webhook-endpoints"):
             return {"Authorization": f"Bearer {self.key_secret}"}
         return {}
 
@@ -103,6 +104,12 @@ def target(
         recorded = usage_event(key, model, NOW - timedelta(hours=1))
         ingest(api, recorded, usage_event(key, "No-Such-Model", NOW - timedelta(hours=1)))
         quarantined = api.admin("GET", "/admin/v1/quarantine").json()["data"]
+        hook = api.admin(
+            "POST",
+            "/admin/v1/webhook-endpoints",
+            json={"url": HOOK_URL, "event_types": ["webhook.test"], "account_id": account},
+        ).json()
+        hook_event = api.admin("POST", f"/admin/v1/webhook-endpoints/{hook['id']}/test").json()
         values: dict[str, Any] = {
             "account_id": account,
             "key_id": spare.id,
@@ -122,6 +129,9 @@ def target(
             "prompt_tokens": 1000,
             "max_tokens": 100,
             "n": 1,
+            "url": HOOK_URL,
+            "endpoint_id": hook["id"],
+            "event_id": hook_event["id"],
         }
         event = usage_event(key, model, NOW, chat_usage(1200, 300, cached=200, reasoning=50))
         yield Target(api, key.secret, spare.id, values, event)
@@ -176,6 +186,22 @@ STATED_ONLY_IN_CODE = [
         "invalid_parameter",
         "expires_at",
         "later than now",
+    ),
+    # Webhook URLs: a URL the address rules refuse (a private address, no scheme).
+    (None, "invalid_parameter", "url", ""),
+    # An account key's endpoint may not take the operators' event types.
+    (("POST", "/v1/webhook-endpoints"), "invalid_parameter", "event_types", "operators only"),
+    (
+        ("PATCH", "/v1/webhook-endpoints/{endpoint_id}"),
+        "invalid_parameter",
+        "event_types",
+        "operators only",
+    ),
+    (
+        ("POST", "/admin/v1/webhook-events/{event_id}/resend"),
+        "invalid_parameter",
+        "endpoint_id",
+        "does not receive",
     ),
 ]
 

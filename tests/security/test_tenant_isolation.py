@@ -39,6 +39,16 @@ ACCOUNT_KEY_ROUTES = {
     ("GET", "/v1/credits"),
     ("GET", "/v1/models"),
     ("GET", "/v1/api-keys"),
+    # The account's webhook endpoints (tests/notifications/test_endpoints.py: one account's key
+    # never sees or changes another's).
+    ("POST", "/v1/webhook-endpoints"),
+    ("GET", "/v1/webhook-endpoints"),
+    ("GET", "/v1/webhook-endpoints/{endpoint_id}"),
+    ("PATCH", "/v1/webhook-endpoints/{endpoint_id}"),
+    ("DELETE", "/v1/webhook-endpoints/{endpoint_id}"),
+    ("POST", "/v1/webhook-endpoints/{endpoint_id}/rotate-secret"),
+    ("POST", "/v1/webhook-endpoints/{endpoint_id}/test"),
+    ("GET", "/v1/webhook-endpoints/{endpoint_id}/deliveries"),
 }
 PUBLIC_ROUTES = {"/healthz", "/readyz", "/metrics"}
 
@@ -132,6 +142,8 @@ def fill(path: str, victim: Tenant) -> str:
         "authorization_id": victim.hold_id,
         "request_id": victim.request_id,
         "grant_id": victim.grant_id,
+        "endpoint_id": "whep_victim",
+        "event_id": "evt_victim",
     }
     for name, value in values.items():
         path = path.replace("{" + name + "}", quote(value, safe=""))

@@ -87,7 +87,7 @@ class Placement:
 
 
 # The columns an authorization writes into a hold (the rest are the state machine's).
-_STATE_COLUMNS = ("status", "closed_at", "usage_event_id", "counted")
+_STATE_COLUMNS = ("status", "closed_at", "usage_event_id", "counted", "unused_noticed")
 HOLD_COLUMNS = tuple(c.name for c in HOLDS.columns if c.name not in _STATE_COLUMNS)
 # The gateway's view of a hold (metering.ledger.authorizations.hold_body).
 BODY_COLUMNS = (

@@ -1,0 +1,83 @@
+"""Webhook endpoints, the outbox of events, and their deliveries (§11)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import BigInteger, Boolean, ForeignKey, Index, Integer, String, Text, text
+from sqlalchemy.orm import Mapped, mapped_column
+
+from metering.models.base import Base, BigIntPK, UTCDateTime
+
+
+class WebhookEndpoint(Base):
+    __tablename__ = "webhook_endpoints"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    # None: an operator's endpoint for every account's events and the operator-only ones.
+    account_id: Mapped[str | None] = mapped_column(ForeignKey("accounts.id"), index=True)
+    url: Mapped[str] = mapped_column(String(2048))
+    event_types: Mapped[str] = mapped_column(Text)  # a JSON array of type names
+    enabled: Mapped[bool] = mapped_column(Boolean, default=True)
+    description: Mapped[str | None] = mapped_column(String(500))
+    # Signing secrets, encrypted (metering.notifications.secrets), never in clear.
+    secret_sealed: Mapped[str] = mapped_column(Text)
+    # After a rotation, the previous secret also signs until ``previous_until``.
+    previous_secret_sealed: Mapped[str | None] = mapped_column(Text)
+    previous_until: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    deleted_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+
+class WebhookEvent(Base):
+    """The outbox: one row per event, written in the transaction that causes it."""
+
+    __tablename__ = "webhook_events"
+    __table_args__ = (
+        Index(
+            "ix_webhook_events_undispatched",
+            "id",
+            postgresql_where=text("NOT dispatched"),
+            sqlite_where=text("NOT dispatched"),
+        ),
+    )
+
+    id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
+    public_id: Mapped[str] = mapped_column(String(40), unique=True)  # evt_…
+    account_id: Mapped[str | None] = mapped_column(String(32), index=True)
+    type: Mapped[str] = mapped_column(String(64))
+    # The event's data as JSON; amounts as integer ``*_microcents`` (rendered with ``*_cents``).
+    data: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    # Its deliveries were made for the endpoints that match it (by the delivery loop).
+    dispatched: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
+
+
+class WebhookDelivery(Base):
+    """One event to one endpoint: its attempts and outcome."""
+
+    __tablename__ = "webhook_deliveries"
+    __table_args__ = (
+        Index(
+            "ix_webhook_deliveries_due",
+            "next_attempt_at",
+            postgresql_where=text("status = 'pending'"),
+            sqlite_where=text("status = 'pending'"),
+        ),
+        Index("ix_webhook_deliveries_endpoint", "endpoint_id", "id"),
+        Index("uq_webhook_deliveries_event_endpoint", "event_id", "endpoint_id", unique=True),
+    )
+
+    id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
+    event_id: Mapped[int] = mapped_column(BigInteger, ForeignKey("webhook_events.id"))
+    endpoint_id: Mapped[str] = mapped_column(ForeignKey("webhook_endpoints.id"))
+    account_id: Mapped[str | None] = mapped_column(String(32))
+    # pending → delivered | failed (retries exhausted) | dropped (endpoint deleted)
+    status: Mapped[str] = mapped_column(String(16))
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    next_attempt_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    last_attempt_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    last_status: Mapped[int | None] = mapped_column(Integer)
+    last_error: Mapped[str | None] = mapped_column(String(500))
+    delivered_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)

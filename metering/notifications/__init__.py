@@ -1,0 +1,9 @@
+"""Notifications (§11): signed webhooks from a transactional outbox.
+
+* ``outbox``: the event types and the one way to write an event (``emit``, and the balance
+  crossings as steps of the settlement programs), inside the transaction that causes it;
+* ``secrets``: signing secrets, encrypted at rest with a key derived from METERING_SECRET_KEY;
+* ``addresses``: which addresses a webhook may reach (checked at save and at connect time);
+* ``delivery``: the scheduler's delivery loop (fan-out, claim, sign, send, retry);
+* ``service``/``endpoints``: endpoint management, deliveries listing, resend.
+"""

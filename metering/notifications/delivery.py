@@ -1,0 +1,443 @@
+"""The delivery loop (§11), run by the scheduler every second.
+
+One pass:
+
+1. **fan-out**: events not yet dispatched get one delivery per matching endpoint (enabled, not
+   deleted, subscribed to the type; an endpoint with an account only that account's events);
+2. **claim**: due deliveries are taken in a short transaction (``FOR UPDATE SKIP LOCKED`` on
+   PostgreSQL, so replicas take disjoint ones), their attempt counted and their next attempt put
+   a lease ahead (so a sender that dies mid-send is retried after the lease: at least once);
+3. **send**: each is POSTed, signed (Standard Webhooks), with the timeout, no redirects, the
+   address checked when connecting, at most ``READ_LIMIT`` bytes of the answer read;
+4. **record**: delivered on a 2xx, otherwise retried on the schedule (±20% jitter) or, after the
+   last, failed. A result is recorded only by the claim that made the attempt.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import ssl
+import time
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+import httpcore2
+import httpx2
+from httpcore2 import NetworkStream
+from httpcore2._backends.sync import SyncBackend
+from prometheus_client.core import GaugeMetricFamily, Metric
+from sqlalchemy import bindparam, func, select, update
+from sqlalchemy.orm import Session
+
+from metering.db import Database, is_postgresql
+from metering.kit.clock import Clock
+from metering.metrics import REGISTRY
+from metering.models import WebhookDelivery, WebhookEndpoint, WebhookEvent, table
+from metering.notifications import messages
+from metering.notifications.addresses import Resolver, allowed_addresses, system_resolver
+from metering.notifications.secrets import SecretUnreadable
+from metering.notifications.service import DELIVERED, FAILED, PENDING, signing_secrets
+from metering.settings import Settings
+
+log = logging.getLogger("metering.webhooks")
+
+DELIVERIES = table(WebhookDelivery)
+EVENTS = table(WebhookEvent)
+ENDPOINTS = table(WebhookEndpoint)
+
+# §11: retried after about these delays, then failed (10 attempts in all).
+RETRY_SCHEDULE = (
+    timedelta(seconds=5),
+    timedelta(seconds=30),
+    timedelta(minutes=2),
+    timedelta(minutes=10),
+    timedelta(hours=1),
+    timedelta(hours=3),
+    timedelta(hours=6),
+    timedelta(hours=12),
+    timedelta(hours=24),
+)
+MAX_ATTEMPTS = len(RETRY_SCHEDULE) + 1
+JITTER = 0.2
+READ_LIMIT = 4096  # bytes of an answer read at most
+BATCH = 50
+SENDERS = 8  # attempts in flight at once per process
+
+DELIVERIES_TOTAL = REGISTRY.counter(
+    "metering_webhook_deliveries_total",
+    "Webhook delivery attempts, by result (delivered, retry, failed).",
+    ("result",),
+)
+
+
+def retry_delay(attempts: int, rng: Callable[[], float] = random.random) -> timedelta:
+    """The wait after the ``attempts``-th failed attempt, with ±20% jitter."""
+    base = RETRY_SCHEDULE[attempts - 1]
+    return base * (1 - JITTER + 2 * JITTER * rng())
+
+
+class GuardedBackend(SyncBackend):
+    """Connects only to addresses the rules allow, checked on the resolved address itself."""
+
+    def __init__(self, allow_private: bool, resolver: Resolver) -> None:
+        self.allow_private = allow_private
+        self.resolver = resolver
+
+    def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Iterable[Any] | None = None,
+    ) -> NetworkStream:
+        try:
+            addresses = allowed_addresses(host, port, self.allow_private, self.resolver)
+        except OSError as exc:
+            raise httpcore2.ConnectError(str(exc)) from exc
+        last: Exception | None = None
+        for address in addresses:
+            try:
+                return super().connect_tcp(address, port, timeout, local_address, socket_options)
+            except httpcore2.ConnectError as exc:
+                last = exc
+        assert last is not None
+        raise last
+
+
+def make_client(settings: Settings, resolver: Resolver) -> httpx2.Client:
+    """An HTTP client that follows no redirect, ignores proxy variables and checks addresses."""
+    context = ssl.create_default_context()
+    if settings.webhook_ca_bundle is not None:
+        context.load_verify_locations(cafile=str(settings.webhook_ca_bundle))
+    transport = httpx2.HTTPTransport(verify=context, trust_env=False)
+    transport._pool = httpcore2.ConnectionPool(
+        ssl_context=context,
+        max_connections=BATCH,
+        max_keepalive_connections=10,
+        keepalive_expiry=5.0,
+        network_backend=GuardedBackend(settings.webhooks_may_reach_private, resolver),
+    )
+    return httpx2.Client(
+        transport=transport,
+        timeout=httpx2.Timeout(settings.webhook_timeout_seconds),
+        follow_redirects=False,
+        trust_env=False,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Claimed:
+    delivery_id: int
+    attempt: int
+    url: str
+    public_id: str
+    payload: bytes
+    signing: list[str]
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    status: int | None
+    error: str | None
+
+    @property
+    def delivered(self) -> bool:
+        return self.status is not None and 200 <= self.status < 300
+
+
+@dataclass
+class PassReport:
+    dispatched: int = 0
+    attempted: int = 0
+    delivered: int = 0
+
+
+class Deliverer:
+    def __init__(
+        self,
+        database: Database,
+        settings: Settings,
+        clock: Clock,
+        *,
+        resolver: Resolver | None = None,
+        rng: Callable[[], float] = random.random,
+    ) -> None:
+        self.database = database
+        self.settings = settings
+        self.clock = clock
+        self.rng = rng
+        self.keys = settings.secret_key
+        # Longer than any attempt can take, so a live attempt is never claimed twice.
+        self.lease = timedelta(seconds=3 * settings.webhook_timeout_seconds + 5)
+        self.client = make_client(settings, resolver or system_resolver)
+        self.pool = ThreadPoolExecutor(max_workers=SENDERS, thread_name_prefix="webhook")
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True)
+        self.client.close()
+
+    def run_once(self) -> PassReport:
+        report = PassReport()
+        report.dispatched = self.fan_out()
+        while True:
+            claimed = self.claim()
+            if not claimed:
+                return report
+            # Sent side by side (one slow receiver holds one thread, not the batch).
+            outcomes = list(self.pool.map(self.send, claimed))
+            self.record_all(list(zip(claimed, outcomes, strict=True)))
+            report.attempted += len(claimed)
+            report.delivered += sum(o.delivered for o in outcomes)
+            if len(claimed) < BATCH:
+                return report
+
+    # -- 1. fan-out ------------------------------------------------------------------------------
+
+    def fan_out(self) -> int:
+        now = self.clock.now()
+        with self.database.unit_of_work() as session:
+            query = (
+                select(EVENTS.c.id, EVENTS.c.account_id, EVENTS.c.type)
+                .where(~EVENTS.c.dispatched)  # the partial index's predicate
+                .order_by(EVENTS.c.id)
+                .limit(500)
+            )
+            if is_postgresql(session):
+                query = query.with_for_update(skip_locked=True)
+            events = session.execute(query).all()
+            if not events:
+                return 0
+            endpoints = session.execute(
+                select(ENDPOINTS.c.id, ENDPOINTS.c.account_id, ENDPOINTS.c.event_types).where(
+                    ENDPOINTS.c.deleted_at.is_(None), ENDPOINTS.c.enabled.is_(True)
+                )
+            ).all()
+            subscribed = [(e.id, e.account_id, set(json.loads(e.event_types))) for e in endpoints]
+            rows = [
+                {
+                    "event_id": event.id,
+                    "endpoint_id": endpoint_id,
+                    "account_id": event.account_id,
+                    "status": PENDING,
+                    "attempts": 0,
+                    "next_attempt_at": now,
+                    "created_at": now,
+                }
+                for event in events
+                for endpoint_id, account_id, types in subscribed
+                if event.type in types and account_id in (None, event.account_id)
+            ]
+            if rows:
+                session.execute(DELIVERIES.insert(), rows)
+            session.execute(
+                update(EVENTS)
+                .where(EVENTS.c.id.in_([e.id for e in events]))
+                .values(dispatched=True)
+            )
+            session.commit()
+            return len(events)
+
+    # -- 2. claim --------------------------------------------------------------------------------
+
+    def claim(self) -> list[Claimed]:
+        now = self.clock.now()
+        with self.database.unit_of_work() as session:
+            due = (
+                select(DELIVERIES.c.id)
+                .join(ENDPOINTS, ENDPOINTS.c.id == DELIVERIES.c.endpoint_id)
+                .where(
+                    DELIVERIES.c.status == PENDING,
+                    DELIVERIES.c.next_attempt_at <= now,
+                    # A disabled endpoint's messages wait until it is enabled again.
+                    ENDPOINTS.c.enabled,
+                    ENDPOINTS.c.deleted_at.is_(None),
+                )
+                .order_by(DELIVERIES.c.next_attempt_at, DELIVERIES.c.id)
+                .limit(BATCH)
+            )
+            if is_postgresql(session):
+                due = due.with_for_update(of=DELIVERIES, skip_locked=True)
+            ids = list(session.execute(due).scalars())
+            if not ids:
+                return []
+            session.execute(
+                update(DELIVERIES)
+                .where(DELIVERIES.c.id.in_(ids))
+                .values(
+                    attempts=DELIVERIES.c.attempts + 1,
+                    last_attempt_at=now,
+                    next_attempt_at=now + self.lease,
+                )
+            )
+            rows = session.execute(
+                select(
+                    DELIVERIES.c.id,
+                    DELIVERIES.c.attempts,
+                    EVENTS.c.public_id,
+                    EVENTS.c.type,
+                    EVENTS.c.account_id,
+                    EVENTS.c.data,
+                    EVENTS.c.created_at,
+                    ENDPOINTS.c.id.label("endpoint_id"),
+                    ENDPOINTS.c.url,
+                    ENDPOINTS.c.secret_sealed,
+                    ENDPOINTS.c.previous_secret_sealed,
+                    ENDPOINTS.c.previous_until,
+                )
+                .join(EVENTS, EVENTS.c.id == DELIVERIES.c.event_id)
+                .join(ENDPOINTS, ENDPOINTS.c.id == DELIVERIES.c.endpoint_id)
+                .where(DELIVERIES.c.id.in_(ids))
+                .order_by(DELIVERIES.c.id)
+            ).all()
+            session.commit()
+        claimed = []
+        for row in rows:
+            endpoint = _EndpointRow(
+                row.endpoint_id, row.secret_sealed, row.previous_secret_sealed, row.previous_until
+            )
+            try:
+                signing = signing_secrets(self.keys, endpoint, now)
+            except SecretUnreadable as exc:
+                # Not sent (it cannot be signed); retried on the schedule, so a key put back
+                # into METERING_SECRET_KEY lets it go.
+                log.error("%s", exc)
+                signing = []
+            claimed.append(
+                Claimed(
+                    row.id,
+                    row.attempts,
+                    row.url,
+                    row.public_id,
+                    messages.body(
+                        row.public_id, row.type, row.account_id, row.data, row.created_at
+                    ),
+                    signing,
+                )
+            )
+        return claimed
+
+    # -- 3. send ---------------------------------------------------------------------------------
+
+    def send(self, item: Claimed) -> Outcome:
+        if not item.signing:
+            return Outcome(None, "not sent: no METERING_SECRET_KEY opens the endpoint's secret")
+        now = self.clock.now()
+        headers = messages.headers(item.public_id, item.payload, item.signing, now)
+        started = time.monotonic()
+        try:
+            with self.client.stream("POST", item.url, content=item.payload, headers=headers) as r:
+                read = 0
+                for chunk in r.iter_raw():
+                    read += len(chunk)
+                    if read >= READ_LIMIT:
+                        break
+                    if time.monotonic() - started > self.settings.webhook_timeout_seconds:
+                        break
+                return Outcome(r.status_code, None)
+        except httpx2.TimeoutException as exc:
+            return Outcome(None, f"timeout: {type(exc).__name__}")
+        except httpx2.HTTPError as exc:
+            return Outcome(None, f"{type(exc).__name__}: {exc}"[:500])
+        except Exception as exc:  # an odd URL or answer fails this attempt, not the batch
+            log.exception("webhook %s: unexpected error", item.public_id)
+            return Outcome(None, f"{type(exc).__name__}"[:500])
+
+    # -- 4. record -------------------------------------------------------------------------------
+
+    def record_all(self, results: Sequence[tuple[Claimed, Outcome]]) -> None:
+        """The outcomes of one batch, in one transaction; each only if the row still carries
+        the attempt that was made (a later claim's result is never overwritten)."""
+        now = self.clock.now()
+        rows = []
+        for item, outcome in results:
+            row: dict[str, Any] = {
+                "b_id": item.delivery_id,
+                "b_attempt": item.attempt,
+                "status": PENDING,
+                "last_status": outcome.status,
+                "last_error": outcome.error,
+                "delivered_at": None,
+                "next_attempt_at": None,
+            }
+            if outcome.delivered:
+                row.update(status=DELIVERED, delivered_at=now)
+                result = "delivered"
+            elif item.attempt >= MAX_ATTEMPTS:
+                row.update(status=FAILED)
+                result = "failed"
+            else:
+                row.update(next_attempt_at=now + retry_delay(item.attempt, self.rng))
+                result = "retry"
+            if outcome.error is None and not outcome.delivered:
+                row["last_error"] = f"HTTP {outcome.status}"
+            rows.append(row)
+            DELIVERIES_TOTAL.inc(result)
+            if result != "delivered":
+                log.info(
+                    "webhook %s attempt %d (delivery %d): %s",
+                    item.public_id,
+                    item.attempt,
+                    item.delivery_id,
+                    row["last_error"],
+                )
+        with self.database.unit_of_work() as session:
+            session.execute(_RECORD, rows)
+            session.commit()
+
+
+_RECORD = (
+    update(DELIVERIES)
+    .where(
+        DELIVERIES.c.id == bindparam("b_id"),
+        DELIVERIES.c.attempts == bindparam("b_attempt"),  # still our claim
+        DELIVERIES.c.status == PENDING,
+    )
+    .values(
+        status=bindparam("status"),
+        last_status=bindparam("last_status"),
+        last_error=bindparam("last_error"),
+        delivered_at=bindparam("delivered_at", type_=DELIVERIES.c.delivered_at.type),
+        next_attempt_at=bindparam("next_attempt_at", type_=DELIVERIES.c.next_attempt_at.type),
+    )
+)
+
+
+@dataclass(frozen=True, slots=True)
+class _EndpointRow:
+    id: str
+    secret_sealed: str
+    previous_secret_sealed: str | None
+    previous_until: datetime | None
+
+
+@REGISTRY.database_collector
+def _webhook_gauges(session: Session, now: datetime) -> Iterable[Metric]:
+    """From the database, so every process (API workers, schedulers) shows the same."""
+    by_status: dict[str, int] = dict(
+        session.execute(
+            select(DELIVERIES.c.status, func.count()).group_by(DELIVERIES.c.status)
+        ).all()
+    )
+    oldest = session.execute(
+        select(func.min(DELIVERIES.c.created_at)).where(DELIVERIES.c.status == PENDING)
+    ).scalar()
+    age = 0.0 if oldest is None else max(0.0, (now - oldest).total_seconds())
+    deliveries = GaugeMetricFamily(
+        "metering_webhook_deliveries",
+        "Webhook messages by state (pending, delivered, failed, dropped).",
+        labels=["status"],
+    )
+    for status in (PENDING, DELIVERED, FAILED, "dropped"):
+        deliveries.add_metric([status], by_status.get(status, 0))
+    yield deliveries
+    yield GaugeMetricFamily(
+        "metering_webhook_oldest_undelivered_seconds",
+        "Age of the oldest undelivered webhook message (0 when none).",
+        round(age, 3),
+    )

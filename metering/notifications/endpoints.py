@@ -1,0 +1,251 @@
+"""Webhook routes (§11): operators under /admin/v1/, account keys under /v1/ (their account's
+endpoints only, with the same bodies less ``account_id``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+
+from metering.kit.pagination import PageParams
+from metering.notifications import delivery, service
+from metering.notifications.addresses import system_resolver
+from metering.notifications.schemas import (
+    AdminEndpointCreate,
+    EndpointCreate,
+    EndpointUpdate,
+    Resend,
+)
+from metering.notifications.service import Rules, Scope
+from metering.web.deps import AccountKeyDep, AdminDep, AuditDep, NowDep, SessionDep, get_settings
+from metering.web.jsonio import MeteringRoute
+
+admin_router = APIRouter(
+    prefix="/admin/v1",
+    route_class=MeteringRoute,
+    dependencies=[AdminDep],
+    tags=["admin: webhooks"],
+)
+router = APIRouter(prefix="/v1", route_class=MeteringRoute, tags=["webhooks"])
+
+OPERATOR = Scope(None)
+assert delivery.DELIVERIES_TOTAL  # its /metrics gauges are registered with the app
+
+
+def rules_of(request: Request) -> Rules:
+    settings = get_settings(request)
+    # Tests inject a resolver here (metering.notifications.addresses.Resolver).
+    resolver = getattr(request.app.state, "webhook_resolver", None) or system_resolver
+    return Rules(settings.webhooks_may_reach_private, resolver, settings.secret_key)
+
+
+def _created(endpoint: Any, secret: str) -> dict[str, Any]:
+    return {**service.endpoint_body(endpoint), "secret": secret}
+
+
+# -- operators -----------------------------------------------------------------------------------
+
+
+@admin_router.post("/webhook-endpoints", status_code=201)
+def admin_create_endpoint(
+    body: AdminEndpointCreate, request: Request, session: SessionDep, now: NowDep, audit: AuditDep
+) -> dict[str, Any]:
+    """Add a webhook endpoint (account_id null: every account's events and operator-only ones);
+    its signing secret is in this response only."""
+    endpoint, secret = service.create_endpoint(
+        session,
+        OPERATOR,
+        rules_of(request),
+        url=body.url,
+        event_types=body.event_types,
+        account_id=body.account_id,
+        description=body.description,
+        now=now,
+    )
+    shown = _created(endpoint, secret)
+    changes = {k: shown[k] for k in ("url", "event_types", "account_id", "description")}
+    audit.record(
+        session, now, "webhook_endpoint.create", "webhook_endpoint", endpoint.id,
+        endpoint.account_id, {**changes, "secret": secret},
+    )  # fmt: skip
+    return shown
+
+
+@admin_router.get("/webhook-endpoints")
+def admin_list_endpoints(session: SessionDep, paging: PageParams) -> dict[str, Any]:
+    """List webhook endpoints, oldest first."""
+    return service.list_endpoints(session, OPERATOR, *paging)
+
+
+@admin_router.get("/webhook-endpoints/{endpoint_id}")
+def admin_get_endpoint(endpoint_id: str, session: SessionDep) -> dict[str, Any]:
+    """One webhook endpoint (never its secret)."""
+    return service.endpoint_body(service.get_endpoint(session, OPERATOR, endpoint_id))
+
+
+@admin_router.patch("/webhook-endpoints/{endpoint_id}")
+def admin_update_endpoint(
+    endpoint_id: str,
+    body: EndpointUpdate,
+    request: Request,
+    session: SessionDep,
+    now: NowDep,
+    audit: AuditDep,
+) -> dict[str, Any]:
+    """Change an endpoint's url, event types, enabled flag or description."""
+    changes = {k: getattr(body, k) for k in body.model_fields_set}
+    endpoint, changed = service.update_endpoint(
+        session, OPERATOR, rules_of(request), endpoint_id, changes
+    )
+    if changed:
+        audit.record(
+            session, now, "webhook_endpoint.update", "webhook_endpoint", endpoint.id,
+            endpoint.account_id, changed,
+        )  # fmt: skip
+    return service.endpoint_body(endpoint)
+
+
+@admin_router.delete("/webhook-endpoints/{endpoint_id}")
+def admin_delete_endpoint(
+    endpoint_id: str, session: SessionDep, now: NowDep, audit: AuditDep
+) -> dict[str, Any]:
+    """Delete an endpoint; its undelivered messages are dropped."""
+    endpoint = service.get_endpoint(session, OPERATOR, endpoint_id)
+    dropped = service.delete_endpoint(session, OPERATOR, endpoint_id, now)
+    audit.record(
+        session, now, "webhook_endpoint.delete", "webhook_endpoint", endpoint.id,
+        endpoint.account_id, {"deleted_at": now, "dropped_messages": dropped},
+    )  # fmt: skip
+    return {"id": endpoint.id, "object": "webhook_endpoint", "deleted": True}
+
+
+@admin_router.post("/webhook-endpoints/{endpoint_id}/rotate-secret")
+def admin_rotate_secret(
+    endpoint_id: str, request: Request, session: SessionDep, now: NowDep, audit: AuditDep
+) -> dict[str, Any]:
+    """A new signing secret (shown once); messages carry both signatures for 24 hours."""
+    endpoint, secret = service.rotate_secret(session, OPERATOR, rules_of(request), endpoint_id, now)
+    audit.record(
+        session, now, "webhook_endpoint.rotate", "webhook_endpoint", endpoint.id,
+        endpoint.account_id, {"secret": secret, "previous_until": endpoint.previous_until},
+    )  # fmt: skip
+    return _created(endpoint, secret)
+
+
+@admin_router.post("/webhook-endpoints/{endpoint_id}/test")
+def admin_test_endpoint(
+    endpoint_id: str, session: SessionDep, now: NowDep, audit: AuditDep
+) -> dict[str, Any]:
+    """Send a ``webhook.test`` event to this endpoint (by the delivery loop, within seconds)."""
+    event = service.send_test(session, OPERATOR, endpoint_id, now)
+    audit.record(
+        session, now, "webhook_endpoint.test", "webhook_event", event["id"],
+        event["account_id"], {"endpoint_id": endpoint_id},
+    )  # fmt: skip
+    return event
+
+
+@admin_router.get("/webhook-endpoints/{endpoint_id}/deliveries")
+def admin_list_deliveries(
+    endpoint_id: str, session: SessionDep, paging: PageParams
+) -> dict[str, Any]:
+    """An endpoint's deliveries (attempts, last status or error, next attempt), newest first."""
+    return service.list_deliveries(session, OPERATOR, endpoint_id, *paging)
+
+
+@admin_router.post("/webhook-events/{event_id}/resend")
+def admin_resend_event(
+    event_id: str, body: Resend, session: SessionDep, now: NowDep, audit: AuditDep
+) -> dict[str, Any]:
+    """Send an event again, to one endpoint or to every endpoint it went to."""
+    result = service.resend(session, event_id, body.endpoint_id, now)
+    audit.record(
+        session, now, "webhook_event.resend", "webhook_event", result["id"],
+        result["account_id"], {"endpoint_ids": result["endpoint_ids"]},
+    )  # fmt: skip
+    return result
+
+
+# -- account keys --------------------------------------------------------------------------------
+
+
+@router.post("/webhook-endpoints", status_code=201)
+def create_endpoint(
+    body: EndpointCreate, request: Request, key: AccountKeyDep, session: SessionDep, now: NowDep
+) -> dict[str, Any]:
+    """Add a webhook endpoint for your account's events; its secret is in this response only."""
+    endpoint, secret = service.create_endpoint(
+        session,
+        Scope(key.account_id),
+        rules_of(request),
+        url=body.url,
+        event_types=body.event_types,
+        account_id=None,
+        description=body.description,
+        now=now,
+    )
+    return _created(endpoint, secret)
+
+
+@router.get("/webhook-endpoints")
+def list_endpoints(key: AccountKeyDep, session: SessionDep, paging: PageParams) -> dict[str, Any]:
+    """List your account's webhook endpoints, oldest first."""
+    return service.list_endpoints(session, Scope(key.account_id), *paging)
+
+
+@router.get("/webhook-endpoints/{endpoint_id}")
+def get_endpoint(endpoint_id: str, key: AccountKeyDep, session: SessionDep) -> dict[str, Any]:
+    """One of your account's webhook endpoints."""
+    return service.endpoint_body(service.get_endpoint(session, Scope(key.account_id), endpoint_id))
+
+
+@router.patch("/webhook-endpoints/{endpoint_id}")
+def update_endpoint(
+    endpoint_id: str,
+    body: EndpointUpdate,
+    request: Request,
+    key: AccountKeyDep,
+    session: SessionDep,
+) -> dict[str, Any]:
+    """Change an endpoint's url, event types, enabled flag or description."""
+    changes = {k: getattr(body, k) for k in body.model_fields_set}
+    endpoint, _ = service.update_endpoint(
+        session, Scope(key.account_id), rules_of(request), endpoint_id, changes
+    )
+    return service.endpoint_body(endpoint)
+
+
+@router.delete("/webhook-endpoints/{endpoint_id}")
+def delete_endpoint(
+    endpoint_id: str, key: AccountKeyDep, session: SessionDep, now: NowDep
+) -> dict[str, Any]:
+    """Delete an endpoint; its undelivered messages are dropped."""
+    service.delete_endpoint(session, Scope(key.account_id), endpoint_id, now)
+    return {"id": endpoint_id, "object": "webhook_endpoint", "deleted": True}
+
+
+@router.post("/webhook-endpoints/{endpoint_id}/rotate-secret")
+def rotate_secret(
+    endpoint_id: str, request: Request, key: AccountKeyDep, session: SessionDep, now: NowDep
+) -> dict[str, Any]:
+    """A new signing secret (shown once); messages carry both signatures for 24 hours."""
+    endpoint, secret = service.rotate_secret(
+        session, Scope(key.account_id), rules_of(request), endpoint_id, now
+    )
+    return _created(endpoint, secret)
+
+
+@router.post("/webhook-endpoints/{endpoint_id}/test")
+def test_endpoint(
+    endpoint_id: str, key: AccountKeyDep, session: SessionDep, now: NowDep
+) -> dict[str, Any]:
+    """Send a ``webhook.test`` event to this endpoint."""
+    return service.send_test(session, Scope(key.account_id), endpoint_id, now)
+
+
+@router.get("/webhook-endpoints/{endpoint_id}/deliveries")
+def list_deliveries(
+    endpoint_id: str, key: AccountKeyDep, session: SessionDep, paging: PageParams
+) -> dict[str, Any]:
+    """An endpoint's deliveries, newest first."""
+    return service.list_deliveries(session, Scope(key.account_id), endpoint_id, *paging)

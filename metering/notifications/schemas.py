@@ -1,0 +1,48 @@
+"""Request bodies of the webhook routes (§11)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
+
+from metering.kit.text import Text
+from metering.notifications.outbox import EVENT_TYPES
+
+# Checked by the service (so an unknown one is 400 naming ``event_types``), listed here for the
+# OpenAPI document.
+EventType = Annotated[Text, WithJsonSchema({"type": "string", "enum": sorted(EVENT_TYPES)})]
+
+Url = Field(min_length=1, max_length=2048)
+Types = Field(min_length=1, max_length=20)
+Description = Field(default=None, max_length=500)
+
+
+class EndpointCreate(BaseModel):
+    """An account key's endpoint (its own account's events)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    url: Text = Url
+    event_types: list[EventType] = Types
+    description: Text | None = Description
+
+
+class AdminEndpointCreate(EndpointCreate):
+    account_id: Text | None = Field(default=None, max_length=32)
+
+
+class EndpointUpdate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    # Omitted: unchanged.
+    url: Text = Field(default=None, min_length=1, max_length=2048)  # type: ignore[assignment]
+    event_types: list[EventType] = Field(default=None, min_length=1, max_length=20)  # type: ignore[arg-type]
+    enabled: bool = Field(default=None)  # type: ignore[assignment]
+    description: Text | None = Description
+
+
+class Resend(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    endpoint_id: Text | None = Field(default=None, max_length=32)
