@@ -175,6 +175,9 @@ DECLARE
     v_targets_event_id BIGINT[];
     v_debits_account_id VARCHAR(32)[];
     v_debits_total BIGINT[];
+    v_moved_account_id VARCHAR(32)[];
+    v_moved_after_microcents BIGINT[];
+    v_moved_expiring BIGINT[];
     v_expiring BIGINT;
     v_due_grant_id VARCHAR(32)[];
     v_due_account_id VARCHAR(32)[];
@@ -218,10 +221,12 @@ BEGIN
         FROM unnest(v_debits_account_id, v_debits_total) AS d(account_id, total)) ORDER BY accounts.id COLLATE "C" FOR NO KEY UPDATE;
     END IF;
     IF coalesce(cardinality(v_debits_account_id), 0) > 0 THEN
-        WITH summed AS (
-        UPDATE accounts SET balance_microcents=(accounts.balance_microcents - d.total) FROM unnest(v_debits_account_id, v_debits_total) AS d(account_id, total) WHERE accounts.id = d.account_id RETURNING CASE WHEN (accounts.next_expiry_at <= p_now) THEN 1 ELSE 0 END AS expiring
+        WITH collected AS (
+        UPDATE accounts SET balance_microcents=(accounts.balance_microcents - d.total) FROM unnest(v_debits_account_id, v_debits_total) AS d(account_id, total) WHERE accounts.id = d.account_id RETURNING accounts.id AS account_id, accounts.balance_microcents AS after_microcents, CASE WHEN (accounts.next_expiry_at <= p_now) THEN 1 ELSE 0 END AS expiring
         )
-        SELECT coalesce(sum(summed.expiring), 0) INTO v_expiring FROM summed;
+        SELECT array_agg(collected.account_id), array_agg(collected.after_microcents), array_agg(collected.expiring) INTO v_moved_account_id, v_moved_after_microcents, v_moved_expiring FROM collected;
+        v_expiring := (SELECT coalesce(sum(ex.expiring), 0) AS coalesce_1
+        FROM unnest(v_moved_account_id, v_moved_after_microcents, v_moved_expiring) AS ex(account_id, after_microcents, expiring));
         IF v_expiring > 0 THEN
             SELECT array_agg(collected.grant_id ORDER BY collected.expires_at, collected.grant_id COLLATE "C"), array_agg(collected.account_id ORDER BY collected.expires_at, collected.grant_id COLLATE "C"), array_agg(collected.amount ORDER BY collected.expires_at, collected.grant_id COLLATE "C"), array_agg(collected.expires_at ORDER BY collected.expires_at, collected.grant_id COLLATE "C") INTO v_due_grant_id, v_due_account_id, v_due_amount, v_due_expires_at
             FROM (
@@ -234,6 +239,8 @@ BEGIN
                 INSERT INTO ledger_entries (account_id, kind, amount_microcents, grant_id, created_at, effective_at) SELECT due.account_id, 'expiry' AS anon_1, -due.amount, due.grant_id, p_now AS anon_2, due.expires_at
                 FROM unnest(v_due_grant_id, v_due_account_id, v_due_amount, v_due_expires_at) AS due(grant_id, account_id, amount, expires_at) ORDER BY due.expires_at, due.grant_id COLLATE "C";
                 UPDATE credit_grants SET remaining_microcents=0, status='expired' FROM unnest(v_due_grant_id, v_due_account_id, v_due_amount, v_due_expires_at) AS due(grant_id, account_id, amount, expires_at) WHERE credit_grants.id = due.grant_id;
+                INSERT INTO webhook_events (public_id, account_id, type, data, created_at) SELECT 'evt_' || replace(CAST(gen_random_uuid() AS TEXT), '-', '') AS event_id_1, de.account_id, 'credit.grant_expired' AS anon_1, CAST(json_build_object('grant_id', de.grant_id, 'forfeited_microcents', de.amount) AS TEXT) AS json_object_text_1, p_now AS anon_2
+                FROM unnest(v_due_grant_id, v_due_account_id, v_due_amount, v_due_expires_at) AS de(grant_id, account_id, amount, expires_at);
             END IF;
             UPDATE accounts SET balance_microcents=(accounts.balance_microcents - (SELECT coalesce(sum(ds.amount), 0) AS coalesce_1
             FROM unnest(v_due_grant_id, v_due_account_id, v_due_amount, v_due_expires_at) AS ds(grant_id, account_id, amount, expires_at)
@@ -261,6 +268,14 @@ BEGIN
             UPDATE credit_grants SET remaining_microcents=(credit_grants.remaining_microcents - pt.amount) FROM unnest(v_parts_grant_id, v_parts_account_id, v_parts_amount) AS pt(grant_id, account_id, amount) WHERE credit_grants.id = pt.grant_id;
             UPDATE accounts SET deficit_microcents=(accounts.deficit_microcents + pt.amount) FROM unnest(v_parts_grant_id, v_parts_account_id, v_parts_amount) AS pt(grant_id, account_id, amount) WHERE accounts.id = pt.account_id AND pt.grant_id IS NULL;
         END IF;
+        INSERT INTO webhook_events (public_id, account_id, type, data, created_at) SELECT crossed.event_id_1, crossed.account_id, crossed.anon_1, crossed.json_object_text_1, crossed.anon_2
+        FROM (SELECT 'evt_' || replace(CAST(gen_random_uuid() AS TEXT), '-', '') AS event_id_1, m.account_id AS account_id, 'credit.balance_low' AS anon_1, CAST(json_build_object('balance_microcents', m.after_microcents, 'threshold_microcents', accounts.low_balance_threshold_microcents) AS TEXT) AS json_object_text_1, p_now AS anon_2
+        FROM (SELECT mv.account_id AS account_id, mv.after_microcents + md.total AS before_microcents, nb.balance_microcents AS after_microcents
+        FROM unnest(v_moved_account_id, v_moved_after_microcents, v_moved_expiring) AS mv(account_id, after_microcents, expiring) JOIN unnest(v_debits_account_id, v_debits_total) AS md(account_id, total) ON md.account_id = mv.account_id JOIN accounts AS nb ON nb.id = mv.account_id) AS m JOIN accounts ON accounts.id = m.account_id
+        WHERE accounts.low_balance_threshold_microcents IS NOT NULL AND accounts.low_balance_threshold_microcents <= m.before_microcents AND m.after_microcents < accounts.low_balance_threshold_microcents UNION ALL SELECT 'evt_' || replace(CAST(gen_random_uuid() AS TEXT), '-', '') AS event_id_2, m.account_id AS account_id, 'credit.balance_depleted' AS anon_3, CAST(json_build_object('balance_microcents', m.after_microcents) AS TEXT) AS json_object_text_2, p_now AS anon_2
+        FROM (SELECT mv.account_id AS account_id, mv.after_microcents + md.total AS before_microcents, nb.balance_microcents AS after_microcents
+        FROM unnest(v_moved_account_id, v_moved_after_microcents, v_moved_expiring) AS mv(account_id, after_microcents, expiring) JOIN unnest(v_debits_account_id, v_debits_total) AS md(account_id, total) ON md.account_id = mv.account_id JOIN accounts AS nb ON nb.id = mv.account_id) AS m
+        WHERE m.before_microcents > 0 AND m.after_microcents <= 0) AS crossed;
     END IF;
     INSERT INTO usage_rollups (account_id, bucket_width, grouping, bucket_start, api_key_id, model_id, requests, input_tokens, cache_read_tokens, output_tokens, reasoning_tokens, cost_microcents, last_event_id) SELECT r.account_id, r.bucket_width, r.grouping, r.bucket_start, r.api_key_id, r.model_id, r.requests, r.input_tokens, r.cache_read_tokens, r.output_tokens, r.reasoning_tokens, r.cost_microcents, r.last_event_id
     FROM (SELECT * FROM ROWS FROM (json_to_recordset(CAST(p_rollups AS json)) AS (account_id VARCHAR(32), bucket_width VARCHAR(2), grouping VARCHAR(10), bucket_start TIMESTAMP WITH TIME ZONE, api_key_id VARCHAR(32), model_id VARCHAR(100), requests BIGINT, input_tokens BIGINT, cache_read_tokens BIGINT, output_tokens BIGINT, reasoning_tokens BIGINT, cost_microcents BIGINT, last_event_id BIGINT)) WITH ORDINALITY AS t(account_id, bucket_width, grouping, bucket_start, api_key_id, model_id, requests, input_tokens, cache_read_tokens, output_tokens, reasoning_tokens, cost_microcents, last_event_id, position)) AS r
@@ -285,6 +300,9 @@ DECLARE
     v_targets_event_id BIGINT[];
     v_debits_account_id VARCHAR(32)[];
     v_debits_total BIGINT[];
+    v_moved_account_id VARCHAR(32)[];
+    v_moved_after_microcents BIGINT[];
+    v_moved_expiring BIGINT[];
     v_expiring BIGINT;
     v_due_grant_id VARCHAR(32)[];
     v_due_account_id VARCHAR(32)[];
@@ -339,10 +357,12 @@ BEGIN
             FROM unnest(v_debits_account_id, v_debits_total) AS d(account_id, total)) ORDER BY accounts.id COLLATE "C" FOR NO KEY UPDATE;
         END IF;
         IF coalesce(cardinality(v_debits_account_id), 0) > 0 THEN
-            WITH summed AS (
-            UPDATE accounts SET balance_microcents=(accounts.balance_microcents - d.total) FROM unnest(v_debits_account_id, v_debits_total) AS d(account_id, total) WHERE accounts.id = d.account_id RETURNING CASE WHEN (accounts.next_expiry_at <= p_now) THEN 1 ELSE 0 END AS expiring
+            WITH collected AS (
+            UPDATE accounts SET balance_microcents=(accounts.balance_microcents - d.total) FROM unnest(v_debits_account_id, v_debits_total) AS d(account_id, total) WHERE accounts.id = d.account_id RETURNING accounts.id AS account_id, accounts.balance_microcents AS after_microcents, CASE WHEN (accounts.next_expiry_at <= p_now) THEN 1 ELSE 0 END AS expiring
             )
-            SELECT coalesce(sum(summed.expiring), 0) INTO v_expiring FROM summed;
+            SELECT array_agg(collected.account_id), array_agg(collected.after_microcents), array_agg(collected.expiring) INTO v_moved_account_id, v_moved_after_microcents, v_moved_expiring FROM collected;
+            v_expiring := (SELECT coalesce(sum(ex.expiring), 0) AS coalesce_1
+            FROM unnest(v_moved_account_id, v_moved_after_microcents, v_moved_expiring) AS ex(account_id, after_microcents, expiring));
             IF v_expiring > 0 THEN
                 SELECT array_agg(collected.grant_id ORDER BY collected.expires_at, collected.grant_id COLLATE "C"), array_agg(collected.account_id ORDER BY collected.expires_at, collected.grant_id COLLATE "C"), array_agg(collected.amount ORDER BY collected.expires_at, collected.grant_id COLLATE "C"), array_agg(collected.expires_at ORDER BY collected.expires_at, collected.grant_id COLLATE "C") INTO v_due_grant_id, v_due_account_id, v_due_amount, v_due_expires_at
                 FROM (
@@ -355,6 +375,8 @@ BEGIN
                     INSERT INTO ledger_entries (account_id, kind, amount_microcents, grant_id, created_at, effective_at) SELECT due.account_id, 'expiry' AS anon_1, -due.amount, due.grant_id, p_now AS anon_2, due.expires_at
                     FROM unnest(v_due_grant_id, v_due_account_id, v_due_amount, v_due_expires_at) AS due(grant_id, account_id, amount, expires_at) ORDER BY due.expires_at, due.grant_id COLLATE "C";
                     UPDATE credit_grants SET remaining_microcents=0, status='expired' FROM unnest(v_due_grant_id, v_due_account_id, v_due_amount, v_due_expires_at) AS due(grant_id, account_id, amount, expires_at) WHERE credit_grants.id = due.grant_id;
+                    INSERT INTO webhook_events (public_id, account_id, type, data, created_at) SELECT 'evt_' || replace(CAST(gen_random_uuid() AS TEXT), '-', '') AS event_id_1, de.account_id, 'credit.grant_expired' AS anon_1, CAST(json_build_object('grant_id', de.grant_id, 'forfeited_microcents', de.amount) AS TEXT) AS json_object_text_1, p_now AS anon_2
+                    FROM unnest(v_due_grant_id, v_due_account_id, v_due_amount, v_due_expires_at) AS de(grant_id, account_id, amount, expires_at);
                 END IF;
                 UPDATE accounts SET balance_microcents=(accounts.balance_microcents - (SELECT coalesce(sum(ds.amount), 0) AS coalesce_1
                 FROM unnest(v_due_grant_id, v_due_account_id, v_due_amount, v_due_expires_at) AS ds(grant_id, account_id, amount, expires_at)
@@ -382,6 +404,14 @@ BEGIN
                 UPDATE credit_grants SET remaining_microcents=(credit_grants.remaining_microcents - pt.amount) FROM unnest(v_parts_grant_id, v_parts_account_id, v_parts_amount) AS pt(grant_id, account_id, amount) WHERE credit_grants.id = pt.grant_id;
                 UPDATE accounts SET deficit_microcents=(accounts.deficit_microcents + pt.amount) FROM unnest(v_parts_grant_id, v_parts_account_id, v_parts_amount) AS pt(grant_id, account_id, amount) WHERE accounts.id = pt.account_id AND pt.grant_id IS NULL;
             END IF;
+            INSERT INTO webhook_events (public_id, account_id, type, data, created_at) SELECT crossed.event_id_1, crossed.account_id, crossed.anon_1, crossed.json_object_text_1, crossed.anon_2
+            FROM (SELECT 'evt_' || replace(CAST(gen_random_uuid() AS TEXT), '-', '') AS event_id_1, m.account_id AS account_id, 'credit.balance_low' AS anon_1, CAST(json_build_object('balance_microcents', m.after_microcents, 'threshold_microcents', accounts.low_balance_threshold_microcents) AS TEXT) AS json_object_text_1, p_now AS anon_2
+            FROM (SELECT mv.account_id AS account_id, mv.after_microcents + md.total AS before_microcents, nb.balance_microcents AS after_microcents
+            FROM unnest(v_moved_account_id, v_moved_after_microcents, v_moved_expiring) AS mv(account_id, after_microcents, expiring) JOIN unnest(v_debits_account_id, v_debits_total) AS md(account_id, total) ON md.account_id = mv.account_id JOIN accounts AS nb ON nb.id = mv.account_id) AS m JOIN accounts ON accounts.id = m.account_id
+            WHERE accounts.low_balance_threshold_microcents IS NOT NULL AND accounts.low_balance_threshold_microcents <= m.before_microcents AND m.after_microcents < accounts.low_balance_threshold_microcents UNION ALL SELECT 'evt_' || replace(CAST(gen_random_uuid() AS TEXT), '-', '') AS event_id_2, m.account_id AS account_id, 'credit.balance_depleted' AS anon_3, CAST(json_build_object('balance_microcents', m.after_microcents) AS TEXT) AS json_object_text_2, p_now AS anon_2
+            FROM (SELECT mv.account_id AS account_id, mv.after_microcents + md.total AS before_microcents, nb.balance_microcents AS after_microcents
+            FROM unnest(v_moved_account_id, v_moved_after_microcents, v_moved_expiring) AS mv(account_id, after_microcents, expiring) JOIN unnest(v_debits_account_id, v_debits_total) AS md(account_id, total) ON md.account_id = mv.account_id JOIN accounts AS nb ON nb.id = mv.account_id) AS m
+            WHERE m.before_microcents > 0 AND m.after_microcents <= 0) AS crossed;
         END IF;
         INSERT INTO usage_rollups (account_id, bucket_width, grouping, bucket_start, api_key_id, model_id, requests, input_tokens, cache_read_tokens, output_tokens, reasoning_tokens, cost_microcents, last_event_id) SELECT r.account_id, r.bucket_width, r.grouping, r.bucket_start, r.api_key_id, r.model_id, r.requests, r.input_tokens, r.cache_read_tokens, r.output_tokens, r.reasoning_tokens, r.cost_microcents, v_new_id[cardinality(v_new_id)] AS anon_1
         FROM (SELECT * FROM ROWS FROM (json_to_recordset(CAST(p_rollups AS json)) AS (account_id VARCHAR(32), bucket_width VARCHAR(2), grouping VARCHAR(10), bucket_start TIMESTAMP WITH TIME ZONE, api_key_id VARCHAR(32), model_id VARCHAR(100), requests BIGINT, input_tokens BIGINT, cache_read_tokens BIGINT, output_tokens BIGINT, reasoning_tokens BIGINT, cost_microcents BIGINT, last_event_id BIGINT)) WITH ORDINALITY AS t(account_id, bucket_width, grouping, bucket_start, api_key_id, model_id, requests, input_tokens, cache_read_tokens, output_tokens, reasoning_tokens, cost_microcents, last_event_id, position)) AS r
@@ -400,6 +430,9 @@ LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     v_debits_account_id VARCHAR(32)[];
     v_debits_total BIGINT[];
+    v_moved_account_id VARCHAR(32)[];
+    v_moved_after_microcents BIGINT[];
+    v_moved_expiring BIGINT[];
     v_expiring BIGINT;
     v_due_grant_id VARCHAR(32)[];
     v_due_account_id VARCHAR(32)[];
@@ -420,10 +453,12 @@ BEGIN
         WHERE accounts.id IN (SELECT ld.account_id
         FROM unnest(v_debits_account_id, v_debits_total) AS ld(account_id, total)) ORDER BY accounts.id COLLATE "C" FOR NO KEY UPDATE;
     END IF;
-    WITH summed AS (
-    UPDATE accounts SET balance_microcents=(accounts.balance_microcents - d.total) FROM unnest(v_debits_account_id, v_debits_total) AS d(account_id, total) WHERE accounts.id = d.account_id RETURNING CASE WHEN (accounts.next_expiry_at <= p_now) THEN 1 ELSE 0 END AS expiring
+    WITH collected AS (
+    UPDATE accounts SET balance_microcents=(accounts.balance_microcents - d.total) FROM unnest(v_debits_account_id, v_debits_total) AS d(account_id, total) WHERE accounts.id = d.account_id RETURNING accounts.id AS account_id, accounts.balance_microcents AS after_microcents, CASE WHEN (accounts.next_expiry_at <= p_now) THEN 1 ELSE 0 END AS expiring
     )
-    SELECT coalesce(sum(summed.expiring), 0) INTO v_expiring FROM summed;
+    SELECT array_agg(collected.account_id), array_agg(collected.after_microcents), array_agg(collected.expiring) INTO v_moved_account_id, v_moved_after_microcents, v_moved_expiring FROM collected;
+    v_expiring := (SELECT coalesce(sum(ex.expiring), 0) AS coalesce_1
+    FROM unnest(v_moved_account_id, v_moved_after_microcents, v_moved_expiring) AS ex(account_id, after_microcents, expiring));
     IF v_expiring > 0 THEN
         SELECT array_agg(collected.grant_id ORDER BY collected.expires_at, collected.grant_id COLLATE "C"), array_agg(collected.account_id ORDER BY collected.expires_at, collected.grant_id COLLATE "C"), array_agg(collected.amount ORDER BY collected.expires_at, collected.grant_id COLLATE "C"), array_agg(collected.expires_at ORDER BY collected.expires_at, collected.grant_id COLLATE "C") INTO v_due_grant_id, v_due_account_id, v_due_amount, v_due_expires_at
         FROM (
@@ -436,6 +471,8 @@ BEGIN
             INSERT INTO ledger_entries (account_id, kind, amount_microcents, grant_id, created_at, effective_at) SELECT due.account_id, 'expiry' AS anon_1, -due.amount, due.grant_id, p_now AS anon_2, due.expires_at
             FROM unnest(v_due_grant_id, v_due_account_id, v_due_amount, v_due_expires_at) AS due(grant_id, account_id, amount, expires_at) ORDER BY due.expires_at, due.grant_id COLLATE "C";
             UPDATE credit_grants SET remaining_microcents=0, status='expired' FROM unnest(v_due_grant_id, v_due_account_id, v_due_amount, v_due_expires_at) AS due(grant_id, account_id, amount, expires_at) WHERE credit_grants.id = due.grant_id;
+            INSERT INTO webhook_events (public_id, account_id, type, data, created_at) SELECT 'evt_' || replace(CAST(gen_random_uuid() AS TEXT), '-', '') AS event_id_1, de.account_id, 'credit.grant_expired' AS anon_1, CAST(json_build_object('grant_id', de.grant_id, 'forfeited_microcents', de.amount) AS TEXT) AS json_object_text_1, p_now AS anon_2
+            FROM unnest(v_due_grant_id, v_due_account_id, v_due_amount, v_due_expires_at) AS de(grant_id, account_id, amount, expires_at);
         END IF;
         UPDATE accounts SET balance_microcents=(accounts.balance_microcents - (SELECT coalesce(sum(ds.amount), 0) AS coalesce_1
         FROM unnest(v_due_grant_id, v_due_account_id, v_due_amount, v_due_expires_at) AS ds(grant_id, account_id, amount, expires_at)
@@ -463,6 +500,14 @@ BEGIN
         UPDATE credit_grants SET remaining_microcents=(credit_grants.remaining_microcents - pt.amount) FROM unnest(v_parts_grant_id, v_parts_account_id, v_parts_amount) AS pt(grant_id, account_id, amount) WHERE credit_grants.id = pt.grant_id;
         UPDATE accounts SET deficit_microcents=(accounts.deficit_microcents + pt.amount) FROM unnest(v_parts_grant_id, v_parts_account_id, v_parts_amount) AS pt(grant_id, account_id, amount) WHERE accounts.id = pt.account_id AND pt.grant_id IS NULL;
     END IF;
+    INSERT INTO webhook_events (public_id, account_id, type, data, created_at) SELECT crossed.event_id_1, crossed.account_id, crossed.anon_1, crossed.json_object_text_1, crossed.anon_2
+    FROM (SELECT 'evt_' || replace(CAST(gen_random_uuid() AS TEXT), '-', '') AS event_id_1, m.account_id AS account_id, 'credit.balance_low' AS anon_1, CAST(json_build_object('balance_microcents', m.after_microcents, 'threshold_microcents', accounts.low_balance_threshold_microcents) AS TEXT) AS json_object_text_1, p_now AS anon_2
+    FROM (SELECT mv.account_id AS account_id, mv.after_microcents + md.total AS before_microcents, nb.balance_microcents AS after_microcents
+    FROM unnest(v_moved_account_id, v_moved_after_microcents, v_moved_expiring) AS mv(account_id, after_microcents, expiring) JOIN unnest(v_debits_account_id, v_debits_total) AS md(account_id, total) ON md.account_id = mv.account_id JOIN accounts AS nb ON nb.id = mv.account_id) AS m JOIN accounts ON accounts.id = m.account_id
+    WHERE accounts.low_balance_threshold_microcents IS NOT NULL AND accounts.low_balance_threshold_microcents <= m.before_microcents AND m.after_microcents < accounts.low_balance_threshold_microcents UNION ALL SELECT 'evt_' || replace(CAST(gen_random_uuid() AS TEXT), '-', '') AS event_id_2, m.account_id AS account_id, 'credit.balance_depleted' AS anon_3, CAST(json_build_object('balance_microcents', m.after_microcents) AS TEXT) AS json_object_text_2, p_now AS anon_2
+    FROM (SELECT mv.account_id AS account_id, mv.after_microcents + md.total AS before_microcents, nb.balance_microcents AS after_microcents
+    FROM unnest(v_moved_account_id, v_moved_after_microcents, v_moved_expiring) AS mv(account_id, after_microcents, expiring) JOIN unnest(v_debits_account_id, v_debits_total) AS md(account_id, total) ON md.account_id = mv.account_id JOIN accounts AS nb ON nb.id = mv.account_id) AS m
+    WHERE m.before_microcents > 0 AND m.after_microcents <= 0) AS crossed;
 END;
 $$
 """
@@ -475,10 +520,10 @@ FUNCTIONS = (
 )
 # Where each function's previous text is frozen: (revision, constant), for the downgrade.
 PREVIOUS = (
-    ("0015", "PLACE_HOLDS"),
-    ("0015", "SETTLE_USAGE"),
-    ("0015", "RECORD_USAGE"),
-    ("0015", "SPEND_CREDIT"),
+    ("0016", "PLACE_HOLDS"),
+    ("0016", "SETTLE_USAGE"),
+    ("0016", "RECORD_USAGE"),
+    ("0016", "SPEND_CREDIT"),
 )
 
 
