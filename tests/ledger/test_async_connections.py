@@ -83,13 +83,18 @@ def test_connections_are_reused_and_statements_commit_on_their_own(database: Dat
                 assert other.execute(text("SELECT count(*) FROM t")).scalar_one() == 1
         finally:
             engine.dispose()
-        return [await pid(database) for _ in range(20)]
+        try:
+            seen = [await pid(database) for _ in range(20)]
+            # Twenty statements in turn: a connection or two (the pool opens its first in the
+            # background and may add one while the first request waits), never one per
+            # statement.
+            assert len(set(seen)) <= 2
+            assert set(seen) <= backends_of(url)
+            return set(seen)
+        finally:
+            await database.close_async_pool()  # on its own loop, as a worker's shutdown does
 
-    seen = asyncio.run(scenario())
-    # Twenty statements in turn: a connection or two (the pool opens its first in the
-    # background and may add one while the first request waits), never one per statement.
-    assert len(set(seen)) <= 2
-    assert set(seen) <= backends_of(url)
+    asyncio.run(scenario())
 
 
 def test_after_the_server_drops_them_only_one_statement_fails(database: Database) -> None:
@@ -116,7 +121,12 @@ def test_after_the_server_drops_them_only_one_statement_fails(database: Database
         with pytest.raises(psycopg.OperationalError):
             await pid(database)
         # The other idle connections were dropped with it: the next statements run.
-        assert await pid(database) in backends_of(url)
-        assert await pid(database) in backends_of(url)
+        try:
+            assert await pid(database) in backends_of(url)
+            assert await pid(database) in backends_of(url)
+        finally:
+            # On its own loop, as a worker's shutdown does: a pool left open when the loop ends
+            # has background tasks that asyncio.run would wait on at its close.
+            await database.close_async_pool()
 
     asyncio.run(scenario())
