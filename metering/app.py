@@ -37,8 +37,11 @@ def create_app(
             yield
         finally:
             REGISTRY.worker_stopping()
+            # The async pool belongs to this event loop, which ends here: closed on it whoever
+            # owns the database (a pool left open has background tasks the loop's close would
+            # wait on); another loop opens a fresh one.
+            await db.close_async_pool()
             if owns_database:
-                await db.close_async_pool()
                 db.dispose()
 
     app = FastAPI(
