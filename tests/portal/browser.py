@@ -17,7 +17,7 @@ from typing import Any
 import httpx2 as httpx
 import uvicorn
 from selenium import webdriver
-from selenium.common.exceptions import StaleElementReferenceException
+from selenium.common.exceptions import StaleElementReferenceException, WebDriverException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
@@ -150,7 +150,15 @@ class Browser:
             try:
                 before.is_enabled()
             except StaleElementReferenceException:
-                return driver.execute_script("return document.readyState") == "complete"
+                try:
+                    return driver.execute_script("return document.readyState") == "complete"
+                except WebDriverException:
+                    return False  # the new page is still being committed
+            except WebDriverException:
+                # Mid-navigation Chrome may answer for the old node with an inspector error
+                # ("Node with given id does not belong to the document") instead of "stale":
+                # the page is being replaced, so look again.
+                return False
             return False
 
         WebDriverWait(self.driver, 15).until(replaced)
