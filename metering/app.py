@@ -73,6 +73,7 @@ def create_app(
     from metering.ledger import endpoints as ledger
     from metering.notifications import endpoints as webhooks
     from metering.portal import endpoints as portal
+    from metering.portal import notifications as portal_notifications
     from metering.reports import endpoints as reports
     from metering.usage import endpoints as usage
     from metering.web import docs, openapi
@@ -99,6 +100,7 @@ def create_app(
         app.include_router(router, responses=ERROR_RESPONSES)
     app.include_router(docs.router)
     app.include_router(portal.router)
+    app.include_router(portal_notifications.router)
     openapi.install(app)
     # The last added is the outermost: the request context applies to the fast lane's answers.
     app.add_middleware(FastLane, lanes=lanes_of(r for router in routers for r in router.routes))

@@ -6,6 +6,7 @@ alone, so a restart, a crash or a second replica never misses or repeats work:
 * tidy-up: holds past their expiry are marked 'expired' (nothing depends on it: an active hold
   stops counting at its ``expires_at`` anyway), and those that expired unused are announced
   (``authorization.expired_unused``);
+* portal: sessions that are over and sign-in links that can no longer be used are deleted;
 * exports: every ended day (``METERING_EXPORT_AFTER_MINUTES`` past its end) whose rollups hold
   more than its last successful export included: never exported, failed, or late events since.
 
@@ -48,6 +49,7 @@ class TickReport:
     expired_holds: int | None = None  # None: the tidy-up failed (logged)
     expiry_accounts: int | None = None  # accounts whose due grant expiries were written
     expiring_grants: int | None = None  # credit.grant_expiring events written (§11)
+    portal_deleted: tuple[int, int] | None = None  # (portal sessions, sign-in links) deleted
     exports: list[DayResult] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
 
@@ -103,6 +105,7 @@ class Scheduler:
         # export) is a ledger entry by then.
         report.expiry_accounts = self._write_expiries(now, report)
         report.expiring_grants = self._notice_expiring(now, report)
+        report.portal_deleted = self._tidy_portal(now, report)
         try:
             due = self.exporter.due_days(now, self.after)
         except Exception as exc:
@@ -172,6 +175,19 @@ class Scheduler:
             report.errors.append(f"expiring grants: {type(exc).__name__}: {exc}")
             return None
         return written
+
+    def _tidy_portal(self, now: datetime, report: TickReport) -> tuple[int, int] | None:
+        from metering.portal.sessions import delete_finished
+
+        try:
+            with self.database.unit_of_work() as session:
+                deleted = delete_finished(session, now)
+                session.commit()
+        except Exception as exc:
+            log.exception("deleting finished portal sessions and links failed")
+            report.errors.append(f"portal sessions: {type(exc).__name__}: {exc}")
+            return None
+        return deleted
 
     def _beat(self, now: datetime) -> None:
         """The heartbeat file a container healthcheck reads: rewritten after every tick."""

@@ -27,6 +27,7 @@ from tests.factories import (  # noqa: E402
     usage_event,
 )
 from tests.portal.browser import Browser, new_browser, serving, sign_in_link  # noqa: E402
+from tests.portal.conftest import export_rollforward  # noqa: E402
 
 PAGES = {
     "overview": "/billing",
@@ -34,6 +35,7 @@ PAGES = {
     "keys": "/billing/keys",
     "activity": "/billing/activity",
     "exports": "/billing/exports",
+    "notifications": "/billing/notifications",
     "models": "/billing/models",
 }
 OUT = ROOT / "docs" / "images"
@@ -52,6 +54,19 @@ def main() -> None:
                 create_key(api, account, limit_cents=5_000, name="notebook"),
             ]
             grant(api, account, 50_000)
+            promotional = {
+                "amount_cents": 2_500,
+                "idempotency_key": "welcome",
+                "category": "promotional",
+                "expires_at": "2026-12-31T00:00:00Z",
+                "note": "welcome credit",
+            }
+            api.admin("POST", f"/admin/v1/accounts/{account}/grants", json=promotional)
+            api.admin(
+                "PATCH",
+                f"/admin/v1/accounts/{account}",
+                json={"low_balance_threshold_cents": 10_000},
+            )
             start = NOW - timedelta(days=60)
             models = [
                 priced_model(api, start, display_name="GLM 5.3"),
@@ -64,7 +79,28 @@ def main() -> None:
                     usage = chat_usage(rng.randint(200, 40_000), rng.randint(20, 4_000))
                     events.append(usage_event(rng.choice(keys), rng.choice(models), at, usage))
                 ingest(api, *events)
+            api.admin(
+                "PATCH",
+                f"/admin/v1/api-keys/{keys[2].id}",
+                json={
+                    "spend_limit_cents": 500,
+                    "spend_limit_window": "week",
+                    "allowed_models": [models[1]],
+                },
+            )
+            endpoint = api.admin(
+                "POST",
+                "/admin/v1/webhook-endpoints",
+                json={
+                    "url": "https://hooks.acme.example/metering",
+                    "event_types": ["credit.balance_low", "spend_limit.threshold_reached"],
+                    "account_id": account,
+                    "description": "finance alerts",
+                },
+            ).json()
+            api.admin("POST", f"/admin/v1/webhook-endpoints/{endpoint['id']}/test")
             export(api.settings, None, date(2026, 11, 24), date(2026, 11, 28), account)
+            export_rollforward(api, date(2026, 11, 29))
             driver = new_browser()
             try:
                 browser = Browser(driver, str(api.client.base_url).rstrip("/"))

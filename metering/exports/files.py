@@ -276,14 +276,7 @@ def account_files(export_dir: Path, account_id: str, limit_days: int = 93) -> li
     """An account's export files of its newest ``limit_days`` exported days, newest first, from
     each day's manifest (the files it names exist: they are written before it)."""
     found: list[AccountFile] = []
-    if not export_dir.is_dir():
-        return found
-    days = sorted(
-        (p for p in export_dir.iterdir() if p.is_dir() and _is_day(p.name)),
-        key=lambda p: p.name,
-        reverse=True,
-    )
-    for directory in days:
+    for directory in day_directories(export_dir):
         if len({f.day for f in found}) >= limit_days:
             break
         for entry in read_manifest_entries(directory):
@@ -303,6 +296,17 @@ def account_files(export_dir: Path, account_id: str, limit_days: int = 93) -> li
                 )
             )
     return found
+
+
+def day_directories(export_dir: Path) -> list[Path]:
+    """The export directory's day directories (``YYYY-MM-DD``), newest first."""
+    if not export_dir.is_dir():
+        return []
+    return sorted(
+        (p for p in export_dir.iterdir() if p.is_dir() and _is_day(p.name)),
+        key=lambda p: p.name,
+        reverse=True,
+    )
 
 
 def _is_day(name: str) -> bool:

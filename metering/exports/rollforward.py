@@ -18,9 +18,12 @@ migration wrote), and earlier days are not written.
 
 from __future__ import annotations
 
+import csv
+import hashlib
 import io
 from dataclasses import astuple, dataclass
 from datetime import date, datetime, timedelta
+from pathlib import Path
 
 import pandas as pd
 import pyarrow as pa
@@ -28,6 +31,7 @@ import pyarrow.parquet as pq
 from sqlalchemy import BigInteger, String, case, cast, func, literal, select, type_coerce, union_all
 from sqlalchemy.orm import Session
 
+from metering.exports.files import day_directories, read_manifest_entries
 from metering.kit.timeutil import start_of_day
 from metering.models import CreditAllocation, CreditGrant, LedgerEntry, table
 from metering.models.base import UTCDateTime
@@ -37,6 +41,7 @@ ALLOCATIONS = table(CreditAllocation)
 ENTRIES = table(LedgerEntry)
 
 CSV_NAME, PARQUET_NAME = "credits.csv", "credits.parquet"
+KIND = "credit_rollforward"  # the manifest's ``kind`` of the roll-forward files
 CATEGORIES = ("adjustment", "deficit", "paid", "promotional")  # byte order
 MOVEMENTS = ("granted", "spent", "expired", "voided")
 COLUMNS = (
@@ -191,12 +196,10 @@ def parquet_bytes(rows: list[Row]) -> bytes:
 def manifest_entry(
     name: str, file_format: str, content: bytes, rows: list[Row]
 ) -> dict[str, object]:
-    import hashlib
-
     return {
         "file": name,
         "format": file_format,
-        "kind": "credit_rollforward",
+        "kind": KIND,
         "rows": len(rows),
         "accounts": len({row.account_id for row in rows}),
         "closing_microcents": sum(row.closing_microcents for row in rows),
@@ -213,3 +216,62 @@ def is_due(
     if start is None or day < start:
         return False
     return exported_at is None or (late is not None and late > exported_at)
+
+
+# -- one account's rows, as written (the portal's Exports page) ---------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class AccountRollForward:
+    """One account's rows of a day's ``credits.csv``, and those rows as a CSV of their own
+    (the same columns and rendering), which is what the account may download."""
+
+    day: date
+    rows: tuple[Row, ...]
+    content: bytes
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.content).hexdigest()
+
+
+def read_csv_rows(content: bytes, account_id: str) -> list[Row]:
+    """The rows of ``account_id`` in a ``credits.csv`` (integers read back as integers)."""
+    reader = csv.DictReader(io.StringIO(content.decode("utf-8"), newline=""))
+    return [
+        Row(
+            line["date"],
+            line["account_id"],
+            line["category"],
+            *(int(line[name]) for name in COLUMNS[3:]),
+        )
+        for line in reader
+        if line["account_id"] == account_id
+    ]
+
+
+def account_rollforward(
+    export_dir: Path, account_id: str, limit_days: int
+) -> list[AccountRollForward]:
+    """The account's roll-forward rows of the newest ``limit_days`` days whose manifest lists a
+    ``credits.csv``, newest first (days where the account has no row are left out)."""
+    found: list[AccountRollForward] = []
+    for directory in day_directories(export_dir):
+        if limit_days <= 0:
+            break
+        listed = any(
+            entry.get("file") == CSV_NAME and entry.get("kind") == KIND
+            for entry in read_manifest_entries(directory)
+        )
+        if not listed:
+            continue
+        limit_days -= 1
+        try:
+            content = (directory / CSV_NAME).read_bytes()
+        except FileNotFoundError:
+            continue
+        rows = read_csv_rows(content, account_id)
+        if rows:
+            day = date.fromisoformat(directory.name)
+            found.append(AccountRollForward(day, tuple(rows), csv_bytes(rows)))
+    return found

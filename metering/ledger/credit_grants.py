@@ -170,6 +170,19 @@ def get_grant(session: Session, grant_id: str, now: datetime) -> dict[str, Any]:
     return grant_body(row._mapping, now)
 
 
+def grant_bodies(
+    session: Session, account_id: str, grant_ids: list[str], now: datetime
+) -> dict[str, dict[str, Any]]:
+    """The account's grants of ``grant_ids`` as ``get_grant`` shows them, by id (the portal's
+    Overview: priority and status beside ``GET /v1/credits``' list)."""
+    if not grant_ids:
+        return {}
+    rows = session.execute(
+        select(GRANTS).where(GRANTS.c.account_id == account_id, GRANTS.c.id.in_(grant_ids))
+    )
+    return {row.id: grant_body(row._mapping, now) for row in rows}
+
+
 def list_grants(
     session: Session, account_id: str, limit: int, after: str | None, now: datetime
 ) -> dict[str, Any]:

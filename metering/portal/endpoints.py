@@ -103,7 +103,8 @@ async def form_of(request: Request) -> dict[str, str]:
     return {name: values[0] for name, values in fields.items()}
 
 
-FormDep = Annotated[dict[str, str], Depends(form_of)]
+FormFields = dict[str, str]
+FormDep = Annotated[FormFields, Depends(form_of)]
 
 
 # -- who is signed in ----------------------------------------------------------------------------
@@ -126,9 +127,18 @@ def csrf_token(request: Request, user: PortalUser) -> str:
     return signer_of(request).token("csrf", user.session_id)
 
 
-def check_csrf(request: Request, user: PortalUser, form: dict[str, str]) -> None:
-    if not signer_of(request).token_matches("csrf", user.session_id, form.get(CSRF_FIELD)):
+def require_form_token(
+    request: Request, purpose: str, subject: str | None, form: FormFields
+) -> None:
+    """Every form's CSRF check: the form's token was signed for ``purpose`` and ``subject``
+    (the session for a signed-in form, the browser's nonce for a sign-in form); 403 otherwise."""
+    signer = signer_of(request)
+    if not subject or not signer.token_matches(purpose, subject, form.get(CSRF_FIELD)):
         raise CsrfRefused("the form's security token is missing or wrong: reload the page")
+
+
+def check_csrf(request: Request, user: PortalUser, form: FormFields) -> None:
+    require_form_token(request, "csrf", user.session_id, form)
 
 
 def _nonce(request: Request) -> tuple[str, str | None]:
@@ -149,18 +159,14 @@ def _with_nonce(request: Request, response: Response, cookie: str | None) -> Res
     return response
 
 
-def check_sign_in_csrf(request: Request, form: dict[str, str]) -> None:
-    signer = signer_of(request)
-    nonce = signer.unsign(NONCE_COOKIE, request.cookies.get(NONCE_COOKIE))
-    if not nonce or not signer.token_matches("sign-in", nonce, form.get(CSRF_FIELD)):
-        raise CsrfRefused("the form's security token is missing or wrong: reload the page")
+def check_sign_in_csrf(request: Request, form: FormFields) -> None:
+    nonce = signer_of(request).unsign(NONCE_COOKIE, request.cookies.get(NONCE_COOKIE))
+    require_form_token(request, "sign-in", nonce, form)
 
 
 def _signed_in(request: Request, session: Session, account_id: str, method: str) -> Response:
     secret = sessions.start_session(session, account_id, method, get_clock(request).now())
-    response = Response(
-        status_code=303, headers={"location": pages.PREFIX, **pages.SECURITY_HEADERS}
-    )
+    response = pages.see_other(pages.PREFIX)
     _set_cookie(
         request,
         response,
@@ -231,9 +237,7 @@ def sign_out(
     secret = signer_of(request).unsign(SESSION_COOKIE, request.cookies.get(SESSION_COOKIE))
     if secret:
         sessions.end_session(session, secret, now)
-    response = Response(
-        status_code=303, headers={"location": f"{pages.PREFIX}/sign-in", **pages.SECURITY_HEADERS}
-    )
+    response = pages.see_other(f"{pages.PREFIX}/sign-in")
     response.delete_cookie(SESSION_COOKIE, path=pages.PREFIX)
     return response
 
@@ -241,7 +245,8 @@ def sign_out(
 # -- pages ---------------------------------------------------------------------------------------
 
 
-def _page(request: Request, user: PortalUser, template: str, **context: Any) -> HTMLResponse:
+def page_of(request: Request, user: PortalUser, template: str, **context: Any) -> HTMLResponse:
+    """A signed-in page: the template with the user and the session's CSRF token."""
     return pages.render(request, template, user=user, csrf=csrf_token(request, user), **context)
 
 
@@ -249,11 +254,13 @@ def _page(request: Request, user: PortalUser, template: str, **context: Any) -> 
 def overview(request: Request, user: UserDep, session: SessionDep, now: NowDep) -> Response:
     query = views.overview_query(now)
     report = views.report(session, user.account_id, user.billing, query)
-    return _page(
+    credits = views.credits(session, user.account_id, now)
+    return page_of(
         request,
         user,
         "overview.html",
-        credits=views.credits(session, user.account_id, now),
+        credits=credits,
+        grants=views.grants(session, user.account_id, credits, now),
         report=report,
         chart=views.chart_of(report),
     )
@@ -281,7 +288,7 @@ def usage(
         "bucket_width": query.bucket_width,
         "group_by": query.group_by,
     }
-    return _page(
+    return page_of(
         request, user, "usage.html", report=report, chart=views.chart_of(report), form=form
     )
 
@@ -303,31 +310,52 @@ def usage_csv(
     query = views.usage_query(now, starting_at, ending_at, bucket_width, group_by)
     report = views.report(session, user.account_id, user.billing, query)
     span = "_".join(f"{t:%Y%m%dT%H%MZ}" for t in (query.starting_at, query.ending_at))
-    return Response(
-        report_render.report_csv(report).encode(),
-        media_type="text/csv; charset=utf-8",
-        headers={
-            "content-disposition": f'attachment; filename="usage_{span}.csv"',
-            "cache-control": "no-store",
-        },
+    return _download(
+        report_render.report_csv(report).encode(), "text/csv; charset=utf-8", f"usage_{span}.csv"
     )
 
 
 @router.get("/keys")
 def keys(request: Request, user: UserDep, session: SessionDep, now: NowDep) -> Response:
-    return _page(request, user, "keys.html", keys=views.keys(session, user.account_id, now))
+    return page_of(request, user, "keys.html", keys=views.keys(session, user.account_id, now))
 
 
 @router.get("/activity")
 def activity(request: Request, user: UserDep, session: SessionDep, now: NowDep) -> Response:
     found = views.activity(session, user.account_id, now)
-    return _page(request, user, "activity.html", **found)
+    return page_of(request, user, "activity.html", **found)
 
 
 @router.get("/exports")
 def exports(request: Request, user: UserDep) -> Response:
-    files = views.exports(get_settings(request).export_dir, user.account_id)
-    return _page(request, user, "exports.html", files=files)
+    export_dir = get_settings(request).export_dir
+    return page_of(
+        request,
+        user,
+        "exports.html",
+        files=views.exports(export_dir, user.account_id),
+        rollforward=views.rollforward(export_dir, user.account_id),
+    )
+
+
+@router.get("/exports/{day}/credits.csv")
+def rollforward_file(day: str, request: Request, user: UserDep) -> Response:
+    """The account's own rows of a day's credit roll-forward, as a CSV of the same columns."""
+    for found in views.rollforward(get_settings(request).export_dir, user.account_id):
+        if found.day.isoformat() == day:
+            return _download(found.content, "text/csv; charset=utf-8", f"{day}_credits.csv")
+    raise NotFound("no credit roll-forward rows of this account for that day")
+
+
+def _download(content: bytes, media: str, filename: str) -> Response:
+    return Response(
+        content,
+        media_type=media,
+        headers={
+            "content-disposition": f'attachment; filename="{filename}"',
+            "cache-control": "no-store",
+        },
+    )
 
 
 @router.get("/exports/{day}/{name}")
@@ -341,20 +369,13 @@ def export_file(day: str, name: str, request: Request, user: UserDep) -> Respons
                 if file.format == "csv"
                 else "application/vnd.apache.parquet"
             )
-            return Response(
-                file.path.read_bytes(),
-                media_type=media,
-                headers={
-                    "content-disposition": f'attachment; filename="{day}_{name}"',
-                    "cache-control": "no-store",
-                },
-            )
+            return _download(file.path.read_bytes(), media, f"{day}_{name}")
     raise NotFound("no such export file of this account")
 
 
 @router.get("/models")
 def models(request: Request, user: UserDep, session: SessionDep, now: NowDep) -> Response:
-    return _page(request, user, "models.html", models=views.models(session, user.account_id, now))
+    return page_of(request, user, "models.html", models=views.models(session, user.account_id, now))
 
 
 @router.get("/static/{name:path}")

@@ -126,6 +126,11 @@ def render(
     )
 
 
+def see_other(location: str) -> Response:
+    """The 303 after a form's POST (the browser then GETs ``location``)."""
+    return Response(status_code=303, headers={"location": location, **SECURITY_HEADERS})
+
+
 def error_page(request: Request, error: MeteringError) -> Response:
     """The HTML form of an error under /billing (a sign-in page when the session is missing)."""
     from metering.portal import endpoints

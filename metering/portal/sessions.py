@@ -13,7 +13,7 @@ import secrets
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import delete, insert, select, update
 from sqlalchemy.orm import Session
 
 from metering.accounts.service import get_account
@@ -140,3 +140,16 @@ def end_session(session: Session, secret: str, now: datetime) -> None:
         .where(SESSIONS.c.secret_hash == _hash(secret), SESSIONS.c.ended_at.is_(None))
         .values(ended_at=now)
     )
+
+
+def delete_finished(session: Session, now: datetime) -> tuple[int, int]:
+    """Sessions that are over (expired or signed out) and links that can no longer sign in
+    (used or expired), deleted: nothing reads them again, and a spent or expired link that is
+    gone is refused like any unknown one. Returns (sessions, links) deleted."""
+    sessions = session.execute(
+        delete(SESSIONS).where(SESSIONS.c.ended_at.isnot(None) | (SESSIONS.c.expires_at <= now))
+    )
+    links = session.execute(
+        delete(TOKENS).where(TOKENS.c.used_at.isnot(None) | (TOKENS.c.expires_at <= now))
+    )
+    return int(sessions.rowcount), int(links.rowcount)  # type: ignore[attr-defined]

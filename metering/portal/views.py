@@ -1,6 +1,7 @@
 """What each page shows, taken from the services behind the JSON routes (never a second
-computation): ``/v1/credits``'s balance, ``/v1/usage``'s report, ``/v1/models``' cards, the
-spend-limit check's spend, the ledger and the export manifests."""
+computation): ``/v1/credits``' balance and grants, ``/v1/usage``'s report, ``/v1/models``' cards,
+``/v1/api-keys``' keys and spend, ``/v1/webhook-endpoints``' endpoints and deliveries, the
+ledger, and the export manifests and roll-forward files."""
 
 from __future__ import annotations
 
@@ -12,23 +13,56 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from metering.accounts import service as accounts
 from metering.catalog.service import listed_models
 from metering.exports.files import AccountFile, account_files
-from metering.kit.timeutil import format_timestamp, next_month, start_of_month
+from metering.exports.rollforward import AccountRollForward, account_rollforward
+from metering.kit.timeutil import format_timestamp
+from metering.ledger import credit_grants
 from metering.ledger import service as ledger
 from metering.models import ApiKey
+from metering.notifications import outbox
+from metering.notifications import service as webhooks
+from metering.notifications.service import Scope
 from metering.reports import params, service
 from metering.reports.params import ReportQuery
 from metering.reports.service import Report
-from metering.usage.spend import key_charges
 
 OVERVIEW_DAYS = 30
 ACTIVITY_DAYS = 31
+ROLLFORWARD_DAYS = 31  # the Exports page's days of credit roll-forward rows
+PAST_GRANTS = 100  # the newest grants read for the Overview's spent, expired and voided ones
+ENDPOINTS_SHOWN = 100  # §11's page size; an account with more sees the first 100
+DELIVERIES_SHOWN = 10  # recent deliveries per endpoint
 
 
 def credits(session: Session, account_id: str, now: datetime) -> dict[str, Any]:
     """Exactly ``GET /v1/credits``."""
     return ledger.credit_balance(session, account_id, now)
+
+
+@dataclass(frozen=True, slots=True)
+class Grants:
+    """The Overview's grants: the live ones in spending order (``GET /v1/credits``' list),
+    each as ``GET /admin/v1/grants/{id}`` shows it (priority, status), and those of the newest
+    ``PAST_GRANTS`` that are spent, expired or voided, as the account's grant listing shows
+    them; and the account's low-balance threshold (as ``GET /admin/v1/accounts/{id}``)."""
+
+    live: list[dict[str, Any]]
+    past: list[dict[str, Any]]
+    low_balance_threshold_microcents: int | None
+
+
+def grants(session: Session, account_id: str, credit: dict[str, Any], now: datetime) -> Grants:
+    live_ids = [grant["id"] for grant in credit["grants"]]
+    bodies = credit_grants.grant_bodies(session, account_id, live_ids, now)
+    newest = credit_grants.list_grants(session, account_id, PAST_GRANTS, None, now)["data"]
+    account = accounts.account_body(session, accounts.get_account(session, account_id))
+    return Grants(
+        live=[bodies[grant_id] for grant_id in live_ids],
+        past=[grant for grant in newest if grant["status"] != "active"],
+        low_balance_threshold_microcents=account["low_balance_threshold_microcents"],
+    )
 
 
 def report(session: Session, account_id: str, billing: str, query: ReportQuery) -> Report:
@@ -73,41 +107,37 @@ def overview_query(now: datetime) -> ReportQuery:
 
 @dataclass(frozen=True, slots=True)
 class KeyRow:
-    id: str
-    name: str
+    """A key as ``GET /v1/api-keys`` shows it (``body``), with its prefix and its limit in
+    microcents from the key itself (the body's limit is in cents)."""
+
+    body: dict[str, Any]
     prefix: str
-    status: str
-    created_at: datetime
     limit_microcents: int | None
-    spent_microcents: int  # in the current month, as the spend-limit check counts it
-    window_start: datetime
-    window_end: datetime
+
+    @property
+    def id(self) -> str:
+        return str(self.body["id"])
+
+    @property
+    def status(self) -> str:
+        return "revoked" if self.body["revoked_at"] else "active"
 
 
 def keys(session: Session, account_id: str, now: datetime) -> list[KeyRow]:
-    """The account's keys (revoked ones too) with this month's spend, the figure the
-    pre-flight check compares with the limit."""
-    start = start_of_month(now)
-    end = next_month(start)
-    spent = key_charges(account_id, ApiKey.id, start, end).correlate(ApiKey)
-    rows = session.execute(
-        select(ApiKey, spent.label("spent"))
-        .where(ApiKey.account_id == account_id)
-        .order_by(ApiKey.created_at, ApiKey.id)
-    ).all()
+    """The account's keys (revoked ones too), oldest first, each with its spend in its
+    current window: ``GET /v1/api-keys``' bodies, the figure the pre-flight check compares
+    with the limit."""
+    rows = list(
+        session.execute(
+            select(ApiKey)
+            .where(ApiKey.account_id == account_id)
+            .order_by(ApiKey.created_at, ApiKey.id)
+        ).scalars()
+    )
+    bodies = accounts.own_key_bodies(session, rows, now)
     return [
-        KeyRow(
-            id=key.id,
-            name=key.name,
-            prefix=key.prefix,
-            status="revoked" if key.revoked_at else "active",
-            created_at=key.created_at,
-            limit_microcents=key.monthly_spend_limit_microcents,
-            spent_microcents=int(spent_value),
-            window_start=start,
-            window_end=end,
-        )
-        for key, spent_value in rows
+        KeyRow(body, key.prefix, key.monthly_spend_limit_microcents)
+        for key, body in zip(rows, bodies, strict=True)
     ]
 
 
@@ -126,6 +156,35 @@ def models(session: Session, account_id: str, now: datetime) -> list[dict[str, A
 
 def exports(export_dir: Path, account_id: str) -> list[AccountFile]:
     return account_files(export_dir, account_id)
+
+
+def rollforward(export_dir: Path, account_id: str) -> list[AccountRollForward]:
+    """The account's rows of the daily credit roll-forward files, newest day first."""
+    return account_rollforward(export_dir, account_id, ROLLFORWARD_DAYS)
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointRow:
+    body: dict[str, Any]  # as ``GET /v1/webhook-endpoints`` shows it
+    deliveries: list[dict[str, Any]]  # as ``GET /v1/webhook-endpoints/{id}/deliveries``
+
+
+def notifications(session: Session, account_id: str) -> list[EndpointRow]:
+    """The account's webhook endpoints, oldest first, each with its newest deliveries."""
+    scope = Scope(account_id)
+    listed = webhooks.list_endpoints(session, scope, ENDPOINTS_SHOWN, None)["data"]
+    return [
+        EndpointRow(
+            body,
+            webhooks.list_deliveries(session, scope, body["id"], DELIVERIES_SHOWN, None)["data"],
+        )
+        for body in listed
+    ]
+
+
+def account_event_types() -> list[str]:
+    """The event types an account's endpoint may receive (§11: not the operator-only ones)."""
+    return sorted(outbox.EVENT_TYPES - outbox.OPERATOR_ONLY, key=str.encode)
 
 
 def chart_of(report: Report) -> dict[str, Any]:

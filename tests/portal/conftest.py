@@ -4,10 +4,15 @@ module, not per test: each test starts from a browser with no cookies)."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from sqlalchemy import update
 
+from metering.exports.service import Exporter
+from metering.kit.clock import FrozenClock
+from metering.models import CreditRollforward
 from tests.conftest import BACKENDS, NOW, Api, migrated_database
 from tests.portal.browser import Browser, new_browser, serving
 
@@ -43,3 +48,15 @@ def browser(portal: Api, _driver: object) -> Iterator[Browser]:
 
 def export_dir(api: Api) -> Path:
     return api.settings.export_dir
+
+
+def export_rollforward(api: Api, day: date) -> date:
+    """Export ``day`` (usage files and the credit roll-forward, which starts that day) into the
+    server's export directory, as the scheduler does once the day has ended."""
+    with api.database.unit_of_work() as session:
+        session.execute(update(CreditRollforward).values(start_date=day))
+        session.commit()
+    at = datetime(day.year, day.month, day.day, tzinfo=UTC) + timedelta(days=1, hours=1)
+    exporter = Exporter(api.database, export_dir(api), FrozenClock(at), runner="test")
+    assert exporter.export_day(day).outcome == "exported"
+    return day

@@ -3,7 +3,7 @@ wcag2a and wcag2aa rules on any page, and every page's actions work with the key
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import date, timedelta
 
 from selenium.webdriver.common.action_chains import ActionChains
 from selenium.webdriver.common.by import By
@@ -13,6 +13,7 @@ from selenium.webdriver.remote.webelement import WebElement
 from tests.conftest import NOW, Api
 from tests.factories import create_account, create_key, grant, ingest, priced_model, usage_event
 from tests.portal.browser import Browser, sign_in_link
+from tests.portal.conftest import export_rollforward
 from tests.portal.test_browser import PAGES
 
 
@@ -25,8 +26,27 @@ def _account(api: Api) -> tuple[str, str]:
     return account, key.secret
 
 
+def _endpoint_with_a_delivery(api: Api, account: str) -> str:
+    made = api.admin(
+        "POST",
+        "/admin/v1/webhook-endpoints",
+        json={
+            "url": "https://203.0.113.10/hook",
+            "event_types": ["webhook.test"],
+            "account_id": account,
+        },
+    )
+    assert made.status_code == 201, made.text
+    endpoint_id = str(made.json()["id"])
+    sent = api.admin("POST", f"/admin/v1/webhook-endpoints/{endpoint_id}/test")
+    assert sent.status_code == 200, sent.text
+    return endpoint_id
+
+
 def test_no_wcag_a_or_aa_violation_on_any_page(browser: Browser, portal: Api) -> None:
     account, _ = _account(portal)
+    _endpoint_with_a_delivery(portal, account)
+    export_rollforward(portal, date(2026, 11, 29))
     visited: dict[str, list[object]] = {}
     browser.open("/billing/sign-in")
     visited["sign-in"] = browser.axe_violations()
@@ -38,8 +58,22 @@ def test_no_wcag_a_or_aa_violation_on_any_page(browser: Browser, portal: Api) ->
         visited[page or "overview"] = browser.axe_violations()
     browser.open("/billing/usage?bucket_width=1h&group_by=api_key")
     visited["usage by key, hourly"] = browser.axe_violations()
+    browser.open("/billing/exports")  # axe saw the roll-forward's rows
+    assert browser.driver.find_elements(By.CSS_SELECTOR, "#rollforward-table tr.result")
+    # The Notifications page's answers: a new endpoint's secret, and a problem with the form.
+    browser.open("/billing/notifications")
+    browser.driver.find_element(By.ID, "url").send_keys("https://203.0.113.10/other")
+    browser.driver.find_element(By.CSS_SELECTOR, 'input[name="type:webhook.test"]').click()
+    browser.click("#add-endpoint button[type=submit]")
+    assert browser.driver.find_elements(By.ID, "created-secret")
+    visited["notifications, endpoint added"] = browser.axe_violations()
     assert browser.console_errors() == []
     # The error pages (their 400 and 410 statuses are logged by the browser as failed loads).
+    browser.open("/billing/notifications")
+    browser.driver.find_element(By.ID, "url").send_keys("https://203.0.113.10/third")
+    browser.click("#add-endpoint button[type=submit]")  # no event type chosen
+    assert browser.driver.find_elements(By.ID, "problem")
+    visited["notifications, form refused"] = browser.axe_violations()
     browser.open("/billing/usage?starting_at=yesterday")
     visited["error page"] = browser.axe_violations()
     browser.open("/billing/sign-in/not-a-link")
@@ -82,7 +116,7 @@ def test_every_action_works_with_the_keyboard_alone(browser: Browser, portal: Ap
     assert _focused(browser).get_attribute("class") == "skip"
     # Every page through the navigation, by Tab and Enter.
     for page, label in zip(
-        PAGES[1:], ("Usage", "Keys", "Activity", "Exports", "Models"), strict=True
+        PAGES[1:], ("Usage", "Keys", "Activity", "Exports", "Notifications", "Models"), strict=True
     ):
         link = _tab_to(browser, f'nav a[href="/billing{page}"]')
         assert link.text == label
@@ -110,6 +144,25 @@ def test_every_action_works_with_the_keyboard_alone(browser: Browser, portal: Ap
     assert browser.table_rows("usage-table"), browser.driver.current_url
     # The CSV download link is reachable; sign out with the keyboard.
     _tab_to(browser, "#csv-link")
+    # The Notifications page: add an endpoint, send it a test, disable and remove it.
+    browser.open("/billing/notifications")
+    _tab_to(browser, "#url")
+    ActionChains(browser.driver).send_keys("https://203.0.113.10/hook").perform()
+    _tab_to(browser, 'input[name="type:webhook.test"]')
+    ActionChains(browser.driver).send_keys(Keys.SPACE).perform()
+    _tab_to(browser, "#add-endpoint button[type=submit]")
+    _press(browser, Keys.ENTER)
+    assert browser.driver.find_elements(By.ID, "created-secret")
+    for action in ("button.send-test", "button.toggle", "button.remove"):
+        browser.open("/billing/notifications")
+        _tab_to(browser, f"section.endpoint {action}")
+        _press(browser, Keys.ENTER)
+        assert browser.driver.current_url.endswith("/billing/notifications"), action
+        if action == "button.send-test":
+            assert browser.driver.find_elements(By.CSS_SELECTOR, "table.deliveries tr.result")
+        if action == "button.toggle":
+            assert browser.text("section.endpoint .state") == "disabled"
+    assert browser.driver.find_elements(By.ID, "no-endpoints")
     browser.open("/billing")
     _tab_to(browser, "form.sign-out button")
     _press(browser, Keys.ENTER)

@@ -5,7 +5,7 @@ refusals (a forged or replayed link, a missing CSRF token, an expired or ended s
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import date, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -23,8 +23,9 @@ from tests.factories import (
     usage_event,
 )
 from tests.portal.browser import Browser, sign_in_link
+from tests.portal.conftest import export_dir, export_rollforward
 
-PAGES = ("", "/usage", "/keys", "/activity", "/exports", "/models")
+PAGES = ("", "/usage", "/keys", "/activity", "/exports", "/notifications", "/models")
 
 
 def _client(api: Api, cookies: dict[str, str]) -> httpx.Client:
@@ -278,3 +279,102 @@ def test_an_expired_session_and_a_signed_out_one_are_refused(browser: Browser, p
     assert browser.driver.current_url.endswith("/billing/sign-in")
     # The same cookie, replayed after signing out, is refused: the session ended on the server.
     assert _client(portal, value).get("/billing").status_code == 401
+
+
+def test_the_overviews_grants_and_the_keys_windows_equal_the_json_api(
+    browser: Browser, portal: Api
+) -> None:
+    account, first, second, model = _account_with_usage(portal)
+    promotional = portal.client.post(
+        f"/admin/v1/accounts/{account}/grants",
+        json={
+            "amount_cents": 3,
+            "idempotency_key": f"promo-{account}",
+            "category": "promotional",
+            "expires_at": "2026-12-05T00:00:00Z",
+        },
+        headers=portal.admin_headers,
+    )
+    assert promotional.status_code == 201, promotional.text
+    narrowed = portal.admin(
+        "PATCH",
+        f"/admin/v1/api-keys/{second.id}",
+        json={"spend_limit_cents": 2, "spend_limit_window": "week", "allowed_models": [model]},
+    )
+    assert narrowed.status_code == 200, narrowed.text
+    _sign_in_by_key(browser, first.secret)
+    credits = portal.as_key(first.secret, "GET", "/v1/credits").json(parse_float=Decimal)
+    shown = browser.table_rows("grants-table")
+    assert [row[0] for row in shown] == [live["id"] for live in credits["grants"]]
+    assert shown[0][0] == promotional.json()["id"] and shown[0][1] == "promotional"
+    for row, live in zip(shown, credits["grants"], strict=True):
+        assert Decimal(row[3].replace("$", "")) == Decimal(str(live["remaining_cents"])) / 100
+        assert row[5] == (live["expires_at"] or "never") and row[6] == "active"
+    browser.open("/billing/keys")
+    listed = portal.as_key(first.secret, "GET", "/v1/api-keys").json(parse_float=Decimal)
+    for body in listed["data"]:
+        row = browser.driver.find_element(
+            By.CSS_SELECTOR, f'#keys-table tr[data-key="{body["id"]}"]'
+        )
+        cells = [cell.text for cell in row.find_elements(By.TAG_NAME, "td")]
+        assert cells[4] == f"{body['spend_limit_window']} from {body['window_starts_at']}"
+        assert Decimal(cells[5].replace("$", "")) == Decimal(body["spent_microcents"]).scaleb(-8)
+        models = body["allowed_models"]
+        assert cells[7] == ("all of the account's models" if models is None else ", ".join(models))
+    assert browser.console_errors() == []
+
+
+def test_notifications_add_test_disable_and_remove_in_the_browser(
+    browser: Browser, portal: Api
+) -> None:
+    account = create_account(portal)
+    key = create_key(portal, account)
+    _sign_in_by_key(browser, key.secret)
+    browser.open("/billing/notifications")
+    browser.driver.find_element(By.ID, "url").send_keys("https://203.0.113.10/hook")
+    box = browser.driver.find_element(By.CSS_SELECTOR, 'input[name="type:credit.balance_low"]')
+    box.click()
+    browser.driver.find_element(By.ID, "description").send_keys("finance")
+    browser.click("#add-endpoint button[type=submit]")
+    secret = browser.driver.find_element(By.ID, "created-secret").get_attribute("value") or ""
+    assert secret.startswith("whsec_")
+    (endpoint,) = portal.as_key(key.secret, "GET", "/v1/webhook-endpoints").json()["data"]
+    assert endpoint["event_types"] == ["credit.balance_low"] and endpoint["enabled"]
+    section = f'section[data-endpoint="{endpoint["id"]}"]'
+    browser.click(f"{section} button.send-test")
+    deliveries = portal.as_key(
+        key.secret, "GET", f"/v1/webhook-endpoints/{endpoint['id']}/deliveries"
+    ).json()["data"]
+    shown = browser.table_rows(f"deliveries-{endpoint['id']}")
+    assert [row[:4] for row in shown] == [
+        [d["event_id"], d["type"], d["status"], str(d["attempts"])] for d in deliveries
+    ]
+    assert [d["type"] for d in deliveries] == ["webhook.test"]
+    browser.click(f"{section} button.toggle")
+    assert browser.text(f"{section} .state") == "disabled"
+    got = portal.as_key(key.secret, "GET", f"/v1/webhook-endpoints/{endpoint['id']}").json()
+    assert got["enabled"] is False
+    browser.click(f"{section} button.remove")
+    assert browser.driver.find_elements(By.ID, "no-endpoints")
+    assert portal.as_key(key.secret, "GET", "/v1/webhook-endpoints").json()["data"] == []
+    assert secret not in browser.driver.page_source
+    assert browser.console_errors() == []
+
+
+def test_the_exports_page_shows_the_accounts_rollforward_rows(
+    browser: Browser, portal: Api
+) -> None:
+    account, first, _, _ = _account_with_usage(portal)
+    day = export_rollforward(portal, date(2026, 11, 29))
+    _sign_in_by_key(browser, first.secret)
+    browser.open("/billing/exports")
+    lines = (export_dir(portal) / day.isoformat() / "credits.csv").read_text().splitlines()
+    mine = [line.split(",") for line in lines[1:] if line.split(",")[1] == account]
+    assert mine
+    shown = browser.table_rows("rollforward-table")
+    assert [row[:2] for row in shown] == [[line[0], line[2]] for line in mine]
+    for row, line in zip(shown, mine, strict=True):
+        assert [Decimal(cell.replace("$", "")) for cell in row[2:]] == [
+            Decimal(value).scaleb(-8) for value in line[3:]
+        ]
+    assert browser.console_errors() == []

@@ -253,8 +253,9 @@ def test_the_keys_page_shows_the_months_spend_of_each_key_as_the_report_counts_i
         (revoked, "revoked", "no limit"),
     ):
         cells = _cells(page, "data-key", key.id)
-        assert cells[1] == key.id and cells[3] == status and cells[5] == limit
-        assert _dollars(cells[4]) == Decimal(spent[key.id]).scaleb(-8)
+        assert cells[1] == key.id and cells[3] == status and cells[6] == limit
+        assert cells[4] == "month from 2026-11-01T00:00:00Z"
+        assert _dollars(cells[5]) == Decimal(spent[key.id]).scaleb(-8)
     assert spent[limited.id] > 0 and limited.secret not in page
 
 

@@ -1,0 +1,178 @@
+"""The Notifications page (§12): the account's webhook endpoints of §11 with their recent
+deliveries, and its forms: add an endpoint, disable or enable it, remove it, send it a test.
+
+Every form carries the session's CSRF token; every change goes through the same service as
+``/v1/webhook-endpoints`` (with the account's scope, so another account's endpoint is not
+found) and is audited as ``portal:<acct_…>`` (§14). A new endpoint's signing secret is shown
+once, on the page the form's POST answers.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+from pydantic import ValidationError
+from sqlalchemy.orm import Session
+
+from metering.audit.service import Auditor
+from metering.kit.errors import MeteringError
+from metering.kit.text import check_url_text
+from metering.notifications import service as webhooks
+from metering.notifications.endpoints import rules_of
+from metering.notifications.schemas import EndpointCreate
+from metering.notifications.service import Scope
+from metering.portal import pages, views
+from metering.portal.endpoints import FormDep, UserDep, check_csrf, page_of
+from metering.portal.sessions import PortalUser
+from metering.web.deps import NowDep, SessionDep
+from metering.web.middleware import request_id_of
+
+router = APIRouter(prefix=pages.PREFIX, include_in_schema=False)
+PAGE = f"{pages.PREFIX}/notifications"
+TYPE_FIELD = "type:"  # a checkbox per event type: ``type:credit.balance_low``
+
+
+def _auditor(request: Request, user: PortalUser) -> Auditor:
+    return Auditor(f"portal:{user.account_id}", request_id_of(request.scope))
+
+
+def _show(
+    request: Request,
+    user: PortalUser,
+    session: Session,
+    status_code: int = 200,
+    **context: Any,
+) -> Response:
+    return page_of(
+        request,
+        user,
+        "notifications.html",
+        status_code=status_code,
+        endpoints=views.notifications(session, user.account_id),
+        event_types=views.account_event_types(),
+        **context,
+    )
+
+
+@router.get("/notifications")
+def notifications(request: Request, user: UserDep, session: SessionDep) -> Response:
+    return _show(request, user, session, form={})
+
+
+def _problem(error: ValidationError) -> str:
+    """What the person should fix, in words (the first problem only)."""
+    first = error.errors()[0]
+    field = str(first["loc"][0]) if first["loc"] else ""
+    if field == "event_types":
+        return "Choose at least one event type."
+    if field == "url":
+        return "Give the endpoint's URL (at most 2,048 characters)."
+    if field == "description":
+        return "The description must be at most 500 characters, without NUL characters."
+    return f"{field}: {first['msg']}"
+
+
+@router.post("/notifications")
+def add_endpoint(
+    request: Request, form: FormDep, user: UserDep, session: SessionDep, now: NowDep
+) -> Response:
+    check_csrf(request, user, form)
+    chosen = [t for t in views.account_event_types() if form.get(TYPE_FIELD + t)]
+    fields = {
+        "url": form.get("url", "").strip(),
+        "event_types": chosen,
+        "description": form.get("description", "").strip() or None,
+    }
+    try:
+        body = EndpointCreate.model_validate(fields)
+        endpoint, secret = webhooks.create_endpoint(
+            session,
+            Scope(user.account_id),
+            rules_of(request),
+            url=body.url,
+            event_types=body.event_types,
+            account_id=None,
+            description=body.description,
+            now=now,
+        )
+    except ValidationError as error:
+        return _show(request, user, session, 400, form=fields, problem=_problem(error))
+    except MeteringError as error:  # the URL or the types refused by §11's rules
+        return _show(request, user, session, 400, form=fields, problem=error.message)
+    shown = webhooks.endpoint_body(endpoint)
+    changes = {k: shown[k] for k in ("url", "event_types", "account_id", "description")}
+    _auditor(request, user).record(
+        session, now, "webhook_endpoint.create", "webhook_endpoint", endpoint.id,
+        endpoint.account_id, {**changes, "secret": secret},
+    )  # fmt: skip
+    return _show(request, user, session, form={}, created={"id": endpoint.id, "secret": secret})
+
+
+def _change(request: Request, user: PortalUser, form: dict[str, str]) -> tuple[Scope, str]:
+    check_csrf(request, user, form)
+    check_url_text(request.path_params, b"")
+    return Scope(user.account_id), str(request.path_params["endpoint_id"])
+
+
+@router.post("/notifications/{endpoint_id}/disable")
+def disable_endpoint(
+    request: Request, form: FormDep, user: UserDep, session: SessionDep, now: NowDep
+) -> Response:
+    return _set_enabled(request, form, user, session, now, enabled=False)
+
+
+@router.post("/notifications/{endpoint_id}/enable")
+def enable_endpoint(
+    request: Request, form: FormDep, user: UserDep, session: SessionDep, now: NowDep
+) -> Response:
+    return _set_enabled(request, form, user, session, now, enabled=True)
+
+
+def _set_enabled(
+    request: Request,
+    form: dict[str, str],
+    user: PortalUser,
+    session: Session,
+    now: datetime,
+    *,
+    enabled: bool,
+) -> Response:
+    scope, endpoint_id = _change(request, user, form)
+    endpoint, changed = webhooks.update_endpoint(
+        session, scope, rules_of(request), endpoint_id, {"enabled": enabled}
+    )
+    if changed:
+        _auditor(request, user).record(
+            session, now, "webhook_endpoint.update", "webhook_endpoint", endpoint.id,
+            endpoint.account_id, changed,
+        )  # fmt: skip
+    return pages.see_other(PAGE)
+
+
+@router.post("/notifications/{endpoint_id}/delete")
+def delete_endpoint(
+    request: Request, form: FormDep, user: UserDep, session: SessionDep, now: NowDep
+) -> Response:
+    scope, endpoint_id = _change(request, user, form)
+    endpoint = webhooks.get_endpoint(session, scope, endpoint_id)
+    dropped = webhooks.delete_endpoint(session, scope, endpoint_id, now)
+    _auditor(request, user).record(
+        session, now, "webhook_endpoint.delete", "webhook_endpoint", endpoint.id,
+        endpoint.account_id, {"deleted_at": now, "dropped_messages": dropped},
+    )  # fmt: skip
+    return pages.see_other(PAGE)
+
+
+@router.post("/notifications/{endpoint_id}/test")
+def test_endpoint(
+    request: Request, form: FormDep, user: UserDep, session: SessionDep, now: NowDep
+) -> Response:
+    scope, endpoint_id = _change(request, user, form)
+    event = webhooks.send_test(session, scope, endpoint_id, now)
+    _auditor(request, user).record(
+        session, now, "webhook_endpoint.test", "webhook_event", event["id"],
+        event["account_id"], {"endpoint_id": endpoint_id},
+    )  # fmt: skip
+    return pages.see_other(PAGE)
