@@ -7,8 +7,10 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
+from metering.accounts.keys import KeyPrincipal
+from metering.audit.service import Auditor
 from metering.kit.pagination import PageParams
-from metering.notifications import delivery, service
+from metering.notifications import changes, delivery, service
 from metering.notifications.addresses import system_resolver
 from metering.notifications.schemas import (
     AdminEndpointCreate,
@@ -19,6 +21,7 @@ from metering.notifications.schemas import (
 from metering.notifications.service import Rules, Scope
 from metering.web.deps import AccountKeyDep, AdminDep, AuditDep, NowDep, SessionDep, get_settings
 from metering.web.jsonio import MeteringRoute
+from metering.web.middleware import request_id_of
 
 admin_router = APIRouter(
     prefix="/admin/v1",
@@ -43,6 +46,11 @@ def _created(endpoint: Any, secret: str) -> dict[str, Any]:
     return {**service.endpoint_body(endpoint), "secret": secret}
 
 
+def key_auditor(request: Request, key: KeyPrincipal) -> Auditor:
+    """An account key's changes are recorded as made by that key (§14's ``key_…`` actor)."""
+    return Auditor(key.api_key_id, request_id_of(request.scope))
+
+
 # -- operators -----------------------------------------------------------------------------------
 
 
@@ -52,8 +60,9 @@ def admin_create_endpoint(
 ) -> dict[str, Any]:
     """Add a webhook endpoint (account_id null: every account's events and operator-only ones);
     its signing secret is in this response only."""
-    endpoint, secret = service.create_endpoint(
+    endpoint, secret = changes.create(
         session,
+        audit,
         OPERATOR,
         rules_of(request),
         url=body.url,
@@ -62,13 +71,7 @@ def admin_create_endpoint(
         description=body.description,
         now=now,
     )
-    shown = _created(endpoint, secret)
-    changes = {k: shown[k] for k in ("url", "event_types", "account_id", "description")}
-    audit.record(
-        session, now, "webhook_endpoint.create", "webhook_endpoint", endpoint.id,
-        endpoint.account_id, {**changes, "secret": secret},
-    )  # fmt: skip
-    return shown
+    return _created(endpoint, secret)
 
 
 @admin_router.get("/webhook-endpoints")
@@ -93,15 +96,8 @@ def admin_update_endpoint(
     audit: AuditDep,
 ) -> dict[str, Any]:
     """Change an endpoint's url, event types, enabled flag or description."""
-    changes = {k: getattr(body, k) for k in body.model_fields_set}
-    endpoint, changed = service.update_endpoint(
-        session, OPERATOR, rules_of(request), endpoint_id, changes
-    )
-    if changed:
-        audit.record(
-            session, now, "webhook_endpoint.update", "webhook_endpoint", endpoint.id,
-            endpoint.account_id, changed,
-        )  # fmt: skip
+    fields = {k: getattr(body, k) for k in body.model_fields_set}
+    endpoint = changes.update(session, audit, OPERATOR, rules_of(request), endpoint_id, fields, now)
     return service.endpoint_body(endpoint)
 
 
@@ -110,12 +106,7 @@ def admin_delete_endpoint(
     endpoint_id: str, session: SessionDep, now: NowDep, audit: AuditDep
 ) -> dict[str, Any]:
     """Delete an endpoint; its undelivered messages are dropped."""
-    endpoint = service.get_endpoint(session, OPERATOR, endpoint_id)
-    dropped = service.delete_endpoint(session, OPERATOR, endpoint_id, now)
-    audit.record(
-        session, now, "webhook_endpoint.delete", "webhook_endpoint", endpoint.id,
-        endpoint.account_id, {"deleted_at": now, "dropped_messages": dropped},
-    )  # fmt: skip
+    endpoint = changes.delete(session, audit, OPERATOR, endpoint_id, now)
     return {"id": endpoint.id, "object": "webhook_endpoint", "deleted": True}
 
 
@@ -124,12 +115,7 @@ def admin_rotate_secret(
     endpoint_id: str, request: Request, session: SessionDep, now: NowDep, audit: AuditDep
 ) -> dict[str, Any]:
     """A new signing secret (shown once); messages carry both signatures for 24 hours."""
-    endpoint, secret = service.rotate_secret(session, OPERATOR, rules_of(request), endpoint_id, now)
-    audit.record(
-        session, now, "webhook_endpoint.rotate", "webhook_endpoint", endpoint.id,
-        endpoint.account_id, {"secret": secret, "previous_until": endpoint.previous_until},
-    )  # fmt: skip
-    return _created(endpoint, secret)
+    return _created(*changes.rotate(session, audit, OPERATOR, rules_of(request), endpoint_id, now))
 
 
 @admin_router.post("/webhook-endpoints/{endpoint_id}/test")
@@ -137,12 +123,7 @@ def admin_test_endpoint(
     endpoint_id: str, session: SessionDep, now: NowDep, audit: AuditDep
 ) -> dict[str, Any]:
     """Send a ``webhook.test`` event to this endpoint (by the delivery loop, within seconds)."""
-    event = service.send_test(session, OPERATOR, endpoint_id, now)
-    audit.record(
-        session, now, "webhook_endpoint.test", "webhook_event", event["id"],
-        event["account_id"], {"endpoint_id": endpoint_id},
-    )  # fmt: skip
-    return event
+    return changes.send_test(session, audit, OPERATOR, endpoint_id, now)
 
 
 @admin_router.get("/webhook-endpoints/{endpoint_id}/deliveries")
@@ -158,15 +139,10 @@ def admin_resend_event(
     event_id: str, body: Resend, session: SessionDep, now: NowDep, audit: AuditDep
 ) -> dict[str, Any]:
     """Send an event again, to one endpoint or to every endpoint it went to."""
-    result = service.resend(session, event_id, body.endpoint_id, now)
-    audit.record(
-        session, now, "webhook_event.resend", "webhook_event", result["id"],
-        result["account_id"], {"endpoint_ids": result["endpoint_ids"]},
-    )  # fmt: skip
-    return result
+    return changes.resend(session, audit, event_id, body.endpoint_id, now)
 
 
-# -- account keys --------------------------------------------------------------------------------
+# -- account keys (their changes audited as the key, §14) ---------------------------------------
 
 
 @router.post("/webhook-endpoints", status_code=201)
@@ -174,8 +150,9 @@ def create_endpoint(
     body: EndpointCreate, request: Request, key: AccountKeyDep, session: SessionDep, now: NowDep
 ) -> dict[str, Any]:
     """Add a webhook endpoint for your account's events; its secret is in this response only."""
-    endpoint, secret = service.create_endpoint(
+    endpoint, secret = changes.create(
         session,
+        key_auditor(request, key),
         Scope(key.account_id),
         rules_of(request),
         url=body.url,
@@ -206,22 +183,26 @@ def update_endpoint(
     request: Request,
     key: AccountKeyDep,
     session: SessionDep,
+    now: NowDep,
 ) -> dict[str, Any]:
     """Change an endpoint's url, event types, enabled flag or description."""
-    changes = {k: getattr(body, k) for k in body.model_fields_set}
-    endpoint, _ = service.update_endpoint(
-        session, Scope(key.account_id), rules_of(request), endpoint_id, changes
-    )
+    fields = {k: getattr(body, k) for k in body.model_fields_set}
+    endpoint = changes.update(
+        session, key_auditor(request, key), Scope(key.account_id), rules_of(request),
+        endpoint_id, fields, now,
+    )  # fmt: skip
     return service.endpoint_body(endpoint)
 
 
 @router.delete("/webhook-endpoints/{endpoint_id}")
 def delete_endpoint(
-    endpoint_id: str, key: AccountKeyDep, session: SessionDep, now: NowDep
+    endpoint_id: str, request: Request, key: AccountKeyDep, session: SessionDep, now: NowDep
 ) -> dict[str, Any]:
     """Delete an endpoint; its undelivered messages are dropped."""
-    service.delete_endpoint(session, Scope(key.account_id), endpoint_id, now)
-    return {"id": endpoint_id, "object": "webhook_endpoint", "deleted": True}
+    endpoint = changes.delete(
+        session, key_auditor(request, key), Scope(key.account_id), endpoint_id, now
+    )
+    return {"id": endpoint.id, "object": "webhook_endpoint", "deleted": True}
 
 
 @router.post("/webhook-endpoints/{endpoint_id}/rotate-secret")
@@ -229,18 +210,22 @@ def rotate_secret(
     endpoint_id: str, request: Request, key: AccountKeyDep, session: SessionDep, now: NowDep
 ) -> dict[str, Any]:
     """A new signing secret (shown once); messages carry both signatures for 24 hours."""
-    endpoint, secret = service.rotate_secret(
-        session, Scope(key.account_id), rules_of(request), endpoint_id, now
-    )
-    return _created(endpoint, secret)
+    return _created(
+        *changes.rotate(
+            session, key_auditor(request, key), Scope(key.account_id), rules_of(request),
+            endpoint_id, now,
+        )
+    )  # fmt: skip
 
 
 @router.post("/webhook-endpoints/{endpoint_id}/test")
 def test_endpoint(
-    endpoint_id: str, key: AccountKeyDep, session: SessionDep, now: NowDep
+    endpoint_id: str, request: Request, key: AccountKeyDep, session: SessionDep, now: NowDep
 ) -> dict[str, Any]:
     """Send a ``webhook.test`` event to this endpoint."""
-    return service.send_test(session, Scope(key.account_id), endpoint_id, now)
+    return changes.send_test(
+        session, key_auditor(request, key), Scope(key.account_id), endpoint_id, now
+    )
 
 
 @router.get("/webhook-endpoints/{endpoint_id}/deliveries")

@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 from metering.audit.service import Auditor
 from metering.kit.errors import MeteringError
 from metering.kit.text import check_url_text
-from metering.notifications import service as webhooks
+from metering.notifications import changes
 from metering.notifications.endpoints import rules_of
 from metering.notifications.schemas import EndpointCreate
 from metering.notifications.service import Scope
@@ -87,8 +87,9 @@ def add_endpoint(
     }
     try:
         body = EndpointCreate.model_validate(fields)
-        endpoint, secret = webhooks.create_endpoint(
+        endpoint, secret = changes.create(
             session,
+            _auditor(request, user),
             Scope(user.account_id),
             rules_of(request),
             url=body.url,
@@ -101,12 +102,6 @@ def add_endpoint(
         return _show(request, user, session, 400, form=fields, problem=_problem(error))
     except MeteringError as error:  # the URL or the types refused by §11's rules
         return _show(request, user, session, 400, form=fields, problem=error.message)
-    shown = webhooks.endpoint_body(endpoint)
-    changes = {k: shown[k] for k in ("url", "event_types", "account_id", "description")}
-    _auditor(request, user).record(
-        session, now, "webhook_endpoint.create", "webhook_endpoint", endpoint.id,
-        endpoint.account_id, {**changes, "secret": secret},
-    )  # fmt: skip
     return _show(request, user, session, form={}, created={"id": endpoint.id, "secret": secret})
 
 
@@ -140,14 +135,10 @@ def _set_enabled(
     enabled: bool,
 ) -> Response:
     scope, endpoint_id = _change(request, user, form)
-    endpoint, changed = webhooks.update_endpoint(
-        session, scope, rules_of(request), endpoint_id, {"enabled": enabled}
-    )
-    if changed:
-        _auditor(request, user).record(
-            session, now, "webhook_endpoint.update", "webhook_endpoint", endpoint.id,
-            endpoint.account_id, changed,
-        )  # fmt: skip
+    changes.update(
+        session, _auditor(request, user), scope, rules_of(request), endpoint_id,
+        {"enabled": enabled}, now,
+    )  # fmt: skip
     return pages.see_other(PAGE)
 
 
@@ -156,12 +147,7 @@ def delete_endpoint(
     request: Request, form: FormDep, user: UserDep, session: SessionDep, now: NowDep
 ) -> Response:
     scope, endpoint_id = _change(request, user, form)
-    endpoint = webhooks.get_endpoint(session, scope, endpoint_id)
-    dropped = webhooks.delete_endpoint(session, scope, endpoint_id, now)
-    _auditor(request, user).record(
-        session, now, "webhook_endpoint.delete", "webhook_endpoint", endpoint.id,
-        endpoint.account_id, {"deleted_at": now, "dropped_messages": dropped},
-    )  # fmt: skip
+    changes.delete(session, _auditor(request, user), scope, endpoint_id, now)
     return pages.see_other(PAGE)
 
 
@@ -170,9 +156,5 @@ def test_endpoint(
     request: Request, form: FormDep, user: UserDep, session: SessionDep, now: NowDep
 ) -> Response:
     scope, endpoint_id = _change(request, user, form)
-    event = webhooks.send_test(session, scope, endpoint_id, now)
-    _auditor(request, user).record(
-        session, now, "webhook_endpoint.test", "webhook_event", event["id"],
-        event["account_id"], {"endpoint_id": endpoint_id},
-    )  # fmt: skip
+    changes.send_test(session, _auditor(request, user), scope, endpoint_id, now)
     return pages.see_other(PAGE)

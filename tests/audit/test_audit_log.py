@@ -291,6 +291,87 @@ def test_each_admin_mutation_writes_exactly_one_event(
     assert isinstance(event["changes"], dict) and event["changes"]
 
 
+def _as_key(method: str, path: str, body: Any = None) -> Callable[[Api, World], Any]:
+    def send(api: Api, w: World) -> Any:
+        extra = {} if body is None else {"json": body}
+        return api.as_key(w.key.secret, method, path.format(endpoint_id=w.endpoint), **extra)
+
+    return send
+
+
+TEST_ONLY = ["webhook.test"]
+# An account key's changes to its webhook endpoints (§14: audited like the operators', as the key).
+KEY_MUTATIONS: dict[tuple[str, str], Mutation] = {
+    ("POST", "/v1/webhook-endpoints"): Mutation(
+        "webhook_endpoint.create",
+        _as_key("POST", "/v1/webhook-endpoints", {"url": HOOK_URL, "event_types": TEST_ONLY}),
+        True,
+        "webhook_endpoint",
+    ),
+    ("PATCH", "/v1/webhook-endpoints/{endpoint_id}"): Mutation(
+        "webhook_endpoint.update",
+        _as_key("PATCH", "/v1/webhook-endpoints/{endpoint_id}", {"enabled": False}),
+        True,
+        "webhook_endpoint",
+    ),
+    ("DELETE", "/v1/webhook-endpoints/{endpoint_id}"): Mutation(
+        "webhook_endpoint.delete",
+        _as_key("DELETE", "/v1/webhook-endpoints/{endpoint_id}"),
+        True,
+        "webhook_endpoint",
+    ),
+    ("POST", "/v1/webhook-endpoints/{endpoint_id}/rotate-secret"): Mutation(
+        "webhook_endpoint.rotate",
+        _as_key("POST", "/v1/webhook-endpoints/{endpoint_id}/rotate-secret"),
+        True,
+        "webhook_endpoint",
+    ),
+    ("POST", "/v1/webhook-endpoints/{endpoint_id}/test"): Mutation(
+        "webhook_endpoint.test",
+        _as_key("POST", "/v1/webhook-endpoints/{endpoint_id}/test"),
+        True,
+        "webhook_event",
+    ),
+}
+
+
+def test_every_account_key_mutation_of_webhook_endpoints_has_a_case(api: Api) -> None:
+    routes = {
+        (method, route.path)
+        for route in http_routes(api.client.app)  # type: ignore[arg-type]
+        if route.path.startswith("/v1/webhook-endpoints")
+        for method in route.methods
+        if method not in ("GET", "HEAD")
+    }
+    assert routes == set(KEY_MUTATIONS)
+
+
+@pytest.mark.parametrize("route", sorted(KEY_MUTATIONS), ids=lambda r: f"{r[0]} {r[1]}")
+def test_each_account_key_mutation_writes_exactly_one_event_as_the_key(
+    api: Api, world: World, route: tuple[str, str]
+) -> None:
+    mutation = KEY_MUTATIONS[route]
+    before = audit_count(api)
+    response = mutation.send(api, world)
+    assert response.status_code in (200, 201), response.text
+    assert audit_count(api) == before + 1
+    (event,) = newest(api, limit=1)
+    assert (event["action"], event["actor"], event["target_type"]) == (
+        mutation.action,
+        world.key.id,
+        mutation.target_type,
+    )
+    assert event["account_id"] == world.account
+    assert event["request_id"] == response.headers["x-request-id"]
+    assert "whsec_" not in json.dumps(event)
+    if mutation.target_type == "webhook_endpoint":
+        assert event["target_id"] == str(response.json()["id"])
+    # A change that changes nothing records nothing.
+    if route[0] == "PATCH":
+        assert mutation.send(api, world).status_code == 200
+        assert audit_count(api) == before + 1
+
+
 class TestNothingChangedNothingWritten:
     def test_replays_and_no_ops(self, api: Api, world: World) -> None:
         grants = f"/admin/v1/accounts/{world.account}/grants"
