@@ -22,11 +22,13 @@ import logging
 import os
 import signal
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, TypeVar
 
 from metering.db import Database
 from metering.exports.service import FAILED, DayResult, Exporter
@@ -58,6 +60,22 @@ class TickReport:
         return not self.errors and all(r.outcome != FAILED for r in self.exports)
 
 
+T = TypeVar("T")
+
+
+def _guarded(report: TickReport | None, job: str, failure: str, work: Callable[[], T]) -> T | None:
+    """One job: its result, or None when it raised (logged as ``failure`` with its traceback,
+    and noted in the tick's report under ``job``), so a failing job never stops the others;
+    each is retried on the next tick (or delivery pass)."""
+    try:
+        return work()
+    except Exception as exc:
+        log.exception("%s", failure)
+        if report is not None:
+            report.errors.append(f"{job}: {type(exc).__name__}: {exc}")
+        return None
+
+
 class Scheduler:
     """The jobs of one tick; the clock is injectable so tests can move time."""
 
@@ -87,11 +105,8 @@ class Scheduler:
         """One pass of the webhook delivery loop (§11: every second)."""
         if self.deliverer is None:
             return None
-        try:
-            return self.deliverer.run_once()
-        except Exception:
-            log.exception("webhook delivery pass failed (retried in a second)")
-            return None
+        failure = "webhook delivery pass failed (retried in a second)"
+        return _guarded(None, "webhooks", failure, self.deliverer.run_once)
 
     def close(self) -> None:
         if self.deliverer is not None:
@@ -106,18 +121,22 @@ class Scheduler:
         report.expiry_accounts = self._write_expiries(now, report)
         report.expiring_grants = self._notice_expiring(now, report)
         report.portal_deleted = self._tidy_portal(now, report)
-        try:
-            due = self.exporter.due_days(now, self.after)
-        except Exception as exc:
-            log.exception("could not find the days due for export")
-            report.errors.append(f"due days: {type(exc).__name__}: {exc}")
-            due = []
-        for day in due:
-            try:
-                result = self.exporter.export_day(day, trigger="scheduled", wait=False)
-            except Exception as exc:  # the failure could not even be recorded (database down)
-                log.exception("export of %s failed and could not be recorded", day)
-                report.errors.append(f"{day}: {type(exc).__name__}: {exc}")
+        due = _guarded(
+            report,
+            "due days",
+            "could not find the days due for export",
+            lambda: self.exporter.due_days(now, self.after),
+        )
+        for day in due or []:
+            # A failed export is recorded as such (a result); this is a failure that could not
+            # even be recorded (database down).
+            result = _guarded(
+                report,
+                str(day),
+                f"export of {day} failed and could not be recorded",
+                partial(self.exporter.export_day, day, trigger="scheduled", wait=False),
+            )
+            if result is None:
                 continue
             report.exports.append(result)
             if result.outcome == FAILED:
@@ -130,24 +149,22 @@ class Scheduler:
     def _expire_holds(self, now: datetime, report: TickReport) -> int | None:
         from metering.ledger.authorizations import expire_holds, notice_expired_unused
 
-        try:
+        def work() -> int:
             with self.database.unit_of_work() as session:
                 expired = expire_holds(session, now)
                 notice_expired_unused(session, now)
                 session.commit()
-        except Exception as exc:
-            log.exception("tidy-up of expired holds failed")
-            report.errors.append(f"expire holds: {type(exc).__name__}: {exc}")
-            return None
-        if expired:
-            log.info("marked %d expired holds", expired)
-        return expired
+            if expired:
+                log.info("marked %d expired holds", expired)
+            return expired
+
+        return _guarded(report, "expire holds", "tidy-up of expired holds failed", work)
 
     def _write_expiries(self, now: datetime, report: TickReport) -> int | None:
         from metering.ledger.credit_grants import accounts_with_due_expiries
         from metering.ledger.spending import spend
 
-        try:
+        def work() -> int:
             with self.database.reading() as session:
                 accounts = accounts_with_due_expiries(session, now)
             for start in range(0, len(accounts), EXPIRY_BATCH):
@@ -155,39 +172,35 @@ class Scheduler:
                 with self.database.unit_of_work() as session:
                     spend(session, dict.fromkeys(batch, 0), now)
                     session.commit()
-        except Exception as exc:
-            log.exception("writing due grant expiries failed")
-            report.errors.append(f"grant expiries: {type(exc).__name__}: {exc}")
-            return None
-        if accounts:
-            log.info("wrote due grant expiries of %d accounts", len(accounts))
-        return len(accounts)
+            if accounts:
+                log.info("wrote due grant expiries of %d accounts", len(accounts))
+            return len(accounts)
+
+        return _guarded(report, "grant expiries", "writing due grant expiries failed", work)
 
     def _notice_expiring(self, now: datetime, report: TickReport) -> int | None:
         from metering.ledger.credit_grants import notice_expiring
 
-        try:
+        def work() -> int:
             with self.database.unit_of_work() as session:
                 written = notice_expiring(session, now, self.grant_notice)
                 session.commit()
-        except Exception as exc:
-            log.exception("writing credit.grant_expiring events failed")
-            report.errors.append(f"expiring grants: {type(exc).__name__}: {exc}")
-            return None
-        return written
+            return written
+
+        failure = "writing credit.grant_expiring events failed"
+        return _guarded(report, "expiring grants", failure, work)
 
     def _tidy_portal(self, now: datetime, report: TickReport) -> tuple[int, int] | None:
         from metering.portal.sessions import delete_finished
 
-        try:
+        def work() -> tuple[int, int]:
             with self.database.unit_of_work() as session:
                 deleted = delete_finished(session, now)
                 session.commit()
-        except Exception as exc:
-            log.exception("deleting finished portal sessions and links failed")
-            report.errors.append(f"portal sessions: {type(exc).__name__}: {exc}")
-            return None
-        return deleted
+            return deleted
+
+        failure = "deleting finished portal sessions and links failed"
+        return _guarded(report, "portal sessions", failure, work)
 
     def _beat(self, now: datetime) -> None:
         """The heartbeat file a container healthcheck reads: rewritten after every tick."""

@@ -10,6 +10,8 @@ from typing import Annotated, Any, TypeVar
 
 from fastapi import Depends, Query
 from pydantic import BeforeValidator
+from sqlalchemy import ColumnElement, Select
+from sqlalchemy.orm import Session
 
 from metering.kit.errors import InvalidRequest
 from metering.kit.money import INT64_MAX
@@ -78,3 +80,26 @@ def page(
         "has_more": has_more,
         "next_cursor": encode_cursor(*cursor_of(shown[-1])) if has_more and shown else None,
     }
+
+
+def newest_first(
+    session: Session,
+    query: Select[Any],
+    key: ColumnElement[int],
+    limit: int,
+    after: str | None,
+    render: Callable[[Any], dict[str, Any]],
+) -> dict[str, Any]:
+    """The list body of ``query``'s rows (already filtered to one account) newest first by the
+    integer ``key`` (a row id: positive, 64-bit), from the row after the ``after`` cursor."""
+    query = query.order_by(key.desc()).limit(limit + 1)
+    if after:
+        (last,) = decode_cursor(after, 1)
+        valid = isinstance(last, int) and not isinstance(last, bool)
+        if not valid or not 0 < last <= INT64_MAX:
+            raise InvalidRequest("after is not a cursor this list returned", param="after")
+        query = query.where(key < last)
+    rows = [row._mapping for row in session.execute(query)]
+    name = key.key
+    assert name is not None
+    return page(rows, limit, render, lambda row: (row[name],))

@@ -13,10 +13,10 @@ from typing import Any
 from sqlalchemy import bindparam, func, insert, select, update
 from sqlalchemy.orm import Session
 
-from metering.kit.errors import InvalidRequest, NotFound
+from metering.kit.errors import NotFound
 from metering.kit.ids import new_id
-from metering.kit.money import INT64_MAX, cents
-from metering.kit.pagination import decode_cursor, page
+from metering.kit.money import cents
+from metering.kit.pagination import newest_first
 from metering.kit.timeutil import format_timestamp
 from metering.ledger import grants as rules
 from metering.ledger.spending import pending_forfeits, spend
@@ -189,20 +189,14 @@ def list_grants(
     """An account's grants, newest first (by creation order)."""
     if session.execute(select(ACCOUNTS.c.id).where(ACCOUNTS.c.id == account_id)).first() is None:
         raise NotFound(f"no account {account_id}", param="account_id")
-    query = (
-        select(GRANTS)
-        .where(GRANTS.c.account_id == account_id)
-        .order_by(GRANTS.c.entry_id.desc())
-        .limit(limit + 1)
+    return newest_first(
+        session,
+        select(GRANTS).where(GRANTS.c.account_id == account_id),
+        GRANTS.c.entry_id,
+        limit,
+        after,
+        lambda row: grant_body(row, now),
     )
-    if after:
-        (last,) = decode_cursor(after, 1)
-        valid = isinstance(last, int) and not isinstance(last, bool)
-        if not valid or not 0 < last <= INT64_MAX:
-            raise InvalidRequest("after is not a cursor this list returned", param="after")
-        query = query.where(GRANTS.c.entry_id < last)
-    rows = [row._mapping for row in session.execute(query)]
-    return page(rows, limit, lambda row: grant_body(row, now), lambda row: (row["entry_id"],))
 
 
 _LIVE = (

@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 
 from metering.kit.errors import Conflict, InvalidRequest, NotFound
 from metering.kit.money import INT64_MAX, cents
-from metering.kit.pagination import decode_cursor, page
+from metering.kit.pagination import newest_first
 from metering.kit.timeutil import format_timestamp
 from metering.ledger import holds
 from metering.ledger.credit_grants import (
@@ -332,20 +332,14 @@ def list_entries(
     """An account's entries, newest first (by id: the order they were appended)."""
     if session.execute(select(ACCOUNTS.c.id).where(ACCOUNTS.c.id == account_id)).first() is None:
         raise NotFound(f"no account {account_id}", param="account_id")
-    query = (
-        select(ENTRIES)
-        .where(ENTRIES.c.account_id == account_id)
-        .order_by(ENTRIES.c.id.desc())
-        .limit(limit + 1)
+    return newest_first(
+        session,
+        select(ENTRIES).where(ENTRIES.c.account_id == account_id),
+        ENTRIES.c.id,
+        limit,
+        after,
+        entry_body,
     )
-    if after:
-        (last_id,) = decode_cursor(after, 1)
-        valid = isinstance(last_id, int) and not isinstance(last_id, bool)
-        if not valid or not 0 < last_id <= INT64_MAX:
-            raise InvalidRequest("after is not a cursor this list returned", param="after")
-        query = query.where(ENTRIES.c.id < last_id)
-    rows = [row._mapping for row in session.execute(query)]
-    return page(rows, limit, entry_body, lambda row: (row["id"],))
 
 
 # -- activity (the portal's Activity page) -------------------------------------------------------

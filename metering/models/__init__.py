@@ -8,7 +8,12 @@ from metering.models.catalog import AccountRate, CatalogModel, PriceVersion
 from metering.models.exports import ExportDay, ExportRun
 from metering.models.grants import CreditAllocation, CreditGrant, CreditRollforward
 from metering.models.ledger import Authorization, LedgerEntry
-from metering.models.notifications import WebhookDelivery, WebhookEndpoint, WebhookEvent
+from metering.models.notifications import (
+    SpendLimitNotice,
+    WebhookDelivery,
+    WebhookEndpoint,
+    WebhookEvent,
+)
 from metering.models.portal import PortalSession, PortalSignInToken
 from metering.models.usage import QuarantinedEvent, UsageEvent, UsageRollup
 
@@ -32,6 +37,7 @@ __all__ = [
     "PortalSignInToken",
     "PriceVersion",
     "QuarantinedEvent",
+    "SpendLimitNotice",
     "UsageEvent",
     "UsageRollup",
     "WebhookDelivery",

@@ -4,7 +4,18 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import BigInteger, Boolean, ForeignKey, Index, Integer, String, Text, text
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    ForeignKey,
+    Index,
+    Integer,
+    PrimaryKeyConstraint,
+    String,
+    Text,
+    text,
+)
 from sqlalchemy.orm import Mapped, mapped_column
 
 from metering.models.base import Base, BigIntPK, UTCDateTime
@@ -80,4 +91,29 @@ class WebhookDelivery(Base):
     last_status: Mapped[int | None] = mapped_column(Integer)
     last_error: Mapped[str | None] = mapped_column(String(500))
     delivered_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class SpendLimitNotice(Base):
+    """A key's spend-limit threshold reached in one window (§11
+    ``spend_limit.threshold_reached``), written with its event in the transaction whose charges
+    reached it: its key makes the event fire once per key, window and percent, whatever the
+    concurrency (metering.notifications.spend_limits)."""
+
+    __tablename__ = "spend_limit_notices"
+    __table_args__ = (
+        PrimaryKeyConstraint(
+            "account_id", "api_key_id", "spend_limit_window", "window_starts_at", "percent"
+        ),
+        CheckConstraint("percent IN (80, 100)", name="percent"),
+    )
+
+    account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"))
+    api_key_id: Mapped[str] = mapped_column(ForeignKey("api_keys.id"))
+    spend_limit_window: Mapped[str] = mapped_column(String(8))  # day, week, month
+    window_starts_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    percent: Mapped[int] = mapped_column(Integer)
+    # The limit, and the key's charges in the window, when it was reached.
+    limit_microcents: Mapped[int] = mapped_column(BigInteger)
+    spent_microcents: Mapped[int] = mapped_column(BigInteger)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)

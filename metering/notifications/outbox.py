@@ -3,18 +3,19 @@
 An event is a row of ``webhook_events``; the delivery loop later makes one delivery per matching
 endpoint. So a crash loses no event, and a rolled-back change sends none.
 
-Two ways in, one table:
+Several ways in, one table:
 
-* ``emit(session, type, account_id, data, now)``: from Python, in the caller's unit of work. New
-  event types (``credit.grant_expiring``/``_expired``, ``spend_limit.threshold_reached``) are one
-  call of it in the transaction that crosses, under the account's row lock. Amounts in ``data``
-  are integer ``*_microcents`` fields; messages show them as ``*_cents`` beside the exact value.
+* ``emit(session, type, account_id, data, now)``: from Python, in the caller's unit of work
+  (``credit.grant_expiring``, the operator-only types). Amounts in ``data`` are integer
+  ``*_microcents`` fields; messages show them as ``*_cents`` beside the exact value.
 * ``balance_crossings(moves, now)``: the balance thresholds (``credit.balance_low``,
   ``credit.balance_depleted``) as one Core statement over the balance moves of a transaction, a
   step of every debit's program (metering.ledger.spending: settlement, negative adjustments,
   due expiries; so PostgreSQL's functions and SQLite run the same rule) and run as is by grants,
   positive adjustments and voids (``note_balance_move``). ``grants_expired(due, now)``: one
   ``credit.grant_expired`` per expiry entry, in the same step list.
+* ``spend_limit.threshold_reached``: steps of the usage programs, after the rollups they add
+  (metering.notifications.spend_limits).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ BALANCE_LOW = "credit.balance_low"
 BALANCE_DEPLETED = "credit.balance_depleted"
 GRANT_EXPIRING = "credit.grant_expiring"
 GRANT_EXPIRED = "credit.grant_expired"
+SPEND_LIMIT_REACHED = "spend_limit.threshold_reached"
 EXPIRED_UNUSED = "authorization.expired_unused"
 USAGE_QUARANTINED = "usage.quarantined"
 EXPORT_COMPLETED = "export.completed"
@@ -52,7 +54,7 @@ EVENT_TYPES = frozenset(
         BALANCE_DEPLETED,
         GRANT_EXPIRING,
         GRANT_EXPIRED,
-        "spend_limit.threshold_reached",
+        SPEND_LIMIT_REACHED,
         EXPIRED_UNUSED,
         USAGE_QUARANTINED,
         EXPORT_COMPLETED,

@@ -112,6 +112,9 @@ class Event:
     # Resolved against the database by the batch pipeline:
     account_id: str | None = None
     prepaid: bool = False  # the account is prepaid (unbilled: a zero charge)
+    # The key's spend limit (§10; None: none), for its thresholds (§11).
+    spend_limit_microcents: int | None = None
+    spend_limit_window: str = "month"
     model_id: str | None = None  # catalog spelling
     # Priced (billable now): the charge and the price version used (None: unbilled account).
     charge: Charge | None = None

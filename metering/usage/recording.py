@@ -7,6 +7,9 @@ both backends.
 * ``RECORD_USAGE`` (one event, PostgreSQL's lean path): the insert, and only if the event was
   new, the same settlement and rollups, as one statement and one transaction.
 
+Both end with the spend-limit thresholds of the charges' keys (``spend_limit.threshold_reached``,
+metering.notifications.spend_limits): no statement when no key of the batch has a limit.
+
 The columns come from the tables: an event row is every column of ``usage_events`` but its id
 and ``recorded_at`` (the statement's ``now``); a rollup row is every column of
 ``usage_rollups``, whose primary key is the rollup key and whose other columns are added up.
@@ -26,6 +29,8 @@ from metering.kit import programs as p
 from metering.ledger.settlement import CHARGES_IN, ChargeToSettle, settle_steps
 from metering.models import UsageEvent, UsageRollup, table
 from metering.models.base import UTCDateTime
+from metering.notifications import spend_limits
+from metering.notifications.spend_limits import KeyLimit
 
 EVENTS = table(UsageEvent)
 ROLLUPS = table(UsageRollup)
@@ -92,11 +97,16 @@ def _settle_usage(on: p.Backend) -> list[p.Step]:
         # The contended rows last (every concurrent batch of the account adds to them): their
         # locks are held only until the commit.
         p.Run(rollup_upsert(on, on.records(ROLLUPS_IN, "r"))),
+        # After the rollups: what the keys have spent includes this batch.
+        *spend_limits.threshold_steps(on, NOW.ref),
     ]
 
 
+# The spend-limit thresholds' parameters (metering.notifications.spend_limits).
+_LIMITS = (spend_limits.LIMITS_IN, spend_limits.LIMITED)
+
 SETTLE_USAGE = p.Program(
-    "metering_settle_usage", params=(NOW, CHARGES_IN, ROLLUPS_IN), build=_settle_usage
+    "metering_settle_usage", params=(NOW, CHARGES_IN, ROLLUPS_IN, *_LIMITS), build=_settle_usage
 )
 
 _NEW = p.Rows("v_new", tuple((name, EVENTS.c[name].type) for name in _RETURNED))
@@ -122,6 +132,7 @@ def _record_usage(on: p.Backend) -> list[p.Step]:
             (
                 *settle_steps(on, charges, NOW.ref),
                 p.Run(rollup_upsert(on, on.records(ROLLUPS_IN, "r"), last_event_id=newest)),
+                *spend_limits.threshold_steps(on, NOW.ref),
             ),
         ),
         p.Return(newest),
@@ -130,7 +141,7 @@ def _record_usage(on: p.Backend) -> list[p.Step]:
 
 RECORD_USAGE = p.Program(
     "metering_record_usage",
-    params=(NOW, EVENTS_IN, PREPAID, ROLLUPS_IN),
+    params=(NOW, EVENTS_IN, PREPAID, ROLLUPS_IN, *_LIMITS),
     build=_record_usage,
     returns=BigInteger(),
 )
@@ -147,9 +158,11 @@ def settle_usage(
     charges: Sequence[ChargeToSettle],
     rollup_rows: Sequence[Mapping[str, Any]],
     now: datetime,
+    limits: Sequence[KeyLimit] = (),
 ) -> None:
     """Book the charges of events just inserted and add their rollup rows (``SETTLE_USAGE``), in
-    the session's transaction: one round trip on PostgreSQL."""
+    the session's transaction: one round trip on PostgreSQL. ``limits``: the charges' keys with
+    a spend limit (their thresholds are checked, metering.notifications.spend_limits)."""
     if not charges and not rollup_rows:
         return
     from metering.usage import rollups  # the encoders of rollup rows
@@ -162,6 +175,7 @@ def settle_usage(
                 "p_now": now,
                 "p_charges": _ENCODE_CHARGES["postgresql"](ordered),
                 "p_rollups": rollups.ENCODE(rollup_rows),
+                **spend_limits.limit_params(limits, now, p.POSTGRESQL),
             },
         )
         return
@@ -170,4 +184,5 @@ def settle_usage(
         p_now=now,
         p_charges=_ENCODE_CHARGES["sqlite"](ordered),
         p_rollups=rollups.ENCODE_SQLITE(rollup_rows),
+        **spend_limits.limit_params(limits, now, p.SQLITE),
     )

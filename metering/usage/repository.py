@@ -11,9 +11,20 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
-from sqlalchemy import BigInteger, String, and_, cast, literal, null, select, union, union_all
+from sqlalchemy import (
+    BigInteger,
+    ColumnElement,
+    String,
+    and_,
+    cast,
+    literal,
+    null,
+    select,
+    union,
+    union_all,
+)
 from sqlalchemy.orm import Session
 
 from metering.accounts.keys import ACCOUNTS, KEYS
@@ -30,26 +41,38 @@ from metering.usage.recording import EVENT_COLUMNS, EVENTS, EVENTS_IN, NOW, inse
 MODELS, PRICES, RATES = table(CatalogModel), table(PriceVersion), table(AccountRate)
 
 EventKey = tuple[str, str]  # (account_id, request_id): the dedup key
-# A key id's account and whether it is prepaid.
-KeyInfo = tuple[str, bool]
+
+
+class KeyInfo(NamedTuple):
+    """What the lookup tells of a key id: its account, whether it is prepaid, and its spend
+    limit (§10; None: none) and window."""
+
+    account_id: str
+    prepaid: bool
+    spend_limit_microcents: int | None
+    spend_limit_window: str
 
 
 # -- The lookup: keys, models, and the price timelines of the batch's (key, model) pairs. --------
 
 PAIRS_IN = p.Records("p_pairs", (("api_key_id", String()), ("model_key", String())))
-_KINDS = ("kind", "a", "b", "c", "at", "price_version_id", *RATE_COLUMNS)
+# The key's spend limit and window (only on 'key' rows).
+_LIMIT_COLUMNS = ("spend_limit", "spend_window")
+_KINDS = ("kind", "a", "b", "c", "at", "price_version_id", *RATE_COLUMNS, *_LIMIT_COLUMNS)
 
 
 def _lookup(on: p.Backend) -> Any:
-    """Rows of ``_KINDS``: 'key' (key id, account id, billing), 'model' (id_key, catalog id) and
-    'price' (account id, model id, an instant where its price may change, and the price in
-    force from then: metering.usage.prices)."""
+    """Rows of ``_KINDS``: 'key' (key id, account id, billing, spend limit and window), 'model'
+    (id_key, catalog id) and 'price' (account id, model id, an instant where its price may
+    change, and the price in force from then: metering.usage.prices)."""
     pairs = on.records(PAIRS_IN, "pair")
     keyed = (
         select(
             KEYS.c.id.label("api_key_id"),
             KEYS.c.account_id,
             ACCOUNTS.c.billing,
+            KEYS.c.monthly_spend_limit_microcents.label("spend_limit"),
+            KEYS.c.spend_limit_window.label("spend_window"),
             pairs.c.model_key,
             MODELS.c.id.label("model_id"),
         )
@@ -61,7 +84,11 @@ def _lookup(on: p.Backend) -> Any:
         .cte("keyed")
     )
     no_text, no_time = cast(null(), String), cast(null(), UTCDateTime)
-    no_price = (cast(null(), String), *(cast(null(), BigInteger) for _ in RATE_COLUMNS))
+    no_price: tuple[ColumnElement[Any], ...] = (
+        cast(null(), String),
+        *(cast(null(), BigInteger) for _ in RATE_COLUMNS),
+    )
+    no_limit: tuple[ColumnElement[Any], ...] = (cast(null(), BigInteger), cast(null(), String))
     keys = select(
         literal("key", String).label("kind"),
         keyed.c.api_key_id,
@@ -69,6 +96,8 @@ def _lookup(on: p.Backend) -> Any:
         keyed.c.billing,
         no_time,
         *no_price,
+        keyed.c.spend_limit,
+        keyed.c.spend_window,
     ).distinct()
     models = (
         select(
@@ -78,6 +107,7 @@ def _lookup(on: p.Backend) -> Any:
             no_text,
             no_time,
             *no_price,
+            *no_limit,
         )
         .where(keyed.c.model_id.isnot(None))
         .distinct()
@@ -110,6 +140,7 @@ def _lookup(on: p.Backend) -> Any:
         no_text,
         instants.c.effective_at,
         *price.labelled(),
+        *no_limit,
     ).select_from(price.join(instants))
     return union_all(keys, models, prices)
 
@@ -127,8 +158,8 @@ def lookup_params(pairs: Sequence[tuple[str, str]], on: p.Backend) -> dict[str, 
 def lookup(
     session: Session, pairs: Sequence[tuple[str, str]]
 ) -> tuple[dict[str, KeyInfo], PriceBook]:
-    """The batch's keys (with their account and whether it is prepaid) and a price book of the
-    models its (key, model) pairs name."""
+    """The batch's keys (``KeyInfo``) and a price book of the models its (key, model) pairs
+    name."""
     if is_postgresql(session):
         params = lookup_params(pairs, p.POSTGRESQL)
         rows: Sequence[Any] = driver_connection(session).execute(PG_LOOKUP, params).fetchall()
@@ -138,7 +169,7 @@ def lookup(
 
 
 def read_lookup(rows: Sequence[Any]) -> tuple[dict[str, KeyInfo], PriceBook]:
-    """The lookup's rows as keys (their account and whether it is prepaid) and a price book."""
+    """The lookup's rows as keys (``KeyInfo``) and a price book."""
     keys: dict[str, KeyInfo] = {}
     models: dict[str, str] = {}
     points = []
@@ -146,7 +177,9 @@ def read_lookup(rows: Sequence[Any]) -> tuple[dict[str, KeyInfo], PriceBook]:
         named = dict(zip(_KINDS, row, strict=True))
         kind, a, b = named["kind"], named["a"], named["b"]
         if kind == "key":
-            keys[a] = (b, named["c"] == "prepaid")
+            keys[a] = KeyInfo(
+                b, named["c"] == "prepaid", named["spend_limit"], named["spend_window"]
+            )
         elif kind == "model":
             models[a] = b
         else:

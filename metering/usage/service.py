@@ -14,7 +14,7 @@ sorted by its key, so concurrent batches lock rows in the same order and cannot 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session
 
 from metering.kit.errors import InvalidRequest
 from metering.ledger.settlement import ChargeToSettle
+from metering.notifications.spend_limits import KeyLimit
 from metering.pricing import Charge, NormalizedUsage, price_usage
 from metering.usage import recording, repository, rollups
 from metering.usage.events import (
@@ -195,6 +196,7 @@ def record_events(
             [_to_settle(event, event_id) for event_id, event in recorded],
             rollups.rows(recorded),
             now,
+            spend_limited(event for _, event in recorded),
         )
     return outcome
 
@@ -228,7 +230,9 @@ def price_events(
             # The account cannot be known: the key outranks every other reason.
             event.problem = _UNKNOWN_KEY
             continue
-        event.account_id, event.prepaid = key
+        event.account_id, event.prepaid = key.account_id, key.prepaid
+        event.spend_limit_microcents = key.spend_limit_microcents
+        event.spend_limit_window = key.spend_limit_window
         if event.problem is not None:
             continue
         model_id = models.get(event.model.lower()) if event.model else None
@@ -275,3 +279,15 @@ def _to_settle(event: Event, event_id: int) -> ChargeToSettle:
         authorization_id=event.authorization_id,
         prepaid=event.prepaid,
     )
+
+
+def spend_limited(events: Iterable[Event]) -> list[KeyLimit]:
+    """The keys of recorded ``events`` whose spend-limit thresholds their charges may reach:
+    those with a limit, of prepaid accounts (the only ones the limit applies to, §10)."""
+    return [
+        KeyLimit(
+            e.account_id or "", e.api_key_id or "", e.spend_limit_microcents, e.spend_limit_window
+        )
+        for e in events
+        if e.prepaid and e.spend_limit_microcents is not None
+    ]

@@ -23,6 +23,7 @@ import psycopg
 
 from metering.db import Database, Steps
 from metering.kit.programs import POSTGRESQL
+from metering.notifications import spend_limits
 from metering.usage import recording, repository, rollups, service
 from metering.usage.events import Event, is_keyed, parse_event
 
@@ -81,6 +82,7 @@ class _Statements:
                 "p_prepaid": event.prepaid,
                 # last_event_id is the new id, set by the program.
                 "p_rollups": rollups.ENCODE(rollups.rows([(0, event)])),
+                **spend_limits.limit_params(service.spend_limited([event]), now, POSTGRESQL),
             },
         )
         row = await cursor.fetchone()
