@@ -122,7 +122,22 @@ def _migrate_and_load_catalog(settings: Settings) -> int:
         print(f"the schema is at the newest migration ({head})")
     else:
         print(f"nothing to apply: the schema is at the newest migration ({head})")
+    _say_where_tables_are(settings.effective_database_url)
     return _load_shipped_catalog_if_empty(settings)
+
+
+def _say_where_tables_are(url: str) -> None:
+    """On a Citus coordinator: how the schema is placed (metering.citus)."""
+    from metering import citus
+
+    if not citus.is_citus(url):
+        return
+    placed = citus.placements(url)
+    distributed = sum(1 for p in placed if p.kind == "distributed")
+    print(
+        f"Citus: {distributed} account tables distributed by account, colocated; "
+        f"{len(placed) - distributed} reference tables"
+    )
 
 
 def _load_shipped_catalog_if_empty(settings: Settings) -> int:
