@@ -215,7 +215,10 @@ def credit_fields(session: Session, account_id: str, now: datetime) -> tuple[int
     row = session.execute(
         select(
             ACCOUNTS.c.deficit_microcents,
-            pending_forfeits(ACCOUNTS.c.id, bindparam("now", type_=GRANTS.c.expires_at.type)),
+            # The account by its value, not by correlation: routed to its shard on Citus.
+            pending_forfeits(
+                bindparam("account_id"), bindparam("now", type_=GRANTS.c.expires_at.type)
+            ),
         ).where(ACCOUNTS.c.id == bindparam("account_id")),
         {"account_id": account_id, "now": now},
     ).one()
