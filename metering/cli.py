@@ -132,11 +132,11 @@ def _say_where_tables_are(url: str) -> None:
 
     if not citus.is_citus(url):
         return
-    placed = citus.placements(url)
-    distributed = sum(1 for p in placed if p.kind == "distributed")
+    kinds = [placed.kind for placed in citus.placements(url)]
     print(
-        f"Citus: {distributed} account tables distributed by account, colocated; "
-        f"{len(placed) - distributed} reference tables"
+        f"Citus: {kinds.count('distributed')} account tables distributed by account, "
+        f"colocated; {kinds.count('reference')} reference tables; "
+        f"{kinds.count('local')} on the coordinator"
     )
 
 
