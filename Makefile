@@ -7,8 +7,9 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 HOST ?= 127.0.0.1
 PORT ?= 8000
+CITUS_URL ?= postgresql+psycopg://postgres@127.0.0.1:9700/postgres
 
-.PHONY: serve test lint typecheck unit promtool browser bench bench-compare lock clean
+.PHONY: serve test lint typecheck unit promtool browser citus citus-stop bench bench-compare lock clean
 
 $(STAMP): pyproject.toml requirements.lock
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -19,7 +20,7 @@ $(STAMP): pyproject.toml requirements.lock
 serve: $(STAMP)
 	$(BIN)/metering serve --host $(HOST) --port $(PORT)
 
-test: browser lint typecheck unit
+test: browser citus lint typecheck unit
 
 # The portal's tests drive a real browser: Debian's chromium and its chromedriver, installed
 # when missing (as root, as on CI; `apt-get update` first, as a fresh machine has no lists).
@@ -37,8 +38,22 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy metering
 
+# The Citus backend is on unless METERING_TEST_BACKENDS says otherwise (`make test` starts the
+# cluster first; `make unit` alone needs `make citus` once).
 unit: $(STAMP) promtool
-	$(BIN)/pytest $(PYTEST_ARGS)
+	METERING_TEST_BACKENDS="$${METERING_TEST_BACKENDS:-sqlite,postgresql,citus}" \
+	METERING_TEST_CITUS_URL="$${METERING_TEST_CITUS_URL:-$(CITUS_URL)}" \
+		$(BIN)/pytest $(PYTEST_ARGS)
+
+# A local Citus cluster (coordinator 127.0.0.1:9700, workers 9701 and 9702), Citus built from the
+# vendored source when it is not installed (scripts/citus.sh). The suite's `citus` backend runs on
+# it: METERING_TEST_CITUS_URL=postgresql+psycopg://postgres@127.0.0.1:9700/postgres and `citus`
+# in METERING_TEST_BACKENDS (as .ci/run sets them).
+citus:
+	@bash scripts/citus.sh start
+
+citus-stop:
+	@bash scripts/citus.sh stop
 
 # promtool (Debian's prometheus package) checks /metrics' output in the tests.
 promtool:

@@ -122,7 +122,22 @@ def _migrate_and_load_catalog(settings: Settings) -> int:
         print(f"the schema is at the newest migration ({head})")
     else:
         print(f"nothing to apply: the schema is at the newest migration ({head})")
+    _say_where_tables_are(settings.effective_database_url)
     return _load_shipped_catalog_if_empty(settings)
+
+
+def _say_where_tables_are(url: str) -> None:
+    """On a Citus coordinator: how the schema is placed (metering.citus)."""
+    from metering import citus
+
+    if not citus.is_citus(url):
+        return
+    kinds = [placed.kind for placed in citus.placements(url)]
+    print(
+        f"Citus: {kinds.count('distributed')} account tables distributed by account, "
+        f"colocated; {kinds.count('reference')} reference tables; "
+        f"{kinds.count('local')} on the coordinator"
+    )
 
 
 def _load_shipped_catalog_if_empty(settings: Settings) -> int:

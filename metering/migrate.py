@@ -31,13 +31,17 @@ def current_revisions(url: str) -> set[str]:
 
 def upgrade(url: str, revision: str = "head") -> list[str]:
     """Apply the migrations up to ``revision``; each one applied, oldest first, as
-    ``"0011 The audit log: …"`` (its revision and the first line of its docstring)."""
+    ``"0011 The audit log: …"`` (its revision and the first line of its docstring). On a Citus
+    coordinator the schema is then distributed (metering.citus; a no-op when it already is)."""
+    from metering import citus
+
     config = alembic_config(url)
     script = ScriptDirectory.from_config(config)
     before = current_revisions(url)
     lower = next(iter(before)) if before else "base"
     pending = list(script.iterate_revisions(revision, lower))
     command.upgrade(config, revision)
+    citus.distribute(url)
     return [
         f"{step.revision} {(step.doc or '').strip().splitlines()[0] if step.doc else ''}".rstrip()
         for step in reversed(pending)

@@ -5,6 +5,11 @@
 * ``METERING_TEST_PG_URL`` is a maintenance connection to the server (default
   ``postgresql+psycopg://postgres@127.0.0.1:5432/postgres``); each test session creates its own
   fresh database there and drops it at the end, so concurrent runs never share data.
+* ``citus`` in ``METERING_TEST_BACKENDS`` adds a Citus cluster (``make citus``) for the
+  service-level modules of ``CITUS_MODULES``: their ``api`` and ``fresh_api`` tests run on it too,
+  same assertions. ``METERING_TEST_CITUS_URL`` is the coordinator's maintenance connection
+  (default ``postgresql+psycopg://postgres@127.0.0.1:9700/postgres``); a fresh database is made on
+  every node of the cluster, registered, and dropped at the end.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ from __future__ import annotations
 import os
 import secrets
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -35,13 +40,32 @@ SECRET_KEY = "test-secret-key-of-at-least-32-characters"
 # The default "now" of every test; tests that move time set it back via the ``clock`` fixture.
 NOW = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
 
-KNOWN_BACKENDS = ("sqlite", "postgresql")
-BACKENDS = [
+KNOWN_BACKENDS = ("sqlite", "postgresql", "citus")
+REQUESTED_BACKENDS = [
     b.strip() for b in os.environ.get("METERING_TEST_BACKENDS", "sqlite,postgresql").split(",")
 ]
+# The backends the whole suite runs on; Citus runs the modules of CITUS_MODULES besides.
+BACKENDS = [b for b in REQUESTED_BACKENDS if b != "citus"]
+CITUS = "citus" in REQUESTED_BACKENDS
 PG_MAINTENANCE_URL = os.environ.get(
     "METERING_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 )
+CITUS_MAINTENANCE_URL = os.environ.get(
+    "METERING_TEST_CITUS_URL", "postgresql+psycopg://postgres@127.0.0.1:9700/postgres"
+)
+# Service-level modules whose ``api`` / ``fresh_api`` tests run on Citus too (CONTRACT §13).
+# A module joins once its paths work there: the authorization's resolution, the ingest's batch
+# lookup and the credit-spending program still join account tables through a reference table's
+# column (or a JSON document of several accounts), which Citus refuses (tests/test_citus.py
+# proves the routes that are routed).
+CITUS_MODULES = frozenset(
+    {
+        "tests/test_citus.py",
+    }
+)
+# What the ``api`` and ``fresh_api`` fixtures are parametrized by; the Citus cases of modules
+# outside CITUS_MODULES are deselected at collection (pytest_collection_modifyitems).
+APP_BACKENDS = [*BACKENDS, "citus"] if CITUS else BACKENDS
 
 
 def _check_postgres() -> None:
@@ -60,9 +84,46 @@ def _check_postgres() -> None:
         engine.dispose()
 
 
+def _check_citus() -> None:
+    """Asked for, the cluster must be there with its workers: never a quiet fallback."""
+    engine = create_engine(CITUS_MAINTENANCE_URL)
+    where = make_url(CITUS_MAINTENANCE_URL).render_as_string(hide_password=True)
+    try:
+        with engine.connect() as connection:
+            workers = connection.execute(
+                text("SELECT count(*) FROM pg_dist_node WHERE groupid <> 0 AND isactive")
+            ).scalar()
+    except Exception as exc:
+        pytest.exit(
+            f"METERING_TEST_BACKENDS asks for Citus and its coordinator is unreachable at "
+            f"{where}: {exc}\nStart it with `make citus`, or leave `citus` out.",
+            returncode=3,
+        )
+    finally:
+        engine.dispose()
+    if not workers:
+        pytest.exit(f"the Citus coordinator at {where} has no active worker", returncode=3)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Citus runs the modules of CITUS_MODULES only: the other Citus cases are deselected."""
+    if not CITUS:
+        return
+    root = Path(__file__).resolve().parent.parent
+    kept, deselected = [], []
+    for item in items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        on_citus = any(params.get(name) == "citus" for name in ("api", "fresh_api"))
+        module = item.path.resolve().relative_to(root).as_posix()
+        (deselected if on_citus and module not in CITUS_MODULES else kept).append(item)
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = kept
+
+
 def _check_backend_names() -> None:
     """A misspelt name (``postgres``) must not quietly run the suite on SQLite alone."""
-    unknown = [name for name in BACKENDS if name not in KNOWN_BACKENDS]
+    unknown = [name for name in REQUESTED_BACKENDS if name not in KNOWN_BACKENDS]
     if unknown:
         raise pytest.UsageError(
             f"METERING_TEST_BACKENDS={os.environ.get('METERING_TEST_BACKENDS', '')!r}: unknown "
@@ -75,6 +136,8 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     _check_backend_names()
     if "postgresql" in BACKENDS:
         _check_postgres()
+    if CITUS:
+        _check_citus()
 
 
 @contextmanager
@@ -93,11 +156,78 @@ def fresh_pg_database() -> Iterator[str]:
         admin.dispose()
 
 
+def _citus_nodes() -> list[str]:
+    """Maintenance URLs of the cluster's nodes, the coordinator first."""
+    coordinator = make_url(CITUS_MAINTENANCE_URL)
+    engine = create_engine(CITUS_MAINTENANCE_URL)
+    try:
+        with engine.connect() as connection:
+            ports = [
+                row[0]
+                for row in connection.execute(
+                    text("SELECT nodeport FROM pg_dist_node WHERE groupid <> 0 ORDER BY nodeport")
+                )
+            ]
+    finally:
+        engine.dispose()
+    return [
+        CITUS_MAINTENANCE_URL,
+        *(coordinator.set(port=port).render_as_string(hide_password=False) for port in ports),
+    ]
+
+
+@contextmanager
+def fresh_citus_database() -> Iterator[str]:
+    """A new, empty database on every node of the Citus cluster, the extension created and the
+    workers registered with the coordinator's copy (Citus keeps its metadata per database); the
+    coordinator's URL. Four shards, not 32: the tests' schema is distributed in seconds."""
+    name = f"metering_c_{secrets.token_hex(6)}"
+    nodes = _citus_nodes()
+    engines = [create_engine(url, isolation_level="AUTOCOMMIT") for url in nodes]
+    made: list[Any] = []
+    try:
+        for engine in engines:
+            with engine.connect() as connection:
+                connection.execute(text(f'CREATE DATABASE "{name}"'))
+            made.append(engine)
+        urls = [make_url(url).set(database=name) for url in nodes]
+        for url in reversed(urls):  # the workers' extension first, as citus_add_node expects
+            in_db = create_engine(url, isolation_level="AUTOCOMMIT")
+            try:
+                with in_db.connect() as connection:
+                    connection.execute(text("CREATE EXTENSION citus"))
+                    if url is urls[0]:
+                        connection.execute(
+                            text(f'ALTER DATABASE "{name}" SET citus.shard_count = 4')
+                        )
+                        connection.execute(
+                            text("SELECT citus_set_coordinator_host(:h, :p)"),
+                            {"h": "localhost", "p": url.port},
+                        )
+                        for worker in urls[1:]:
+                            connection.execute(
+                                text("SELECT citus_add_node(:h, :p)"),
+                                {"h": "localhost", "p": worker.port},
+                            )
+            finally:
+                in_db.dispose()
+        yield urls[0].render_as_string(hide_password=False)
+    finally:
+        for engine in made:
+            with engine.connect() as connection:
+                connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        for engine in engines:
+            engine.dispose()
+
+
 @contextmanager
 def fresh_database(backend: str, tmp_dir: Path) -> Iterator[str]:
     """A new empty database of ``backend`` (no schema yet); its URL."""
     if backend == "postgresql":
         with fresh_pg_database() as url:
+            yield url
+    elif backend == "citus":
+        with fresh_citus_database() as url:
             yield url
     elif backend == "sqlite":
         path = tmp_dir / f"metering-{secrets.token_hex(4)}.sqlite3"
@@ -173,21 +303,29 @@ def session_tmp(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("metering")
 
 
+class _SharedApis(dict[str, Api]):
+    """One migrated database and app per backend, made when a test first asks for it."""
+
+    def __init__(self, stack: ExitStack, tmp_dir: Path) -> None:
+        super().__init__()
+        self._stack = stack
+        self._tmp_dir = tmp_dir
+
+    def __missing__(self, backend: str) -> Api:
+        url = self._stack.enter_context(migrated_database(backend, self._tmp_dir))
+        api = self[backend] = self._stack.enter_context(running_api(backend, url, self._tmp_dir))
+        return api
+
+
 @pytest.fixture(scope="session")
 def _shared_apis(session_tmp: Path) -> Iterator[dict[str, Api]]:
     """One migrated database and app per backend for the whole session (tests create their own
     accounts and models with fresh ids, so they never see each other's data)."""
-    from contextlib import ExitStack
-
     with ExitStack() as stack:
-        apis = {}
-        for backend in BACKENDS:
-            url = stack.enter_context(migrated_database(backend, session_tmp))
-            apis[backend] = stack.enter_context(running_api(backend, url, session_tmp))
-        yield apis
+        yield _SharedApis(stack, session_tmp)
 
 
-@pytest.fixture(params=BACKENDS)
+@pytest.fixture(params=APP_BACKENDS)
 def api(request: pytest.FixtureRequest, _shared_apis: dict[str, Api]) -> Iterator[Api]:
     """The real app on each backend in turn; the clock starts at ``NOW`` in every test."""
     shared = _shared_apis[request.param]
@@ -219,7 +357,7 @@ def pg_api(_shared_apis: dict[str, Api]) -> Iterator[Api]:
     shared.clock.set(NOW)
 
 
-@pytest.fixture(params=BACKENDS)
+@pytest.fixture(params=APP_BACKENDS)
 def fresh_api(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Api]:
     """The real app on a database of its own (for tests that need an empty catalog)."""
     with (

@@ -41,13 +41,14 @@ class PriceColumns:
     _listed: Any
     _override_id: ColumnElement[Any]
     _listed_id: ColumnElement[Any]
+    _account_id: Any
 
     def join(self, base: FromClause) -> FromClause:
         o, p = self._override, self._listed
         has_rates = o.c.input_microcents_per_million.isnot(None)
-        return base.outerjoin(o, and_(o.c.id == self._override_id, has_rates)).outerjoin(
-            p, p.c.id == self._listed_id
-        )
+        # The override is the account's own row: named by its account as well as its id.
+        mine = and_(o.c.account_id == self._account_id, o.c.id == self._override_id, has_rates)
+        return base.outerjoin(o, mine).outerjoin(p, p.c.id == self._listed_id)
 
     @property
     def version_id(self) -> ColumnElement[Any]:
@@ -90,6 +91,7 @@ def price_in_force(account_id: Any, model_id: Any, at: Any, *, name: str = "") -
             _OVERRIDES.c.model_id == model_id,
         ),
         _latest(_LIST, at, _LIST.c.model_id == model_id),
+        account_id,
     )
 
 

@@ -83,7 +83,7 @@ def listed_models(
             restricts = (
                 select(keys.c.restricts_models).where(keys.c.id == key.api_key_id).scalar_subquery()
             )
-            query = query.where(key_allows(key.api_key_id, restricts, MODELS.c.id))
+            query = query.where(key_allows(account_id, key.api_key_id, restricts, MODELS.c.id))
     rows = session.execute(query).all()
     cards = []
     for row in rows:

@@ -41,11 +41,16 @@ def account_sees(account_id: Any, restricts: Any, model_id: Any) -> ColumnElemen
     )
 
 
-def key_allows(key_id: Any, restricts: Any, model_id: Any) -> ColumnElement[bool]:
-    """The key's own list lets it use the model (the account's must as well)."""
+def key_allows(account_id: Any, key_id: Any, restricts: Any, model_id: Any) -> ColumnElement[bool]:
+    """The key's own list lets it use the model (the account's must as well). The key's
+    account is named too: the list is account data (on Citus, on the account's shard)."""
     return or_(
         restricts.is_(false()),
-        exists().where(KEY_MODELS.c.api_key_id == key_id, KEY_MODELS.c.model_id == model_id),
+        exists().where(
+            KEY_MODELS.c.account_id == account_id,
+            KEY_MODELS.c.api_key_id == key_id,
+            KEY_MODELS.c.model_id == model_id,
+        ),
     )
 
 
@@ -66,7 +71,11 @@ def listed_by_account_or_key(account_id: Any, key_id: Any, model_id: Any) -> Col
         exists().where(
             ACCOUNT_MODELS.c.account_id == account_id, ACCOUNT_MODELS.c.model_id == model_id
         ),
-        exists().where(KEY_MODELS.c.api_key_id == key_id, KEY_MODELS.c.model_id == model_id),
+        exists().where(
+            KEY_MODELS.c.account_id == account_id,
+            KEY_MODELS.c.api_key_id == key_id,
+            KEY_MODELS.c.model_id == model_id,
+        ),
     )
 
 

@@ -70,7 +70,11 @@ def create_grant(
             note=note,
         )
     )
-    session.execute(update(ENTRIES).where(ENTRIES.c.id == entry_id).values(grant_id=grant_id))
+    session.execute(
+        update(ENTRIES)
+        .where(ENTRIES.c.account_id == account_id, ENTRIES.c.id == entry_id)
+        .values(grant_id=grant_id)
+    )
     values: dict[str, Any] = {}
     if paid:
         values["deficit_microcents"] = ACCOUNTS.c.deficit_microcents - paid
@@ -124,7 +128,7 @@ def void_grant(
     entry_id = session.execute(insert(ENTRIES).values(entry).returning(ENTRIES.c.id)).scalar_one()
     session.execute(
         update(GRANTS)
-        .where(GRANTS.c.id == grant_id)
+        .where(GRANTS.c.account_id == account_id, GRANTS.c.id == grant_id)
         .values(remaining_microcents=0, status="voided")
     )
     after = session.execute(
@@ -135,7 +139,9 @@ def void_grant(
     ).scalar_one()
     # §11: the thresholds the void crosses, under the account's row lock (taken above).
     outbox.note_balance_move(session, account_id, int(after) + forfeit, int(after), now)
-    grant = session.execute(select(GRANTS).where(GRANTS.c.id == grant_id)).one()
+    grant = session.execute(
+        select(GRANTS).where(GRANTS.c.account_id == account_id, GRANTS.c.id == grant_id)
+    ).one()
     return grant_body(grant._mapping, now), {**entry, "id": entry_id}
 
 
@@ -216,7 +222,10 @@ def credit_fields(session: Session, account_id: str, now: datetime) -> tuple[int
     row = session.execute(
         select(
             ACCOUNTS.c.deficit_microcents,
-            pending_forfeits(ACCOUNTS.c.id, bindparam("now", type_=GRANTS.c.expires_at.type)),
+            # The account by its value, not by correlation: routed to its shard on Citus.
+            pending_forfeits(
+                bindparam("account_id"), bindparam("now", type_=GRANTS.c.expires_at.type)
+            ),
         ).where(ACCOUNTS.c.id == bindparam("account_id")),
         {"account_id": account_id, "now": now},
     ).one()

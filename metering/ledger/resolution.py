@@ -99,7 +99,9 @@ def _parts(secret_hash: Any, model_key: Any, at: Any) -> tuple[dict[str, Any], A
         "deprecation_date": models.c.deprecation_date,
         "price_version_id": price.version_id,
         "account_sees": account_sees(KEYS.c.account_id, ACCOUNTS.c.restricts_models, models.c.id),
-        "key_allows": key_allows(KEYS.c.id, KEYS.c.restricts_models, models.c.id),
+        "key_allows": key_allows(
+            KEYS.c.account_id, KEYS.c.id, KEYS.c.restricts_models, models.c.id
+        ),
         **{name: price.rate(name) for name in RATE_COLUMNS},
     }
     assert tuple(columns) == NAMES

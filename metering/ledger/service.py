@@ -86,9 +86,12 @@ def lock_account(session: Session, account_id: str) -> LockedAccount:
 
 # -- credits -------------------------------------------------------------------------------------
 
+# The holds' account by its value, not by correlation: each part routes to the account's shard.
 _CREDITS = select(
     ACCOUNTS.c.balance_microcents,
-    held_by_account(ACCOUNTS.c.id, bindparam("now", type_=HOLDS.c.expires_at.type)).label("held"),
+    held_by_account(bindparam("account_id"), bindparam("now", type_=HOLDS.c.expires_at.type)).label(
+        "held"
+    ),
 ).where(ACCOUNTS.c.id == bindparam("account_id"))
 
 

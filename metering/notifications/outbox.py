@@ -155,7 +155,7 @@ def _json_object_sqlite(element: json_object_text, compiler: Any, **kw: Any) -> 
     return f"json_object({compiler.process(element.clauses, **kw)})"
 
 
-def balance_crossings(moves: FromClause, now: Any) -> Any:
+def balance_crossings(moves: FromClause, now: Any, account_id: Any = None) -> Any:
     """Write the threshold events of balance moves: ``moves`` has ``account_id``,
     ``before_microcents`` and ``after_microcents`` (the balance before and after the
     transaction's move, read under the account's row lock, so two transactions that together
@@ -165,9 +165,15 @@ def balance_crossings(moves: FromClause, now: Any) -> Any:
       above it again; a threshold set above the balance fires nothing until that recovery
       (the balance was not ≥ the threshold before any later move).
     * ``credit.balance_depleted``: from > 0 to ≤ 0; re-armed above 0.
+
+    ``account_id``, when the moves are one account's, names it to the account's read too (on
+    Citus the read then goes to that account's shard alone).
     """
     threshold = ACCOUNTS.c.low_balance_threshold_microcents
-    joined = moves.join(ACCOUNTS, ACCOUNTS.c.id == moves.c.account_id)
+    on = ACCOUNTS.c.id == moves.c.account_id
+    if account_id is not None:
+        on = and_(on, ACCOUNTS.c.id == account_id)
+    joined = moves.join(ACCOUNTS, on)
     low = (
         select(
             event_id(),
@@ -220,7 +226,9 @@ def note_balance_move(
         literal(before, ACCOUNTS.c.balance_microcents.type).label("before_microcents"),
         literal(after, ACCOUNTS.c.balance_microcents.type).label("after_microcents"),
     ).subquery("m")
-    session.execute(balance_crossings(moves, literal(now, UTCDateTime())))
+    session.execute(
+        balance_crossings(moves, literal(now, UTCDateTime()), literal(account_id, String()))
+    )
 
 
 def grants_expired(due: FromClause, now: Any) -> Any:

@@ -105,8 +105,13 @@ class PostgresHolds:
 
     async def place(self, hold: Mapping[str, Any]) -> Placement:
         """Place one hold (a row of ``HOLDS_IN``), together with the holds that this process is
-        asked to place meanwhile (see ``_Queue``)."""
+        asked to place meanwhile (see ``_Queue``): of any account, or on Citus of its own
+        account only, so that no call is a transaction across shards (CONTRACT §13)."""
         return await _QUEUE.place(self, hold)
+
+    async def group_of(self, hold: Mapping[str, Any]) -> str | None:
+        """Which holds may share a call with this one: any (None), or on Citus its account's."""
+        return str(hold["account_id"]) if await _on_citus(self._connection) else None
 
     async def place_all(self, batch: list[Mapping[str, Any]]) -> list[Placement]:
         """One call of ``metering_place_holds`` for the holds, in order."""
@@ -192,11 +197,27 @@ class _Waiting:
     answer: asyncio.Future[Placement | list[_Waiting]]
 
 
+_CITUS: dict[str, bool] = {}
+
+
+async def _on_citus(connection: psycopg.AsyncConnection[Any]) -> bool:
+    """Whether the database is a Citus coordinator (asked once per process and database)."""
+    dsn = connection.info.dsn
+    if dsn not in _CITUS:
+        cursor = await connection.execute(
+            "SELECT count(*) > 0 FROM pg_extension WHERE extname = 'citus'"
+        )
+        row = await cursor.fetchone()
+        _CITUS[dsn] = bool(row and row[0])
+    return _CITUS[dsn]
+
+
 class _Queue:
     """Group commit, within one process. While this process has a check-and-hold in flight,
     further holds (of any account) wait, then go together in the next call: one round trip and
     one durable commit for all of them instead of one each, each account's lock taken once, and
-    each hold still decided as if alone, in arrival order, under its account's lock.
+    each hold still decided as if alone, in arrival order, under its account's lock. A group
+    (``PostgresHolds.group_of``: on Citus, the account) queues apart from the others.
 
     Only the grouping lives in process memory; every decision is the database's, so any number
     of processes may serve (each groups its own). The first waiter makes the next call for the
@@ -205,14 +226,15 @@ class _Queue:
     MAX_BATCH = 64
 
     def __init__(self) -> None:
-        self._waiting: dict[asyncio.AbstractEventLoop, list[_Waiting]] = {}
+        self._waiting: dict[tuple[asyncio.AbstractEventLoop, str | None], list[_Waiting]] = {}
 
     async def place(self, holds: PostgresHolds, hold: Mapping[str, Any]) -> Placement:
         loop = asyncio.get_running_loop()
-        queue = self._waiting.get(loop)
+        key = (loop, await holds.group_of(hold))
+        queue = self._waiting.get(key)
         mine = _Waiting(hold, loop.create_future())
         if queue is None:
-            self._waiting[loop] = []
+            self._waiting[key] = []
             batch = [mine]
         else:
             queue.append(mine)
@@ -236,15 +258,15 @@ class _Queue:
                     waiting.answer.set_result(placement)
             return placements[0]
         finally:
-            self._hand_over(loop)
+            self._hand_over(key)
 
-    def _hand_over(self, loop: asyncio.AbstractEventLoop) -> None:
+    def _hand_over(self, key: tuple[asyncio.AbstractEventLoop, str | None]) -> None:
         """The next call goes to the first live waiter, with the others behind it."""
-        waiting = [w for w in self._waiting[loop] if not w.answer.done()]
+        waiting = [w for w in self._waiting[key] if not w.answer.done()]
         if not waiting:
-            del self._waiting[loop]
+            del self._waiting[key]
             return
-        batch, self._waiting[loop] = waiting[: self.MAX_BATCH], waiting[self.MAX_BATCH :]
+        batch, self._waiting[key] = waiting[: self.MAX_BATCH], waiting[self.MAX_BATCH :]
         batch[0].answer.set_result(batch)
 
 

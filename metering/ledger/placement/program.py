@@ -120,11 +120,16 @@ _BOTTOM = cast(literal(INT64_MIN, BigInteger()), BigInteger())  # a BIGINT, not 
 _NO_AMOUNT = cast(null(), BigInteger())
 
 
-def key_holds_in_force(api_key_id: Any, at: Any) -> ColumnElement[Any]:
-    """The estimates of the key's holds in force at ``at`` (a scalar subquery)."""
+def key_holds_in_force(account_id: Any, api_key_id: Any, at: Any) -> ColumnElement[Any]:
+    """The estimates of the key's holds in force at ``at`` (a scalar subquery; the key's
+    account named too, so it reads the account's holds only)."""
     return (
         select(func.coalesce(func.sum(HOLDS.c.estimate_microcents), 0))
-        .where(HOLDS.c.api_key_id == api_key_id, holds.in_force(HOLDS, at))
+        .where(
+            HOLDS.c.account_id == account_id,
+            HOLDS.c.api_key_id == api_key_id,
+            holds.in_force(HOLDS, at),
+        )
         .scalar_subquery()
     )
 
@@ -258,7 +263,7 @@ def _place_holds(on: p.Backend) -> list[p.Step]:
     estimate = h["estimate_microcents"].ref
     spent = key_charges(
         account.ref, h["api_key_id"].ref, h["window_start"].ref, h["window_end"].ref
-    ) + key_holds_in_force(h["api_key_id"].ref, h["created_at"].ref)
+    ) + key_holds_in_force(account.ref, h["api_key_id"].ref, h["created_at"].ref)
     decide = case(
         (
             and_(

@@ -1,0 +1,319 @@
+"""The schema distributed on a Citus coordinator (CONTRACT §13), by one metadata rule.
+
+``metering migrate`` runs the same migrations on every backend; on a database with the ``citus``
+extension it then calls :func:`distribute`, which places every table of the public schema:
+
+* a table with a NOT NULL ``account_id`` is account data: distributed by ``account_id``, colocated
+  with ``accounts`` (distributed by ``id``), so one account's rows of every table sit on one shard
+  and each account's unit of work is a single-node transaction;
+* a table found by a secret's hash before the account is known (``api_keys``, the portal's
+  sessions and sign-in tokens) is a reference table: every node holds it, so the lookup never fans
+  out over the shards;
+* a table with triggers of its own (the audit log's append-only guard) stays on the coordinator,
+  as a Citus local table: Citus refuses triggers on shards;
+* every other table (the catalog, tables whose rows may have no account, operator-wide state) is a
+  reference table.
+
+Citus needs every primary key and unique constraint of a distributed table to include its
+distribution column, and a foreign key between distributed tables to include it on both sides:
+those are widened here (the account column put first). A reference table cannot refer to a
+distributed one, so such foreign keys (a key's or an endpoint's account) are dropped; the service
+writes those columns only with an account it has just read. Alembic's own version table stays a
+plain coordinator table.
+
+Idempotent: a table Citus already holds is left alone, so re-running ``migrate`` changes nothing,
+and a table a later migration adds is placed the next time it runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sqlalchemy import Connection, create_engine, text
+
+ACCOUNT_COLUMN = "account_id"
+ACCOUNTS = "accounts"
+# Found by a secret's hash before the account is known: a shard key would mean a fan-out.
+KEYED_BY_SECRET = frozenset({"api_keys", "portal_sessions", "portal_sign_in_tokens"})
+NOT_DISTRIBUTED = frozenset({"alembic_version"})
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where the rule puts one table: ``distributed`` by ``column``, or ``reference``."""
+
+    table: str
+    kind: str  # "distributed" | "reference" | "local" (citus_tables' names)
+    column: str | None = None
+
+
+@dataclass
+class Distribution:
+    """What one :func:`distribute` call did (empty when everything was already in place)."""
+
+    placed: list[Placement] = field(default_factory=list)
+    widened: list[str] = field(default_factory=list)
+    dropped_foreign_keys: list[str] = field(default_factory=list)
+
+
+def has_citus(connection: Connection) -> bool:
+    return connection.dialect.name == "postgresql" and bool(
+        connection.execute(
+            text("SELECT count(*) FROM pg_extension WHERE extname = 'citus'")
+        ).scalar()
+    )
+
+
+def is_citus(url: str) -> bool:
+    if not url.startswith("postgresql"):
+        return False
+    engine = create_engine(url)
+    try:
+        with engine.connect() as connection:
+            return has_citus(connection)
+    finally:
+        engine.dispose()
+
+
+@dataclass(frozen=True)
+class TableFacts:
+    """What the rule looks at in one table."""
+
+    name: str
+    not_null_columns: frozenset[str]
+    has_triggers: bool
+
+
+def placement(table: TableFacts) -> Placement:
+    """The one rule: account data sharded by account, everything else on every node (or, with
+    triggers, on the coordinator)."""
+    if table.name == ACCOUNTS:
+        return Placement(table.name, "distributed", "id")
+    if table.has_triggers:
+        return Placement(table.name, "local")
+    if ACCOUNT_COLUMN in table.not_null_columns and table.name not in KEYED_BY_SECRET:
+        return Placement(table.name, "distributed", ACCOUNT_COLUMN)
+    return Placement(table.name, "reference")
+
+
+def distribute(url: str) -> Distribution:
+    """Place every table of the database at ``url`` by :func:`placement`, when it has Citus
+    (a no-op elsewhere, and for tables already placed). One transaction: all or nothing."""
+    if not is_citus(url):
+        return Distribution()
+    engine = create_engine(url)
+    try:
+        with engine.begin() as connection:
+            return _distribute(connection)
+    finally:
+        engine.dispose()
+
+
+@dataclass(frozen=True)
+class _ForeignKey:
+    name: str
+    table: str
+    columns: tuple[str, ...]
+    referred: str
+    referred_columns: tuple[str, ...]
+    actions: str  # ON DELETE / ON UPDATE / DEFERRABLE, as pg_get_constraintdef ends
+
+
+def _distribute(connection: Connection) -> Distribution:
+    placed_already = {
+        row[0]
+        for row in connection.execute(
+            text("SELECT logicalrelid::regclass::text FROM pg_dist_partition")
+        )
+    }
+    kinds = {
+        facts.name: placement(facts)
+        for facts in _tables(connection)
+        if facts.name not in NOT_DISTRIBUTED
+    }
+    pending = {name: where for name, where in kinds.items() if name not in placed_already}
+    done = Distribution()
+    if not pending:
+        return done
+
+    # Distributing tables with foreign keys in one transaction needs Citus to use one
+    # connection per node; a transaction that writes a reference table with foreign keys does
+    # too, so the database keeps that mode for every session.
+    connection.execute(text("SET LOCAL citus.multi_shard_modify_mode TO 'sequential'"))
+    connection.execute(
+        text(
+            "DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET citus.multi_shard_modify_mode "
+            "TO ''sequential''', current_database()); END $$"
+        )
+    )
+
+    foreign_keys = [
+        fk for fk in _foreign_keys(connection) if fk.table in pending or fk.referred in pending
+    ]
+    for fk in foreign_keys:
+        connection.execute(text(f"ALTER TABLE {_q(fk.table)} DROP CONSTRAINT {_q(fk.name)}"))
+    for name, where in pending.items():
+        if where.kind == "distributed" and where.column is not None:
+            done.widened += _widen_unique_keys(connection, name, where.column)
+
+    # Reference tables first (distributed tables may refer to them), then the colocation
+    # group's anchor, then the rest of the account tables beside it.
+    for name in sorted(n for n, w in pending.items() if w.kind == "reference"):
+        connection.execute(text("SELECT create_reference_table(:t)"), {"t": name})
+        done.placed.append(pending[name])
+    for name in sorted(n for n, w in pending.items() if w.kind == "local"):
+        connection.execute(text("SELECT citus_add_local_table_to_metadata(:t)"), {"t": name})
+        done.placed.append(pending[name])
+    if ACCOUNTS in pending:
+        connection.execute(text("SELECT create_distributed_table(:t, 'id')"), {"t": ACCOUNTS})
+        done.placed.append(pending[ACCOUNTS])
+    for name in sorted(n for n, w in pending.items() if w.kind == "distributed" and n != ACCOUNTS):
+        connection.execute(
+            text("SELECT create_distributed_table(:t, :c, colocate_with => :anchor)"),
+            {"t": name, "c": pending[name].column, "anchor": ACCOUNTS},
+        )
+        done.placed.append(pending[name])
+
+    for fk in foreign_keys:
+        statement = _recreated(fk, kinds)
+        if statement is None:
+            done.dropped_foreign_keys.append(f"{fk.table}.{fk.name}")
+        else:
+            connection.execute(text(statement))
+    return done
+
+
+def _recreated(fk: _ForeignKey, kinds: dict[str, Placement]) -> str | None:
+    """The foreign key as Citus allows it: unchanged towards a reference table, widened by the
+    account on both sides between account tables, none from a reference table to account data
+    nor between a coordinator table and the others."""
+    source, target = kinds.get(fk.table), kinds.get(fk.referred)
+    if source is None or target is None:
+        return None
+    if "local" in (source.kind, target.kind) and source.kind != target.kind:
+        return None
+    columns, referred_columns = fk.columns, fk.referred_columns
+    if target.kind == "distributed":
+        if source.kind != "distributed":
+            return None
+        assert source.column is not None and target.column is not None
+        if not (
+            source.column in columns
+            and referred_columns[columns.index(source.column)] == target.column
+        ):
+            columns = (source.column, *columns)
+            referred_columns = (target.column, *referred_columns)
+    return (
+        f"ALTER TABLE {_q(fk.table)} ADD CONSTRAINT {_q(fk.name)} FOREIGN KEY "
+        f"({', '.join(map(_q, columns))}) REFERENCES {_q(fk.referred)} "
+        f"({', '.join(map(_q, referred_columns))}){fk.actions}"
+    )
+
+
+def _tables(connection: Connection) -> list[TableFacts]:
+    """Every ordinary table of the public schema: its NOT NULL columns, whether it has triggers."""
+    return [
+        TableFacts(name, frozenset(not_null or ()), has_triggers)
+        for name, not_null, has_triggers in connection.execute(
+            text(
+                "SELECT c.relname, "
+                "ARRAY(SELECT a.attname FROM pg_attribute a WHERE a.attrelid = c.oid "
+                "      AND a.attnum > 0 AND NOT a.attisdropped AND a.attnotnull), "
+                "EXISTS (SELECT FROM pg_trigger t WHERE t.tgrelid = c.oid AND NOT t.tgisinternal) "
+                "FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+                "WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p') "
+                "AND NOT c.relispartition ORDER BY c.relname"
+            )
+        )
+    ]
+
+
+def _foreign_keys(connection: Connection) -> list[_ForeignKey]:
+    keys = []
+    for name, table, columns, referred, referred_columns, definition in connection.execute(
+        text(
+            "SELECT con.conname, src.relname, "
+            "ARRAY(SELECT a.attname FROM unnest(con.conkey) WITH ORDINALITY k(n, i) "
+            "      JOIN pg_attribute a ON a.attrelid = con.conrelid AND a.attnum = k.n "
+            "      ORDER BY k.i), "
+            "dst.relname, "
+            "ARRAY(SELECT a.attname FROM unnest(con.confkey) WITH ORDINALITY k(n, i) "
+            "      JOIN pg_attribute a ON a.attrelid = con.confrelid AND a.attnum = k.n "
+            "      ORDER BY k.i), "
+            "pg_get_constraintdef(con.oid) "
+            "FROM pg_constraint con JOIN pg_class src ON src.oid = con.conrelid "
+            "JOIN pg_class dst ON dst.oid = con.confrelid "
+            "JOIN pg_namespace n ON n.oid = src.relnamespace "
+            "WHERE con.contype = 'f' AND n.nspname = 'public' ORDER BY src.relname, con.conname"
+        )
+    ):
+        # What follows the referred column list: ON DELETE …, DEFERRABLE …
+        actions = definition.split(")", 2)[-1] if definition.count(")") >= 2 else ""
+        keys.append(
+            _ForeignKey(
+                name, table, tuple(columns), referred, tuple(referred_columns), actions.rstrip()
+            )
+        )
+    return keys
+
+
+def _widen_unique_keys(connection: Connection, table: str, column: str) -> list[str]:
+    """Put ``column`` first in every primary key, unique constraint and unique index of
+    ``table`` that lacks it (Citus enforces uniqueness within a shard only)."""
+    widened = []
+    for index, constraint, kind, columns, predicate, method in connection.execute(
+        text(
+            "SELECT i.relname, con.conname, con.contype, "
+            "ARRAY(SELECT a.attname FROM unnest(x.indkey) WITH ORDINALITY k(n, o) "
+            "      JOIN pg_attribute a ON a.attrelid = x.indrelid AND a.attnum = k.n "
+            "      ORDER BY k.o), "
+            "pg_get_expr(x.indpred, x.indrelid), am.amname "
+            "FROM pg_index x JOIN pg_class i ON i.oid = x.indexrelid "
+            "JOIN pg_am am ON am.oid = i.relam "
+            "LEFT JOIN pg_constraint con "
+            "  ON con.conindid = x.indexrelid AND con.contype IN ('p', 'u') "
+            "WHERE x.indrelid = CAST(:t AS regclass) AND x.indisunique AND x.indexprs IS NULL"
+        ),
+        {"t": table},
+    ):
+        if column in columns:
+            continue
+        wide = ", ".join(_q(c) for c in (column, *columns))
+        if constraint is not None:
+            connection.execute(text(f"ALTER TABLE {_q(table)} DROP CONSTRAINT {_q(constraint)}"))
+            what = "PRIMARY KEY" if kind == "p" else "UNIQUE"
+            connection.execute(
+                text(f"ALTER TABLE {_q(table)} ADD CONSTRAINT {_q(constraint)} {what} ({wide})")
+            )
+        else:
+            connection.execute(text(f"DROP INDEX {_q(index)}"))
+            where = f" WHERE {predicate}" if predicate else ""
+            connection.execute(
+                text(
+                    f"CREATE UNIQUE INDEX {_q(index)} ON {_q(table)} USING {method} ({wide}){where}"
+                )
+            )
+        widened.append(f"{table}.{constraint or index}")
+    return widened
+
+
+def _q(identifier: str) -> str:
+    return '"' + identifier.replace('"', '""') + '"'
+
+
+def placements(url: str) -> list[Placement]:
+    """How Citus holds each table now (``citus_tables``), by name."""
+    engine = create_engine(url)
+    try:
+        with engine.connect() as connection:
+            return [
+                Placement(name, kind, column if kind == "distributed" else None)
+                for name, kind, column in connection.execute(
+                    text(
+                        "SELECT table_name::text, citus_table_type, distribution_column "
+                        "FROM citus_tables ORDER BY 1"
+                    )
+                )
+            ]
+    finally:
+        engine.dispose()

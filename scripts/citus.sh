@@ -1,0 +1,184 @@
+#!/usr/bin/env bash
+# A local Citus cluster for development and the test suite: a coordinator and two workers on
+# loopback, each its own PostgreSQL 15 data directory and port, Citus preloaded, the workers
+# registered with the coordinator (CONTRACT §13).
+#
+#   scripts/citus.sh build    install Citus into the system PostgreSQL 15 when it is not there:
+#                             built from the vendored source (../shared/vendor/citus), checked by
+#                             its sha256; the Debian build dependencies installed when missing
+#   scripts/citus.sh start    build if needed, then make (first time) and start the three nodes
+#   scripts/citus.sh stop     stop the three nodes (their data stays)
+#   scripts/citus.sh status   each node: running or not; the workers the coordinator knows
+#
+# Idempotent: each step does only what is missing. Ports: CITUS_PORT (coordinator, 9700) and the
+# next two; data under CITUS_DIR (/tmp/metering-citus). As root the nodes run as `postgres`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+CITUS_DIR="${CITUS_DIR:-/tmp/metering-citus}"
+CITUS_PORT="${CITUS_PORT:-9700}"
+PORTS=("$CITUS_PORT" "$((CITUS_PORT + 1))" "$((CITUS_PORT + 2))")
+NAMES=(coordinator worker1 worker2)
+PGBIN="${PGBIN:-/usr/lib/postgresql/15/bin}"
+# The vendored source sits beside the repository (../shared); a git worktree finds it beside the
+# main checkout.
+VENDOR="${CITUS_VENDOR:-../shared/vendor/citus}"
+if ! test -d "$VENDOR"; then
+    VENDOR="$(git rev-parse --path-format=absolute --git-common-dir 2>/dev/null)/../../shared/vendor/citus"
+fi
+TARBALL="citus-13.2.2.tar.gz"
+TARBALL_SHA256="cd67db89b77180fdfaede0b3b4c5f2e0965ef7d729b1f43fa7711edeea4601a0"
+BUILD_DEPS=(postgresql-server-dev-15 liblz4-dev libzstd-dev libkrb5-dev)
+
+as_postgres() {
+    if [ "$(id -u)" = 0 ]; then
+        runuser -u postgres -- "$@"
+    else
+        "$@"
+    fi
+}
+
+installed() {
+    test -f /usr/lib/postgresql/15/lib/citus.so &&
+        test -f /usr/share/postgresql/15/extension/citus.control
+}
+
+build() {
+    if installed; then
+        return 0
+    fi
+    local tarball="$VENDOR/$TARBALL"
+    if ! test -f "$tarball"; then
+        echo "FATAL: $tarball is missing; Citus is built from the vendored source only" >&2
+        exit 1
+    fi
+    if ! echo "$TARBALL_SHA256  $tarball" | sha256sum --check --quiet -; then
+        echo "FATAL: $tarball does not have the sha256 $TARBALL_SHA256" >&2
+        exit 1
+    fi
+    local missing=()
+    for package in "${BUILD_DEPS[@]}"; do
+        dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" ||
+            missing+=("$package")
+    done
+    if [ ${#missing[@]} -gt 0 ]; then
+        echo "installing Citus's build dependencies: ${missing[*]}"
+        # A fresh machine has no package lists yet.
+        apt-get -o DPkg::Lock::Timeout=600 update -q
+        DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -q "${missing[@]}"
+    fi
+    local work
+    work=$(mktemp -d)
+    echo "building Citus 13.2.2 from $tarball in $work"
+    tar -xzf "$tarball" -C "$work"
+    (
+        cd "$work/citus-13.2.2"
+        ./configure --without-libcurl PG_CONFIG=/usr/lib/postgresql/15/bin/pg_config >/dev/null
+        make -s -j2 with_llvm=no >/dev/null
+        make -s install with_llvm=no >/dev/null
+    )
+    rm -rf "$work"
+    installed || { echo "FATAL: the Citus build did not install citus.so" >&2; exit 1; }
+    echo "Citus installed into PostgreSQL 15"
+}
+
+datadir() { echo "$CITUS_DIR/$1"; }
+
+running() {  # name
+    as_postgres "$PGBIN/pg_ctl" -D "$(datadir "$1")" status >/dev/null 2>&1
+}
+
+psql_at() {  # port sql...
+    local port=$1
+    shift
+    psql -X -q -v ON_ERROR_STOP=1 -h 127.0.0.1 -p "$port" -U postgres -d postgres -tA "$@"
+}
+
+start() {
+    build
+    mkdir -p "$CITUS_DIR"
+    chown postgres: "$CITUS_DIR" 2>/dev/null || true
+    local i
+    for i in 0 1 2; do
+        local name=${NAMES[$i]} port=${PORTS[$i]} dir
+        dir=$(datadir "$name")
+        if ! test -f "$dir/PG_VERSION"; then
+            as_postgres "$PGBIN/initdb" -D "$dir" -U postgres --auth=trust -E UTF8 \
+                --locale=C.UTF-8 >/dev/null
+            cat >>"$dir/postgresql.conf" <<EOF
+# metering's local Citus cluster (scripts/citus.sh)
+shared_preload_libraries = 'citus'
+listen_addresses = 'localhost'
+port = $port
+unix_socket_directories = '$dir'
+max_connections = 200
+max_prepared_transactions = 200
+fsync = off
+synchronous_commit = off
+full_page_writes = off
+shared_buffers = 64MB
+# The routing tests read what each node ran from its log, through SQL (pg_current_logfile).
+logging_collector = on
+log_directory = 'log'
+log_filename = 'postgresql.log'
+log_rotation_size = 0
+log_line_prefix = '%m [%p] db=%d '
+EOF
+            # Loopback only, and trust: a developer's and CI's throwaway cluster.
+            printf 'local all all trust\nhost all all 127.0.0.1/32 trust\nhost all all ::1/128 trust\n' \
+                >"$dir/pg_hba.conf"
+        fi
+        if ! running "$name"; then
+            as_postgres "$PGBIN/pg_ctl" -D "$dir" -l "$dir/server.log" -w -t 60 start >/dev/null
+        fi
+        psql_at "$port" -c "CREATE EXTENSION IF NOT EXISTS citus" >/dev/null
+    done
+    psql_at "${PORTS[0]}" -c "SELECT citus_set_coordinator_host('localhost', ${PORTS[0]})" >/dev/null
+    for i in 1 2; do
+        if [ "$(psql_at "${PORTS[0]}" -c \
+            "SELECT count(*) FROM pg_dist_node WHERE nodeport = ${PORTS[$i]}")" = 0 ]; then
+            psql_at "${PORTS[0]}" -c "SELECT citus_add_node('localhost', ${PORTS[$i]})" >/dev/null
+        fi
+    done
+    echo "Citus cluster up: coordinator 127.0.0.1:${PORTS[0]}, workers ${PORTS[1]} and ${PORTS[2]}"
+    echo "  METERING_TEST_CITUS_URL=postgresql+psycopg://postgres@127.0.0.1:${PORTS[0]}/postgres"
+}
+
+stop() {
+    local name
+    for name in "${NAMES[@]}"; do
+        if running "$name"; then
+            as_postgres "$PGBIN/pg_ctl" -D "$(datadir "$name")" -m fast -w stop >/dev/null
+        fi
+    done
+    echo "Citus cluster stopped"
+}
+
+status() {
+    local i up=0
+    for i in 0 1 2; do
+        if running "${NAMES[$i]}"; then
+            echo "${NAMES[$i]}: running on 127.0.0.1:${PORTS[$i]}"
+            up=$((up + 1))
+        else
+            echo "${NAMES[$i]}: not running"
+        fi
+    done
+    if running coordinator; then
+        psql_at "${PORTS[0]}" -c "SELECT 'registered: ' || nodename || ':' || nodeport || ' (' ||
+            CASE WHEN groupid = 0 THEN 'coordinator' ELSE 'worker' END || ')'
+            FROM pg_dist_node ORDER BY groupid"
+    fi
+    [ "$up" = 3 ]
+}
+
+case "${1:-}" in
+build) build ;;
+start) start ;;
+stop) stop ;;
+status) status ;;
+*)
+    echo "usage: $0 build|start|stop|status" >&2
+    exit 2
+    ;;
+esac

@@ -1,0 +1,318 @@
+"""The service on a Citus cluster (CONTRACT §13). ``metering migrate`` on a coordinator places
+every table by the one rule (account data sharded by account and colocated, the rest reference
+tables, the audit log on the coordinator) and migrating again changes nothing; each gateway and
+account-key request sends the workers statements that touch its account's shard only. Needs
+``citus`` in METERING_TEST_BACKENDS (``make citus``)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+
+from metering import citus, migrate
+from metering.models import Base
+from tests.conftest import CITUS, NOW, Api, fresh_citus_database, running_api
+from tests.factories import create_account, create_key, priced_model
+
+
+@pytest.fixture
+def citus_api(_shared_apis: dict[str, Api]) -> Iterator[Api]:
+    """The shared app on the Citus cluster; fails, never skips, when Citus is left out."""
+    if not CITUS:
+        pytest.fail("this test needs Citus (METERING_TEST_BACKENDS excludes it; `make citus`)")
+    yield _shared_apis["citus"]
+
+
+def rows(url: str, sql: str, **params: Any) -> list[tuple[Any, ...]]:
+    engine = create_engine(url)
+    try:
+        with engine.connect() as connection:
+            return [tuple(row) for row in connection.execute(text(sql), params)]
+    finally:
+        engine.dispose()
+
+
+def citus_tables(url: str) -> dict[str, tuple[str, str, int]]:
+    """Each table Citus holds: (its type, its distribution column, its colocation group)."""
+    return {
+        name: (kind, column, colocation)
+        for name, kind, column, colocation in rows(
+            url,
+            "SELECT table_name::text, citus_table_type, distribution_column, colocation_id "
+            "FROM citus_tables",
+        )
+    }
+
+
+@pytest.mark.parametrize(
+    ("name", "not_null", "triggers", "expected"),
+    [
+        ("accounts", {"id"}, False, citus.Placement("accounts", "distributed", "id")),
+        (
+            "usage_events",
+            {"id", "account_id"},
+            False,
+            citus.Placement("usage_events", "distributed", "account_id"),
+        ),
+        ("api_keys", {"id", "account_id"}, False, citus.Placement("api_keys", "reference")),
+        ("webhook_events", {"id"}, False, citus.Placement("webhook_events", "reference")),
+        ("catalog_models", {"id"}, False, citus.Placement("catalog_models", "reference")),
+        ("audit_events", {"seq"}, True, citus.Placement("audit_events", "local")),
+    ],
+)
+def test_the_rule(name: str, not_null: set[str], triggers: bool, expected: Any) -> None:
+    """Account data (a NOT NULL account) sharded by it, a key found by its secret's hash on
+    every node, a table with triggers on the coordinator, anything else on every node."""
+    assert citus.placement(citus.TableFacts(name, frozenset(not_null), triggers)) == expected
+
+
+class TestPlacement:
+    def test_account_tables_are_sharded_by_account_and_the_rest_are_reference_tables(
+        self, citus_api: Api
+    ) -> None:
+        placed = citus_tables(citus_api.url)
+        assert set(placed) == set(Base.metadata.tables), "every table of the schema is placed"
+        for name, table in Base.metadata.tables.items():
+            kind, column, _ = placed[name]
+            account = table.columns.get("account_id")
+            if name == "accounts":
+                assert (kind, column) == ("distributed", "id")
+            elif name == "audit_events":  # its append-only triggers keep it on the coordinator
+                assert kind == "local"
+            elif (
+                account is not None
+                and not account.nullable
+                and name
+                not in (
+                    "api_keys",
+                    "portal_sessions",
+                    "portal_sign_in_tokens",
+                )
+            ):
+                assert (kind, column) == ("distributed", "account_id"), name
+            else:
+                assert kind == "reference", name
+        # The gateway's tables by name, so the rule cannot drift unseen.
+        assert placed["usage_events"][:2] == ("distributed", "account_id")
+        assert placed["authorizations"][:2] == ("distributed", "account_id")
+        assert placed["ledger_entries"][:2] == ("distributed", "account_id")
+        assert placed["usage_rollups"][:2] == ("distributed", "account_id")
+        assert placed["api_keys"][0] == "reference"  # found by the secret's hash, no fan-out
+        assert placed["catalog_models"][0] == "reference"
+        assert placed["price_versions"][0] == "reference"
+
+    def test_every_account_table_is_colocated_with_accounts(self, citus_api: Api) -> None:
+        placed = citus_tables(citus_api.url)
+        groups = {group for kind, _, group in placed.values() if kind == "distributed"}
+        assert groups == {placed["accounts"][2]}
+
+    def test_one_accounts_rows_of_every_table_are_on_one_node(self, citus_api: Api) -> None:
+        """The shard of an account holds it in every account table: one placement per shard
+        index, all on the same worker."""
+        nodes = rows(
+            citus_api.url,
+            "SELECT s.shardminvalue, count(DISTINCT p.nodeport) FROM pg_dist_shard s "
+            "JOIN pg_dist_placement pl ON pl.shardid = s.shardid "
+            "JOIN pg_dist_node p ON p.groupid = pl.groupid "
+            "JOIN citus_tables t ON t.table_name = s.logicalrelid "
+            "WHERE t.citus_table_type = 'distributed' GROUP BY s.shardminvalue",
+        )
+        assert nodes and all(count == 1 for _, count in nodes)
+        workers = rows(
+            citus_api.url,
+            "SELECT DISTINCT p.nodeport FROM pg_dist_placement pl "
+            "JOIN pg_dist_node p ON p.groupid = pl.groupid "
+            "JOIN pg_dist_shard s ON s.shardid = pl.shardid "
+            "WHERE s.logicalrelid = 'accounts'::regclass",
+        )
+        assert len(workers) == 2, "the accounts are spread over both workers"
+
+    def test_migrating_again_changes_nothing(self, citus_api: Api) -> None:
+        def schema() -> tuple[Any, ...]:
+            return (
+                citus_tables(citus_api.url),
+                rows(
+                    citus_api.url,
+                    "SELECT conrelid::regclass::text, conname, pg_get_constraintdef(oid) "
+                    "FROM pg_constraint WHERE connamespace = 'public'::regnamespace ORDER BY 1, 2",
+                ),
+                rows(
+                    citus_api.url,
+                    "SELECT indexdef FROM pg_indexes WHERE schemaname = 'public' ORDER BY 1",
+                ),
+                rows(citus_api.url, "SELECT count(*) FROM pg_dist_shard"),
+            )
+
+        before = schema()
+        assert migrate.upgrade(citus_api.url) == []
+        assert citus.distribute(citus_api.url) == citus.Distribution()
+        assert schema() == before
+
+
+# --- Routing: what the coordinator sends the workers, read from its log ---------------------------
+
+# One log record: "<time> [<pid>] db=<database> <LEVEL>:  <message>", continued on lines that do
+# not start with a time (citus.sh's log_line_prefix).
+RECORD = re.compile(
+    r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+ \S+ \[\d+\] db=(?P<db>\S*) (?P<level>[A-Z]+):\s+"
+    r"(?P<message>.*?)(?=^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d|\Z)",
+    re.MULTILINE | re.DOTALL,
+)
+SHARD_NAME = re.compile(r"\b([a-z_]+)_(\d{6,})\b")
+WORKER = re.compile(r"on server \S+@\S+:(\d+) ")
+
+
+@dataclass
+class RemoteCommands:
+    """The coordinator's log of one database: each command it sent a worker (with the worker's
+    port), from the position ``mark()`` last noted."""
+
+    url: str
+    database: str
+    offset: int = 0
+
+    def mark(self) -> None:
+        [(size,)] = rows(self.url, "SELECT size FROM pg_stat_file(pg_current_logfile())")
+        self.offset = size
+
+    def since_mark(self) -> list[tuple[str, int]]:
+        [(size,)] = rows(self.url, "SELECT size FROM pg_stat_file(pg_current_logfile())")
+        [(chunk,)] = rows(
+            self.url,
+            "SELECT pg_read_file(pg_current_logfile(), :offset, :length)",
+            offset=self.offset,
+            length=size - self.offset,
+        )
+        commands: list[tuple[str, int]] = []
+        records = [r for r in RECORD.finditer(chunk) if r["db"] == self.database]
+        for record, following in zip(records, [*records[1:], None], strict=True):
+            message = record["message"]
+            if record["level"] == "NOTICE" and message.startswith("issuing "):
+                detail = following["message"] if following is not None else ""
+                port = WORKER.search(detail)
+                assert port is not None, f"no worker named for {message!r}: {detail!r}"
+                commands.append((message.removeprefix("issuing ").strip(), int(port[1])))
+        return commands
+
+
+@dataclass
+class Shards:
+    """Each shard of the database: its table, and its hash range's start (one per colocated
+    shard group), None for a reference table's."""
+
+    of: dict[int, tuple[str, int | None]]
+
+    @classmethod
+    def read(cls, url: str) -> Shards:
+        return cls(
+            {
+                shard: (table, None if low is None else int(low))
+                for shard, table, low in rows(
+                    url,
+                    "SELECT shardid, logicalrelid::regclass::text, shardminvalue "
+                    "FROM pg_dist_shard",
+                )
+            }
+        )
+
+    def groups_in(self, command: str) -> set[int]:
+        """The colocated shard groups a command touches (reference tables' shards left out:
+        every node has them)."""
+        groups = set()
+        for table, shard in SHARD_NAME.findall(command):
+            known = self.of.get(int(shard))
+            if known is not None and known[0] == table and known[1] is not None:
+                groups.add(known[1])
+        return groups
+
+
+@pytest.fixture(scope="module")
+def routed(session_tmp: Path) -> Iterator[tuple[Api, RemoteCommands]]:
+    """The real app on a Citus database of its own whose coordinator logs every command it sends
+    a worker (``citus.log_remote_commands``)."""
+    if not CITUS:
+        pytest.fail("this test needs Citus (METERING_TEST_BACKENDS excludes it; `make citus`)")
+    with fresh_citus_database() as url:
+        migrate.upgrade(url)
+        database = make_url(url).database
+        assert database is not None
+        engine = create_engine(url, isolation_level="AUTOCOMMIT")
+        try:
+            with engine.connect() as connection:
+                for setting in ("citus.log_remote_commands = on", "log_min_messages = notice"):
+                    connection.execute(text(f'ALTER DATABASE "{database}" SET {setting}'))
+        finally:
+            engine.dispose()
+        with running_api("citus", url, session_tmp) as api:
+            yield api, RemoteCommands(url, database)
+
+
+class TestRouting:
+    """Each account-key request sends the workers statements that each touch one shard of the
+    account (or a reference table, which every node holds)."""
+
+    def assert_routed(self, api: Api, log: RemoteCommands, group: int, send: Any) -> Any:
+        shards = Shards.read(api.url)
+        log.mark()
+        response = send()
+        commands = log.since_mark()
+        touched = [(command, shards.groups_in(command), port) for command, port in commands]
+        wide = [(command, groups) for command, groups, _ in touched if groups - {group}]
+        assert wide == [], "statements touching another account's shards"
+        workers = {port for _, groups, port in touched if groups}
+        assert len(workers) <= 1, f"shard statements went to several workers: {workers}"
+        return response, [command for command, groups, _ in touched if groups]
+
+    def test_account_key_routes(self, routed: tuple[Api, RemoteCommands]) -> None:
+        api, log = routed
+        account = create_account(api, billing="unbilled")
+        key = create_key(api, account)
+        priced_model(api, NOW - timedelta(days=1))  # a model for /v1/models to list
+        [(low,)] = rows(
+            api.url,
+            "SELECT shardminvalue FROM pg_dist_shard "
+            "WHERE shardid = "
+            "get_shard_id_for_distribution_column('accounts', CAST(:account AS text))",
+            account=account,
+        )
+        sent = []
+        for path, params in (
+            ("/v1/credits", None),
+            ("/v1/usage", {"starting_at": "2026-11-01"}),
+            ("/v1/api-keys", None),
+            ("/v1/models", None),
+        ):
+            response, commands = self.assert_routed(
+                api,
+                log,
+                int(low),
+                lambda path=path, params=params: api.as_key(key.secret, "GET", path, params=params),
+            )
+            assert response.status_code == 200, (path, response.text)
+            sent.extend(commands)
+        # The capture is real: the account's shard was asked (its rows are on a worker).
+        assert sent, "no statement reached a worker"
+
+    def test_a_statement_without_the_account_is_seen_as_a_fan_out(
+        self, routed: tuple[Api, RemoteCommands]
+    ) -> None:
+        """The check itself can fail: a read of every account's rows touches every shard."""
+        api, log = routed
+        shards = Shards.read(api.url)
+        log.mark()
+        engine = create_engine(api.url)
+        try:
+            with engine.connect() as connection:
+                connection.execute(text("SELECT count(*) FROM accounts"))
+        finally:
+            engine.dispose()
+        groups = set().union(*(shards.groups_in(command) for command, _ in log.since_mark()))
+        assert len(groups) == 4, groups  # the tests' four shards
