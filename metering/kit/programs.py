@@ -41,9 +41,12 @@ from sqlalchemy import (
     Integer,
     String,
     Text,
+    any_,
     bindparam,
     column,
+    exists,
     func,
+    literal,
     select,
     text,
     type_coerce,
@@ -232,6 +235,17 @@ class Backend:
             array = bindparam(first, type_=postgresql.ARRAY(rows.columns[0][1]))
             return func.coalesce(func.cardinality(array), 0)
         return type_coerce(func.json_array_length(bindparam(rows.name, type_=Text)), Integer)
+
+    def holds_any(self, rows: Rows, column_name: str, value: Any) -> ColumnElement[bool]:
+        """Whether some row of ``rows`` has ``value`` in ``column_name``. On PostgreSQL a plain
+        expression over the collected array (``value = ANY (…)``), which PL/pgSQL evaluates on
+        its fast path: a condition on collected rows without a statement of its own."""
+        kind = dict(rows.columns)[column_name]
+        if self.name == "postgresql":
+            array = bindparam(rows.array(column_name), type_=postgresql.ARRAY(kind))
+            return literal(value, kind) == any_(array)
+        found = self._json_rows(bindparam(rows.name, type_=Text), rows.columns, "held")
+        return exists().where(found.c[column_name] == literal(value, kind))
 
     @staticmethod
     def _json_rows(param: BindParameter[Any], columns: RowColumns, alias: str) -> FromClause:
