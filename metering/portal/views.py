@@ -7,13 +7,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from metering.catalog.service import listed_models
-from metering.exports.files import AccountFile, account_files
 from metering.kit.timeutil import format_timestamp, next_month, start_of_month
 from metering.ledger import service as ledger
 from metering.models import ApiKey
@@ -21,6 +20,9 @@ from metering.reports import params, service
 from metering.reports.params import ReportQuery
 from metering.reports.service import Report
 from metering.usage.spend import key_charges
+
+if TYPE_CHECKING:
+    from metering.exports.files import AccountFile
 
 OVERVIEW_DAYS = 30
 ACTIVITY_DAYS = 31
@@ -125,6 +127,10 @@ def models(session: Session, account_id: str, now: datetime) -> list[dict[str, A
 
 
 def exports(export_dir: Path, account_id: str) -> list[AccountFile]:
+    # Imported here: the export files' module loads pandas and pyarrow (tens of MB), which
+    # the server's other routes never need (every worker would carry them).
+    from metering.exports.files import account_files
+
     return account_files(export_dir, account_id)
 
 
