@@ -357,6 +357,9 @@ class Program:
     build: Callable[[Backend], Sequence[Step]]
     returns: RowColumns | TypeEngine[Any] | None = None
     initial: Mapping[str, Any] = field(default_factory=dict)  # variables' starting values
+    # PostgreSQL settings in force while the function runs (its ``SET`` clauses), e.g. the plan
+    # cache's mode: nothing SQLite interprets.
+    settings: Mapping[str, str] = field(default_factory=dict)
 
     def steps(self, on: Backend) -> tuple[Step, ...]:
         cache = self.__dict__.setdefault("_steps", {})
@@ -389,7 +392,15 @@ class Program:
         lines = [
             f"CREATE OR REPLACE FUNCTION {self.name}({params})",
             f"RETURNS {returns}",
-            "LANGUAGE plpgsql VOLATILE AS $$",
+            *(
+                ("LANGUAGE plpgsql VOLATILE AS $$",)
+                if not self.settings
+                else (
+                    "LANGUAGE plpgsql VOLATILE",
+                    *(f"SET {name} = {value}" for name, value in self.settings.items()),
+                    "AS $$",
+                )
+            ),
             "#variable_conflict use_column",
         ]
         if declared:

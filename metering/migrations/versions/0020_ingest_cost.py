@@ -7,6 +7,9 @@ same update returns whether the move may cross a balance threshold (the outbox's
 over the row it updated, or due expiries that move it further), and the crossing events'
 statement runs only then; the allocation rows, the grants' remainders and the deficits are one
 statement (the parts a CTE, computed once; the two updates data-modifying CTEs of the insert).
+``metering_record_usage`` (the single event) keeps its statements' plans
+(``SET plan_cache_mode = force_generic_plan``): with the default, each of its statements was
+planned again at every call.
 
 And the grants' index of active rows no longer reads the remainder in its predicate
 (``ix_credit_grants_unspent`` becomes ``ix_credit_grants_active``, on both backends): a debit
@@ -149,7 +152,9 @@ $$
 RECORD_USAGE = """
 CREATE OR REPLACE FUNCTION metering_record_usage(p_now TIMESTAMP WITH TIME ZONE, p_events json, p_prepaid BOOLEAN, p_rollups json)
 RETURNS BIGINT
-LANGUAGE plpgsql VOLATILE AS $$
+LANGUAGE plpgsql VOLATILE
+SET plan_cache_mode = force_generic_plan
+AS $$
 #variable_conflict use_column
 DECLARE
     v_new_id BIGINT[];
