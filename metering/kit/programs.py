@@ -41,9 +41,12 @@ from sqlalchemy import (
     Integer,
     String,
     Text,
+    any_,
     bindparam,
     column,
+    exists,
     func,
+    literal,
     select,
     text,
     type_coerce,
@@ -233,6 +236,17 @@ class Backend:
             return func.coalesce(func.cardinality(array), 0)
         return type_coerce(func.json_array_length(bindparam(rows.name, type_=Text)), Integer)
 
+    def holds_any(self, rows: Rows, column_name: str, value: Any) -> ColumnElement[bool]:
+        """Whether some row of ``rows`` has ``value`` in ``column_name``. On PostgreSQL a plain
+        expression over the collected array (``value = ANY (…)``), which PL/pgSQL evaluates on
+        its fast path: a condition on collected rows without a statement of its own."""
+        kind = dict(rows.columns)[column_name]
+        if self.name == "postgresql":
+            array = bindparam(rows.array(column_name), type_=postgresql.ARRAY(kind))
+            return literal(value, kind) == any_(array)
+        found = self._json_rows(bindparam(rows.name, type_=Text), rows.columns, "held")
+        return exists().where(found.c[column_name] == literal(value, kind))
+
     @staticmethod
     def _json_rows(param: BindParameter[Any], columns: RowColumns, alias: str) -> FromClause:
         each = func.json_each(param).table_valued("key", "value")
@@ -343,6 +357,9 @@ class Program:
     build: Callable[[Backend], Sequence[Step]]
     returns: RowColumns | TypeEngine[Any] | None = None
     initial: Mapping[str, Any] = field(default_factory=dict)  # variables' starting values
+    # PostgreSQL settings in force while the function runs (its ``SET`` clauses), e.g. the plan
+    # cache's mode: nothing SQLite interprets.
+    settings: Mapping[str, str] = field(default_factory=dict)
 
     def steps(self, on: Backend) -> tuple[Step, ...]:
         cache = self.__dict__.setdefault("_steps", {})
@@ -375,7 +392,15 @@ class Program:
         lines = [
             f"CREATE OR REPLACE FUNCTION {self.name}({params})",
             f"RETURNS {returns}",
-            "LANGUAGE plpgsql VOLATILE AS $$",
+            *(
+                ("LANGUAGE plpgsql VOLATILE AS $$",)
+                if not self.settings
+                else (
+                    "LANGUAGE plpgsql VOLATILE",
+                    *(f"SET {name} = {value}" for name, value in self.settings.items()),
+                    "AS $$",
+                )
+            ),
             "#variable_conflict use_column",
         ]
         if declared:

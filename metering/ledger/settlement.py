@@ -29,7 +29,7 @@ from sqlalchemy.sql.elements import BindParameter
 
 from metering.kit import programs as p
 from metering.ledger import holds
-from metering.ledger.spending import debit_steps
+from metering.ledger.spending import debit_steps, lock_accounts
 from metering.models import Account, Authorization, LedgerEntry, table
 
 ACCOUNTS = table(Account)
@@ -113,7 +113,6 @@ def settle_steps(on: p.Backend, charges: FromClause, now: BindParameter[Any]) ->
         found.c.hold_id
     )
     targets = on.rows(_TARGETS, "t")
-    debits = on.rows(_DEBITS, "d")
     return [
         # Read without locks; each hold is checked again once locked.
         p.Collect(firsts, into=_TARGETS, order_by=("hold_id",)),
@@ -174,17 +173,7 @@ def settle_steps(on: p.Backend, charges: FromClause, now: BindParameter[Any]) ->
             into=_DEBITS,
             order_by=("account_id",),
         ),
-        p.When(
-            on.count(_DEBITS) > 1,
-            (
-                p.Run(
-                    select(ACCOUNTS.c.id)
-                    .where(ACCOUNTS.c.id.in_(select(debits.c.account_id)))
-                    .order_by(p.byte_order(ACCOUNTS.c.id))
-                    .with_for_update(key_share=True)
-                ),
-            ),
-        ),
+        lock_accounts(on, _DEBITS, "d"),
         # The balances, due expiries, the allocation over the grants and the balance crossings
         # (§11) of the move (metering.ledger.spending).
         p.When(on.count(_DEBITS) > 0, tuple(debit_steps(on, _DEBITS, now))),

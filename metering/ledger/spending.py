@@ -12,11 +12,16 @@ Under the account's row lock (the balance update takes it), for each account of 
    a grant pays ``min(remainder, total − what the grants before it hold)`` while that is
    positive, and what they cannot cover adds to the deficit. So a batch of many events of one
    account allocates its total once. Every part is an allocation row (``spend`` / ``deficit``),
-   written first; the grants and the deficit then move by what that insert returned.
+   and the grants and the deficit move by the same parts (one statement on PostgreSQL).
 3. **Events (§11).** Each expiry entry's ``credit.grant_expired``, and the balance thresholds
    the whole move crosses (``credit.balance_low`` / ``_depleted``: before = the balance the
    debit's update returned plus the debit, after = the balance at the end, both under the row
    lock), in the same transaction (metering.notifications.outbox).
+
+Most debits need few statements: the balance update returns, per account, whether due expiries
+are to be written and whether the move may cross a threshold (the outbox's own crossing rule
+over the row it updated, or due expiries that move it further); the expiries and the events run
+only when some account needs them, decided on the collected rows without a query.
 """
 
 from __future__ import annotations
@@ -24,7 +29,19 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import BigInteger, String, case, cast, func, literal, null, select, union_all
+from sqlalchemy import (
+    BigInteger,
+    FromClause,
+    String,
+    case,
+    cast,
+    func,
+    literal,
+    null,
+    or_,
+    select,
+    union_all,
+)
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.elements import BindParameter
 
@@ -39,6 +56,8 @@ ACCOUNTS = table(Account)
 GRANTS = table(CreditGrant)
 ALLOCATIONS = table(CreditAllocation)
 ENTRIES = table(LedgerEntry)
+# Allocation kinds: a grant's part of a debit, and the part no live grant could pay.
+SPEND, DEFICIT = "spend", "deficit"
 
 _DUE = p.Rows(
     "v_due",
@@ -51,15 +70,21 @@ _DUE = p.Rows(
 )
 _PARTS = p.Rows(
     "v_parts",
-    (("grant_id", GRANTS.c.id.type), ("account_id", ACCOUNTS.c.id.type), ("amount", BigInteger())),
+    (
+        ("grant_id", GRANTS.c.id.type),
+        ("account_id", ACCOUNTS.c.id.type),
+        ("amount", BigInteger()),
+        ("kind", ALLOCATIONS.c.kind.type),
+    ),
 )
-_EXPIRING = p.Var("v_expiring", BigInteger())
 _MOVED = p.Rows(
     "v_moved",
     (
         ("account_id", ACCOUNTS.c.id.type),
         ("after_microcents", BigInteger()),
+        # 1: the account has due expiries to write; 1: the move may cross a threshold (§11).
         ("expiring", BigInteger()),
+        ("crossing", BigInteger()),
     ),
 )
 
@@ -149,14 +174,30 @@ def without_pending_expiries(
     )
 
 
+def lock_accounts(on: p.Backend, debits: p.Rows, alias: str) -> p.Step:
+    """Lock the accounts of ``debits`` (rows with ``account_id``) in byte order of id when
+    there are several, so concurrent debits of the same accounts cannot deadlock (one account's
+    row is locked by the statement that updates it)."""
+    d = on.rows(debits, alias)
+    return p.When(
+        on.count(debits) > 1,
+        (
+            p.Run(
+                select(ACCOUNTS.c.id)
+                .where(ACCOUNTS.c.id.in_(select(d.c.account_id)))
+                .order_by(p.byte_order(ACCOUNTS.c.id))
+                .with_for_update(key_share=True)
+            ),
+        ),
+    )
+
+
 def debit_steps(on: p.Backend, debits: p.Rows, now: BindParameter[Any]) -> list[p.Step]:
     """Debit each account of ``debits`` (rows ``account_id``, ``total`` ≥ 0, one per account,
     their rows locked first when there are several) by its total: the balance, due expiries,
     and the allocation over its live grants in spending order (see the module)."""
     d = on.rows(debits, "d")
     totals = on.rows(debits, "dt")
-    parts = on.rows(_PARTS, "pt")
-    expiring = on.rows(_MOVED, "ex")
     before = func.sum(GRANTS.c.remaining_microcents).over(
         partition_by=GRANTS.c.account_id, order_by=order_by(GRANTS), rows=(None, -1)
     )
@@ -189,7 +230,20 @@ def debit_steps(on: p.Backend, debits: p.Rows, now: BindParameter[Any]) -> list[
         d.c.account_id,
         (d.c.total - held).label("amount"),
     ).where(d.c.total > held)
-    found = union_all(takes, shortfalls).subquery("found")
+    parts = union_all(takes, shortfalls)
+    # PostgreSQL: a CTE of the one statement that writes the parts (_allocation_steps).
+    found = parts.cte("found") if on.name == "postgresql" else parts.subquery("found")
+    after = ACCOUNTS.c.balance_microcents
+    due = ACCOUNTS.c.next_expiry_at <= now
+    # The account's debit, in what the update returns (SQLite's RETURNING may name only the
+    # updated table: there, the same row read by a subquery).
+    debited: Any = d.c.total
+    if on.name == "sqlite":
+        debited = select(totals.c.total).where(totals.c.account_id == ACCOUNTS.c.id)
+        debited = debited.scalar_subquery()
+    may_cross = or_(
+        due, outbox.crosses(after + debited, after, ACCOUNTS.c.low_balance_threshold_microcents)
+    )
     return [
         p.Collect(
             ACCOUNTS.update()
@@ -197,54 +251,67 @@ def debit_steps(on: p.Backend, debits: p.Rows, now: BindParameter[Any]) -> list[
             .where(ACCOUNTS.c.id == d.c.account_id)
             .returning(
                 ACCOUNTS.c.id.label("account_id"),
-                ACCOUNTS.c.balance_microcents.label("after_microcents"),
-                case((ACCOUNTS.c.next_expiry_at <= now, 1), else_=0).label("expiring"),
+                after.label("after_microcents"),
+                case((due, 1), else_=0).label("expiring"),
+                case((may_cross, 1), else_=0).label("crossing"),
             ),
             into=_MOVED,
         ),
-        p.Assign(
-            _EXPIRING,
-            select(func.coalesce(func.sum(expiring.c.expiring), 0)).scalar_subquery(),
-        ),
-        p.When(_EXPIRING.ref > 0, tuple(expiry_steps(on, debits, now))),
-        # The parts (each grant's take, and each account's shortfall) become allocation rows
-        # and are collected from what the insert returns: one statement for both.
-        p.Collect(
-            ALLOCATIONS.insert()
-            .from_select(
-                ["account_id", "grant_id", "kind", "amount_microcents", "created_at"],
-                select(
-                    found.c.account_id,
-                    found.c.grant_id,
-                    case((found.c.grant_id.is_(None), "deficit"), else_="spend"),
-                    found.c.amount,
-                    now,
-                ),
-            )
-            .returning(
-                ALLOCATIONS.c.grant_id,
-                ALLOCATIONS.c.account_id,
-                ALLOCATIONS.c.amount_microcents.label("amount"),
-            ),
-            into=_PARTS,
-        ),
-        p.When(
-            on.count(_PARTS) > 0,
-            (
-                p.Run(
-                    GRANTS.update()
-                    .values(remaining_microcents=GRANTS.c.remaining_microcents - parts.c.amount)
-                    .where(GRANTS.c.id == parts.c.grant_id)
-                ),
-                p.Run(
-                    ACCOUNTS.update()
-                    .values(deficit_microcents=ACCOUNTS.c.deficit_microcents + parts.c.amount)
-                    .where(ACCOUNTS.c.id == parts.c.account_id, parts.c.grant_id.is_(None))
-                ),
-            ),
-        ),
+        p.When(on.holds_any(_MOVED, "expiring", 1), tuple(expiry_steps(on, debits, now))),
+        *_allocation_steps(on, found, now),
         # §11: the thresholds the whole move (debit and due expiries) crosses, once.
-        p.Run(outbox.balance_crossings(_moves(on, debits), now)),
+        p.When(
+            on.holds_any(_MOVED, "crossing", 1),
+            (p.Run(outbox.balance_crossings(_moves(on, debits), now)),),
+        ),
+    ]
+
+
+def _allocation_steps(on: p.Backend, found: FromClause, now: BindParameter[Any]) -> list[p.Step]:
+    """The parts ``found`` (each grant's take, and each account's shortfall: ``grant_id``,
+    ``account_id``, ``amount``) become allocation rows, and move the grants' remainders and the
+    deficits. On PostgreSQL one statement: the parts are computed once (a CTE, so the grants
+    are read before they move) and the two updates are data-modifying CTEs of the insert. On
+    SQLite, which has no such CTEs, the insert returns the parts and the updates run from them
+    (the deficit's only when there is a shortfall)."""
+    allocation = ALLOCATIONS.insert().from_select(
+        ["account_id", "grant_id", "kind", "amount_microcents", "created_at"],
+        select(
+            found.c.account_id,
+            found.c.grant_id,
+            case((found.c.grant_id.is_(None), DEFICIT), else_=SPEND),
+            found.c.amount,
+            now,
+        ),
+    )
+
+    def spent(parts: FromClause) -> Any:
+        return (
+            GRANTS.update()
+            .values(remaining_microcents=GRANTS.c.remaining_microcents - parts.c.amount)
+            .where(GRANTS.c.id == parts.c.grant_id)
+        )
+
+    def owed(parts: FromClause) -> Any:
+        return (
+            ACCOUNTS.update()
+            .values(deficit_microcents=ACCOUNTS.c.deficit_microcents + parts.c.amount)
+            .where(ACCOUNTS.c.id == parts.c.account_id, parts.c.grant_id.is_(None))
+        )
+
+    if on.name == "postgresql":
+        return [p.Run(allocation.add_cte(spent(found).cte("spent"), owed(found).cte("owed")))]
+    parts = on.rows(_PARTS, "pt")
+    returned = allocation.returning(
+        ALLOCATIONS.c.grant_id,
+        ALLOCATIONS.c.account_id,
+        ALLOCATIONS.c.amount_microcents.label("amount"),
+        ALLOCATIONS.c.kind,
+    )
+    return [
+        p.Collect(returned, into=_PARTS),
+        p.When(on.count(_PARTS) > 0, (p.Run(spent(parts)),)),
+        p.When(on.holds_any(_PARTS, "kind", DEFICIT), (p.Run(owed(parts)),)),
     ]
 
 
@@ -278,22 +345,11 @@ _DEBITS = p.Rows("v_debits", DEBITS_IN.columns)
 
 def _spend_credit(on: p.Backend) -> list[p.Step]:
     given = on.records(DEBITS_IN, "g")
-    debits = on.rows(_DEBITS, "ld")
     return [
         p.Collect(
             select(given.c.account_id, given.c.total), into=_DEBITS, order_by=("account_id",)
         ),
-        p.When(
-            on.count(_DEBITS) > 1,
-            (
-                p.Run(
-                    select(ACCOUNTS.c.id)
-                    .where(ACCOUNTS.c.id.in_(select(debits.c.account_id)))
-                    .order_by(p.byte_order(ACCOUNTS.c.id))
-                    .with_for_update(key_share=True)
-                ),
-            ),
-        ),
+        lock_accounts(on, _DEBITS, "ld"),
         *debit_steps(on, _DEBITS, NOW.ref),
     ]
 

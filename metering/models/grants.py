@@ -21,8 +21,11 @@ from sqlalchemy.orm import Mapped, mapped_column
 
 from metering.models.base import Base, BigIntPK, UTCDateTime
 
-# Rows a debit may still be paid from (the live test adds "not expired at now").
-UNSPENT_ROWS = "status = 'active' AND remaining_microcents > 0"
+# Rows a debit may still be paid from are among these (the live test adds "a remainder, not
+# expired at now"). Not on the remainder itself: every debit moves it, and a column an index's
+# predicate reads makes each such update of the grant a non-HOT one in PostgreSQL (a new entry
+# in every index of the table, and dead ones to skip until a vacuum), one per debit.
+ACTIVE_ROWS = "status = 'active'"
 # Grants with an expiry whose credit.grant_expiring (§11) is still to be written or skipped.
 UNNOTICED_EXPIRY_ROWS = "expires_at IS NOT NULL AND NOT expiring_noticed"
 
@@ -45,11 +48,11 @@ class CreditGrant(Base):
         ),
         Index("ix_credit_grants_account_id_entry_id", "account_id", "entry_id"),
         Index(
-            "ix_credit_grants_unspent",
+            "ix_credit_grants_active",
             "account_id",
             "expires_at",
-            sqlite_where=text(UNSPENT_ROWS),
-            postgresql_where=text(UNSPENT_ROWS),
+            sqlite_where=text(ACTIVE_ROWS),
+            postgresql_where=text(ACTIVE_ROWS),
         ),
         Index(
             "ix_credit_grants_expiring_unnoticed",

@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import logging
 import random
-import ssl
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -26,10 +25,6 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-import httpcore2
-import httpx2
-from httpcore2 import NetworkStream
-from httpcore2._backends.sync import SyncBackend
 from prometheus_client.core import GaugeMetricFamily, Metric
 from sqlalchemy import bindparam, func, select, update
 from sqlalchemy.orm import Session
@@ -39,7 +34,7 @@ from metering.kit.clock import Clock
 from metering.metrics import REGISTRY
 from metering.models import WebhookDelivery, WebhookEndpoint, WebhookEvent, table
 from metering.notifications import messages
-from metering.notifications.addresses import Resolver, allowed_addresses, system_resolver
+from metering.notifications.addresses import Resolver, system_resolver
 from metering.notifications.secrets import SecretUnreadable
 from metering.notifications.service import DELIVERED, FAILED, PENDING, signing_secrets
 from metering.settings import Settings
@@ -79,56 +74,6 @@ def retry_delay(attempts: int, rng: Callable[[], float] = random.random) -> time
     """The wait after the ``attempts``-th failed attempt, with ±20% jitter."""
     base = RETRY_SCHEDULE[attempts - 1]
     return base * (1 - JITTER + 2 * JITTER * rng())
-
-
-class GuardedBackend(SyncBackend):
-    """Connects only to addresses the rules allow, checked on the resolved address itself."""
-
-    def __init__(self, allow_private: bool, resolver: Resolver) -> None:
-        self.allow_private = allow_private
-        self.resolver = resolver
-
-    def connect_tcp(
-        self,
-        host: str,
-        port: int,
-        timeout: float | None = None,
-        local_address: str | None = None,
-        socket_options: Iterable[Any] | None = None,
-    ) -> NetworkStream:
-        try:
-            addresses = allowed_addresses(host, port, self.allow_private, self.resolver)
-        except OSError as exc:
-            raise httpcore2.ConnectError(str(exc)) from exc
-        last: Exception | None = None
-        for address in addresses:
-            try:
-                return super().connect_tcp(address, port, timeout, local_address, socket_options)
-            except httpcore2.ConnectError as exc:
-                last = exc
-        assert last is not None
-        raise last
-
-
-def make_client(settings: Settings, resolver: Resolver) -> httpx2.Client:
-    """An HTTP client that follows no redirect, ignores proxy variables and checks addresses."""
-    context = ssl.create_default_context()
-    if settings.webhook_ca_bundle is not None:
-        context.load_verify_locations(cafile=str(settings.webhook_ca_bundle))
-    transport = httpx2.HTTPTransport(verify=context, trust_env=False)
-    transport._pool = httpcore2.ConnectionPool(
-        ssl_context=context,
-        max_connections=BATCH,
-        max_keepalive_connections=10,
-        keepalive_expiry=5.0,
-        network_backend=GuardedBackend(settings.webhooks_may_reach_private, resolver),
-    )
-    return httpx2.Client(
-        transport=transport,
-        timeout=httpx2.Timeout(settings.webhook_timeout_seconds),
-        follow_redirects=False,
-        trust_env=False,
-    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,7 +120,12 @@ class Deliverer:
         self.keys = settings.secret_key
         # Longer than any attempt can take, so a live attempt is never claimed twice.
         self.lease = timedelta(seconds=3 * settings.webhook_timeout_seconds + 5)
-        self.client = make_client(settings, resolver or system_resolver)
+        # Imported here: the HTTP client's modules (httpx2, httpcore2 and what they load, several
+        # MB) are needed only where deliveries are sent, not in every server worker, which
+        # imports this module for its /metrics.
+        from metering.notifications.transport import make_client
+
+        self.client = make_client(settings, resolver or system_resolver, BATCH)
         self.pool = ThreadPoolExecutor(max_workers=SENDERS, thread_name_prefix="webhook")
 
     def close(self) -> None:
@@ -325,6 +275,8 @@ class Deliverer:
     # -- 3. send ---------------------------------------------------------------------------------
 
     def send(self, item: Claimed) -> Outcome:
+        import httpx2  # loaded with the client (see __init__)
+
         if not item.signing:
             return Outcome(None, "not sent: no METERING_SECRET_KEY opens the endpoint's secret")
         now = self.clock.now()

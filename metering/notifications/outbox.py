@@ -25,7 +25,17 @@ from collections.abc import Mapping, Sequence
 from datetime import date, datetime
 from typing import Any
 
-from sqlalchemy import FromClause, String, and_, insert, literal, select, union_all
+from sqlalchemy import (
+    ColumnElement,
+    FromClause,
+    String,
+    and_,
+    insert,
+    literal,
+    or_,
+    select,
+    union_all,
+)
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.functions import FunctionElement
@@ -155,6 +165,22 @@ def _json_object_sqlite(element: json_object_text, compiler: Any, **kw: Any) -> 
     return f"json_object({compiler.process(element.clauses, **kw)})"
 
 
+def crosses_low(before: Any, after: Any, threshold: Any) -> ColumnElement[bool]:
+    """``credit.balance_low``'s crossing: from ≥ the threshold (set) to below it."""
+    return and_(threshold.is_not(None), before >= threshold, after < threshold)
+
+
+def crosses_depleted(before: Any, after: Any) -> ColumnElement[bool]:
+    """``credit.balance_depleted``'s crossing: from > 0 to ≤ 0."""
+    return and_(before > 0, after <= 0)
+
+
+def crosses(before: Any, after: Any, threshold: Any) -> ColumnElement[bool]:
+    """Whether a move from ``before`` to ``after`` crosses any threshold (a debit's program
+    writes the events only then: ``balance_crossings``)."""
+    return or_(crosses_low(before, after, threshold), crosses_depleted(before, after))
+
+
 def balance_crossings(moves: FromClause, now: Any, account_id: Any = None) -> Any:
     """Write the threshold events of balance moves: ``moves`` has ``account_id``,
     ``before_microcents`` and ``after_microcents`` (the balance before and after the
@@ -188,11 +214,7 @@ def balance_crossings(moves: FromClause, now: Any, account_id: Any = None) -> An
             now,
         )
         .select_from(joined)
-        .where(
-            threshold.is_not(None),
-            moves.c.before_microcents >= threshold,
-            moves.c.after_microcents < threshold,
-        )
+        .where(crosses_low(moves.c.before_microcents, moves.c.after_microcents, threshold))
     )
     depleted = (
         select(
@@ -203,7 +225,7 @@ def balance_crossings(moves: FromClause, now: Any, account_id: Any = None) -> An
             now,
         )
         .select_from(moves)
-        .where(and_(moves.c.before_microcents > 0, moves.c.after_microcents <= 0))
+        .where(crosses_depleted(moves.c.before_microcents, moves.c.after_microcents))
     )
     crossed = union_all(low, depleted).subquery("crossed")
     return insert(EVENTS).from_select(

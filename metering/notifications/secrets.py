@@ -14,11 +14,10 @@ import hmac
 import os
 from collections.abc import Sequence
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
-from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives import hashes
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 SECRET_PREFIX = "whsec_"
 _FORMAT = "v1."
@@ -31,6 +30,12 @@ def new_secret() -> str:
 
 @lru_cache(maxsize=16)
 def _derived(key: str) -> AESGCM:
+    # Imported here: only sealing and opening a secret need cryptography (~6 MB a process),
+    # which the server's other routes never do.
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+    from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
     derived = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=_INFO).derive(key.encode())
     return AESGCM(derived)
 
@@ -57,6 +62,8 @@ def open_sealed(keys: Sequence[str], stored: str, endpoint_id: str) -> str:
         raise SecretKeyMissing("METERING_SECRET_KEY is not set")
     if not stored.startswith(_FORMAT):
         raise SecretUnreadable(f"endpoint {endpoint_id}: unknown secret format")
+    from cryptography.exceptions import InvalidTag
+
     raw = base64.urlsafe_b64decode(stored[len(_FORMAT) :])
     nonce, sealed = raw[:12], raw[12:]
     for key in keys:

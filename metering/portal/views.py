@@ -8,15 +8,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from metering.accounts import service as accounts
 from metering.catalog.service import listed_models
-from metering.exports.files import AccountFile, account_files
-from metering.exports.rollforward import AccountRollForward, account_rollforward
 from metering.kit.timeutil import format_timestamp
 from metering.ledger import credit_grants
 from metering.ledger import service as ledger
@@ -27,6 +25,10 @@ from metering.notifications.service import Scope
 from metering.reports import params, service
 from metering.reports.params import ReportQuery
 from metering.reports.service import Report
+
+if TYPE_CHECKING:
+    from metering.exports.files import AccountFile
+    from metering.exports.rollforward import AccountRollForward
 
 OVERVIEW_DAYS = 30
 ACTIVITY_DAYS = 31
@@ -155,11 +157,17 @@ def models(session: Session, account_id: str, now: datetime) -> list[dict[str, A
 
 
 def exports(export_dir: Path, account_id: str) -> list[AccountFile]:
+    # Imported here: the export files' module loads pandas and pyarrow (tens of MB), which
+    # the server's other routes never need (every worker would carry them).
+    from metering.exports.files import account_files
+
     return account_files(export_dir, account_id)
 
 
 def rollforward(export_dir: Path, account_id: str) -> list[AccountRollForward]:
     """The account's rows of the daily credit roll-forward files, newest day first."""
+    from metering.exports.rollforward import account_rollforward  # pandas: see exports()
+
     return account_rollforward(export_dir, account_id, ROLLFORWARD_DAYS)
 
 

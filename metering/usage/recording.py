@@ -144,6 +144,12 @@ RECORD_USAGE = p.Program(
     params=(NOW, EVENTS_IN, PREPAID, ROLLUPS_IN, *_LIMITS),
     build=_record_usage,
     returns=BigInteger(),
+    # Its statements' plans are kept, not made again at every call: with the plan cache's
+    # default, PostgreSQL kept planning each statement anew for its parameters (a plan for the
+    # row arrays' actual sizes looks cheaper than one for any size), ~250 µs of the backend's
+    # CPU per single event, about a quarter of it (docs/performance.md). Its arrays hold one
+    # event's rows; the batch path (SETTLE_USAGE) keeps plans made for its sizes.
+    settings={"plan_cache_mode": "force_generic_plan"},
 )
 
 

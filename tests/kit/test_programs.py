@@ -7,7 +7,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from sqlalchemy import BigInteger, create_engine, select
+from sqlalchemy import BigInteger, create_engine, literal, select
 
 from metering.kit import programs as p
 from metering.kit.programs import POSTGRESQL, SQLITE, Backend
@@ -36,18 +36,41 @@ CASES: list[tuple[list[dict[str, int]], int | None]] = [
 ]
 
 
-def _run(backend: str, url: str, rows: list[dict[str, int]]) -> Any:
+def _kept_five(on: Backend) -> list[p.Step]:
+    rows = on.records(ROWS_IN, "r")
+    kept = select(rows.c.id, rows.c.amount).where(rows.c.amount > 0)
+    return [
+        p.Collect(kept, into=KEPT),
+        p.When(on.holds_any(KEPT, "amount", 5), (p.Return(literal(1)),)),
+        p.Return(literal(0)),
+    ]
+
+
+KEPT_FIVE = p.Program("metering_test_kept_five", params=(ROWS_IN,), build=_kept_five,
+                      returns=BigInteger())  # fmt: skip
+
+HOLDS_ANY_CASES: list[tuple[list[dict[str, int]], int]] = [
+    ([], 0),  # nothing collected: no row holds it
+    ([{"id": 1, "amount": 0}], 0),
+    ([{"id": 1, "amount": 5}], 1),
+    ([{"id": 1, "amount": 3}, {"id": 2, "amount": 5}, {"id": 3, "amount": 4}], 1),
+    ([{"id": 1, "amount": 3}, {"id": 2, "amount": 4}], 0),
+    ([{"id": 1, "amount": 50}], 0),
+]
+
+
+def _run(backend: str, url: str, rows: list[dict[str, int]], program: p.Program = LAST_KEPT) -> Any:
     if backend == "postgresql":
         with psycopg.connect(url.replace("+psycopg", "")) as connection:
-            connection.execute(LAST_KEPT.plpgsql)
+            connection.execute(program.plpgsql)
             records = p.records_json(ROWS_IN, rows, POSTGRESQL)
-            row = connection.execute(LAST_KEPT.call_sql, {"p_rows": records}).fetchone()
+            row = connection.execute(program.call_sql, {"p_rows": records}).fetchone()
             connection.rollback()  # the test's function goes with it
             return row[0] if row else None
     engine = create_engine(url)
     try:
         with engine.connect() as connection:
-            return LAST_KEPT.run(connection, p_rows=p.records_json(ROWS_IN, rows, SQLITE))
+            return program.run(connection, p_rows=p.records_json(ROWS_IN, rows, SQLITE))
     finally:
         engine.dispose()
 
@@ -62,3 +85,20 @@ def test_last_is_the_last_collected_row_on_both_backends(
         url = f"sqlite:///{tmp_path / 'programs.db'}"
     for rows, expected in CASES:
         assert _run(backend, url, rows) == expected, rows
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_holds_any_finds_a_value_among_the_collected_rows_on_both_backends(
+    backend: str, tmp_path: Any, request: pytest.FixtureRequest
+) -> None:
+    if backend == "postgresql":
+        url = request.getfixturevalue("pg_url")
+    else:
+        url = f"sqlite:///{tmp_path / 'programs.db'}"
+    for rows, expected in HOLDS_ANY_CASES:
+        assert _run(backend, url, rows, KEPT_FIVE) == expected, rows
+
+
+def test_holds_any_is_an_expression_of_the_collected_array_on_postgresql() -> None:
+    # PL/pgSQL evaluates it on its fast path: no statement of its own.
+    assert "IF 5 = ANY (v_kept_amount) THEN" in KEPT_FIVE.plpgsql

@@ -10,7 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import func, select
 
+from metering.kit.timeutil import format_timestamp
+from metering.models import CreditAllocation, CreditGrant, WebhookEvent
 from metering.usage import endpoints
 from tests.conftest import NOW, Api, running_api
 from tests.factories import (
@@ -23,6 +26,7 @@ from tests.factories import (
     grant,
     ingest,
     priced_model,
+    unique,
     usage_event,
 )
 from tests.security.helpers import assert_books_reconcile
@@ -139,4 +143,92 @@ def test_one_by_one_books_exactly_what_one_batch_books(pg_api: Api) -> None:
     assert credits_of(pg_api, singles)["balance_microcents"] < 0  # no credit: billed anyway
     unbilled_totals = seen(unbilled)[0][0]
     assert unbilled_totals["requests"] == 12 and unbilled_totals["cost_microcents"] is None
+    assert_books_reconcile(pg_api)
+
+
+# One cent per event: 1000 prompt tokens at 1000 cents per million, output free.
+CENT_RATES = (1_000_000_000, 0, 0)
+
+
+def _spent_by_category(api: Api, account: str) -> dict[tuple[str | None, str], int]:
+    """Σ of the account's allocation rows by (category of the grant, kind)."""
+    with api.database.reading() as session:
+        rows = session.execute(
+            select(
+                CreditGrant.category,
+                CreditAllocation.kind,
+                func.sum(CreditAllocation.amount_microcents),
+            )
+            .select_from(CreditAllocation)
+            .outerjoin(CreditGrant, CreditGrant.id == CreditAllocation.grant_id)
+            .where(CreditAllocation.account_id == account)
+            .group_by(CreditGrant.category, CreditAllocation.kind)
+        ).all()
+    return {(category, kind): int(total) for category, kind, total in rows}
+
+
+def _event_types(api: Api, account: str) -> list[str]:
+    with api.database.reading() as session:
+        return list(
+            session.execute(
+                select(WebhookEvent.type)
+                .where(WebhookEvent.account_id == account)
+                .order_by(WebhookEvent.id)
+            ).scalars()
+        )
+
+
+def test_one_by_one_spends_the_grants_and_crosses_as_one_batch_does(
+    pg_api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each single event's debit (its own program run: the allocation, the deficit and the
+    threshold events only when it crosses) ends where one batch of the same events ends."""
+    model = priced_model(pg_api, NOW - timedelta(days=1), CENT_RATES)
+    keys = []
+    for _ in range(2):
+        account = create_account(pg_api)
+        promotional = pg_api.admin(
+            "POST",
+            f"/admin/v1/accounts/{account}/grants",
+            json={
+                "amount_cents": 2,
+                "idempotency_key": unique("g"),
+                "category": "promotional",
+                "expires_at": format_timestamp(NOW + timedelta(days=1)),
+            },
+        )
+        assert promotional.status_code == 201, promotional.text
+        grant(pg_api, account, 3)  # paid: spent after the promotional one
+        threshold = pg_api.admin(
+            "PATCH", f"/admin/v1/accounts/{account}", json={"low_balance_threshold_cents": 4}
+        )
+        assert threshold.status_code == 200, threshold.text
+        keys.append(create_key(pg_api, account))
+    singles, batch = keys
+
+    def events(key: Any) -> list[dict[str, Any]]:
+        return [usage_event(key, model, NOW, chat_usage(1000, 0)) for _ in range(7)]
+
+    _general_path_forbidden(monkeypatch)
+    for event in events(singles):  # 5 cents of credit → −2: promotional, paid, then deficit
+        assert ingest(pg_api, event)["recorded"] == 1
+    monkeypatch.undo()
+    assert ingest(pg_api, *events(batch))["recorded"] == 7
+
+    credits = credits_of(pg_api, singles)
+    assert credits["balance_microcents"] == -2_000_000
+    assert credits["deficit_microcents"] == 2_000_000 and credits["grants"] == []
+    assert credits == credits_of(pg_api, batch)
+    expected = {
+        ("promotional", "spend"): 2_000_000,
+        ("paid", "spend"): 3_000_000,
+        (None, "deficit"): 2_000_000,
+    }
+    assert _spent_by_category(pg_api, singles.account_id) == expected
+    assert _spent_by_category(pg_api, batch.account_id) == expected
+    # The low balance (5 → 3, at the second event) and the depletion (→ 0, at the fifth), once
+    # each, as the batch's one move (5 → −2) crosses both.
+    crossed = ["credit.balance_low", "credit.balance_depleted"]
+    assert _event_types(pg_api, singles.account_id) == crossed
+    assert _event_types(pg_api, batch.account_id) == crossed
     assert_books_reconcile(pg_api)
