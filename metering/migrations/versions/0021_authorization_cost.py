@@ -7,7 +7,7 @@ a ``member_spend_limit`` refusal needs. It is now a variable set by an IF on tha
 otherwise): one statement fewer per hold placed, the same result rows.
 
 Revision ID: 0021
-Revises: 0019
+Revises: 0020
 Create Date: 2026-12-01 16:00:00
 """
 
@@ -19,7 +19,7 @@ from types import ModuleType
 from alembic import op
 
 revision: str = "0021"
-down_revision: str | Sequence[str] | None = "0019"
+down_revision: str | Sequence[str] | None = "0020"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -8,7 +8,7 @@ The functions are generated (``python -m metering.functions``) and frozen as the
 revision; ``tests/test_functions.py`` holds them equal to the definitions.
 
 Revision ID: 0022
-Revises: 0019
+Revises: 0021
 Create Date: 2026-12-01 16:00:00
 """
 
@@ -21,7 +21,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0022"
-down_revision: str | Sequence[str] | None = "0019"
+down_revision: str | Sequence[str] | None = "0021"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
@@ -321,7 +321,7 @@ $$
 """
 
 
-# The signatures before this revision (0018's text), dropped so that no overload stays behind.
+# The signatures before this revision (0020's text), dropped so that no overload stays behind.
 _OLD_SIGNATURES = (
     "metering_settle_usage(timestamp with time zone, json, json)",
     "metering_record_usage(timestamp with time zone, json, boolean, json)",
@@ -386,7 +386,7 @@ def downgrade() -> None:
     if op.get_bind().dialect.name == "postgresql":
         for signature in _NEW_SIGNATURES:
             op.execute(f"DROP FUNCTION IF EXISTS {signature}")
-        previous = _migration("0018")
+        previous = _migration("0020")  # the texts just before this revision
         op.execute(previous.SETTLE_USAGE)
         op.execute(previous.RECORD_USAGE)
     op.drop_table("spend_limit_notices")

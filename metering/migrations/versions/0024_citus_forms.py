@@ -5,7 +5,7 @@ reads the account's rows only, and on Citus its account's shard only. ``metering
 frozen as it now generates; the other programs are as 0018 froze them.
 
 Revision ID: 0024
-Revises: 0019
+Revises: 0022
 Create Date: 2026-12-01 15:30:00
 """
 
@@ -17,7 +17,7 @@ from types import ModuleType
 from alembic import op
 
 revision: str = "0024"
-down_revision: str | Sequence[str] | None = "0019"
+down_revision: str | Sequence[str] | None = "0022"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
@@ -159,7 +159,7 @@ $$
 
 FUNCTIONS = (PLACE_HOLDS,)
 # Where each function's previous text is frozen: (revision, constant), for the downgrade.
-PREVIOUS = (("0018", "PLACE_HOLDS"),)
+PREVIOUS = (("0021", "PLACE_HOLDS"),)
 
 
 def _migration(name: str) -> ModuleType:
