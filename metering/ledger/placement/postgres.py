@@ -197,19 +197,25 @@ class _Waiting:
     answer: asyncio.Future[Placement | list[_Waiting]]
 
 
-_CITUS: dict[str, bool] = {}
+_CITUS: dict[tuple[str, str, str], bool] = {}
 
 
 async def _on_citus(connection: psycopg.AsyncConnection[Any]) -> bool:
-    """Whether the database is a Citus coordinator (asked once per process and database)."""
-    dsn = connection.info.dsn
-    if dsn not in _CITUS:
+    """Whether the database is a Citus coordinator (asked once per process and database).
+
+    The database is named by its host, port and name, which libpq keeps at hand; not by
+    ``info.dsn``, which rebuilds and parses the whole connection string at every call (about
+    a tenth of an authorization's server CPU, measured with cProfile)."""
+    info = connection.info
+    database = (info.host, str(info.port), info.dbname)
+    found = _CITUS.get(database)
+    if found is None:
         cursor = await connection.execute(
             "SELECT count(*) > 0 FROM pg_extension WHERE extname = 'citus'"
         )
         row = await cursor.fetchone()
-        _CITUS[dsn] = bool(row and row[0])
-    return _CITUS[dsn]
+        found = _CITUS[database] = bool(row and row[0])
+    return found
 
 
 class _Queue:
