@@ -56,11 +56,14 @@ class Distribution:
     dropped_foreign_keys: list[str] = field(default_factory=list)
 
 
+# Whether a PostgreSQL database is a Citus coordinator: the one question, asked by migrate and
+# by the gateway's group commit (metering.ledger.placement.postgres).
+CITUS_PROBE = "SELECT count(*) > 0 FROM pg_extension WHERE extname = 'citus'"
+
+
 def has_citus(connection: Connection) -> bool:
     return connection.dialect.name == "postgresql" and bool(
-        connection.execute(
-            text("SELECT count(*) FROM pg_extension WHERE extname = 'citus'")
-        ).scalar()
+        connection.execute(text(CITUS_PROBE)).scalar()
     )
 
 
@@ -99,12 +102,12 @@ def placement(table: TableFacts) -> Placement:
 def distribute(url: str) -> Distribution:
     """Place every table of the database at ``url`` by :func:`placement`, when it has Citus
     (a no-op elsewhere, and for tables already placed). One transaction: all or nothing."""
-    if not is_citus(url):
+    if not url.startswith("postgresql"):
         return Distribution()
     engine = create_engine(url)
     try:
         with engine.begin() as connection:
-            return _distribute(connection)
+            return _distribute(connection) if has_citus(connection) else Distribution()
     finally:
         engine.dispose()
 

@@ -16,6 +16,7 @@ from typing import Any
 import psycopg
 from sqlalchemy import String, bindparam, exists, select
 
+from metering.citus import CITUS_PROBE
 from metering.kit.programs import psycopg_text
 from metering.ledger.access import checked_under_lock
 from metering.ledger.metrics import RESOLUTIONS
@@ -210,9 +211,7 @@ async def _on_citus(connection: psycopg.AsyncConnection[Any]) -> bool:
     database = (info.host, str(info.port), info.dbname)
     found = _CITUS.get(database)
     if found is None:
-        cursor = await connection.execute(
-            "SELECT count(*) > 0 FROM pg_extension WHERE extname = 'citus'"
-        )
+        cursor = await connection.execute(CITUS_PROBE)
         row = await cursor.fetchone()
         found = _CITUS[database] = bool(row and row[0])
     return found
