@@ -27,9 +27,14 @@ and a table a later migration adds is placed the next time it runs.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
-from sqlalchemy import Connection, create_engine, text
+from sqlalchemy import Connection, MetaData, String, create_engine, text
+
+from metering.kit import programs as p
+from metering.models import Base
 
 ACCOUNT_COLUMN = "account_id"
 ACCOUNTS = "accounts"
@@ -54,11 +59,46 @@ class Distribution:
     placed: list[Placement] = field(default_factory=list)
     widened: list[str] = field(default_factory=list)
     dropped_foreign_keys: list[str] = field(default_factory=list)
+    functions: list[str] = field(default_factory=list)  # distributed by their account
 
 
 # Whether a PostgreSQL database is a Citus coordinator: the one question, asked by migrate and
 # by the gateway's group commit (metering.ledger.placement.postgres).
 CITUS_PROBE = "SELECT count(*) > 0 FROM pg_extension WHERE extname = 'citus'"
+
+
+class Probed:
+    """What ``CITUS_PROBE`` answered for each database a process connects to (by host, port and
+    name, which libpq keeps at hand): whether a database is a Citus coordinator does not change
+    while a process serves it (``metering migrate`` distributes it before the service starts)."""
+
+    def __init__(self) -> None:
+        self._answers: dict[tuple[Any, ...], bool] = {}
+
+    @staticmethod
+    def key(info: Any) -> tuple[Any, ...]:
+        """A psycopg ``connection.info``'s database: not ``info.dsn``, which rebuilds and parses
+        the whole connection string at every call (a tenth of an authorization's CPU)."""
+        return (info.host, info.port, info.dbname)
+
+    def get(self, info: Any) -> bool | None:
+        return self._answers.get(self.key(info))
+
+    def keep(self, info: Any, answer: Any) -> bool:
+        found = self._answers[self.key(info)] = bool(answer)
+        return found
+
+
+PROBED = Probed()
+
+
+def on_citus(driver_connection: Any) -> bool:
+    """Whether a (synchronous) psycopg connection's database is a Citus coordinator."""
+    found = PROBED.get(driver_connection.info)
+    if found is None:
+        row = driver_connection.execute(CITUS_PROBE).fetchone()
+        found = PROBED.keep(driver_connection.info, row and row[0])
+    return found
 
 
 def has_citus(connection: Connection) -> bool:
@@ -99,6 +139,50 @@ def placement(table: TableFacts) -> Placement:
     return Placement(table.name, "reference")
 
 
+def facts_of(metadata: MetaData) -> list[TableFacts]:
+    """The facts the rule looks at, read from the models (the migrations make the same tables:
+    tests/test_migrations.py) rather than from a database."""
+    return [
+        TableFacts(
+            name,
+            frozenset(c.name for c in table.columns if not c.nullable),
+            # The one table with triggers of its own: the audit log's append-only guard.
+            name == "audit_events",
+        )
+        for name, table in metadata.tables.items()
+    ]
+
+
+def sharding(metadata: MetaData) -> dict[str, str]:
+    """Each table the rule shards, and the column it is sharded by: the scope of the statements
+    and programs that run for one account (``of_account``)."""
+    return {
+        where.table: where.column
+        for where in map(placement, facts_of(metadata))
+        if where.kind == "distributed" and where.column is not None
+    }
+
+
+# The argument a one-account program is sent to the account's node by (its first).
+ACCOUNT = p.Var("p_account_id", String())
+
+
+# The service's sharded tables and their columns.
+SCOPE: Mapping[str, str] = sharding(Base.metadata)
+
+
+def of_account(program: p.Program) -> p.Program:
+    """A program's form on a Citus cluster: for one account's rows, every statement limited to
+    its shard (``Program.of_account``), distributed by ``ACCOUNT`` (``distribute``)."""
+    return program.of_account(ACCOUNT, SCOPE)
+
+
+def text_of_account(statement: Any) -> str:
+    """A statement's psycopg text for one account's rows on a cluster (``ACCOUNT``: its
+    ``%(p_account_id)s`` parameter), every sharded table limited to the account's shard."""
+    return p.psycopg_text_of_account(statement, ACCOUNT, SCOPE)
+
+
 def distribute(url: str) -> Distribution:
     """Place every table of the database at ``url`` by :func:`placement`, when it has Citus
     (a no-op elsewhere, and for tables already placed). One transaction: all or nothing."""
@@ -136,9 +220,42 @@ def _distribute(connection: Connection) -> Distribution:
     }
     pending = {name: where for name, where in kinds.items() if name not in placed_already}
     done = Distribution()
-    if not pending:
-        return done
+    if pending:
+        _place(connection, kinds, pending, done)
+    done.functions = _distribute_functions(connection)
+    return done
 
+
+def _distribute_functions(connection: Connection) -> list[str]:
+    """Every one-account program (``…_of_account``, its first argument ``ACCOUNT``) distributed
+    by that argument, colocated with ``accounts``: a call from the coordinator is sent, whole, to
+    the node that holds the account (Citus' function call delegation), and runs there as one
+    local transaction."""
+    done = []
+    for (signature,) in connection.execute(
+        text(
+            "SELECT p.oid::regprocedure::text FROM pg_proc p "
+            "JOIN pg_namespace n ON n.oid = p.pronamespace "
+            "WHERE n.nspname = 'public' AND p.proname LIKE 'metering\\_%\\_of\\_account' "
+            "AND NOT EXISTS (SELECT FROM pg_dist_object d "
+            "  WHERE d.classid = 'pg_proc'::regclass AND d.objid = p.oid "
+            "  AND d.colocationid IS NOT NULL) ORDER BY 1"
+        )
+    ):
+        connection.execute(
+            text("SELECT create_distributed_function(:f, :argument, colocate_with => :anchor)"),
+            {"f": signature, "argument": ACCOUNT.name, "anchor": ACCOUNTS},
+        )
+        done.append(signature)
+    return done
+
+
+def _place(
+    connection: Connection,
+    kinds: dict[str, Placement],
+    pending: dict[str, Placement],
+    done: Distribution,
+) -> None:
     # Distributing tables with foreign keys in one transaction needs Citus to use one
     # connection per node; a transaction that writes a reference table with foreign keys does
     # too, so the database keeps that mode for every session.
@@ -183,7 +300,6 @@ def _distribute(connection: Connection) -> Distribution:
             done.dropped_foreign_keys.append(f"{fk.table}.{fk.name}")
         else:
             connection.execute(text(statement))
-    return done
 
 
 def _recreated(fk: _ForeignKey, kinds: dict[str, Placement]) -> str | None:

@@ -360,6 +360,25 @@ class Program:
     # PostgreSQL settings in force while the function runs (its ``SET`` clauses), e.g. the plan
     # cache's mode: nothing SQLite interprets.
     settings: Mapping[str, str] = field(default_factory=dict)
+    # The one-account form's scope (``of_account``): each sharded table's name and the column
+    # it is sharded by; None for the program as written.
+    scope: Mapping[str, str] | None = None
+
+    def of_account(self, account: Var, scope: Mapping[str, str]) -> Program:
+        """The same program for one account's rows (a Citus cluster's form, CONTRACT §13):
+        ``account`` first among its parameters (the argument the cluster sends each call to the
+        node holding that account by), and every read and write of a table of ``scope`` limited
+        to that account's rows, so each statement touches the account's shard only. Its callers
+        pass rows of that account alone: the limit then changes no result."""
+        return Program(
+            f"{self.name}_of_account",
+            params=(account, *self.params),
+            build=self.build,
+            returns=self.returns,
+            initial=self.initial,
+            settings=self.settings,
+            scope=dict(scope),
+        )
 
     def steps(self, on: Backend) -> tuple[Step, ...]:
         cache = self.__dict__.setdefault("_steps", {})
@@ -374,6 +393,7 @@ class Program:
     def plpgsql(self) -> str:
         """``CREATE OR REPLACE FUNCTION …``: the program as PL/pgSQL."""
         steps = self.steps(POSTGRESQL)
+        dialect = _PG_DIALECT if self.scope is None else _scoped_dialect(self)
         declared: dict[str, str] = {}
         for name, kind in _declarations(steps):
             declared.setdefault(name, kind)
@@ -410,7 +430,7 @@ class Program:
                 default = "" if initial is None else f" := {_pg_literal(initial)}"
                 lines.append(f"    {name} {kind}{default};")
         lines.append("BEGIN")
-        lines += _render(steps, self, 1)
+        lines += _render(steps, self, 1, dialect)
         lines.append("END;")
         lines.append("$$")
         return "\n".join(lines) + "\n"
@@ -602,6 +622,96 @@ _SQLITE_DIALECT = sqlite.dialect()
 _PSYCOPG_DIALECT = _PsycopgDialect()
 
 
+class _AccountScoped(PGCompiler_psycopg):
+    """A compiler mixin for one account's statements (``Program.of_account``,
+    ``psycopg_text_of_account``): every table of the dialect's ``scope`` read in a FROM is read
+    as ``(SELECT * FROM t WHERE t.<column> = <account>)`` under its own name (or alias), and
+    every UPDATE or DELETE of one is limited to the account's rows. A restriction on the
+    sharding column of every sharded table the statement names is what lets a Citus cluster
+    send it, whole, to the one shard that holds the account (its "router" plans); outer joins
+    keep their meaning, as the limit sits inside the joined relation."""
+
+    dialect: Any
+
+    def _account_rows(self, table: Any, **kw: Any) -> str | None:
+        column = self.dialect.scope.get(table.name)
+        if column is None:
+            return None
+        name = self.preparer.quote(table.name)
+        account = self.process(self.dialect.account.ref, **kw)
+        return f"(SELECT * FROM {name} WHERE {name}.{self.preparer.quote(column)} = {account})"
+
+    def visit_table(  # type: ignore[override]
+        self,
+        table: Any,
+        asfrom: bool = False,
+        iscrud: bool = False,
+        enclosing_alias: Any = None,
+        **kw: Any,
+    ) -> str:
+        rendered = super().visit_table(
+            table, asfrom=asfrom, iscrud=iscrud, enclosing_alias=enclosing_alias, **kw
+        )
+        if not asfrom or iscrud:
+            return str(rendered)
+        limited = self._account_rows(table)
+        if limited is None:
+            return str(rendered)
+        if enclosing_alias is not None and enclosing_alias.element is table:
+            return limited  # the alias names it
+        return f"{limited} AS {self.preparer.quote(table.name)}"
+
+    def _limited(self, statement: Any) -> Any:
+        column = self.dialect.scope.get(statement.table.name)
+        if column is None:
+            return statement
+        return statement.where(statement.table.c[column] == self.dialect.account.ref)
+
+    def visit_update(self, update_stmt: Any, **kw: Any) -> str:  # type: ignore[override]
+        return str(super().visit_update(self._limited(update_stmt), **kw))
+
+    def visit_delete(self, delete_stmt: Any, **kw: Any) -> str:  # type: ignore[override]
+        return str(super().visit_delete(self._limited(delete_stmt), **kw))
+
+
+class _ScopedPlpgsqlCompiler(_AccountScoped, _PlpgsqlCompiler):
+    pass
+
+
+class _ScopedPsycopgCompiler(_AccountScoped, _PsycopgCompiler):
+    pass
+
+
+class _ScopedPlpgsqlDialect(PGDialect_psycopg):
+    statement_compiler = _ScopedPlpgsqlCompiler
+
+    def __init__(self, account: Var, scope: Mapping[str, str]) -> None:
+        super().__init__(paramstyle="named")
+        self.account, self.scope = account, dict(scope)
+
+
+class _ScopedPsycopgDialect(PGDialect_psycopg):
+    statement_compiler = _ScopedPsycopgCompiler
+
+    def __init__(self, account: Var, scope: Mapping[str, str]) -> None:
+        super().__init__()
+        self.account, self.scope = account, dict(scope)
+
+
+def _scoped_dialect(program: Program) -> Any:
+    account = program.params[0]
+    assert isinstance(account, Var) and program.scope is not None
+    return _ScopedPlpgsqlDialect(account, program.scope)
+
+
+def psycopg_text_of_account(
+    statement: ClauseElement, account: Var, scope: Mapping[str, str]
+) -> str:
+    """``psycopg_text`` of the statement for one account's rows (see ``_AccountScoped``): the
+    account is its ``%(<account.name>)s`` parameter."""
+    return str(statement.compile(dialect=_ScopedPsycopgDialect(account, scope)))
+
+
 def _pg_type(kind: TypeEngine[Any]) -> str:
     return str(_PG_DIALECT.type_compiler_instance.process(kind))
 
@@ -612,10 +722,6 @@ def _pg_literal(value: Any) -> str:
     if isinstance(value, int):
         return str(value)
     raise TypeError(f"no literal for {value!r}")
-
-
-def _sql(element: ClauseElement) -> str:
-    return str(element.compile(dialect=_PG_DIALECT))
 
 
 def _declarations(steps: Iterable[Step]) -> Iterable[tuple[str, str]]:
@@ -660,7 +766,10 @@ def _indent(text_: str, depth: int) -> list[str]:
     return [(pad + line).rstrip() for line in text_.splitlines()]
 
 
-def _render(steps: Iterable[Step], program: Program, depth: int) -> list[str]:
+def _render(steps: Iterable[Step], program: Program, depth: int, dialect: Any) -> list[str]:
+    def _sql(element: ClauseElement) -> str:
+        return str(element.compile(dialect=dialect))
+
     lines: list[str] = []
     for step in steps:
         if isinstance(step, Run):
@@ -711,15 +820,15 @@ def _render(steps: Iterable[Step], program: Program, depth: int) -> list[str]:
             lines += _indent(sql, depth)
         elif isinstance(step, When):
             lines += _indent(f"IF {_sql(step.condition)} THEN", depth)
-            lines += _render(step.then, program, depth + 1)
+            lines += _render(step.then, program, depth + 1, dialect)
             if step.otherwise:
                 lines += _indent("ELSE", depth)
-                lines += _render(step.otherwise, program, depth + 1)
+                lines += _render(step.otherwise, program, depth + 1, dialect)
             lines += _indent("END IF;", depth)
         elif isinstance(step, ForEach):
             into = ", ".join(v.name for v in step.into)
             lines += _indent(f"FOR {into} IN\n{_sql(step.statement)}\nLOOP", depth)
-            lines += _render(step.steps, program, depth + 1)
+            lines += _render(step.steps, program, depth + 1, dialect)
             lines += _indent("END LOOP;", depth)
         elif isinstance(step, Emit):
             assert isinstance(program.returns, Sequence) and not isinstance(
@@ -823,6 +932,7 @@ __all__ = [
     "greatest",
     "json_row",
     "psycopg_text",
+    "psycopg_text_of_account",
     "records_encoder",
     "records_json",
 ]

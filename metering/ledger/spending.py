@@ -45,6 +45,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.elements import BindParameter
 
+from metering.citus import of_account, on_citus
 from metering.db import driver_connection, is_postgresql
 from metering.kit import programs as p
 from metering.ledger.grants import live_sql, order_by, pending_sql
@@ -355,6 +356,7 @@ def _spend_credit(on: p.Backend) -> list[p.Step]:
 
 
 SPEND_CREDIT = p.Program("metering_spend_credit", params=(NOW, DEBITS_IN), build=_spend_credit)
+SPEND_CREDIT_OF_ACCOUNT = of_account(SPEND_CREDIT)  # on a Citus cluster (metering.citus)
 
 
 def spend(session: Session, debits: dict[str, int], now: datetime) -> None:
@@ -362,10 +364,22 @@ def spend(session: Session, debits: dict[str, int], now: datetime) -> None:
     transaction (``SPEND_CREDIT``: one round trip on PostgreSQL)."""
     rows = [{"account_id": a, "total": t} for a, t in sorted(debits.items())]
     if is_postgresql(session):
-        driver_connection(session).execute(
-            SPEND_CREDIT.call_sql,
-            {"p_now": now, "p_debits": p.records_json(DEBITS_IN, rows, p.POSTGRESQL)},
-        )
+        driver = driver_connection(session)
+        if not on_citus(driver):
+            driver.execute(
+                SPEND_CREDIT.call_sql,
+                {"p_now": now, "p_debits": p.records_json(DEBITS_IN, rows, p.POSTGRESQL)},
+            )
+            return
+        for row in rows:  # in byte order of account, as every debit locks accounts
+            driver.execute(
+                SPEND_CREDIT_OF_ACCOUNT.call_sql,
+                {
+                    "p_account_id": row["account_id"],
+                    "p_now": now,
+                    "p_debits": p.records_json(DEBITS_IN, [row], p.POSTGRESQL),
+                },
+            )
         return
     SPEND_CREDIT.run(
         session.connection(),

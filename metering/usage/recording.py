@@ -24,6 +24,7 @@ from typing import Any
 from sqlalchemy import BigInteger, FromClause, select, true
 from sqlalchemy.orm import Session
 
+from metering.citus import of_account
 from metering.db import driver_connection, is_postgresql
 from metering.kit import programs as p
 from metering.ledger.settlement import CHARGES_IN, ChargeToSettle, settle_steps
@@ -108,6 +109,8 @@ _LIMITS = (spend_limits.LIMITS_IN, spend_limits.LIMITED)
 SETTLE_USAGE = p.Program(
     "metering_settle_usage", params=(NOW, CHARGES_IN, ROLLUPS_IN, *_LIMITS), build=_settle_usage
 )
+SETTLE_USAGE_OF_ACCOUNT = of_account(SETTLE_USAGE)  # on a Citus cluster (metering.citus)
+
 
 _NEW = p.Rows("v_new", tuple((name, EVENTS.c[name].type) for name in _RETURNED))
 
@@ -151,6 +154,7 @@ RECORD_USAGE = p.Program(
     # event's rows; the batch path (SETTLE_USAGE) keeps plans made for its sizes.
     settings={"plan_cache_mode": "force_generic_plan"},
 )
+RECORD_USAGE_OF_ACCOUNT = of_account(RECORD_USAGE)  # on a Citus cluster (metering.citus)
 
 
 _ENCODE_CHARGES = {

@@ -49,6 +49,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.sql.elements import ColumnElement
 
+from metering.citus import of_account
 from metering.kit import programs as p
 from metering.kit.ranges import INT64_MAX, INT64_MIN
 from metering.ledger import holds
@@ -387,6 +388,7 @@ PLACE_HOLDS = p.Program(
     ),
     initial={"v_changed": False},
 )
+PLACE_HOLDS_OF_ACCOUNT = of_account(PLACE_HOLDS)  # on a Citus cluster (metering.citus)
 
 
 # -- The other statements of a hold's life: each one statement, the same on both backends. -----
