@@ -61,6 +61,7 @@ CITUS_MAINTENANCE_URL = os.environ.get(
 CITUS_MODULES = frozenset(
     {
         "tests/test_citus.py",
+        "tests/ledger/test_hold_ids.py",
     }
 )
 # METERING_TEST_CITUS_ALL=1: every module's Citus cases, to see what does not run there yet.

@@ -20,7 +20,7 @@ from sqlalchemy.engine import make_url
 from metering import citus, migrate
 from metering.models import Base
 from tests.conftest import CITUS, NOW, Api, fresh_citus_database, running_api
-from tests.factories import create_account, create_key, priced_model
+from tests.factories import authorize, create_account, create_key, grant, priced_model
 
 
 @pytest.fixture
@@ -172,18 +172,20 @@ WORKER = re.compile(r"on server \S+@\S+:(\d+) ")
 
 @dataclass
 class RemoteCommands:
-    """The coordinator's log of one database: each command it sent a worker (with the worker's
-    port), from the position ``mark()`` last noted."""
+    """A node's log of one database: each command it sent a worker (with the worker's port) and,
+    with ``local`` (a worker's log), each it ran on its own shards (port None), from the
+    position ``mark()`` last noted."""
 
     url: str
     database: str
     offset: int = 0
+    local: bool = False
 
     def mark(self) -> None:
         [(size,)] = rows(self.url, "SELECT size FROM pg_stat_file(pg_current_logfile())")
         self.offset = size
 
-    def since_mark(self) -> list[tuple[str, int]]:
+    def since_mark(self) -> list[tuple[str, int | None]]:
         [(size,)] = rows(self.url, "SELECT size FROM pg_stat_file(pg_current_logfile())")
         [(chunk,)] = rows(
             self.url,
@@ -191,16 +193,23 @@ class RemoteCommands:
             offset=self.offset,
             length=size - self.offset,
         )
-        commands: list[tuple[str, int]] = []
+        commands: list[tuple[str, int | None]] = []
         records = [r for r in RECORD.finditer(chunk) if r["db"] == self.database]
-        for record, following in zip(records, [*records[1:], None], strict=True):
+        for record, following in zip(records, [*records[1:], None][: len(records)], strict=True):
             message = record["message"]
-            if record["level"] == "NOTICE" and message.startswith("issuing "):
+            if record["level"] != "NOTICE":
+                continue
+            if message.startswith("issuing "):
                 detail = following["message"] if following is not None else ""
                 port = WORKER.search(detail)
                 assert port is not None, f"no worker named for {message!r}: {detail!r}"
                 commands.append((message.removeprefix("issuing ").strip(), int(port[1])))
+            elif self.local and message.startswith(LOCALLY):
+                commands.append((message.removeprefix(LOCALLY).strip(), None))
         return commands
+
+
+LOCALLY = "executing the command locally: "
 
 
 @dataclass
@@ -234,55 +243,107 @@ class Shards:
         return groups
 
 
+@dataclass
+class Cluster:
+    """The routed app's nodes' logs: the coordinator's, and each worker's (by port)."""
+
+    coordinator: RemoteCommands
+    workers: dict[int, RemoteCommands]
+
+    def mark(self) -> None:
+        for log in (self.coordinator, *self.workers.values()):
+            log.mark()
+
+
 @pytest.fixture(scope="module")
-def routed(session_tmp: Path) -> Iterator[tuple[Api, RemoteCommands]]:
-    """The real app on a Citus database of its own whose coordinator logs every command it sends
-    a worker (``citus.log_remote_commands``)."""
+def routed(session_tmp: Path) -> Iterator[tuple[Api, Cluster]]:
+    """The real app on a Citus database of its own whose nodes log every command they send a
+    worker (``citus.log_remote_commands``) and, on the workers, every command they run on their
+    own shards (``citus.log_local_commands``: the statements of a delegated function call)."""
     if not CITUS:
         pytest.fail("this test needs Citus (METERING_TEST_BACKENDS excludes it; `make citus`)")
     with fresh_citus_database() as url:
         migrate.upgrade(url)
         database = make_url(url).database
         assert database is not None
-        engine = create_engine(url, isolation_level="AUTOCOMMIT")
-        try:
-            with engine.connect() as connection:
-                for setting in ("citus.log_remote_commands = on", "log_min_messages = notice"):
-                    connection.execute(text(f'ALTER DATABASE "{database}" SET {setting}'))
-        finally:
-            engine.dispose()
+        ports = [
+            port for (port,) in rows(url, "SELECT nodeport FROM pg_dist_node WHERE groupid <> 0")
+        ]
+        nodes = [url, *(make_url(url).set(port=port).render_as_string(False) for port in ports)]
+        for node in nodes:
+            engine = create_engine(node, isolation_level="AUTOCOMMIT")
+            try:
+                with engine.connect() as connection:
+                    # A worker refuses to propagate the setting (and need not): its own only.
+                    connection.execute(text("SET citus.enable_ddl_propagation = off"))
+                    for setting in (
+                        "citus.log_remote_commands = on",
+                        "citus.log_local_commands = on",
+                        "log_min_messages = notice",
+                    ):
+                        connection.execute(text(f'ALTER DATABASE "{database}" SET {setting}'))
+            finally:
+                engine.dispose()
+        cluster = Cluster(
+            RemoteCommands(url, database),
+            {
+                port: RemoteCommands(node, database, local=True)
+                for port, node in zip(ports, nodes[1:], strict=True)
+            },
+        )
         with running_api("citus", url, session_tmp) as api:
-            yield api, RemoteCommands(url, database)
+            yield api, cluster
+
+
+def holder(url: str, account: str) -> tuple[int, int]:
+    """The account's shard group (its hash range's start) and the port of the worker holding it."""
+    [(low, port)] = rows(
+        url,
+        "SELECT s.shardminvalue, n.nodeport FROM pg_dist_shard s "
+        "JOIN pg_dist_placement p ON p.shardid = s.shardid "
+        "JOIN pg_dist_node n ON n.groupid = p.groupid "
+        "WHERE s.shardid = get_shard_id_for_distribution_column('accounts', CAST(:a AS text))",
+        a=account,
+    )
+    return int(low), int(port)
+
+
+DELEGATED = re.compile(r"\bmetering_\w+_of_account\(")
 
 
 class TestRouting:
-    """Each account-key request sends the workers statements that each touch one shard of the
-    account (or a reference table, which every node holds)."""
+    """Each gateway and account-key request sends the workers statements that each touch one
+    shard group of the account (or reference tables, which every node holds), or a call of a
+    one-account function, delegated to the worker that holds the account; and that worker runs
+    on its own shards of that group only."""
 
-    def assert_routed(self, api: Api, log: RemoteCommands, group: int, send: Any) -> Any:
+    def assert_routed(self, api: Api, cluster: Cluster, account: str, send: Any) -> Any:
         shards = Shards.read(api.url)
-        log.mark()
+        group, node = holder(api.url, account)
+        cluster.mark()
         response = send()
-        commands = log.since_mark()
-        touched = [(command, shards.groups_in(command), port) for command, port in commands]
-        wide = [(command, groups) for command, groups, _ in touched if groups - {group}]
-        assert wide == [], "statements touching another account's shards"
-        workers = {port for _, groups, port in touched if groups}
-        assert len(workers) <= 1, f"shard statements went to several workers: {workers}"
-        return response, [command for command, groups, _ in touched if groups]
+        sent = cluster.coordinator.since_mark()
+        routed = []
+        for command, port in sent:
+            groups = shards.groups_in(command)
+            assert groups <= {group}, f"a statement touching other shards: {command}"
+            if groups or DELEGATED.search(command):
+                assert port == node, f"sent to {port}, the account is on {node}: {command}"
+                routed.append(command)
+        for port, log in cluster.workers.items():
+            for command, _ in log.since_mark():
+                groups = shards.groups_in(command)
+                assert groups <= {group}, f"worker {port} touched other shards: {command}"
+                assert not groups or port == node, f"worker {port} holds no such shard: {command}"
+                if groups:
+                    routed.append(command)  # run by a delegated call, on the account's shards
+        return response, routed
 
-    def test_account_key_routes(self, routed: tuple[Api, RemoteCommands]) -> None:
-        api, log = routed
+    def test_account_key_routes(self, routed: tuple[Api, Cluster]) -> None:
+        api, cluster = routed
         account = create_account(api, billing="unbilled")
         key = create_key(api, account)
         priced_model(api, NOW - timedelta(days=1))  # a model for /v1/models to list
-        [(low,)] = rows(
-            api.url,
-            "SELECT shardminvalue FROM pg_dist_shard "
-            "WHERE shardid = "
-            "get_shard_id_for_distribution_column('accounts', CAST(:account AS text))",
-            account=account,
-        )
         sent = []
         for path, params in (
             ("/v1/credits", None),
@@ -292,8 +353,8 @@ class TestRouting:
         ):
             response, commands = self.assert_routed(
                 api,
-                log,
-                int(low),
+                cluster,
+                account,
                 lambda path=path, params=params: api.as_key(key.secret, "GET", path, params=params),
             )
             assert response.status_code == 200, (path, response.text)
@@ -301,18 +362,68 @@ class TestRouting:
         # The capture is real: the account's shard was asked (its rows are on a worker).
         assert sent, "no statement reached a worker"
 
+    def test_authorizations_and_voids(self, routed: tuple[Api, Cluster]) -> None:
+        """A fresh read (the key, then its account's resolution), a remembered one (the
+        check-and-hold alone), a void, a replay, and an unbilled account's hold."""
+        api, cluster = routed
+        model = priced_model(api, NOW - timedelta(days=1))
+        account = create_account(api)
+        grant(api, account, 10_000)
+        key = create_key(api, account)
+        for _ in range(2):  # read afresh, then remembered
+            response, commands = self.assert_routed(
+                api, cluster, account, lambda: authorize(api, key, model, max_tokens=100)
+            )
+            assert response.status_code == 200, response.text
+            calls = [c for c in commands if "metering_place_holds_of_account(" in c]
+            assert len(calls) == 1, "the check-and-hold is one call, sent to the account's worker"
+            # ... where its statements ran on the account's shards (the hold's insert among them)
+            assert any(c.startswith("INSERT INTO public.authorizations_") for c in commands)
+        hold_id = response.json()["id"]
+        response, commands = self.assert_routed(
+            api,
+            cluster,
+            account,
+            lambda: api.gateway("DELETE", f"/v1/authorizations/{hold_id}"),
+        )
+        assert response.status_code == 200 and response.json()["status"] == "voided"
+        assert commands, "the void reached the account's shard"
+        response, _ = self.assert_routed(
+            api,
+            cluster,
+            account,
+            lambda: authorize(api, key, model, max_tokens=100, request_id="req-routed"),
+        )
+        assert response.status_code == 200, response.text
+        replayed, _ = self.assert_routed(
+            api,
+            cluster,
+            account,
+            lambda: authorize(api, key, model, max_tokens=100, request_id="req-routed"),
+        )
+        assert replayed.json()["id"] == response.json()["id"]
+
+        unbilled = create_account(api, billing="unbilled")
+        unbilled_key = create_key(api, unbilled)
+        response, commands = self.assert_routed(
+            api, cluster, unbilled, lambda: authorize(api, unbilled_key, model, max_tokens=100)
+        )
+        assert response.status_code == 200, response.text
+        assert commands, "the hold was written on the account's shard"
+
     def test_a_statement_without_the_account_is_seen_as_a_fan_out(
-        self, routed: tuple[Api, RemoteCommands]
+        self, routed: tuple[Api, Cluster]
     ) -> None:
         """The check itself can fail: a read of every account's rows touches every shard."""
-        api, log = routed
+        api, cluster = routed
         shards = Shards.read(api.url)
-        log.mark()
+        cluster.mark()
         engine = create_engine(api.url)
         try:
             with engine.connect() as connection:
                 connection.execute(text("SELECT count(*) FROM accounts"))
         finally:
             engine.dispose()
-        groups = set().union(*(shards.groups_in(command) for command, _ in log.since_mark()))
+        sent = cluster.coordinator.since_mark()
+        groups = set().union(*(shards.groups_in(command) for command, _ in sent))
         assert len(groups) == 4, groups  # the tests' four shards

@@ -35,26 +35,33 @@ class PriceInForce:
 @dataclass(frozen=True)
 class PriceColumns:
     """``price_in_force``'s result: ``join`` it onto the FROM clause that holds the account and
-    model columns it was built from, then select its columns (all null: no price)."""
+    model columns it was built from, then select its columns (all null: no price). Without an
+    account (``_override`` None) it is the list price alone."""
 
     _override: Any
     _listed: Any
-    _override_id: ColumnElement[Any]
+    _override_id: ColumnElement[Any] | None
     _listed_id: ColumnElement[Any]
     _account_id: Any
 
     def join(self, base: FromClause) -> FromClause:
         o, p = self._override, self._listed
-        has_rates = o.c.input_microcents_per_million.isnot(None)
-        # The override is the account's own row: named by its account as well as its id.
-        mine = and_(o.c.account_id == self._account_id, o.c.id == self._override_id, has_rates)
-        return base.outerjoin(o, mine).outerjoin(p, p.c.id == self._listed_id)
+        if o is not None:
+            has_rates = o.c.input_microcents_per_million.isnot(None)
+            # The override is the account's own row: named by its account as well as its id.
+            mine = and_(o.c.account_id == self._account_id, o.c.id == self._override_id, has_rates)
+            base = base.outerjoin(o, mine)
+        return base.outerjoin(p, p.c.id == self._listed_id)
 
     @property
     def version_id(self) -> ColumnElement[Any]:
+        if self._override is None:
+            return self._listed.c.id
         return func.coalesce(self._override.c.id, self._listed.c.id)
 
     def rate(self, name: str) -> ColumnElement[Any]:
+        if self._override is None:
+            return self._listed.c[name]
         return func.coalesce(self._override.c[name], self._listed.c[name])
 
     def labelled(self) -> tuple[ColumnElement[Any], ...]:
@@ -77,12 +84,14 @@ def _latest(versions: Any, at: Any, *match: Any) -> ColumnElement[Any]:
 
 
 def price_in_force(account_id: Any, model_id: Any, at: Any, *, name: str = "") -> PriceColumns:
-    """The rates in force for ``account_id`` (None or a null expression: list prices only) and
-    ``model_id`` at ``at`` (column expressions or bound values)."""
-    override = _OVERRIDES.alias(f"override{name}")
+    """The rates in force for ``account_id`` (None: list prices only) and ``model_id`` at ``at``
+    (column expressions or bound values)."""
     listed = _LIST.alias(f"listed{name}")
+    listed_id = _latest(_LIST, at, _LIST.c.model_id == model_id)
+    if account_id is None:
+        return PriceColumns(None, listed, None, listed_id, None)
     return PriceColumns(
-        override,
+        _OVERRIDES.alias(f"override{name}"),
         listed,
         _latest(
             _OVERRIDES,
@@ -90,7 +99,7 @@ def price_in_force(account_id: Any, model_id: Any, at: Any, *, name: str = "") -
             _OVERRIDES.c.account_id == account_id,
             _OVERRIDES.c.model_id == model_id,
         ),
-        _latest(_LIST, at, _LIST.c.model_id == model_id),
+        listed_id,
         account_id,
     )
 

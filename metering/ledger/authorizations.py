@@ -36,7 +36,6 @@ from metering.kit.errors import (
     NotFound,
     RateLimited,
 )
-from metering.kit.ids import new_id
 from metering.kit.money import cents
 from metering.kit.pagination import decode_cursor, page
 from metering.kit.ranges import INT64_MAX
@@ -135,7 +134,7 @@ def _hold_steps(
         raise
     assert found.model_id is not None
     values = {
-        "id": new_id("auth"),
+        "id": holds.new_hold_id(found.account_id),
         "account_id": found.account_id,
         "api_key_id": found.api_key_id,
         "request_id": request.request_id,

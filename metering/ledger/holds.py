@@ -22,6 +22,31 @@ from typing import Any
 
 from sqlalchemy import ColumnElement, Table, and_, or_
 
+from metering.kit.ids import random_text
+
+# -- A hold's id names its account ----------------------------------------------------------------
+# ``auth_<its account's id after "acct_">_<16 random characters>``: whoever holds a hold's id (the
+# gateway, voiding it) names its account too, so a Citus cluster finds the hold on that account's
+# shard without asking every shard (CONTRACT §13). Ids of holds placed before name none
+# (``auth_<20 random characters>``).
+_HOLD, _ACCOUNT = "auth_", "acct_"
+HOLD_RANDOM = 16  # 80 bits per account
+
+
+def new_hold_id(account_id: str) -> str:
+    assert account_id.startswith(_ACCOUNT) and "_" not in account_id[len(_ACCOUNT) :]
+    return f"{_HOLD}{account_id[len(_ACCOUNT) :]}_{random_text(HOLD_RANDOM)}"
+
+
+def account_of(hold_id: str) -> str | None:
+    """The account a hold's id names, or None (an id of the earlier form, or no hold's id)."""
+    if not hold_id.startswith(_HOLD):
+        return None
+    account, separator, random = hold_id[len(_HOLD) :].rpartition("_")
+    if not separator or not account or len(random) != HOLD_RANDOM or "_" in account:
+        return None
+    return _ACCOUNT + account
+
 
 class HoldStatus(StrEnum):
     ACTIVE = "active"

@@ -118,7 +118,7 @@ class Authorization(Base):
         ),
     )
 
-    id: Mapped[str] = mapped_column(String(32), primary_key=True)  # auth_…
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)  # auth_… (holds.new_hold_id)
     account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"))
     api_key_id: Mapped[str] = mapped_column(ForeignKey("api_keys.id"))
     request_id: Mapped[str | None] = mapped_column(String(64))

@@ -52,7 +52,7 @@ class UsageEvent(Base):
     outcome: Mapped[str] = mapped_column(String(10))
     occurred_at: Mapped[datetime] = mapped_column(UTCDateTime)
     recorded_at: Mapped[datetime] = mapped_column(UTCDateTime)
-    authorization_id: Mapped[str | None] = mapped_column(String(32))
+    authorization_id: Mapped[str | None] = mapped_column(String(64))
     # Normalised counts (contract §5): prompt includes cached, output includes reasoning.
     prompt_tokens: Mapped[int] = mapped_column(Integer)
     cached_tokens: Mapped[int] = mapped_column(Integer)

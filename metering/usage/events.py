@@ -22,8 +22,8 @@ _REQUEST_ID_MATCH = REQUEST_ID.fullmatch
 OUTCOMES = ("completed", "failed")
 # occurred_at later than now + this is refused (clock skew between gateway and metering is fine).
 FUTURE_TOLERANCE = timedelta(minutes=5)
-# Longest authorization id stored; ours are ``auth_`` + 20 characters.
-MAX_AUTHORIZATION_ID = 32
+# Longest authorization id stored (metering.ledger.holds.new_hold_id: under 50 characters).
+MAX_AUTHORIZATION_ID = 64
 
 
 @dataclass(frozen=True, slots=True)

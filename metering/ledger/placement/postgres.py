@@ -2,7 +2,13 @@
 connections in autocommit, on the event loop; the check-and-hold is one call of
 ``metering_place_holds``, shared by the holds that arrive meanwhile (``_Queue``); a resolution
 read before is remembered for the key's next authorization and confirmed by that call
-(``_Remembered``)."""
+(``_Remembered``).
+
+On a Citus cluster (CONTRACT §13) the same statements run for one account's rows (their
+``text_of_account`` forms): the key is read first (``api_keys`` is on every node), then its
+account's resolution; the check-and-hold is ``metering_place_holds_of_account``, one call per
+account, sent whole to the account's node; a void finds its hold by the account its id names
+(metering.ledger.holds)."""
 
 from __future__ import annotations
 
@@ -16,8 +22,10 @@ from typing import Any
 import psycopg
 from sqlalchemy import String, bindparam, exists, select
 
-from metering.citus import CITUS_PROBE
+from metering.accounts.keys import KEYS, live_key
+from metering.citus import CITUS_PROBE, PROBED, text_of_account
 from metering.kit.programs import psycopg_text
+from metering.ledger import holds
 from metering.ledger.access import checked_under_lock
 from metering.ledger.metrics import RESOLUTIONS
 from metering.ledger.placement.program import (
@@ -28,6 +36,7 @@ from metering.ledger.placement.program import (
     HOLDS,
     INSERT_UNBILLED,
     PLACE_HOLDS,
+    PLACE_HOLDS_OF_ACCOUNT,
     VOID,
     Outcome,
     Placement,
@@ -37,21 +46,35 @@ from metering.ledger.resolution import AT, MODEL_KEY, SECRET_HASH, Resolution, a
 # The resolution as JSON text, and whether the key's account has a hold with this request id, in
 # one round trip, without locks; no row for a secret that names no live key.
 _found = resolution(SECRET_HASH, MODEL_KEY, AT).subquery("resolution")
-_RESOLVE = psycopg_text(
-    select(
-        as_text(_found),
-        exists().where(
-            HOLDS.c.account_id == _found.c.account_id,
-            HOLDS.c.request_id == bindparam("request_id", type_=String()),
-        ),
-    ).select_from(_found)
-)
+_RESOLVING = select(
+    as_text(_found),
+    exists().where(
+        HOLDS.c.account_id == _found.c.account_id,
+        HOLDS.c.request_id == bindparam("request_id", type_=String()),
+    ),
+).select_from(_found)
+_RESOLVE = psycopg_text(_RESOLVING)
 _PLACE = PLACE_HOLDS.call_sql
 _INSERT_UNBILLED = psycopg_text(INSERT_UNBILLED)
 _BY_REQUEST_ID = psycopg_text(BY_REQUEST_ID)
 _HELD_IN_FORCE = psycopg_text(HELD_IN_FORCE)
 _VOID = psycopg_text(VOID)
 _BY_ID = psycopg_text(BY_ID)
+
+
+class _OnCitus:
+    """The statements' forms on a Citus cluster, each for one account's rows (the account as
+    ``p_account_id``); ``BY_REQUEST_ID`` and ``HELD_IN_FORCE`` name their account already."""
+
+    # The live key's account, from the table every node holds: what the resolution is read for.
+    KEY_ACCOUNT = psycopg_text(select(KEYS.c.account_id).where(live_key(KEYS, SECRET_HASH)))
+    RESOLVE = text_of_account(_RESOLVING)
+    PLACE = PLACE_HOLDS_OF_ACCOUNT.call_sql
+    INSERT_UNBILLED = text_of_account(INSERT_UNBILLED)
+    VOID = text_of_account(VOID)
+    BY_ID = text_of_account(BY_ID)
+
+
 _BY_REQUEST_ID_COLUMNS = tuple(c.name for c in BY_REQUEST_ID.selected_columns)
 
 
@@ -73,15 +96,20 @@ class PostgresHolds:
         """Read afresh (and whether the request id is known); a resolution that can price a
         prepaid account's hold is remembered."""
         RESOLUTIONS.inc("read")
-        row = await self._one(
-            _RESOLVE,
-            {
-                "secret_hash": secret_hash,
-                "model_key": model_key,
-                "request_id": request_id,
-                "now": now,
-            },
-        )
+        params = {
+            "secret_hash": secret_hash,
+            "model_key": model_key,
+            "request_id": request_id,
+            "now": now,
+        }
+        row: tuple[Any, ...] | None
+        if not await self.on_citus():
+            row = await self._one(_RESOLVE, params)
+        else:
+            key = await self._one(_OnCitus.KEY_ACCOUNT, params)
+            row = None
+            if key is not None:
+                row = await self._one(_OnCitus.RESOLVE, {**params, "p_account_id": key[0]})
         if row is None:
             _REMEMBERED.forget(secret_hash, model_key)
             return None
@@ -110,19 +138,31 @@ class PostgresHolds:
         account only, so that no call is a transaction across shards (CONTRACT §13)."""
         return await _QUEUE.place(self, hold)
 
+    async def on_citus(self) -> bool:
+        """Whether the database is a Citus coordinator (asked once per process and database)."""
+        found = PROBED.get(self._connection.info)
+        if found is None:
+            row = await self._one(CITUS_PROBE, {})
+            found = PROBED.keep(self._connection.info, row and row[0])
+        return found
+
     async def group_of(self, hold: Mapping[str, Any]) -> str | None:
         """Which holds may share a call with this one: any (None), or on Citus its account's."""
-        return str(hold["account_id"]) if await _on_citus(self._connection) else None
+        return str(hold["account_id"]) if await self.on_citus() else None
 
     async def place_all(self, batch: list[Mapping[str, Any]]) -> list[Placement]:
-        """One call of ``metering_place_holds`` for the holds, in order."""
-        cursor = await self._connection.execute(
-            _PLACE,
-            {
-                "p_now": max(hold["created_at"] for hold in batch),
-                "p_holds": json.dumps(batch, default=datetime.isoformat),
-            },
-        )
+        """One call of ``metering_place_holds`` for the holds, in order (on Citus, holds of one
+        account: ``metering_place_holds_of_account``)."""
+        params = {
+            "p_now": max(hold["created_at"] for hold in batch),
+            "p_holds": json.dumps(batch, default=datetime.isoformat),
+        }
+        if await self.on_citus():
+            cursor = await self._connection.execute(
+                _OnCitus.PLACE, {**params, "p_account_id": batch[0]["account_id"]}
+            )
+        else:
+            cursor = await self._connection.execute(_PLACE, params)
         outcomes = {
             row[0]: Placement(Outcome(row[1]), row[2], row[3]) for row in await cursor.fetchall()
         }
@@ -132,6 +172,9 @@ class PostgresHolds:
         return [outcomes[hold["id"]] for hold in batch]
 
     async def insert_unbilled(self, values: Mapping[str, Any]) -> bool:
+        if await self.on_citus():
+            scoped = {**values, "p_account_id": values["account_id"]}
+            return await self._one(_OnCitus.INSERT_UNBILLED, scoped) is not None
         return await self._one(_INSERT_UNBILLED, values) is not None
 
     async def held_in_force(self, account_id: str, now: datetime) -> int:
@@ -140,10 +183,18 @@ class PostgresHolds:
         return int(row[0])
 
     async def void(self, hold_id: str, now: datetime) -> tuple[dict[str, Any] | None, bool]:
-        row = await self._one(_VOID, {"hold_id": hold_id, "now": now})
+        void, by_id = _VOID, _BY_ID
+        params: dict[str, Any] = {"hold_id": hold_id, "now": now}
+        account = holds.account_of(hold_id)
+        # On Citus, on the shard of the account the id names (an id of the earlier form, which
+        # names none, is looked for on every shard).
+        if account is not None and await self.on_citus():
+            void, by_id = _OnCitus.VOID, _OnCitus.BY_ID
+            params["p_account_id"] = account
+        row = await self._one(void, params)
         if row is not None:
             return dict(zip(BODY_COLUMNS, row, strict=True)), True
-        row = await self._one(_BY_ID, {"hold_id": hold_id})
+        row = await self._one(by_id, params)
         return (None if row is None else dict(zip(BODY_COLUMNS, row, strict=True))), False
 
 
@@ -196,25 +247,6 @@ class _Waiting:
     hold: Mapping[str, Any]
     # Set to the placement once made, or to a batch (this one first) for it to make.
     answer: asyncio.Future[Placement | list[_Waiting]]
-
-
-_CITUS: dict[tuple[str, str, str], bool] = {}
-
-
-async def _on_citus(connection: psycopg.AsyncConnection[Any]) -> bool:
-    """Whether the database is a Citus coordinator (asked once per process and database).
-
-    The database is named by its host, port and name, which libpq keeps at hand; not by
-    ``info.dsn``, which rebuilds and parses the whole connection string at every call (about
-    a tenth of an authorization's server CPU, measured with cProfile)."""
-    info = connection.info
-    database = (info.host, str(info.port), info.dbname)
-    found = _CITUS.get(database)
-    if found is None:
-        cursor = await connection.execute(CITUS_PROBE)
-        row = await cursor.fetchone()
-        found = _CITUS[database] = bool(row and row[0])
-    return found
 
 
 class _Queue:

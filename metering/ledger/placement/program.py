@@ -403,22 +403,25 @@ _ACCOUNT_ID = bindparam("b_account_id", type_=String())  # not "account_id": a c
 # itself (estimates are >= 0); no row inserted and no request id taken means it refused.
 _UNBILLED = {name: bindparam(name, type_=HOLDS.c[name].type) for name in HOLD_COLUMNS}
 _in_force = HOLDS.alias("in_force")
+# Read from the account's own row (its id as the hold's account): on a Citus cluster an insert
+# that selects the sharding column from a colocated table runs whole on the account's shard.
 INSERT_UNBILLED = (
     insert(HOLDS)
     .from_select(
         [*HOLD_COLUMNS, "status", "counted"],
         select(
-            *(_UNBILLED[name] for name in HOLD_COLUMNS),
+            *(ACCOUNTS.c.id if name == "account_id" else _UNBILLED[name] for name in HOLD_COLUMNS),
             literal(HoldStatus.ACTIVE.value, String()),
             false(),
         ).where(
+            ACCOUNTS.c.id == _UNBILLED["account_id"],
             select(func.coalesce(func.sum(_in_force.c.estimate_microcents), 0))
             .where(
                 _in_force.c.account_id == _UNBILLED["account_id"],
                 holds.in_force(_in_force, _UNBILLED["created_at"]),
             )
             .scalar_subquery()
-            <= literal(INT64_MAX, BigInteger()) - _UNBILLED["estimate_microcents"]
+            <= literal(INT64_MAX, BigInteger()) - _UNBILLED["estimate_microcents"],
         ),
     )
     .on_conflict_do_nothing(index_elements=["account_id", "request_id"])

@@ -1,0 +1,53 @@
+"""A hold's id names its account (metering.ledger.holds), so a cluster can find a hold on its
+account's shard from the id alone (CONTRACT §13); ids of the earlier form name none."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from metering.kit.ids import new_id
+from metering.ledger import holds
+from metering.usage.events import MAX_AUTHORIZATION_ID
+from tests.conftest import NOW, Api
+from tests.factories import authorize, create_account, create_key, grant, priced_model
+
+
+@given(st.integers(min_value=0, max_value=50))
+def test_a_new_id_names_its_account(seed: int) -> None:
+    account = new_id("acct")
+    hold_id = holds.new_hold_id(account)
+    assert hold_id.startswith("auth_")
+    assert holds.account_of(hold_id) == account
+    assert len(hold_id) <= MAX_AUTHORIZATION_ID
+    assert hold_id != holds.new_hold_id(account)
+
+
+@pytest.mark.parametrize(
+    "hold_id",
+    [
+        new_id("auth"),  # the earlier form
+        "auth_x",
+        "auth__abcdefghijklmnop",
+        "auth_abc_short",
+        "acct_abc_abcdefghijklmnop",
+        "",
+        "auth_a_b_abcdefghijklmnop",
+    ],
+)
+def test_other_ids_name_no_account(hold_id: str) -> None:
+    assert holds.account_of(hold_id) is None
+
+
+def test_the_api_answers_ids_that_name_the_account(api: Api) -> None:
+    model = priced_model(api, NOW - timedelta(days=1))
+    account = create_account(api)
+    grant(api, account, 100)
+    response = authorize(api, create_key(api, account), model)
+    assert response.status_code == 200, response.text
+    assert holds.account_of(response.json()["id"]) == account
+    voided = api.gateway("DELETE", f"/v1/authorizations/{response.json()['id']}")
+    assert voided.json()["status"] == "voided"
