@@ -101,6 +101,16 @@ def on_citus(driver_connection: Any) -> bool:
     return found
 
 
+async def on_citus_async(connection: Any) -> bool:
+    """``on_citus`` of an asynchronous psycopg connection (the gateway's autocommit pool)."""
+    found = PROBED.get(connection.info)
+    if found is None:
+        cursor = await connection.execute(CITUS_PROBE)
+        row = await cursor.fetchone()
+        found = PROBED.keep(connection.info, row and row[0])
+    return found
+
+
 def has_citus(connection: Connection) -> bool:
     return connection.dialect.name == "postgresql" and bool(
         connection.execute(text(CITUS_PROBE)).scalar()

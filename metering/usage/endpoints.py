@@ -14,7 +14,7 @@ from starlette.datastructures import State
 from metering.db import Database
 from metering.kit.pagination import PageParams
 from metering.metrics import REGISTRY
-from metering.usage import isolation, quarantine, service, single, support
+from metering.usage import isolation, quarantine, service, sharded, single, support
 from metering.usage.events import CHARGE_FIELDS, ChargeValues
 from metering.usage.schemas import EventBatch, QuarantineCode, ReprocessRequest
 from metering.web.deps import (
@@ -99,10 +99,14 @@ async def _ingest(state: State, body: EventBatch, _params: Mapping[str, str]) ->
     database: Database = state.database
     now = state.clock.now()
     outcome = None
-    if len(body.events) == 1 and database.dialect == "postgresql":
-        outcome = await single.record_one(database, body.events[0], now)
+    cluster = False  # a Citus coordinator (metering.usage.sharded)
+    if database.dialect == "postgresql":
+        known = sharded.known(database)
+        cluster = await sharded.probe(database) if known is None else known
+        if len(body.events) == 1:
+            outcome = await single.record_one(database, body.events[0], now, cluster)
     if outcome is None:
-        outcome = await run_in_threadpool(_record_batch, database, body.events, now)
+        outcome = await run_in_threadpool(_record_batch, database, body.events, now, cluster)
     counts = outcome.counts()
     for status, count in counts.items():
         if count:
@@ -110,10 +114,14 @@ async def _ingest(state: State, body: EventBatch, _params: Mapping[str, str]) ->
     return render_answer(outcome, counts)
 
 
-def _record_batch(database: Database, events: list[Any], now: datetime) -> service.BatchOutcome:
+def _record_batch(
+    database: Database, events: list[Any], now: datetime, cluster: bool
+) -> service.BatchOutcome:
     # The one commit point of the batch's unit of work, before the answer is built. The events
     # are parsed before it begins (SQLite: before this process takes the writer's turn).
     parsed = service.parse(events, now)
+    if cluster:  # one unit of work per account (CONTRACT §13)
+        return sharded.record_batch(database, events, now, parsed)
     try:
         with database.unit_of_work() as session:
             outcome = service.record_events(

@@ -39,10 +39,15 @@ class PartFailed(RuntimeError):
 
 
 def record_apart(
-    database: Database, raws: Sequence[object], now: datetime, error: BaseException
+    database: Database,
+    raws: Sequence[object],
+    now: datetime,
+    error: BaseException,
+    accounts: service.Accounts | None = None,
 ) -> service.BatchOutcome:
     """Record ``raws``, whose batch the database refused with ``error``, in parts (see the
-    module's docstring), in one transaction."""
+    module's docstring), in one transaction. ``accounts``: on a Citus cluster, the account of
+    each key (``service.record_events``)."""
     results: list[service.Result | None] = [None] * len(raws)
     failures: list[BaseException] = []
     with database.unit_of_work() as session:
@@ -55,6 +60,7 @@ def record_apart(
                     [raws[i] for i in indices],
                     now,
                     before_settlement=lambda done: quarantine.keep(session, done.quarantined, now),
+                    accounts=accounts,
                 )
                 nested.commit()
             except DATABASE_ERRORS as exc:
@@ -76,7 +82,7 @@ def record_apart(
                 return
             index = indices[0]
             if is_out_of_range(error) and is_keyed(raws[index]):
-                results[index] = _quarantine(session, index, raws[index], now)
+                results[index] = _quarantine(session, index, raws[index], now, accounts)
             else:
                 log.error("an event the database refused: %s", error)
                 failures.append(error)
@@ -89,11 +95,13 @@ def record_apart(
     return service.BatchOutcome([r for r in results if r is not None])
 
 
-def _quarantine(session: Session, index: int, raw: object, now: datetime) -> service.Result:
+def _quarantine(
+    session: Session, index: int, raw: object, now: datetime, accounts: service.Accounts | None
+) -> service.Result:
     """Keep ``raw`` (keyed, billable but beyond the range) as ``invalid_usage``."""
     assert isinstance(raw, Mapping)
     event = parse_event(index, raw, now)
-    service.price_for(session, [event])  # its account, for the quarantine's entry
+    service.resolve(session, [event], accounts)  # its account, for the quarantine's entry
     event.problem = OUT_OF_RANGE
     quarantine.keep(session, [event], now)
     return service.Result(index, event.request_id, service.QUARANTINED, error=OUT_OF_RANGE)

@@ -23,6 +23,7 @@ from metering.kit.ranges import DATABASE_ERRORS, is_out_of_range
 from metering.kit.timeutil import format_timestamp
 from metering.models import QuarantinedEvent, table
 from metering.notifications import outbox
+from metering.usage import repository
 from metering.usage.events import OUT_OF_RANGE, Event
 from metering.usage.schemas import MAX_BATCH
 from metering.usage.service import (
@@ -31,6 +32,8 @@ from metering.usage.service import (
     RECORDED,
     STATUSES,
     BatchOutcome,
+    lookup_pairs,
+    parse,
     record_events,
 )
 from metering.usage.sql import Update, Upsert
@@ -285,13 +288,18 @@ def _retry(
     data: list[dict[str, Any]],
     counts: dict[str, int],
 ) -> None:
+    raws = [loads_exact(e.raw_event.encode()) for e in entries]
+    parsed = parse(raws, now)
     record_events(
         session,
-        [loads_exact(e.raw_event.encode()) for e in entries],
+        raws,
         now,
         before_settlement=lambda outcome: _update_entries(
             session, entries, outcome, now, data, counts
         ),
+        parsed=parsed,
+        # On a Citus cluster, account by account (an operator's transaction may span them).
+        accounts=repository.accounts_on_cluster(session, lookup_pairs(parsed[1])),
     )
 
 

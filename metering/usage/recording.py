@@ -24,7 +24,7 @@ from typing import Any
 from sqlalchemy import BigInteger, FromClause, select, true
 from sqlalchemy.orm import Session
 
-from metering.citus import of_account
+from metering.citus import ACCOUNT, of_account
 from metering.db import driver_connection, is_postgresql
 from metering.kit import programs as p
 from metering.ledger.settlement import CHARGES_IN, ChargeToSettle, settle_steps
@@ -169,26 +169,33 @@ def settle_usage(
     rollup_rows: Sequence[Mapping[str, Any]],
     now: datetime,
     limits: Sequence[KeyLimit] = (),
+    account_id: str | None = None,
 ) -> None:
     """Book the charges of events just inserted and add their rollup rows (``SETTLE_USAGE``), in
     the session's transaction: one round trip on PostgreSQL. ``limits``: the charges' keys with
-    a spend limit (their thresholds are checked, metering.notifications.spend_limits)."""
+    a spend limit (their thresholds are checked, metering.notifications.spend_limits).
+    ``account_id`` (a Citus cluster): all of them are that account's (``SETTLE_USAGE_OF_ACCOUNT``,
+    each statement routed to its shard)."""
     if not charges and not rollup_rows:
         return
     from metering.usage import rollups  # the encoders of rollup rows
 
     ordered = [c.row() for c in sorted(charges, key=lambda c: c.usage_event_id)]
     if is_postgresql(session):
-        driver_connection(session).execute(
-            SETTLE_USAGE.call_sql,
-            {
-                "p_now": now,
-                "p_charges": _ENCODE_CHARGES["postgresql"](ordered),
-                "p_rollups": rollups.ENCODE(rollup_rows),
-                **spend_limits.limit_params(limits, now, p.POSTGRESQL),
-            },
-        )
+        params = {
+            "p_now": now,
+            "p_charges": _ENCODE_CHARGES["postgresql"](ordered),
+            "p_rollups": rollups.ENCODE(rollup_rows),
+            **spend_limits.limit_params(limits, now, p.POSTGRESQL),
+        }
+        if account_id is None:
+            driver_connection(session).execute(SETTLE_USAGE.call_sql, params)
+        else:
+            driver_connection(session).execute(
+                SETTLE_USAGE_OF_ACCOUNT.call_sql, {ACCOUNT.name: account_id, **params}
+            )
         return
+    assert account_id is None, "one account's program is a Citus cluster's"
     SETTLE_USAGE.run(
         session.connection(),
         p_now=now,

@@ -5,6 +5,12 @@ Each is one statement whatever the batch size, defined once as Core (the rows tr
 document, metering.kit.programs.Records). On PostgreSQL they run on the session's driver
 connection (``metering.db.driver_connection``) as text built once at import; on SQLite through
 SQLAlchemy Core.
+
+On a Citus cluster (CONTRACT §13) each runs for one account's rows (``account_id``): the same
+statement compiled by ``metering.citus.text_of_account``, every sharded table it reads or writes
+limited to the account, so the coordinator sends it whole to the shard that holds the account.
+Which account a key belongs to is asked first, of ``api_keys`` alone (a reference table, on every
+node): ``key_accounts``.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from sqlalchemy.orm import Session
 
 from metering.accounts.keys import ACCOUNTS, KEYS
 from metering.catalog.prices import RATE_COLUMNS, price_in_force, price_of
+from metering.citus import ACCOUNT, on_citus, text_of_account
 from metering.db import driver_connection, is_postgresql
 from metering.kit import programs as p
 from metering.models import AccountRate, CatalogModel, PriceVersion, table
@@ -147,6 +154,26 @@ def _lookup(on: p.Backend) -> Any:
 
 PG_LOOKUP = p.psycopg_text(_lookup(p.POSTGRESQL))
 _SQLITE_LOOKUP = _lookup(p.SQLITE)
+# One account's part of it on a Citus cluster: its pairs, its billing and its rate overrides.
+CITUS_LOOKUP = text_of_account(_lookup(p.POSTGRESQL))
+
+
+def _key_accounts(on: p.Backend) -> Any:
+    """The account of each key the pairs name (unknown keys have no row): ``api_keys`` only."""
+    pairs = on.records(PAIRS_IN, "pair")
+    return (
+        select(KEYS.c.id, KEYS.c.account_id)
+        .select_from(pairs.join(KEYS, KEYS.c.id == pairs.c.api_key_id))
+        .distinct()
+    )
+
+
+KEY_ACCOUNTS = p.psycopg_text(_key_accounts(p.POSTGRESQL))
+
+
+def of_account(params: dict[str, Any], account_id: str) -> dict[str, Any]:
+    """A statement's parameters for its one-account form (``text_of_account``)."""
+    return {**params, ACCOUNT.name: account_id}
 
 
 def lookup_params(pairs: Sequence[tuple[str, str]], on: p.Backend) -> dict[str, str]:
@@ -155,15 +182,37 @@ def lookup_params(pairs: Sequence[tuple[str, str]], on: p.Backend) -> dict[str, 
     return {"p_pairs": p.records_json(PAIRS_IN, rows, on)}
 
 
-def lookup(
+def key_accounts(session: Session, pairs: Sequence[tuple[str, str]]) -> dict[str, str]:
+    """The account of each known key of the pairs (PostgreSQL: a Citus cluster's first read)."""
+    params = lookup_params(pairs, p.POSTGRESQL)
+    return dict(driver_connection(session).execute(KEY_ACCOUNTS, params).fetchall())
+
+
+def accounts_on_cluster(
     session: Session, pairs: Sequence[tuple[str, str]]
+) -> dict[str, str] | None:
+    """On a Citus cluster the pairs' ``key_accounts``, None elsewhere (for callers that have a
+    session and not the database: the operators' reprocessing)."""
+    if is_postgresql(session) and on_citus(driver_connection(session)):
+        return key_accounts(session, pairs)
+    return None
+
+
+def lookup(
+    session: Session, pairs: Sequence[tuple[str, str]], account_id: str | None = None
 ) -> tuple[dict[str, KeyInfo], PriceBook]:
     """The batch's keys (``KeyInfo``) and a price book of the models its (key, model) pairs
-    name."""
+    name. ``account_id`` (a Citus cluster): the pairs' keys are that account's, and a key of
+    another account is not found."""
     if is_postgresql(session):
         params = lookup_params(pairs, p.POSTGRESQL)
-        rows: Sequence[Any] = driver_connection(session).execute(PG_LOOKUP, params).fetchall()
+        driver = driver_connection(session)
+        if account_id is None:
+            rows: Sequence[Any] = driver.execute(PG_LOOKUP, params).fetchall()
+        else:
+            rows = driver.execute(CITUS_LOOKUP, of_account(params, account_id)).fetchall()
     else:
+        assert account_id is None, "one account's statements are a Citus cluster's"
         rows = session.connection().execute(_SQLITE_LOOKUP, lookup_params(pairs, p.SQLITE)).all()
     return read_lookup(rows)
 
@@ -190,6 +239,7 @@ def read_lookup(rows: Sequence[Any]) -> tuple[dict[str, KeyInfo], PriceBook]:
 # -- Recording events (first of each key, sorted by key). ---------------------------------------
 
 _PG_RECORD = p.psycopg_text(insert_events(p.POSTGRESQL, p.POSTGRESQL.records(EVENTS_IN, "e")))
+_CITUS_RECORD = text_of_account(insert_events(p.POSTGRESQL, p.POSTGRESQL.records(EVENTS_IN, "e")))
 _SQLITE_RECORD = insert_events(p.SQLITE, p.SQLITE.records(EVENTS_IN, "e"))
 # request_id matched its pattern, api and outcome their lists: no escaping needed.
 _VERBATIM = ("request_id", "api", "outcome")
@@ -197,17 +247,25 @@ ENCODE_EVENTS = p.records_encoder(EVENTS_IN, p.POSTGRESQL, verbatim=_VERBATIM)
 _ENCODE_SQLITE_EVENTS = p.records_encoder(EVENTS_IN, p.SQLITE, verbatim=_VERBATIM)
 
 
-def record(session: Session, events: Sequence[Event], now: datetime) -> dict[EventKey, int]:
+def record(
+    session: Session, events: Sequence[Event], now: datetime, account_id: str | None = None
+) -> dict[EventKey, int]:
     """Insert ``events`` (priced, one per key, sorted by key); the new ids by key: the events
-    that conflicted with a stored one are not among them."""
+    that conflicted with a stored one are not among them. ``account_id`` (a Citus cluster):
+    the events are all that account's."""
     if not events:
         return {}
     rows = [event.row() for event in events]
     inserted: Sequence[Any]
     if is_postgresql(session):
         params = {"p_events": ENCODE_EVENTS(rows), "p_now": now}
-        inserted = driver_connection(session).execute(_PG_RECORD, params).fetchall()
+        if account_id is None:
+            inserted = driver_connection(session).execute(_PG_RECORD, params).fetchall()
+        else:
+            params = of_account(params, account_id)
+            inserted = driver_connection(session).execute(_CITUS_RECORD, params).fetchall()
     else:
+        assert account_id is None, "one account's statements are a Citus cluster's"
         params = {"p_events": _ENCODE_SQLITE_EVENTS(rows), NOW.name: now}
         inserted = session.connection().execute(_SQLITE_RECORD, params).all()
     return {(row[1], row[2]): row[0] for row in inserted}
@@ -235,20 +293,27 @@ def _stored(on: p.Backend) -> Any:
 
 _PG_STORED = p.psycopg_text(_stored(p.POSTGRESQL))
 _SQLITE_STORED = _stored(p.SQLITE)
+_CITUS_STORED = text_of_account(_stored(p.POSTGRESQL))
 
 
 def stored(
-    session: Session, keys: Sequence[EventKey]
+    session: Session, keys: Sequence[EventKey], account_id: str | None = None
 ) -> dict[EventKey, tuple[Content, ChargeValues]]:
-    """The content and charge of the stored event of each key (each has one, committed)."""
+    """The content and charge of the stored event of each key (each has one, committed).
+    ``account_id`` (a Citus cluster): the keys are all that account's."""
     if not keys:
         return {}
     wanted = [{"account_id": a, "request_id": r} for a, r in keys]
     rows: Sequence[Any]
     if is_postgresql(session):
         params = {"p_keys": p.records_json(_KEYS_IN, wanted, p.POSTGRESQL)}
-        rows = driver_connection(session).execute(_PG_STORED, params).fetchall()
+        if account_id is None:
+            rows = driver_connection(session).execute(_PG_STORED, params).fetchall()
+        else:
+            params = of_account(params, account_id)
+            rows = driver_connection(session).execute(_CITUS_STORED, params).fetchall()
     else:
+        assert account_id is None, "one account's statements are a Citus cluster's"
         params = {"p_keys": p.records_json(_KEYS_IN, wanted, p.SQLITE)}
         rows = session.connection().execute(_SQLITE_STORED, params).all()
     found: dict[EventKey, tuple[Content, ChargeValues]] = {}

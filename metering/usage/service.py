@@ -137,6 +137,10 @@ def parse(raws: Sequence[object], now: datetime) -> Parsed:
     return results, events
 
 
+# On a Citus cluster: the account of each key a batch names (repository.key_accounts).
+Accounts = Mapping[str, str]
+
+
 def record_events(
     session: Session,
     raws: Sequence[object],
@@ -144,6 +148,7 @@ def record_events(
     *,
     before_settlement: Callable[[BatchOutcome], None] | None = None,
     parsed: Parsed | None = None,
+    accounts: Accounts | None = None,
 ) -> BatchOutcome:
     """Record every billable event of ``raws`` exactly once; the rest are returned classified.
 
@@ -151,14 +156,71 @@ def record_events(
     balances are touched: the caller's own writes (keeping the quarantined events) then happen
     before the account rows are locked, not while they are held. ``parsed``: ``parse(raws,
     now)``, done by the caller before its transaction began (it needs no database), so that
-    the writer's turn (SQLite) is not spent on it."""
+    the writer's turn (SQLite) is not spent on it. ``accounts``: on a Citus cluster, the
+    account of each key the events name (``repository.key_accounts``): the events are then
+    recorded account by account, in byte order of account, every statement that account's
+    alone (routed to its shard), all in the caller's transaction; an event whose key has no
+    account there is an unknown key."""
     results, events = parsed if parsed is not None else parse(raws, now)
-    priced = price_for(session, events)
+    recorded = [
+        (account_id, _record(session, results, part, now, account_id))
+        for account_id, part in _parts(events, accounts)
+    ]
+    quarantined = quarantine_results(results, events)
+    assert all(r is not None for r in results)
+    outcome = BatchOutcome([r for r in results if r is not None], quarantined)
+
+    if before_settlement is not None:
+        before_settlement(outcome)
+    for account_id, part in recorded:
+        if not part:
+            continue
+        part.sort(key=lambda item: item[0])
+        recording.settle_usage(
+            session,
+            [_to_settle(event, event_id) for event_id, event in part],
+            rollups.rows(part),
+            now,
+            spend_limited(event for _, event in part),
+            account_id=account_id,
+        )
+    return outcome
+
+
+def _parts(events: list[Event], accounts: Accounts | None) -> list[tuple[str | None, list[Event]]]:
+    """The events recorded together: all of them (one server), or each account's, in byte order
+    of account (a cluster: ``accounts``), those whose key names no account being an unknown key
+    at once."""
+    if accounts is None:
+        return [(None, events)]
+    parts: dict[str, list[Event]] = {}
+    unknown = []
+    for event in events:
+        account_id = accounts.get(event.api_key_id) if event.api_key_id else None
+        if account_id is None:
+            unknown.append(event)
+        else:
+            parts.setdefault(account_id, []).append(event)
+    price_events(unknown, {}, PriceBook())
+    return sorted(parts.items())
+
+
+def _record(
+    session: Session,
+    results: list[Result | None],
+    events: list[Event],
+    now: datetime,
+    account_id: str | None,
+) -> list[tuple[int, Event]]:
+    """Price and insert ``events`` (``account_id``: all that account's, on a cluster); the
+    results of those recorded and of duplicates are set, a conflict is the event's problem.
+    The events recorded, with their new ids."""
+    priced = price_for(session, events, account_id)
     first: dict[EventKey, Event] = {}
     for event in priced:
         first.setdefault((event.account_id or "", event.request_id), event)
-    ids = repository.record(session, [first[key] for key in sorted(first)], now)
-    stored = repository.stored(session, sorted(key for key in first if key not in ids))
+    ids = repository.record(session, [first[key] for key in sorted(first)], now, account_id)
+    stored = repository.stored(session, sorted(key for key in first if key not in ids), account_id)
 
     recorded: list[tuple[int, Event]] = []
     for event in priced:
@@ -179,36 +241,33 @@ def record_events(
             results[event.index] = Result(event.index, event.request_id, DUPLICATE, charge)
         else:
             event.problem = _CONFLICT
+    return recorded
+
+
+def quarantine_results(results: list[Result | None], events: Sequence[Event]) -> list[Event]:
+    """The events not billable now (``problem`` set), each with its result in ``results``."""
     quarantined = [e for e in events if e.problem is not None]
     for event in quarantined:
         results[event.index] = Result(
             event.index, event.request_id, QUARANTINED, error=event.problem
         )
-    assert all(r is not None for r in results)
-    outcome = BatchOutcome([r for r in results if r is not None], quarantined)
-
-    if before_settlement is not None:
-        before_settlement(outcome)
-    if recorded:
-        recorded.sort(key=lambda item: item[0])
-        recording.settle_usage(
-            session,
-            [_to_settle(event, event_id) for event_id, event in recorded],
-            rollups.rows(recorded),
-            now,
-            spend_limited(event for _, event in recorded),
-        )
-    return outcome
+    return quarantined
 
 
-def price_for(session: Session, events: list[Event]) -> list[Event]:
+def price_for(session: Session, events: list[Event], account_id: str | None = None) -> list[Event]:
     """Key, model and price of every event (one lookup for the batch); sets ``problem`` on those
     not billable now, in the order: key, timestamp, usage, model, price. The billable ones,
-    priced, in batch order."""
+    priced, in batch order. ``account_id``: on a cluster, the account whose keys they name."""
     if not events:
         return []
-    keys, book = repository.lookup(session, lookup_pairs(events))
+    keys, book = repository.lookup(session, lookup_pairs(events), account_id)
     return price_events(events, keys, book)
+
+
+def resolve(session: Session, events: list[Event], accounts: Accounts | None = None) -> None:
+    """``price_for`` the events, account by account on a cluster (``accounts``)."""
+    for account_id, part in _parts(events, accounts):
+        price_for(session, part, account_id)
 
 
 def lookup_pairs(events: Sequence[Event]) -> list[tuple[str, str]]:

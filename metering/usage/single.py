@@ -7,6 +7,11 @@ lookup (the batch path's statement), then the program ``RECORD_USAGE``
 adds it to its rollups, as one transaction. The checks, the pricing and the rollup rows are
 the batch path's own functions.
 
+On a Citus cluster (CONTRACT §13), three: the key's account (``api_keys``, a reference table),
+then that account's lookup (routed to its shard), then ``RECORD_USAGE_OF_ACCOUNT``, which the
+coordinator delegates whole to the worker holding the account (a call outside a transaction
+block): the event's transaction is that worker's alone.
+
 Anything else (an event not billable now, a request_id already taken, an event the database
 refuses) answers None, and the
 caller takes the general path (``service.record_events``), which classifies it: nothing was
@@ -27,18 +32,20 @@ from metering.notifications import spend_limits
 from metering.usage import recording, repository, rollups, service
 from metering.usage.events import Event, is_keyed, parse_event
 
-_RECORD = recording.RECORD_USAGE.call_sql
 
-
-async def record_one(database: Database, raw: object, now: datetime) -> service.BatchOutcome | None:
-    """The outcome of recording ``raw``, or None when it needs the general path."""
+async def record_one(
+    database: Database, raw: object, now: datetime, cluster: bool = False
+) -> service.BatchOutcome | None:
+    """The outcome of recording ``raw``, or None when it needs the general path. ``cluster``:
+    the database is a Citus coordinator."""
     if not is_keyed(raw):
         return None
     assert isinstance(raw, Mapping)
     event = parse_event(0, raw, now)
     if event.problem is not None:
         return None
-    return await database.run(_steps(event, now), postgresql=_Statements, sqlite=None)
+    statements = _OneAccount if cluster else _Statements
+    return await database.run(_steps(event, now), postgresql=statements, sqlite=None)
 
 
 def _steps(event: Event, now: datetime) -> Steps[service.BatchOutcome | None]:
@@ -55,6 +62,8 @@ def _steps(event: Event, now: datetime) -> Steps[service.BatchOutcome | None]:
 
 class _Statements:
     """The two statements, on an autocommit connection: each its own transaction."""
+
+    RECORD = recording.RECORD_USAGE.call_sql
 
     def __init__(self, connection: psycopg.AsyncConnection[Any]) -> None:
         self._connection = connection
@@ -74,16 +83,38 @@ class _Statements:
             return None
 
     async def _record(self, event: Event, now: datetime) -> int | None:
-        cursor = await self._connection.execute(
-            _RECORD,
-            {
-                "p_now": now,
-                "p_events": repository.ENCODE_EVENTS([event.row()]),
-                "p_prepaid": event.prepaid,
-                # last_event_id is the new id, set by the program.
-                "p_rollups": rollups.ENCODE(rollups.rows([(0, event)])),
-                **spend_limits.limit_params(service.spend_limited([event]), now, POSTGRESQL),
-            },
-        )
+        cursor = await self._connection.execute(self.RECORD, self._params(event, now))
         row = await cursor.fetchone()
         return None if row is None else row[0]
+
+    def _params(self, event: Event, now: datetime) -> dict[str, Any]:
+        return {
+            "p_now": now,
+            "p_events": repository.ENCODE_EVENTS([event.row()]),
+            "p_prepaid": event.prepaid,
+            # last_event_id is the new id, set by the program.
+            "p_rollups": rollups.ENCODE(rollups.rows([(0, event)])),
+            **spend_limits.limit_params(service.spend_limited([event]), now, POSTGRESQL),
+        }
+
+
+class _OneAccount(_Statements):
+    """On a Citus cluster: the key's account first, then the lookup and the program of that
+    account alone (each statement routed to its shard, the program's call delegated)."""
+
+    RECORD = recording.RECORD_USAGE_OF_ACCOUNT.call_sql
+
+    async def lookup(self, pairs: list[tuple[str, str]]) -> list[Any]:
+        params = repository.lookup_params(pairs, POSTGRESQL)
+        cursor = await self._connection.execute(repository.KEY_ACCOUNTS, params)
+        found = await cursor.fetchall()
+        if not found:
+            return []  # an unknown key: the general path quarantines it
+        [(_key, account_id)] = found
+        params = repository.of_account(params, account_id)
+        cursor = await self._connection.execute(repository.CITUS_LOOKUP, params)
+        return await cursor.fetchall()
+
+    def _params(self, event: Event, now: datetime) -> dict[str, Any]:
+        assert event.account_id is not None
+        return repository.of_account(super()._params(event, now), event.account_id)

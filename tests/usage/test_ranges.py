@@ -174,11 +174,18 @@ def _fail_charges_of(api: Api, account_id: str) -> tuple[str, ...]:
             f"WHEN NEW.account_id = '{account_id}' BEGIN SELECT RAISE(ABORT, 'refused'); END",
         )
     return (
+        *_allow_triggers(api),
         "CREATE FUNCTION test_refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
         "RAISE EXCEPTION 'refused'; END $$",
         f"CREATE TRIGGER test_refuse BEFORE INSERT ON ledger_entries FOR EACH ROW "
         f"WHEN (NEW.account_id = '{account_id}') EXECUTE FUNCTION test_refuse()",
     )
+
+
+def _allow_triggers(api: Api) -> tuple[str, ...]:
+    """Citus makes (and drops) a trigger of a distributed table on each of its shards, once the
+    transaction allows it."""
+    return ("SET LOCAL citus.enable_unsafe_triggers = on",) if api.backend == "citus" else ()
 
 
 def _run(api: Api, *statements: str) -> None:
@@ -214,8 +221,12 @@ class TestUnexpectedRefusal:
         assert len(events_of(api, healthy)) == 8
 
         drop = ["DROP TRIGGER test_refuse"]
-        if api.backend == "postgresql":
-            drop = ["DROP TRIGGER test_refuse ON ledger_entries", "DROP FUNCTION test_refuse()"]
+        if api.backend != "sqlite":
+            drop = [
+                *_allow_triggers(api),
+                "DROP TRIGGER test_refuse ON ledger_entries",
+                "DROP FUNCTION test_refuse()",
+            ]
         _run(api, *drop)
         body = ingest(api, *batch)
         assert (body["recorded"], body["duplicates"]) == (4, 8)
