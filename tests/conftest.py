@@ -54,14 +54,20 @@ CITUS_MAINTENANCE_URL = os.environ.get(
     "METERING_TEST_CITUS_URL", "postgresql+psycopg://postgres@127.0.0.1:9700/postgres"
 )
 # Service-level modules whose ``api`` / ``fresh_api`` tests run on Citus too (CONTRACT §13).
-# A module joins once its paths work there: the authorization's resolution, the ingest's batch
-# lookup and the credit-spending program still join account tables through a reference table's
-# column (or a JSON document of several accounts), which Citus refuses (tests/test_citus.py
-# proves the routes that are routed).
+# A module joins once its paths work there: the authorization's resolution still joins account
+# tables through a reference table's column, which Citus refuses, so the modules that place
+# holds wait for it (tests/test_citus.py proves the routes that are routed).
 CITUS_MODULES = frozenset(
     {
         "tests/test_citus.py",
         "tests/ledger/test_hold_ids.py",
+        "tests/usage/test_catalog_guard.py",
+        "tests/usage/test_idempotency.py",
+        "tests/usage/test_ingest.py",
+        "tests/usage/test_lookup_and_verify.py",
+        "tests/usage/test_prices_in_force.py",
+        "tests/usage/test_quarantine.py",
+        "tests/usage/test_ranges.py",
     }
 )
 # METERING_TEST_CITUS_ALL=1: every module's Citus cases, to see what does not run there yet.

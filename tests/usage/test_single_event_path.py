@@ -1,6 +1,7 @@
 """The single-event path (PostgreSQL): a request of one new, billable event is recorded in two
 statements on the event loop (``metering.usage.single``, ``metering_record_usage``); every other
-single event goes the general way, and both book exactly what the batch path books."""
+single event goes the general way, and both book exactly what the batch path books — on a Citus
+cluster too, where the path runs its account's one-account statements."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from sqlalchemy import func, select
 from metering.kit.timeutil import format_timestamp
 from metering.models import CreditAllocation, CreditGrant, WebhookEvent
 from metering.usage import endpoints
-from tests.conftest import NOW, Api, running_api
+from tests.conftest import CITUS, NOW, Api, migrated_database, require_postgresql, running_api
 from tests.factories import (
     GLM_RATES,
     authorize,
@@ -37,6 +38,19 @@ def pg_api(pg_url: str, tmp_path: Path) -> Iterator[Api]:
     """A PostgreSQL database of its own: ``metering verify`` checks the whole database, and the
     shared one holds what other tests planted on purpose."""
     with running_api("postgresql", pg_url, tmp_path) as api:
+        api.clock.set(NOW)
+        yield api
+
+
+@pytest.fixture(params=["postgresql", *(["citus"] if CITUS else [])])
+def lean_api(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Api]:
+    """As ``pg_api``, and on the Citus cluster when the run has it."""
+    if request.param == "postgresql":
+        require_postgresql()
+    with (
+        migrated_database(request.param, tmp_path) as url,
+        running_api(request.param, url, tmp_path) as api,
+    ):
         api.clock.set(NOW)
         yield api
 
@@ -87,32 +101,32 @@ def test_a_new_billable_event_is_recorded_and_settled_in_two_statements(
 
 
 def test_every_other_single_event_goes_the_general_way_and_is_recorded_once(
-    pg_api: Api,
+    lean_api: Api,
 ) -> None:
-    model = priced_model(pg_api, NOW - timedelta(days=1))
-    key = create_key(pg_api, create_account(pg_api))
+    model = priced_model(lean_api, NOW - timedelta(days=1))
+    key = create_key(lean_api, create_account(lean_api))
     event = usage_event(key, model, NOW)
-    assert ingest(pg_api, event)["recorded"] == 1
+    assert ingest(lean_api, event)["recorded"] == 1
     # Taken: the function writes nothing and the general path classifies it.
-    again = ingest(pg_api, event)
+    again = ingest(lean_api, event)
     assert again["duplicates"] == 1
-    assert again["data"][0]["charge"] == ingest(pg_api, event)["data"][0]["charge"]
+    assert again["data"][0]["charge"] == ingest(lean_api, event)["data"][0]["charge"]
     changed = {**event, "usage": chat_usage(1000, 101)}
-    assert ingest(pg_api, changed)["data"][0]["error"]["code"] == "idempotency_conflict"
+    assert ingest(lean_api, changed)["data"][0]["error"]["code"] == "idempotency_conflict"
     # Not billable now: never reaches the function.
     unknown = usage_event(key, "no-such-model", NOW)
-    assert ingest(pg_api, unknown)["data"][0]["error"]["code"] == "model_not_found"
-    assert ingest(pg_api, {"request_id": "x"})["quarantined"] == 1
-    assert ingest(pg_api, {"no": "request id"})["rejected"] == 1
-    report = pg_api.as_key(key.secret, "GET", f"/v1/usage?starting_at={NOW.date()}").json()
+    assert ingest(lean_api, unknown)["data"][0]["error"]["code"] == "model_not_found"
+    assert ingest(lean_api, {"request_id": "x"})["quarantined"] == 1
+    assert ingest(lean_api, {"no": "request id"})["rejected"] == 1
+    report = lean_api.as_key(key.secret, "GET", f"/v1/usage?starting_at={NOW.date()}").json()
     assert report["totals"]["requests"] == 1
-    assert_books_reconcile(pg_api)
+    assert_books_reconcile(lean_api)
 
 
-def test_one_by_one_books_exactly_what_one_batch_books(pg_api: Api) -> None:
-    model = priced_model(pg_api, NOW - timedelta(days=5))
-    unbilled = create_key(pg_api, create_account(pg_api, "unbilled"))
-    singles, batch = [create_key(pg_api, create_account(pg_api)) for _ in range(2)]
+def test_one_by_one_books_exactly_what_one_batch_books(lean_api: Api) -> None:
+    model = priced_model(lean_api, NOW - timedelta(days=5))
+    unbilled = create_key(lean_api, create_account(lean_api, "unbilled"))
+    singles, batch = [create_key(lean_api, create_account(lean_api)) for _ in range(2)]
 
     def events(key: Any) -> list[dict[str, Any]]:
         return [
@@ -127,23 +141,23 @@ def test_one_by_one_books_exactly_what_one_batch_books(pg_api: Api) -> None:
         ]
 
     for event in events(singles) + events(unbilled):
-        assert ingest(pg_api, event)["recorded"] == 1
-    assert ingest(pg_api, *events(batch))["recorded"] == 12
+        assert ingest(lean_api, event)["recorded"] == 1
+    assert ingest(lean_api, *events(batch))["recorded"] == 12
 
     def seen(key: Any) -> tuple[Any, ...]:
         start = (NOW - timedelta(days=4)).date()
         reports = [
-            pg_api.as_key(key.secret, "GET", f"/v1/usage?starting_at={start}{query}").json()
+            lean_api.as_key(key.secret, "GET", f"/v1/usage?starting_at={start}{query}").json()
             for query in ("", "&bucket_width=1h")
         ]
         return tuple((report["totals"], report["data"]) for report in reports)
 
     assert seen(singles) == seen(batch)
-    assert credits_of(pg_api, singles) == credits_of(pg_api, batch)
-    assert credits_of(pg_api, singles)["balance_microcents"] < 0  # no credit: billed anyway
+    assert credits_of(lean_api, singles) == credits_of(lean_api, batch)
+    assert credits_of(lean_api, singles)["balance_microcents"] < 0  # no credit: billed anyway
     unbilled_totals = seen(unbilled)[0][0]
     assert unbilled_totals["requests"] == 12 and unbilled_totals["cost_microcents"] is None
-    assert_books_reconcile(pg_api)
+    assert_books_reconcile(lean_api)
 
 
 # One cent per event: 1000 prompt tokens at 1000 cents per million, output free.
