@@ -23,7 +23,7 @@ import psycopg
 from sqlalchemy import String, bindparam, exists, select
 
 from metering.accounts.keys import KEYS, live_key
-from metering.citus import CITUS_PROBE, PROBED, text_of_account
+from metering.citus import on_citus_async, text_of_account
 from metering.kit.programs import psycopg_text
 from metering.ledger import holds
 from metering.ledger.access import checked_under_lock
@@ -140,11 +140,7 @@ class PostgresHolds:
 
     async def on_citus(self) -> bool:
         """Whether the database is a Citus coordinator (asked once per process and database)."""
-        found = PROBED.get(self._connection.info)
-        if found is None:
-            row = await self._one(CITUS_PROBE, {})
-            found = PROBED.keep(self._connection.info, row and row[0])
-        return found
+        return await on_citus_async(self._connection)
 
     async def group_of(self, hold: Mapping[str, Any]) -> str | None:
         """Which holds may share a call with this one: any (None), or on Citus its account's."""
