@@ -18,11 +18,9 @@ import glob
 import logging
 import multiprocessing
 import os
-from bisect import bisect_left
 from collections.abc import Callable, Iterable
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 import prometheus_client
 from prometheus_client import values
@@ -62,13 +60,13 @@ class Counter:
     ) -> None:
         self.name = name
         self._metric = prometheus_client.Counter(name, help_text, labels, registry=registry)
-        self._values: dict[tuple[str, ...], Any] = {}
+        self._children: dict[tuple[str, ...], prometheus_client.Counter] = {}
 
     def inc(self, *labels: str, amount: int = 1) -> None:
-        value = self._values.get(labels)
-        if value is None:
-            value = self._values[labels] = _value_of(self._metric.labels(*labels))
-        value.inc(amount)
+        child = self._children.get(labels)
+        if child is None:
+            child = self._children[labels] = self._metric.labels(*labels)
+        child.inc(amount)
 
 
 class Histogram:
@@ -81,30 +79,13 @@ class Histogram:
         self._metric = prometheus_client.Histogram(
             name, help_text, labels, registry=registry, buckets=LATENCY_BUCKETS
         )
-        self._series: dict[tuple[str, ...], tuple[Any, list[Any], list[float]]] = {}
+        self._children: dict[tuple[str, ...], prometheus_client.Histogram] = {}
 
     def observe(self, seconds: float, *labels: str) -> None:
-        series = self._series.get(labels)
-        if series is None:
-            child = self._metric.labels(*labels)
-            series = self._series[labels] = (
-                child._sum,  # private, as in _value_of
-                child._buckets,
-                child._upper_bounds,
-            )
-        total, buckets, bounds = series
-        # What ``Histogram.observe`` writes: the sum, and the first bucket whose bound is at
-        # least the value (the last is +Inf).
-        total.inc(seconds)
-        buckets[bisect_left(bounds, seconds)].inc(1)
-
-
-def _value_of(child: Any) -> Any:
-    """The value a counter child writes (in multiprocess mode, its slot in the memory-mapped
-    file): written directly, without the metric's own ``inc`` and its checks around it (that
-    the metric is a labelled child, the amount not negative; both hold here by construction),
-    which cost as much again as the write, several times per gateway request."""
-    return child._value
+        child = self._children.get(labels)
+        if child is None:
+            child = self._children[labels] = self._metric.labels(*labels)
+        child.observe(seconds)
 
 
 # Gauges computed from the database at scrape time: (session, now) -> metric families
