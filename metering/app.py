@@ -58,6 +58,9 @@ def create_app(
         docs_url=None,
         redoc_url=None,
         swagger_ui_oauth2_redirect_url=None,
+        # FastAPI's own OpenTelemetry is not used (metrics are Prometheus, metering.metrics):
+        # off, so a request no longer asks the global providers whether it is configured.
+        telemetry={"tracing": False, "metrics": False, "logs": False},
     )
     app.state.settings = settings
     app.state.credentials = Credentials.of(settings)

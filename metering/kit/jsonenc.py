@@ -22,19 +22,35 @@ class RawJSON(str):
     __slots__ = ()
 
 
+def _literal(value: bool | None) -> str:
+    return "null" if value is None else "true" if value else "false"
+
+
+# The leaf values by their exact type (no subclass: an Enum that is also a str, say, takes the
+# general path), each written by one call: the common case of a response, without walking the
+# checks below for every value.
+_LEAVES: dict[type, Any] = {
+    str: encode_basestring_ascii,
+    int: int.__repr__,
+    bool: _literal,
+    type(None): _literal,
+    ExactNumber: str.__str__,
+    RawJSON: str.__str__,
+}
+
+
 def _encode(value: Any, out: list[str]) -> None:
-    if value is None:
-        out.append("null")
-    elif value is True:
-        out.append("true")
-    elif value is False:
-        out.append("false")
+    leaf = _LEAVES.get(type(value))
+    if leaf is not None:
+        out.append(leaf(value))
     elif isinstance(value, ExactNumber | RawJSON):
         out.append(str.__str__(value))
     elif isinstance(value, Enum):
         _encode(value.value, out)
     elif isinstance(value, str):
         out.append(encode_basestring_ascii(value))
+    elif isinstance(value, bool):
+        out.append(_literal(value))
     elif isinstance(value, int):
         out.append(int.__repr__(value))
     elif isinstance(value, Mapping):
@@ -46,14 +62,22 @@ def _encode(value: Any, out: list[str]) -> None:
             first = False
             out.append(encode_basestring_ascii(str(key)))
             out.append(":")
-            _encode(item, out)
+            leaf = _LEAVES.get(type(item))
+            if leaf is not None:
+                out.append(leaf(item))
+            else:
+                _encode(item, out)
         out.append("}")
     elif isinstance(value, list | tuple):
         out.append("[")
         for index, item in enumerate(value):
             if index:
                 out.append(",")
-            _encode(item, out)
+            leaf = _LEAVES.get(type(item))
+            if leaf is not None:
+                out.append(leaf(item))
+            else:
+                _encode(item, out)
         out.append("]")
     elif isinstance(value, datetime):
         out.append(f'"{format_timestamp(value)}"')

@@ -152,7 +152,12 @@ def _hold_steps(
     }
     placement: Placement
     if checked_under_lock(found.billing, found.max_concurrent_requests):
-        window_start, window_end = window_bounds(found.spend_limit_window, now)
+        # The window is read only for a key with a spend limit.
+        window_start, window_end = (
+            (None, None)
+            if found.spend_limit_microcents is None
+            else window_bounds(found.spend_limit_window, now)
+        )
         hold = {
             **values,
             "spend_limit": found.spend_limit_microcents,
