@@ -12,7 +12,10 @@ Under the account's row lock (the balance update takes it), for each account of 
    a grant pays ``min(remainder, total − what the grants before it hold)`` while that is
    positive, and what they cannot cover adds to the deficit. So a batch of many events of one
    account allocates its total once. Every part is an allocation row (``spend`` / ``deficit``),
-   and the grants and the deficit move by the same parts (one statement on PostgreSQL).
+   and the grants and the deficit move by the same parts (one statement on PostgreSQL). On
+   PostgreSQL a debit that the first live grant pays whole (the one part the window would
+   find) is paid first by a lookup of that grant alone (``_spending_steps``); only the others
+   take the window.
 3. **Events (§11).** Each expiry entry's ``credit.grant_expired``, and the balance thresholds
    the whole move crosses (``credit.balance_low`` / ``_depleted``: before = the balance the
    debit's update returned plus the debit, after = the balance at the end, both under the row
