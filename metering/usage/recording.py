@@ -250,7 +250,8 @@ def settle_usage(
     limits: Sequence[KeyLimit] = (),
     account_id: str | None = None,
 ) -> None:
-    """Book the charges of events just inserted and add their rollup rows (``SETTLE_USAGE``), in
+    """Book the charges of events just inserted and add their usage to the rollups
+    (``SETTLE_USAGE``; ``rollup_rows``: ``HOURLY_IN``'s rows, metering.usage.rollups.rows), in
     the session's transaction: one round trip on PostgreSQL. ``limits``: the charges' keys with
     a spend limit (their thresholds are checked, metering.notifications.spend_limits).
     ``account_id`` (a Citus cluster): all of them are that account's (``SETTLE_USAGE_OF_ACCOUNT``,
