@@ -211,11 +211,15 @@ def cpu_seconds(pid: int, reaped: bool = False) -> float | None:
 
 def postmaster(node_url: str) -> int:
     """The pid of a (local) node's postmaster: the parent of a backend."""
-    [(backend,)] = _rows(node_url, "SELECT pg_backend_pid()")
-    for line in Path(f"/proc/{backend}/status").read_text().splitlines():
+    with psycopg.connect(libpq_url(node_url)) as connection:
+        row = connection.execute("SELECT pg_backend_pid()").fetchone()
+        assert row is not None
+        # Read while the backend lives (it ends with the connection).
+        status = Path(f"/proc/{row[0]}/status").read_text()
+    for line in status.splitlines():
         if line.startswith("PPid:"):
             return int(line.split()[1])
-    raise RuntimeError(f"no parent process for the backend {backend} of {node_url}")
+    raise RuntimeError(f"no parent process for the backend {row[0]} of {node_url}")
 
 
 def _server_pids(server: Server) -> list[int]:
@@ -639,7 +643,7 @@ def count_round_trips(
             }
             records = logs[0].records(database, exclude=background)
             for (level, message), (_, detail) in zip(
-                records, [*records[1:], ("", "")], strict=True
+                records, [*records[1:], ("", "")][: len(records)], strict=True
             ):
                 if level == "ERROR":
                     found.errors.append(message)
