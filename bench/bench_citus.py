@@ -24,16 +24,20 @@ cores, and a statement crosses one more process. What it shows is the cost of an
 worker, from which each added worker's throughput is projected:
 
 * **CPU per operation** of each tier, from ``/proc`` (utime + stime of each process) over each
-  load on the cluster: the API server's processes, and on each node the backends of the bench's
-  database (``pg_stat_activity``). The same for the single server. A backend that ended during a
-  load would take its CPU with it: such a loss is reported.
+  load: the API server's processes, and on each node the backends of the bench's database
+  (``pg_stat_activity``); on the cluster's nodes also the backends that ended during a load
+  (their postmaster's reaped children), and apart, in brackets, what backends started or ended
+  during the load spent (a connection's set-up). Each load runs right after a brief unmeasured
+  one of its kind, so that connections the load before cost are not charged to it. On the
+  shared single server a backend that ended during a load is reported as lost.
 * **Round trips per operation**: after the rounds, a server of its own sends a few operations of
   each kind with ``citus.log_remote_commands`` on for the cluster's database; the commands the
   coordinator sent a worker are counted from its log (each one network round trip), and the
   statements each worker ran itself inside a delegated function call (``citus.log_local_commands``).
 * **The projection** (labelled as one): each operation runs on the one worker holding its
   account, so an added worker core takes ``1 / (worker CPU per operation)`` operations a second,
-  under the assumptions printed with it (README, "Scaling out on Citus").
+  under the assumptions printed with it (README, "Scaling out on Citus"); and the same with the
+  connections' set-up left out.
 
 Run: ``make bench BENCH=citus`` (``python -m bench citus``). Settings: ``BENCH_ROUNDS`` (3),
 ``BENCH_CITUS_SECONDS`` (5 per load, after 1 s of warm-up), ``BENCH_CITUS_WORKERS`` (2),
@@ -420,22 +424,22 @@ def _measure(side: Side, kind: str, drive: Any, per_operation: int = 1) -> LoadR
     return load
 
 
-def _warm(config: Config, side: Side, bodies: tuple[Bodies, Bodies]) -> None:
-    """Each load once, briefly, not measured: the server's pools open their connections, and
-    on the cluster the coordinator's to the workers (a backend's start is costly: counted in
-    the rounds, it would be a cost of the first round, not of an operation)."""
-    secrets_ = side.fixture.secrets
-    voids = Load(lambda c, i: secrets_[(c * 7 + i) % len(secrets_)])
+def _settle(config: Config, side: Side, kind: str, bodies: tuple[Bodies, Bodies]) -> None:
+    """The load of ``kind``, briefly and not measured, right before it is measured: the
+    server's pools have their connections, and on the cluster the coordinator's sessions theirs
+    to the workers. A backend's start is costly, and the load before may have cost connections
+    (a failed delegated call closes the coordinator's): counted in the next load, they would be
+    charged to the wrong operation. The set-up a load causes itself stays in its own figures."""
     headers = {"Authorization": f"Bearer {GATEWAY_TOKEN}"}
-    problems = run_load(
-        side.server.base_url, config.clients, config.warmup, voids, headers, 0.2
-    ).problems(f"{side.name}, warming up")
-    ingest = IngestConfig(seconds=config.warmup, warmup=0.2, senders=config.senders)
-    for these in bodies:
-        problems += drive_ingest(ingest, side.server.base_url, these, side.sent).problems(
-            f"{side.name}, warming up"
-        )
-    side.loads[AUTH].problems += problems
+    if kind == AUTH:
+        secrets_ = side.fixture.secrets
+        voids = Load(lambda c, i: secrets_[(c * 7 + i) % len(secrets_)])
+        load = run_load(side.server.base_url, config.clients, config.warmup, voids, headers, 0.2)
+    else:
+        ingest = IngestConfig(seconds=config.warmup, warmup=0.2, senders=config.senders)
+        these = bodies[0] if kind == BATCH else bodies[1]
+        load = drive_ingest(ingest, side.server.base_url, these, side.sent)
+    side.loads[kind].problems += load.problems(f"{side.name}, settling before the {kind} load")
 
 
 def _round(config: Config, side: Side, bodies: tuple[Bodies, Bodies], workdir: Path) -> str:
@@ -444,6 +448,7 @@ def _round(config: Config, side: Side, bodies: tuple[Bodies, Bodies], workdir: P
     secrets_ = side.fixture.secrets
     headers = {"Authorization": f"Bearer {GATEWAY_TOKEN}"}
     voids = Load(lambda c, i: secrets_[(c * 7 + i) % len(secrets_)])
+    _settle(config, side, AUTH, bodies)
     _measure(
         side,
         AUTH,
@@ -465,6 +470,7 @@ def _round(config: Config, side: Side, bodies: tuple[Bodies, Bodies], workdir: P
     ingest = IngestConfig(seconds=config.seconds, warmup=config.warmup, senders=config.senders)
     batches, singles = bodies
     for kind, these in ((BATCH, batches), (EVENT, singles)):
+        _settle(config, side, kind, bodies)
         _measure(
             side,
             kind,
@@ -734,8 +740,6 @@ def run(config: Config | None = None) -> list[Result]:
                 )
                 for side in (single, cluster)
             }
-            for side in (single, cluster):
-                _warm(config, side, bodies[side.name])
             for index in range(config.rounds):
                 for side in (single, cluster):
                     summary = _round(config, side, bodies[side.name], workdir / "cli")
@@ -789,8 +793,9 @@ def report(
 
     print()
     print(
-        "   Cost per operation: CPU from /proc over every load of every round, warm-up included "
-        "(the API server's processes; on each node its backends in the bench's database, and on "
+        "   Cost per operation: CPU from /proc over every load of every round, warm-up included, "
+        "each load after a brief unmeasured one of its kind (the API server's processes; on "
+        "each node its backends in the bench's database, and on "
         "the cluster's nodes those that ended meanwhile); an authorization with its void, an "
         "event of a batch, a single-event request. Commands counted from the cluster's logs "
         "(each one round trip coordinator→worker):"
@@ -853,8 +858,9 @@ def report(
             "a delegated call of metering_record_usage_of_account that failed, then a "
             "per-account transaction of routed statements. Each failed call costs the worker a "
             "connection: the coordinator closes its connection after the error, and the next "
-            "operation of that session (of any kind: the next round's authorizations too) opens "
-            "another, whose backend's start is the CPU in brackets above"
+            "operation of that session opens another, whose backend's start is the CPU in "
+            "brackets above (the load before each measured one, unmeasured, takes those the "
+            "previous load left, so each kind is charged its own)"
         )
     else:
         path = "a per-account transaction of routed statements (no delegated call)"
