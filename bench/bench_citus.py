@@ -36,8 +36,9 @@ worker, from which each added worker's throughput is projected:
   statements each worker ran itself inside a delegated function call (``citus.log_local_commands``).
 * **The projection** (labelled as one): each operation runs on the one worker holding its
   account, so an added worker core takes ``1 / (worker CPU per operation)`` operations a second,
-  under the assumptions printed with it (README, "Scaling out on Citus"); and the same with the
-  connections' set-up left out.
+  under the assumptions printed with it (README, "Scaling out on Citus"); and the same without
+  the CPU of backends started or ended during the load (an upper bound: their work after their
+  start is left out with their start).
 
 Run: ``make bench BENCH=citus`` (``python -m bench citus``). Settings: ``BENCH_ROUNDS`` (3),
 ``BENCH_CITUS_SECONDS`` (5 per load, after 1 s of warm-up), ``BENCH_CITUS_WORKERS`` (2),
@@ -908,7 +909,7 @@ def report(
         "per operation",
         "worker CPU",
         "PROJECTED per added worker core",
-        "the same, connections kept (their set-up left out)",
+        "the same, backends started or ended in the load left out (an upper bound)",
         "coordinator ceiling per core",
         "API ceiling per core",
     )
@@ -974,7 +975,7 @@ def report(
 
 def _with_churn(measured: Measured, tiers: Sequence[str]) -> str:
     """A tier's CPU per operation, and (in brackets) how much of it the processes that started
-    or ended during the loads spent."""
+    or ended during the loads spent: their start, and whatever else they did in the load."""
     return f"{_ms(measured.ms_per_operation(tiers))} ({measured.churn_ms_per_operation(tiers):.3f})"
 
 
