@@ -394,9 +394,6 @@ class Side:
             )
         return found
 
-    def database_tiers(self) -> list[str]:
-        return [name for name, _, _ in self.nodes]
-
 
 def _setup(config: Config, url: str, base_url: str, workdir: Path) -> Fixture:
     """Both models priced (``metering catalog import``); the accounts with their keys, grants
