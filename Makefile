@@ -60,6 +60,8 @@ promtool:
 	@bash .ci/install-promtool
 
 # `make bench` runs every benchmark; `make bench BENCH="ledger ingest"` runs those named.
+# `make bench BENCH=citus` starts the local Citus cluster (scripts/citus.sh; CITUS_PORT,
+# CITUS_DIR) when its coordinator does not answer.
 bench: $(STAMP)
 	$(BIN)/python -m bench $(BENCH)
 

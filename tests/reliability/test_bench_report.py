@@ -21,8 +21,9 @@ import pytest
 
 import bench
 from bench import __main__ as runner
-from bench import bench_ingest, bench_ledger, compare
+from bench import bench_citus, bench_ingest, bench_ledger, compare
 from bench.common import CodeUnderTest, Result, bench_database, libpq_url, sql_scalar
+from tests.conftest import CITUS, CITUS_MAINTENANCE_URL
 
 # Real server processes on PostgreSQL (the harness measures nothing else).
 needs_postgresql = pytest.mark.usefixtures("needs_postgresql")
@@ -71,6 +72,7 @@ def test_every_benchmark_module_is_run_by_make_bench() -> None:
         m.name for m in pkgutil.iter_modules(bench.__path__) if m.name.startswith("bench_")
     )
     assert names == [
+        "bench_citus",
         "bench_embedded",
         "bench_ingest",
         "bench_ledger",
@@ -89,7 +91,7 @@ def test_the_harness_never_imports_the_code_under_test() -> None:
     (``bench.compare`` points it at an older one) and shares no bug with it."""
     probe = (
         "import sys, bench.__main__, bench.compare, bench.bench_ledger, bench.bench_ingest, "
-        "bench.bench_reports, bench.bench_embedded, bench.baseline_app\n"
+        "bench.bench_reports, bench.bench_embedded, bench.bench_citus, bench.baseline_app\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('metering', 'tests')))"
     )
     root = Path(bench.__file__).parent.parent
@@ -218,6 +220,76 @@ class TestIngest:
         problems = results["ingest.batches"].problems
         assert any("'quarantined': 50" in p for p in problems), problems
         assert any(p.startswith("0 events stored of") for p in problems), problems
+
+
+CITUS_SMALL: dict[str, Any] = {
+    "seconds": 0.5,
+    "warmup": 0.3,
+    "rounds": 1,
+    "workers": 1,
+    "accounts": 4,
+    "ingest_accounts": 2,
+    "clients": 2,
+    "senders": 2,
+    "batch": 20,
+    "shard_count": 4,
+    "counted": 3,
+}
+CITUS_FIGURES = [
+    "citus.authorizations",
+    "citus.batches",
+    "citus.singles",
+    "citus.worker_cpu.authorization",
+    "citus.projected.authorization",
+    "citus.worker_cpu.batch_event",
+    "citus.projected.batch_event",
+    "citus.worker_cpu.single_event",
+    "citus.projected.single_event",
+]
+
+
+@needs_postgresql
+class TestCitus:
+    """``make bench BENCH=citus``, small, on the test cluster (METERING_TEST_CITUS_URL)."""
+
+    @pytest.fixture(autouse=True)
+    def _cluster(self) -> None:
+        if not CITUS:
+            pytest.fail("this test needs Citus (METERING_TEST_BACKENDS excludes it)")
+
+    def test_a_healthy_service_gives_every_figure_without_problems(
+        self, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        config = bench_citus.Config(**CITUS_SMALL, coordinator_url=CITUS_MAINTENANCE_URL)
+        results = bench_citus.run(config)
+        assert [r.name for r in results] == CITUS_FIGURES
+        for result in results:
+            assert result.problems == (), result
+            assert result.measured > 0, result
+        figures = by_name(results)
+        # Each throughput beside the single server's, measured in the same run.
+        assert figures["citus.authorizations"].ceiling
+        assert "of one PostgreSQL server" in figures["citus.authorizations"].baseline
+        # The projection is one worker core's share: 1 / its CPU per operation.
+        cpu = figures["citus.worker_cpu.authorization"]
+        projected = figures["citus.projected.authorization"]
+        assert cpu.unit == "ms" and not cpu.higher_is_better
+        assert projected.measured == pytest.approx(1000 / cpu.measured)
+        assert "PROJECTED" in projected.figure and projected.statistic == "projection"
+        printed = capsys.readouterr().out
+        assert "PROJECTION (not a measurement)" in printed
+        # Round trips were counted from the coordinator's log: the authorization's check-and-hold
+        # is one delegated call per hold.
+        assert "3 × place_holds_of_account" in printed, printed
+
+    def test_a_gateway_token_that_no_longer_matches_fails_every_figure(self) -> None:
+        code = CodeUnderTest(server_env=(("METERING_GATEWAY_TOKENS", "rotated-away"),))
+        config = bench_citus.Config(**CITUS_SMALL, coordinator_url=CITUS_MAINTENANCE_URL, code=code)
+        results = bench_citus.run(config)
+        assert [r.name for r in results] == CITUS_FIGURES
+        for result in results:
+            assert result.met is False, result
+            assert any("401" in p for p in result.problems), result
 
 
 @needs_postgresql
