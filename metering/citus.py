@@ -229,6 +229,17 @@ def execute_of_account(
     return session.connection().exec_driver_sql(str(compiled), values)
 
 
+def one_snapshot(session: Session) -> None:
+    """On a cluster, at the start of a REPEATABLE READ transaction that reads across the shards
+    (``metering verify``): one connection per worker for the whole transaction, so that each
+    worker answers every query from one snapshot. Each account's rows sit on one worker and
+    each account's writes are single-node transactions, so every account is read whole, as of
+    one instant of its worker. (Citus otherwise may open several connections to a worker for
+    one query, each with a snapshot of its own.)"""
+    if on_cluster(session):
+        session.execute(text("SET LOCAL citus.max_adaptive_executor_pool_size = 1"))
+
+
 # Advisory lock namespaces (the first of the two keys; the second is the object's).
 EXPORT_DAY_LOCK = 0x6D657864  # "mexd": a day's export (metering.exports.repository.lock_day)
 

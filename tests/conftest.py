@@ -175,7 +175,7 @@ def fresh_pg_database() -> Iterator[str]:
         admin.dispose()
 
 
-def _citus_nodes() -> list[str]:
+def citus_nodes() -> list[str]:
     """Maintenance URLs of the cluster's nodes, the coordinator first."""
     coordinator = make_url(CITUS_MAINTENANCE_URL)
     engine = create_engine(CITUS_MAINTENANCE_URL)
@@ -201,7 +201,7 @@ def fresh_citus_database() -> Iterator[str]:
     workers registered with the coordinator's copy (Citus keeps its metadata per database); the
     coordinator's URL. Four shards, not 32: the tests' schema is distributed in seconds."""
     name = f"metering_c_{secrets.token_hex(6)}"
-    nodes = _citus_nodes()
+    nodes = citus_nodes()
     engines = [create_engine(url, isolation_level="AUTOCOMMIT") for url in nodes]
     made: list[Any] = []
     try:
@@ -252,7 +252,7 @@ class _CitusTemplate:
         self._name: str | None = None
 
     def copy(self) -> Iterator[str]:
-        nodes = _citus_nodes()
+        nodes = citus_nodes()
         template = self._template(nodes)
         name = f"metering_c_{secrets.token_hex(6)}"
         engines = [create_engine(url, isolation_level="AUTOCOMMIT") for url in nodes]
@@ -308,7 +308,7 @@ class _CitusTemplate:
 
     def close(self) -> None:
         if self._stack is not None and self._name is not None:
-            for node in _citus_nodes():
+            for node in citus_nodes():
                 engine = create_engine(node, isolation_level="AUTOCOMMIT")
                 try:
                     with engine.connect() as connection:
