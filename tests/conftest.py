@@ -56,16 +56,54 @@ PG_MAINTENANCE_URL = os.environ.get(
 CITUS_MAINTENANCE_URL = os.environ.get(
     "METERING_TEST_CITUS_URL", "postgresql+psycopg://postgres@127.0.0.1:9700/postgres"
 )
-# Service-level modules whose ``api`` / ``fresh_api`` tests run on Citus too (CONTRACT §13).
-# A module joins once its paths work there (tests/test_citus.py proves the routes that are
-# routed); METERING_TEST_CITUS_ALL=1 shows what the others still lack.
+# Service-level modules whose tests run on Citus too (CONTRACT §13): every case of a fixture
+# parametrized by backend (``api``, ``fresh_api``, ``pg_api``, ``pg_url``, the race clusters, the
+# webhook and model-based apps). The PostgreSQL suite's service level: ledger, usage, reports,
+# exports, webhooks, the races, the crash and model-based tests (tests/test_citus.py proves
+# the routes). METERING_TEST_CITUS_ALL=1 shows what the other modules still lack.
 CITUS_MODULES = frozenset(
     {
-        "tests/test_citus.py",
+        "tests/exports/test_compose.py",
+        "tests/exports/test_coordination.py",
+        "tests/exports/test_dashboards.py",
+        "tests/exports/test_day_index.py",
+        "tests/exports/test_demo.py",
+        "tests/exports/test_export_files.py",
+        "tests/exports/test_rollforward.py",
+        "tests/exports/test_scheduler.py",
+        "tests/ledger/test_access_races.py",
+        "tests/ledger/test_access_rules.py",
+        "tests/ledger/test_async_connections.py",
+        "tests/ledger/test_authorizations.py",
+        "tests/ledger/test_concurrency.py",
+        "tests/ledger/test_credits.py",
+        "tests/ledger/test_estimate_ranges.py",
+        "tests/ledger/test_estimates.py",
+        "tests/ledger/test_grant_race.py",
         "tests/ledger/test_grants.py",
+        "tests/ledger/test_group_commit.py",
+        "tests/ledger/test_hold_counters.py",
         "tests/ledger/test_hold_ids.py",
+        "tests/ledger/test_remembered_resolutions.py",
+        "tests/ledger/test_resolution.py",
         "tests/ledger/test_settlement.py",
+        "tests/notifications/test_config.py",
+        "tests/notifications/test_delivery.py",
+        "tests/notifications/test_endpoints.py",
+        "tests/notifications/test_events.py",
+        "tests/notifications/test_grant_events.py",
+        "tests/notifications/test_replicas.py",
+        "tests/notifications/test_spend_limit_events.py",
+        "tests/notifications/test_spend_limit_race.py",
+        "tests/reliability/test_model_based.py",
+        "tests/reliability/test_multi_process.py",
+        "tests/reports/test_assembly.py",
+        "tests/reports/test_params.py",
+        "tests/reports/test_usage_api.py",
+        "tests/test_citus.py",
+        "tests/usage/test_answer.py",
         "tests/usage/test_catalog_guard.py",
+        "tests/usage/test_crash_and_concurrency.py",
         "tests/usage/test_holds.py",
         "tests/usage/test_idempotency.py",
         "tests/usage/test_ingest.py",
@@ -73,6 +111,7 @@ CITUS_MODULES = frozenset(
         "tests/usage/test_prices_in_force.py",
         "tests/usage/test_quarantine.py",
         "tests/usage/test_ranges.py",
+        "tests/usage/test_single_event_path.py",
     }
 )
 # METERING_TEST_CITUS_ALL=1: every module's Citus cases, to see what does not run there yet.
