@@ -30,6 +30,9 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, TypeVar
 
+from sqlalchemy.orm import Session
+
+from metering import citus
 from metering.db import Database
 from metering.exports.service import FAILED, DayResult, Exporter
 from metering.kit.clock import Clock
@@ -95,6 +98,7 @@ class Scheduler:
         self.grant_notice = timedelta(days=settings.grant_notice_days)
         self.exporter = Exporter(database, settings.export_dir, clock, runner)
         self.heartbeat = heartbeat
+        self._cluster: bool | None = None
         self.deliverer: Deliverer | None = None
         if settings.secret_key:
             self.deliverer = Deliverer(database, settings, clock, resolver=resolver)
@@ -146,14 +150,40 @@ class Scheduler:
         self._beat(now)
         return report
 
+    def _on_cluster(self) -> bool:
+        """Whether the database is a Citus cluster: then each job's work is done account by
+        account, each account in a transaction of its own whose statements are routed to its
+        shard (metering.citus)."""
+        if self._cluster is None:
+            self._cluster = False
+            if self.database.dialect == "postgresql":
+                with self.database.reading() as session:
+                    self._cluster = citus.on_cluster(session)
+        return self._cluster
+
+    def _per_account(self, accounts: Callable[[Session], list[str]]) -> list[str | None]:
+        """Each transaction of a job: on a cluster one per account having work (``accounts``),
+        elsewhere one for every account (None)."""
+        if not self._on_cluster():
+            return [None]
+        with self.database.reading() as session:
+            return list(accounts(session))
+
     def _expire_holds(self, now: datetime, report: TickReport) -> int | None:
-        from metering.ledger.authorizations import expire_holds, notice_expired_unused
+        from metering.ledger.authorizations import (
+            expire_holds,
+            notice_expired_unused,
+            tidy_up_accounts,
+        )
 
         def work() -> int:
-            with self.database.unit_of_work() as session:
-                expired = expire_holds(session, now)
-                notice_expired_unused(session, now)
-                session.commit()
+            accounts = self._per_account(lambda session: tidy_up_accounts(session, now))
+            expired = 0
+            for account in accounts:
+                with self.database.unit_of_work() as session:
+                    expired += expire_holds(session, now, account)
+                    notice_expired_unused(session, now, account_id=account)
+                    session.commit()
             if expired:
                 log.info("marked %d expired holds", expired)
             return expired
@@ -167,8 +197,10 @@ class Scheduler:
         def work() -> int:
             with self.database.reading() as session:
                 accounts = accounts_with_due_expiries(session, now)
-            for start in range(0, len(accounts), EXPIRY_BATCH):
-                batch = accounts[start : start + EXPIRY_BATCH]
+            # On a cluster, one account per transaction (each on its own shard).
+            batch_size = 1 if self._on_cluster() else EXPIRY_BATCH
+            for start in range(0, len(accounts), batch_size):
+                batch = accounts[start : start + batch_size]
                 with self.database.unit_of_work() as session:
                     spend(session, dict.fromkeys(batch, 0), now)
                     session.commit()
@@ -179,12 +211,16 @@ class Scheduler:
         return _guarded(report, "grant expiries", "writing due grant expiries failed", work)
 
     def _notice_expiring(self, now: datetime, report: TickReport) -> int | None:
-        from metering.ledger.credit_grants import notice_expiring
+        from metering.ledger.credit_grants import expiring_accounts, notice_expiring
 
         def work() -> int:
-            with self.database.unit_of_work() as session:
-                written = notice_expiring(session, now, self.grant_notice)
-                session.commit()
+            notice = self.grant_notice
+            accounts = self._per_account(lambda session: expiring_accounts(session, now, notice))
+            written = 0
+            for account in accounts:
+                with self.database.unit_of_work() as session:
+                    written += notice_expiring(session, now, notice, account_id=account)
+                    session.commit()
             return written
 
         failure = "writing credit.grant_expiring events failed"

@@ -9,13 +9,16 @@
   service-level modules of ``CITUS_MODULES``: their ``api`` and ``fresh_api`` tests run on it too,
   same assertions. ``METERING_TEST_CITUS_URL`` is the coordinator's maintenance connection
   (default ``postgresql+psycopg://postgres@127.0.0.1:9700/postgres``); a fresh database is made on
-  every node of the cluster, registered, and dropped at the end.
+  every node of the cluster, registered, and dropped at the end (a migrated one is copied from a
+  migrated template made once per session). ``pg_api`` and ``pg_url`` (row locks, several server
+  processes on one database) run on the cluster too.
 """
 
 from __future__ import annotations
 
 import os
 import secrets
+import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
@@ -53,16 +56,54 @@ PG_MAINTENANCE_URL = os.environ.get(
 CITUS_MAINTENANCE_URL = os.environ.get(
     "METERING_TEST_CITUS_URL", "postgresql+psycopg://postgres@127.0.0.1:9700/postgres"
 )
-# Service-level modules whose ``api`` / ``fresh_api`` tests run on Citus too (CONTRACT §13).
-# A module joins once its paths work there (tests/test_citus.py proves the routes that are
-# routed); METERING_TEST_CITUS_ALL=1 shows what the others still lack.
+# Service-level modules whose tests run on Citus too (CONTRACT §13): every case of a fixture
+# parametrized by backend (``api``, ``fresh_api``, ``pg_api``, ``pg_url``, the race clusters, the
+# webhook and model-based apps). The PostgreSQL suite's service level: ledger, usage, reports,
+# exports, webhooks, the races, the crash and model-based tests (tests/test_citus.py proves
+# the routes). METERING_TEST_CITUS_ALL=1 shows what the other modules still lack.
 CITUS_MODULES = frozenset(
     {
-        "tests/test_citus.py",
+        "tests/exports/test_compose.py",
+        "tests/exports/test_coordination.py",
+        "tests/exports/test_dashboards.py",
+        "tests/exports/test_day_index.py",
+        "tests/exports/test_demo.py",
+        "tests/exports/test_export_files.py",
+        "tests/exports/test_rollforward.py",
+        "tests/exports/test_scheduler.py",
+        "tests/ledger/test_access_races.py",
+        "tests/ledger/test_access_rules.py",
+        "tests/ledger/test_async_connections.py",
+        "tests/ledger/test_authorizations.py",
+        "tests/ledger/test_concurrency.py",
+        "tests/ledger/test_credits.py",
+        "tests/ledger/test_estimate_ranges.py",
+        "tests/ledger/test_estimates.py",
+        "tests/ledger/test_grant_race.py",
         "tests/ledger/test_grants.py",
+        "tests/ledger/test_group_commit.py",
+        "tests/ledger/test_hold_counters.py",
         "tests/ledger/test_hold_ids.py",
+        "tests/ledger/test_remembered_resolutions.py",
+        "tests/ledger/test_resolution.py",
         "tests/ledger/test_settlement.py",
+        "tests/notifications/test_config.py",
+        "tests/notifications/test_delivery.py",
+        "tests/notifications/test_endpoints.py",
+        "tests/notifications/test_events.py",
+        "tests/notifications/test_grant_events.py",
+        "tests/notifications/test_replicas.py",
+        "tests/notifications/test_spend_limit_events.py",
+        "tests/notifications/test_spend_limit_race.py",
+        "tests/reliability/test_model_based.py",
+        "tests/reliability/test_multi_process.py",
+        "tests/reports/test_assembly.py",
+        "tests/reports/test_params.py",
+        "tests/reports/test_usage_api.py",
+        "tests/test_citus.py",
+        "tests/usage/test_answer.py",
         "tests/usage/test_catalog_guard.py",
+        "tests/usage/test_crash_and_concurrency.py",
         "tests/usage/test_holds.py",
         "tests/usage/test_idempotency.py",
         "tests/usage/test_ingest.py",
@@ -70,13 +111,18 @@ CITUS_MODULES = frozenset(
         "tests/usage/test_prices_in_force.py",
         "tests/usage/test_quarantine.py",
         "tests/usage/test_ranges.py",
+        "tests/usage/test_single_event_path.py",
     }
 )
 # METERING_TEST_CITUS_ALL=1: every module's Citus cases, to see what does not run there yet.
 CITUS_ALL = os.environ.get("METERING_TEST_CITUS_ALL") == "1"
-# What the ``api`` and ``fresh_api`` fixtures are parametrized by; the Citus cases of modules
-# outside CITUS_MODULES are deselected at collection (pytest_collection_modifyitems).
+# What the ``api`` and ``fresh_api`` fixtures (and every fixture of a whole app per backend) are
+# parametrized by; the Citus cases of modules outside CITUS_MODULES are deselected at collection
+# (pytest_collection_modifyitems).
 APP_BACKENDS = [*BACKENDS, "citus"] if CITUS else BACKENDS
+# The server backends (``pg_api``, ``pg_url``: row locks, several server processes on one
+# database): PostgreSQL always (it fails, never skips, when left out), Citus when the run has it.
+SERVER_BACKENDS = ["postgresql", *(["citus"] if CITUS else [])]
 
 
 def _check_postgres() -> None:
@@ -124,7 +170,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     kept, deselected = [], []
     for item in items:
         params = getattr(getattr(item, "callspec", None), "params", {})
-        on_citus = any(params.get(name) == "citus" for name in ("api", "fresh_api"))
+        on_citus = "citus" in params.values()
         module = item.path.resolve().relative_to(root).as_posix()
         chosen = CITUS_ALL or module in CITUS_MODULES
         (deselected if on_citus and not chosen else kept).append(item)
@@ -168,7 +214,7 @@ def fresh_pg_database() -> Iterator[str]:
         admin.dispose()
 
 
-def _citus_nodes() -> list[str]:
+def citus_nodes() -> list[str]:
     """Maintenance URLs of the cluster's nodes, the coordinator first."""
     coordinator = make_url(CITUS_MAINTENANCE_URL)
     engine = create_engine(CITUS_MAINTENANCE_URL)
@@ -194,7 +240,7 @@ def fresh_citus_database() -> Iterator[str]:
     workers registered with the coordinator's copy (Citus keeps its metadata per database); the
     coordinator's URL. Four shards, not 32: the tests' schema is distributed in seconds."""
     name = f"metering_c_{secrets.token_hex(6)}"
-    nodes = _citus_nodes()
+    nodes = citus_nodes()
     engines = [create_engine(url, isolation_level="AUTOCOMMIT") for url in nodes]
     made: list[Any] = []
     try:
@@ -232,6 +278,112 @@ def fresh_citus_database() -> Iterator[str]:
             engine.dispose()
 
 
+class _CitusTemplate:
+    """One migrated Citus database per session, copied (``CREATE DATABASE … TEMPLATE``) on every
+    node for each test that asks for a migrated database: a copy takes well under a second where
+    making and distributing the schema takes about six. The coordinator's copy keeps the node
+    registration (hosts and ports; a node connects to the database of the same name), the
+    workers' copies keep the shards; the database-level settings, which a copy does not take,
+    are set again."""
+
+    def __init__(self) -> None:
+        self._stack: ExitStack | None = None
+        self._name: str | None = None
+
+    def copy(self) -> Iterator[str]:
+        nodes = citus_nodes()
+        template = self._template(nodes)
+        name = f"metering_c_{secrets.token_hex(6)}"
+        engines = [create_engine(url, isolation_level="AUTOCOMMIT") for url in nodes]
+        made: list[Any] = []
+        try:
+            for engine in engines:
+                with engine.connect() as connection:
+                    settings = (
+                        connection.execute(
+                            text(
+                                "SELECT unnest(s.setconfig) FROM pg_db_role_setting s "
+                                "JOIN pg_database d ON d.oid = s.setdatabase "
+                                "WHERE d.datname = :t AND s.setrole = 0"
+                            ),
+                            {"t": template},
+                        )
+                        .scalars()
+                        .all()
+                    )
+                    _copy_database(connection, template, name)
+                    made.append(engine)
+                    for setting in settings:
+                        key, _, value = setting.partition("=")
+                        quoted = "'" + value.replace("'", "''") + "'"
+                        connection.execute(text(f'ALTER DATABASE "{name}" SET {key} TO {quoted}'))
+            yield make_url(nodes[0]).set(database=name).render_as_string(hide_password=False)
+        finally:
+            for engine in made:
+                with engine.connect() as connection:
+                    connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+            for engine in engines:
+                engine.dispose()
+
+    def _template(self, nodes: list[str]) -> str:
+        if self._name is None:
+            self._stack = ExitStack()
+            url = self._stack.enter_context(fresh_citus_database())
+            migrate.upgrade(url)
+            self._name = make_url(url).database
+            assert self._name is not None
+            # A template takes no connections: Citus' own (its maintenance daemon, the nodes'
+            # cached connections) are closed and cannot come back.
+            for node in nodes:
+                engine = create_engine(node, isolation_level="AUTOCOMMIT")
+                try:
+                    with engine.connect() as connection:
+                        connection.execute(
+                            text(f'ALTER DATABASE "{self._name}" WITH ALLOW_CONNECTIONS false')
+                        )
+                finally:
+                    engine.dispose()
+        return self._name
+
+    def close(self) -> None:
+        if self._stack is not None and self._name is not None:
+            for node in citus_nodes():
+                engine = create_engine(node, isolation_level="AUTOCOMMIT")
+                try:
+                    with engine.connect() as connection:
+                        connection.execute(
+                            text(f'ALTER DATABASE "{self._name}" WITH ALLOW_CONNECTIONS true')
+                        )
+                finally:
+                    engine.dispose()
+            self._stack.close()
+        self._stack = self._name = None
+
+
+def _copy_database(connection: Any, template: str, name: str) -> None:
+    """``CREATE DATABASE name TEMPLATE template``, the template's lingering sessions ended
+    first (they cannot reconnect: the template allows no connections)."""
+    for attempt in range(50):
+        connection.execute(
+            text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = :t"),
+            {"t": template},
+        )
+        try:
+            connection.execute(text(f'CREATE DATABASE "{name}" TEMPLATE "{template}"'))
+            return
+        except Exception as exc:
+            if "being accessed by other users" not in str(exc) or attempt == 49:
+                raise
+            time.sleep(0.1)
+
+
+CITUS_TEMPLATE = _CitusTemplate()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    CITUS_TEMPLATE.close()
+
+
 @contextmanager
 def fresh_database(backend: str, tmp_dir: Path) -> Iterator[str]:
     """A new empty database of ``backend`` (no schema yet); its URL."""
@@ -250,6 +402,9 @@ def fresh_database(backend: str, tmp_dir: Path) -> Iterator[str]:
 
 @contextmanager
 def migrated_database(backend: str, tmp_dir: Path) -> Iterator[str]:
+    if backend == "citus":
+        yield from CITUS_TEMPLATE.copy()
+        return
     with fresh_database(backend, tmp_dir) as url:
         migrate.upgrade(url)
         yield url
@@ -358,12 +513,18 @@ def needs_postgresql() -> None:
     require_postgresql()
 
 
-@pytest.fixture
-def pg_api(_shared_apis: dict[str, Api]) -> Iterator[Api]:
-    """The shared app on PostgreSQL only, for behaviour that exists only there (row locks,
-    the asynchronous driver path); never a skipped SQLite twin."""
-    require_postgresql()
-    shared = _shared_apis["postgresql"]
+def require_server_backend(backend: str) -> None:
+    """A ``SERVER_BACKENDS`` case: PostgreSQL's fails, never skips, when it is left out."""
+    if backend == "postgresql":
+        require_postgresql()
+
+
+@pytest.fixture(params=SERVER_BACKENDS)
+def pg_api(request: pytest.FixtureRequest, _shared_apis: dict[str, Api]) -> Iterator[Api]:
+    """The shared app on PostgreSQL (and the Citus cluster), for behaviour that exists only
+    there (row locks, the asynchronous driver path); never a skipped SQLite twin."""
+    require_server_backend(request.param)
+    shared = _shared_apis[request.param]
     shared.clock.set(NOW)
     yield shared
     shared.clock.set(NOW)
@@ -379,10 +540,36 @@ def fresh_api(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Api]:
         yield fresh
 
 
+@contextmanager
+def server_database(backend: str, tmp_dir: Path) -> Iterator[str]:
+    """A fresh, migrated database of a ``SERVER_BACKENDS`` backend; its URL."""
+    require_server_backend(backend)
+    with migrated_database(backend, tmp_dir) as url:
+        yield url
+
+
+@pytest.fixture(params=SERVER_BACKENDS)
+def pg_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A fresh, migrated PostgreSQL database, and one on the Citus cluster when the run has it
+    (for multi-process and concurrency tests)."""
+    with server_database(request.param, tmp_path) as url:
+        yield url
+
+
 @pytest.fixture
-def pg_url() -> Iterator[str]:
-    """A fresh, migrated PostgreSQL database (for multi-process and concurrency tests)."""
+def plain_pg_api(_shared_apis: dict[str, Api]) -> Iterator[Api]:
+    """The shared app on PostgreSQL alone, for what PostgreSQL's own planner does (a plan a
+    Citus coordinator does not make)."""
     require_postgresql()
-    with fresh_pg_database() as url:
-        migrate.upgrade(url)
+    shared = _shared_apis["postgresql"]
+    shared.clock.set(NOW)
+    yield shared
+    shared.clock.set(NOW)
+
+
+@pytest.fixture
+def plain_pg_url(tmp_path: Path) -> Iterator[str]:
+    """A fresh, migrated PostgreSQL database alone (what the single-server stack alone has:
+    Grafana's dashboards)."""
+    with server_database("postgresql", tmp_path) as url:
         yield url

@@ -477,6 +477,46 @@ class TestRouting:
         groups = set().union(*(shards.groups_in(command) for command, _ in sent))
         assert len(groups) == 4, groups  # the tests' four shards
 
+    def test_the_schedulers_work_of_one_account(self, routed: tuple[Api, Cluster]) -> None:
+        """The tidy-up (holds past their expiry marked, expired ones announced) and the notices
+        of expiring grants, for one account (the scheduler's transaction of that account): each
+        statement on the account's shard alone, row locks included."""
+        from metering.ledger.authorizations import expire_holds, notice_expired_unused
+        from metering.ledger.credit_grants import notice_expiring
+
+        api, cluster = routed
+        model = priced_model(api, NOW - timedelta(days=1))
+        account = create_account(api)
+        grant(api, account, 10_000)
+        expiring = api.admin(
+            "POST",
+            f"/admin/v1/accounts/{account}/grants",
+            json={
+                "amount_cents": 5,
+                "idempotency_key": f"expiring-{account}",
+                "category": "promotional",
+                "expires_at": "2026-12-01T00:00:00Z",
+            },
+        )
+        assert expiring.status_code == 201, expiring.text
+        key = create_key(api, account)
+        assert authorize(api, key, model, max_tokens=100).status_code == 200
+        later = NOW + timedelta(hours=2)  # past the hold's expiry, the grant within notice days
+
+        def work() -> tuple[int, int, int]:
+            with api.database.unit_of_work() as session:
+                done = (
+                    expire_holds(session, later, account),
+                    notice_expired_unused(session, later, account_id=account),
+                    notice_expiring(session, later, timedelta(days=7), account_id=account),
+                )
+                session.commit()
+            return done
+
+        done, commands = self.assert_routed(api, cluster, account, work)
+        assert done == (1, 1, 1)
+        assert any("SKIP LOCKED" in c for c in commands), "the row locks, taken on the shard"
+
     def test_ingest(self, routed: tuple[Api, Cluster]) -> None:
         """``POST /v1/usage/events``: a single event's statements touch its account's shard
         alone (its key's account is read from ``api_keys``, which the coordinator holds too); a

@@ -16,6 +16,7 @@ from sqlalchemy import BigInteger, and_, cast, func, literal_column, select, upd
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
+from metering import citus
 from metering.exports import rollforward
 from metering.exports.files import AccountDay, Line, ordered
 from metering.kit.timeutil import start_of_day
@@ -154,7 +155,11 @@ def ensure_day_rows(session: Session, days: Sequence[date]) -> None:
 
 def lock_day(session: Session, day: date, *, wait: bool) -> bool:
     """Take the day's row lock for this transaction; False when another run holds it and
-    ``wait`` is False. (SQLite has no row locks: its BEGIN IMMEDIATE already serialises.)"""
+    ``wait`` is False. (SQLite has no row locks: its BEGIN IMMEDIATE already serialises.)
+    On a Citus cluster, where ``export_days`` is a reference table, the day's advisory lock on
+    the coordinator instead (``citus.lock``)."""
+    if citus.on_cluster(session):
+        return citus.lock(session, citus.EXPORT_DAY_LOCK, day.toordinal(), wait=wait)
     statement = (
         select(DAYS.c.export_date)
         .where(DAYS.c.export_date == day)

@@ -24,13 +24,26 @@ import io
 from dataclasses import astuple, dataclass
 from datetime import date, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
-from sqlalchemy import BigInteger, String, case, cast, func, literal, select, type_coerce, union_all
+from sqlalchemy import (
+    BigInteger,
+    String,
+    and_,
+    case,
+    cast,
+    func,
+    literal,
+    select,
+    type_coerce,
+    union_all,
+)
 from sqlalchemy.orm import Session
 
+from metering import citus
 from metering.exports.files import day_directories, read_manifest_entries
 from metering.kit.timeutil import start_of_day
 from metering.models import CreditAllocation, CreditGrant, LedgerEntry, table
@@ -78,8 +91,15 @@ class Row:
     closing_microcents: int
 
 
-def _movements() -> object:
-    """Every movement: (account_id, category, at, movement, amount ≥ 0, sign on the balance)."""
+def _movements(colocated: bool = False) -> object:
+    """Every movement: (account_id, category, at, movement, amount ≥ 0, sign on the balance).
+    ``colocated`` (a Citus cluster): each join also on the account, as Citus joins sharded
+    tables on their shard key (the same rows: a grant's entries are its account's)."""
+
+    def of_grant(rows: Any) -> Any:
+        on = GRANTS.c.id == rows.c.grant_id
+        return and_(on, GRANTS.c.account_id == rows.c.account_id) if colocated else on
+
     at = func.coalesce(ENTRIES.c.effective_at, ENTRIES.c.created_at)
     by_entry = (
         select(
@@ -93,7 +113,7 @@ def _movements() -> object:
             ).label("movement"),
             func.abs(ENTRIES.c.amount_microcents).label("amount"),
         )
-        .join(GRANTS, GRANTS.c.id == ENTRIES.c.grant_id)
+        .join(GRANTS, of_grant(ENTRIES))
         .where(ENTRIES.c.grant_id.isnot(None))
     )
     by_grant_allocation = select(
@@ -102,7 +122,7 @@ def _movements() -> object:
         ALLOCATIONS.c.created_at.label("at"),
         literal("spent", String()).label("movement"),
         ALLOCATIONS.c.amount_microcents.label("amount"),
-    ).join(GRANTS, GRANTS.c.id == ALLOCATIONS.c.grant_id)
+    ).join(GRANTS, of_grant(ALLOCATIONS))
     by_deficit = select(
         ALLOCATIONS.c.account_id,
         literal("deficit", String()).label("category"),
@@ -117,7 +137,7 @@ def rows_of_day(session: Session, day: date) -> list[Row]:
     """The day's roll-forward rows, ordered by account then category (byte order)."""
     start = start_of_day(day)
     end = start + timedelta(days=1)
-    moves = _movements()
+    moves = _movements(citus.on_cluster(session))
     m = moves.c  # type: ignore[attr-defined]
     signed = case((m.movement == "granted", m.amount), else_=-m.amount)
     within = (m.at >= start) & (m.at < end)

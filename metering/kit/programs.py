@@ -739,6 +739,18 @@ def psycopg_text_of_account(
     return str(statement.compile(dialect=_ScopedPsycopgDialect(account, scope)))
 
 
+def psycopg_compiled_of_account(
+    statement: ClauseElement, account: Var, scope: Mapping[str, str]
+) -> Any:
+    """``psycopg_text_of_account`` compiled, with the statement's own bound values
+    (``.params``): for statements built per call (a limit, a list of ids, each rendered as a
+    parameter of its own)."""
+    return statement.compile(
+        dialect=_ScopedPsycopgDialect(account, scope),
+        compile_kwargs={"render_postcompile": True},
+    )
+
+
 def _pg_type(kind: TypeEngine[Any]) -> str:
     return str(_PG_DIALECT.type_compiler_instance.process(kind))
 

@@ -16,13 +16,14 @@ of work commits.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import and_, or_, select, update
 from sqlalchemy.orm import Session
 
+from metering import citus
 from metering.accounts.keys import hash_secret
 from metering.accounts.windows import window_bounds
 from metering.catalog.rules import is_retired
@@ -42,7 +43,7 @@ from metering.kit.ranges import INT64_MAX
 from metering.kit.timeutil import format_timestamp, parse_timestamp
 from metering.ledger import holds
 from metering.ledger.access import checked_under_lock, not_allowed, unknown_model
-from metering.ledger.holds import HoldStatus
+from metering.ledger.holds import HoldStatus, past_expiry
 from metering.ledger.metrics import AUTHORIZATIONS, VOIDS
 from metering.ledger.placement.postgres import PostgresHolds, Remembered
 from metering.ledger.placement.program import EXPIRE, HOLDS, Outcome, Placement
@@ -390,31 +391,59 @@ def list_holds(
     )
 
 
-def expire_holds(session: Session, now: datetime) -> int:
+def expire_holds(session: Session, now: datetime, account_id: str | None = None) -> int:
     """Mark holds past their ``expires_at`` as 'expired'; returns how many. A tidy-up for the
     scheduler: nothing depends on it, since an active hold stops counting at its expiry (the
-    account's held counter stops counting it at its next check-and-hold)."""
-    result = session.execute(EXPIRE, {"now": now})
+    account's held counter stops counting it at its next check-and-hold). ``account_id`` (a
+    Citus cluster, ``tidy_up_accounts``): that account's holds only; without it on a cluster,
+    each account's in turn, in the session's transaction."""
+    if account_id is None:
+        if citus.on_cluster(session):  # every account's, each statement on its shard
+            overdue = citus.accounts_with(session, HOLDS, past_expiry(HOLDS, now))
+            return sum(expire_holds(session, now, account) for account in overdue)
+        result = session.execute(EXPIRE, {"now": now})
+    else:
+        result = citus.execute_of_account(session, EXPIRE, account_id, {"now": now})
     return int(result.rowcount)  # type: ignore[attr-defined]
 
 
-def notice_expired_unused(session: Session, now: datetime, limit: int = 1000) -> int:
+def _unnoticed(holds: Any) -> Any:
+    # The partial index's predicate, as written there.
+    return and_(holds.c.status == HoldStatus.EXPIRED.value, ~holds.c.unused_noticed)
+
+
+def tidy_up_accounts(session: Session, now: datetime) -> list[str]:
+    """On a Citus cluster, the accounts the tidy-up has work for (``citus.accounts_with``):
+    holds past their expiry, or expired and not yet announced."""
+    return citus.accounts_with(session, HOLDS, or_(past_expiry(HOLDS, now), _unnoticed(HOLDS)))
+
+
+def notice_expired_unused(
+    session: Session, now: datetime, limit: int = 1000, account_id: str | None = None
+) -> int:
     """§11 ``authorization.expired_unused``: one event per hold that expired with no usage
     (marked by the tidy-up or by a check-and-hold of its account), in the tidy-up's
     transaction; returns how many. Holds locked by a settlement meanwhile are skipped: they are
-    getting their usage, or are seen by the next tick."""
+    getting their usage, or are seen by the next tick. ``account_id`` (a Citus cluster): that
+    account's holds only."""
     from metering.notifications import outbox
 
+    if account_id is None and citus.on_cluster(session):
+        accounts = citus.accounts_with(session, HOLDS, _unnoticed(HOLDS))
+        return sum(notice_expired_unused(session, now, limit, account) for account in accounts)
     query = (
         select(HOLDS.c.id, HOLDS.c.account_id, HOLDS.c.api_key_id, HOLDS.c.estimate_microcents)
-        # The partial index's predicate, as written there.
-        .where(HOLDS.c.status == HoldStatus.EXPIRED.value, ~HOLDS.c.unused_noticed)
+        .where(_unnoticed(HOLDS))
         .order_by(HOLDS.c.id)
         .limit(limit)
     )
     if session.get_bind().dialect.name == "postgresql":
         query = query.with_for_update(skip_locked=True)
-    rows = session.execute(query).all()
+    rows: Sequence[Any]
+    if account_id is None:
+        rows = session.execute(query).all()
+    else:
+        rows = citus.execute_of_account(session, query, account_id).all()
     for row in rows:
         data = {
             "authorization_id": row.id,
@@ -423,7 +452,11 @@ def notice_expired_unused(session: Session, now: datetime, limit: int = 1000) ->
         }
         outbox.emit(session, outbox.EXPIRED_UNUSED, row.account_id, data, now)
     if rows:
-        session.execute(
+        noticed = (
             update(HOLDS).where(HOLDS.c.id.in_([r.id for r in rows])).values(unused_noticed=True)
         )
+        if account_id is None:
+            session.execute(noticed)
+        else:
+            citus.execute_of_account(session, noticed, account_id)
     return len(rows)

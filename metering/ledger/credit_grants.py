@@ -7,12 +7,14 @@ Every write here takes the account's row lock first and writes the account's due
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import bindparam, func, insert, select, update
+from sqlalchemy import and_, bindparam, func, insert, select, update
 from sqlalchemy.orm import Session
 
+from metering import citus
 from metering.kit.errors import NotFound
 from metering.kit.ids import new_id
 from metering.kit.money import cents
@@ -270,11 +272,36 @@ def accounts_with_due_expiries(session: Session, now: datetime) -> list[str]:
     )
 
 
-def notice_expiring(session: Session, now: datetime, notice: timedelta, limit: int = 1000) -> int:
+def _to_notice(grants: Any, now: datetime, notice: timedelta) -> Any:
+    # The partial index's predicate, as written there.
+    return and_(
+        grants.c.expires_at.is_not(None),
+        ~grants.c.expiring_noticed,
+        grants.c.expires_at <= now + notice,
+    )
+
+
+def expiring_accounts(session: Session, now: datetime, notice: timedelta) -> list[str]:
+    """On a Citus cluster, the accounts ``notice_expiring`` has grants to look at."""
+    return citus.accounts_with(session, GRANTS, _to_notice(GRANTS, now, notice))
+
+
+def notice_expiring(
+    session: Session,
+    now: datetime,
+    notice: timedelta,
+    limit: int = 1000,
+    account_id: str | None = None,
+) -> int:
     """§11 ``credit.grant_expiring`` {grant_id, remaining_microcents, expires_at}: once per grant
     with a remainder that expires within ``notice`` (the scheduler's, in its transaction);
     grants due with nothing left, voided or expired are marked without one. Returns how many
-    were written. On PostgreSQL, grants locked meanwhile (being spent) wait for the next tick."""
+    were written. On PostgreSQL, grants locked meanwhile (being spent) wait for the next tick.
+    ``account_id`` (a Citus cluster, ``expiring_accounts``): that account's grants only;
+    without it on a cluster, each account's in turn, in the session's transaction."""
+    if account_id is None and citus.on_cluster(session):
+        accounts = expiring_accounts(session, now, notice)
+        return sum(notice_expiring(session, now, notice, limit, account) for account in accounts)
     query = (
         select(
             GRANTS.c.id,
@@ -283,18 +310,17 @@ def notice_expiring(session: Session, now: datetime, notice: timedelta, limit: i
             GRANTS.c.remaining_microcents,
             GRANTS.c.expires_at,
         )
-        # The partial index's predicate, as written there.
-        .where(
-            GRANTS.c.expires_at.is_not(None),
-            ~GRANTS.c.expiring_noticed,
-            GRANTS.c.expires_at <= now + notice,
-        )
+        .where(_to_notice(GRANTS, now, notice))
         .order_by(GRANTS.c.expires_at, GRANTS.c.id)
         .limit(limit)
     )
     if session.get_bind().dialect.name == "postgresql":
         query = query.with_for_update(skip_locked=True)
-    rows = session.execute(query).all()
+    rows: Sequence[Any]
+    if account_id is None:
+        rows = session.execute(query).all()
+    else:
+        rows = citus.execute_of_account(session, query, account_id).all()
     written = 0
     for row in rows:
         remaining = int(row.remaining_microcents)
@@ -308,9 +334,13 @@ def notice_expiring(session: Session, now: datetime, notice: timedelta, limit: i
         outbox.emit(session, outbox.GRANT_EXPIRING, row.account_id, data, now)
         written += 1
     if rows:
-        session.execute(
+        noticed = (
             update(GRANTS)
             .where(GRANTS.c.id.in_([r.id for r in rows]))
             .values(expiring_noticed=True)
         )
+        if account_id is None:
+            session.execute(noticed)
+        else:
+            citus.execute_of_account(session, noticed, account_id)
     return written

@@ -27,7 +27,7 @@ from typing import Any
 from sqlalchemy import BigInteger, FromClause, case, cast, func, select, true
 from sqlalchemy.orm import Session
 
-from metering.citus import ACCOUNT, of_account
+from metering.citus import ACCOUNT, by_account, of_account, on_citus
 from metering.db import driver_connection, is_postgresql
 from metering.kit import programs as p
 from metering.ledger.settlement import CHARGES_IN, ChargeToSettle, settle_steps
@@ -260,6 +260,13 @@ def settle_usage(
         return
     from metering.usage import rollups  # the encoders of rollup rows
 
+    if account_id is None and is_postgresql(session) and on_citus(driver_connection(session)):
+        # Charges of several accounts on a cluster: each account's, as its own call.
+        for account, (its_charges, its_rows, its_limits) in by_account(
+            charges, rollup_rows, limits
+        ).items():
+            settle_usage(session, its_charges, its_rows, now, its_limits, account)
+        return
     ordered = [c.row() for c in sorted(charges, key=lambda c: c.usage_event_id)]
     if is_postgresql(session):
         params = {

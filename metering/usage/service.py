@@ -160,8 +160,10 @@ def record_events(
     account of each key the events name (``repository.key_accounts``): the events are then
     recorded account by account, in byte order of account, every statement that account's
     alone (routed to its shard), all in the caller's transaction; an event whose key has no
-    account there is an unknown key."""
+    account there is an unknown key (not given on a cluster: asked here)."""
     results, events = parsed if parsed is not None else parse(raws, now)
+    if accounts is None:  # on a cluster, asked here when the caller did not
+        accounts = repository.accounts_on_cluster(session, lookup_pairs(events))
     recorded = [
         (account_id, _record(session, results, part, now, account_id))
         for account_id, part in _parts(events, accounts)

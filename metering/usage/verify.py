@@ -12,7 +12,8 @@
   is not yet written are **pending** (counted and reported, not a mismatch): the balance as the
   clock sees it is the written balance less them.
 
-Read in one snapshot (REPEATABLE READ on PostgreSQL), so it may run beside live ingest.
+Read in one snapshot (REPEATABLE READ on PostgreSQL; on a Citus cluster one per worker,
+``citus.one_snapshot``), so it may run beside live ingest.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any
 from sqlalchemy import ColumnElement, func, literal, select, type_coerce
 from sqlalchemy.orm import Session
 
+from metering import citus
 from metering.db import is_postgresql
 from metering.kit.timeutil import format_timestamp
 from metering.ledger.grants import pending_sql
@@ -268,6 +270,7 @@ def verify(session: Session, now: datetime | None = None) -> Report:
     if is_postgresql(session):
         # One snapshot for every query, so concurrent ingest cannot show up half-counted.
         session.connection(execution_options={"isolation_level": "REPEATABLE READ"})
+        citus.one_snapshot(session)
     mismatches: list[str] = []
     report = Report()
     report.accounts = _check_balances(session, mismatches)

@@ -129,9 +129,9 @@ def test_provisioning_points_at_the_dashboard_and_one_datasource() -> None:
 
 @pytest.mark.pg_only
 def test_every_panel_query_runs_on_postgresql_and_returns_its_columns(
-    pg_url: str, tmp_path: Path
+    plain_pg_url: str, tmp_path: Path
 ) -> None:
-    with running_api("postgresql", pg_url, tmp_path) as api:
+    with running_api("postgresql", plain_pg_url, tmp_path) as api:
         check_panels(api)
 
 

@@ -27,8 +27,8 @@ def _plans(session: Session, run: Any) -> list[str]:
     return notices
 
 
-def test_the_due_days_and_a_days_accounts_read_the_day_index(pg_api: Api) -> None:
-    with pg_api.database.unit_of_work() as session:
+def test_the_due_days_and_a_days_accounts_read_the_day_index(plain_pg_api: Api) -> None:
+    with plain_pg_api.database.unit_of_work() as session:
         # Force the plans a prepared statement would get, and rule out the table scan.
         session.execute(text("SET LOCAL plan_cache_mode = force_generic_plan"))
         session.execute(text("SET LOCAL enable_seqscan = off"))

@@ -80,7 +80,7 @@ def test_last_is_the_last_collected_row_on_both_backends(
     backend: str, tmp_path: Any, request: pytest.FixtureRequest
 ) -> None:
     if backend == "postgresql":
-        url = request.getfixturevalue("pg_url")
+        url = request.getfixturevalue("plain_pg_url")
     else:
         url = f"sqlite:///{tmp_path / 'programs.db'}"
     for rows, expected in CASES:
@@ -92,7 +92,7 @@ def test_holds_any_finds_a_value_among_the_collected_rows_on_both_backends(
     backend: str, tmp_path: Any, request: pytest.FixtureRequest
 ) -> None:
     if backend == "postgresql":
-        url = request.getfixturevalue("pg_url")
+        url = request.getfixturevalue("plain_pg_url")
     else:
         url = f"sqlite:///{tmp_path / 'programs.db'}"
     for rows, expected in HOLDS_ANY_CASES:

@@ -16,16 +16,17 @@ from sqlalchemy import insert, update
 
 from metering.accounts.windows import window_bounds
 from metering.models import Account, ApiKey, UsageRollup
-from tests.conftest import require_postgresql
+from tests.conftest import SERVER_BACKENDS
 from tests.ledger.test_concurrency import ESTIMATE, GATEWAY, Cluster, _connection, _start
 
 pg_only = pytest.mark.usefixtures("needs_postgresql")
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    require_postgresql()
-    yield from _start(tmp_path_factory.mktemp("race-limit"))
+@pytest.fixture(scope="module", params=SERVER_BACKENDS)
+def cluster(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Cluster]:
+    yield from _start(tmp_path_factory.mktemp("race-limit"), request.param)
 
 
 def _limited(cluster: Cluster, limit: int, billing: str = "prepaid") -> tuple[str, str, str]:

@@ -23,7 +23,6 @@ import pytest
 from sqlalchemy import func, insert, select
 
 from bench.loadgen import Connection
-from metering import migrate
 from metering.accounts import service as accounts
 from metering.catalog import service as catalog
 from metering.catalog.schemas import ModelSpec, PriceSpec
@@ -31,7 +30,13 @@ from metering.db import Database
 from metering.kit.timeutil import floor_day, format_timestamp
 from metering.ledger import service as ledger
 from metering.models import Account, Authorization, LedgerEntry, UsageRollup
-from tests.conftest import ADMIN_TOKEN, GATEWAY_TOKEN, Api, fresh_pg_database, require_postgresql
+from tests.conftest import (
+    ADMIN_TOKEN,
+    GATEWAY_TOKEN,
+    SERVER_BACKENDS,
+    Api,
+    server_database,
+)
 from tests.factories import GLM_RATES, authorization_request, create_key
 from tests.ledger.helpers import expected_estimate, prepaid
 from tests.servers import ServerProcess, running_servers
@@ -92,9 +97,8 @@ class Cluster:
         }
 
 
-def _start(tmp: Path, ttl: int | None = None) -> Iterator[Cluster]:
-    with fresh_pg_database() as url:
-        migrate.upgrade(url)
+def _start(tmp: Path, backend: str, ttl: int | None = None) -> Iterator[Cluster]:
+    with server_database(backend, tmp) as url:
         database = Database.from_url(url, pool_size=2)
         now = datetime.now(UTC)
         model = f"Race-{secrets.token_hex(3)}"
@@ -127,17 +131,19 @@ def _start(tmp: Path, ttl: int | None = None) -> Iterator[Cluster]:
             database.dispose()
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    require_postgresql()
-    yield from _start(tmp_path_factory.mktemp("race"))
+@pytest.fixture(scope="module", params=SERVER_BACKENDS)
+def cluster(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Cluster]:
+    yield from _start(tmp_path_factory.mktemp("race"), request.param)
 
 
-@pytest.fixture(scope="module")
-def short_ttl_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+@pytest.fixture(scope="module", params=SERVER_BACKENDS)
+def short_ttl_cluster(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Cluster]:
     """Holds that live one second, so they expire in the middle of a run."""
-    require_postgresql()
-    yield from _start(tmp_path_factory.mktemp("race-ttl"), ttl=1)
+    yield from _start(tmp_path_factory.mktemp("race-ttl"), request.param, ttl=1)
 
 
 def _connection(server: ServerProcess, headers: dict[str, str]) -> Connection:

@@ -20,7 +20,7 @@ from metering.accounts import service as accounts
 from metering.ledger import service as ledger
 from metering.models import Authorization
 from metering.usage.verify import verify
-from tests.conftest import require_postgresql
+from tests.conftest import SERVER_BACKENDS
 from tests.ledger.test_concurrency import (
     ESTIMATE,
     GATEWAY,
@@ -32,10 +32,11 @@ from tests.ledger.test_concurrency import (
 PAID, PROMOTIONAL = 50 * ESTIMATE, 30 * ESTIMATE
 
 
-@pytest.fixture(scope="module")
-def grant_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    require_postgresql()
-    yield from _start(tmp_path_factory.mktemp("grant-race"))
+@pytest.fixture(scope="module", params=SERVER_BACKENDS)
+def grant_cluster(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Cluster]:
+    yield from _start(tmp_path_factory.mktemp("grant-race"), request.param)
 
 
 async def _burst(

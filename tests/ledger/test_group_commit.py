@@ -142,22 +142,24 @@ def test_a_failed_call_fails_its_requests_and_the_next_ones_proceed(
 
 
 def test_holds_of_several_accounts_go_together_each_account_decided_alone(
-    pg_api: Api, arrivals: Arrivals
+    plain_pg_api: Api, arrivals: Arrivals
 ) -> None:
+    # One server's group commit; on a cluster holds go together per account only (CONTRACT
+    # §13: no call spans shards), as tests/test_citus.py proves.
     # Each account has credit for two holds and is asked for three; one retry rides along.
-    setups = [prepaid(pg_api, Decimal(2 * ESTIMATE) / 10**6) for _ in range(4)]
+    setups = [prepaid(plain_pg_api, Decimal(2 * ESTIMATE) / 10**6) for _ in range(4)]
     requests = [request(setup, f"spread-{i}") for i in range(3) for setup in setups]
     requests.append(request(setups[0], "spread-0"))
-    outcomes = arrivals.authorize_at_once(pg_api, requests)
+    outcomes = arrivals.authorize_at_once(plain_pg_api, requests)
 
-    assert arrivals.sizes[:2] == [1, arrivals.pool(pg_api) - 1], arrivals.sizes
+    assert arrivals.sizes[:2] == [1, arrivals.pool(plain_pg_api) - 1], arrivals.sizes
     refused = [o for o in outcomes if isinstance(o, InsufficientCredits)]
     assert all(e.code == "insufficient_credits" for e in refused)
     assert len(refused) + sum(isinstance(o, dict) for o in outcomes) == len(outcomes), outcomes
     for setup in setups:
-        placed = holds(pg_api, setup.account)
+        placed = holds(plain_pg_api, setup.account)
         assert len(placed) == 2, (setup.account, placed)
         assert sum(h.estimate_microcents for h in placed) == 2 * ESTIMATE
-    with pg_api.database.unit_of_work() as session:
+    with plain_pg_api.database.unit_of_work() as session:
         accounts = {setup.account for setup in setups}
         assert [m for m in held_counter_mismatches(session) if any(a in m for a in accounts)] == []

@@ -261,9 +261,13 @@ class TestLocks:
         try:
             with engine.connect() as settlement:
                 # A settlement in progress: the hold locked first, the account not yet.
+                # (By its account too, as a cluster's statements lock only within a shard.)
                 settlement.execute(
-                    text("SELECT id FROM authorizations WHERE id = :id FOR NO KEY UPDATE"),
-                    {"id": hold["id"]},
+                    text(
+                        "SELECT id FROM authorizations WHERE account_id = :account AND id = :id "
+                        "FOR NO KEY UPDATE"
+                    ),
+                    {"account": setup.account, "id": hold["id"]},
                 )
                 response = _call_in_thread(lambda: authorize(api, setup.key, setup.model))
                 # Skipped, so still counted for this one check: refused, never more credit
@@ -291,8 +295,11 @@ class TestLocks:
         try:
             with engine.connect() as other:
                 other.execute(
-                    text("SELECT id FROM authorizations WHERE id = :id FOR NO KEY UPDATE"),
-                    {"id": locked["id"]},
+                    text(
+                        "SELECT id FROM authorizations WHERE account_id = :account AND id = :id "
+                        "FOR NO KEY UPDATE"
+                    ),
+                    {"account": setup.account, "id": locked["id"]},
                 )
 
                 def tidy() -> int:

@@ -273,22 +273,24 @@ def _resolution(api: Api, setup: Setup) -> str:
         )
 
 
-def test_the_check_and_hold_places_only_a_confirmed_resolution(pg_api: Api) -> None:
-    setup = prepaid(pg_api, 1)
-    resolution = _resolution(pg_api, setup)
+def test_the_check_and_hold_places_only_a_confirmed_resolution(plain_pg_api: Api) -> None:
+    # The one server's resolution statement (resolution_text); a cluster resolves a key in its
+    # own statements (tests/test_citus.py proves their routes).
+    setup = prepaid(plain_pg_api, 1)
+    resolution = _resolution(plain_pg_api, setup)
     assert json.loads(resolution)[:2] == [setup.key.id, setup.account]
     doctored = json.dumps([*json.loads(resolution)[:-3], 1, 1, 0])  # a cheaper price
-    assert _place(pg_api, setup, doctored, "auth_doctored") == [
+    assert _place(plain_pg_api, setup, doctored, "auth_doctored") == [
         ("auth_doctored", "stale", 1_000_000, None)
     ]
-    assert [hold.id for hold in holds(pg_api, setup.account)] == []
-    assert _place(pg_api, setup, resolution, "auth_confirmed") == [
+    assert [hold.id for hold in holds(plain_pg_api, setup.account)] == []
+    assert _place(plain_pg_api, setup, resolution, "auth_confirmed") == [
         ("auth_confirmed", "granted", 1_000_000, None)
     ]
-    assert [hold.id for hold in holds(pg_api, setup.account)] == ["auth_confirmed"]
-    _revoke(pg_api, setup)
-    assert _place(pg_api, setup, resolution, "auth_revoked")[0][1] == "stale"
-    assert [hold.id for hold in holds(pg_api, setup.account)] == ["auth_confirmed"]
+    assert [hold.id for hold in holds(plain_pg_api, setup.account)] == ["auth_confirmed"]
+    _revoke(plain_pg_api, setup)
+    assert _place(plain_pg_api, setup, resolution, "auth_revoked")[0][1] == "stale"
+    assert [hold.id for hold in holds(plain_pg_api, setup.account)] == ["auth_confirmed"]
 
 
 def _resolutions(api: Api) -> dict[str, int]:

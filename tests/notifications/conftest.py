@@ -12,7 +12,7 @@ import pytest
 
 from metering.notifications.addresses import Resolver
 from metering.notifications.delivery import Deliverer
-from tests.conftest import BACKENDS, Api, migrated_database, running_api
+from tests.conftest import APP_BACKENDS, Api, migrated_database, running_api
 from tests.notifications.receiver import real_now
 
 TIMEOUT = 0.5  # METERING_WEBHOOK_TIMEOUT_SECONDS in these tests
@@ -44,7 +44,7 @@ class Hooks:
         return list(response.json()["data"])
 
 
-@pytest.fixture(scope="module", params=BACKENDS)
+@pytest.fixture(scope="module", params=APP_BACKENDS)
 def _hooks_app(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Api]:

@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
-from tests.conftest import Api
+from tests.conftest import Api, citus_nodes
 from tests.factories import assert_error, create_account, create_key
 from tests.notifications.conftest import Hooks
 
@@ -189,13 +189,19 @@ class TestSecretsAtRest:
         rotated = api.admin("POST", f"{path}/rotate-secret").json()
         secrets = [made["secret"], rotated["secret"]]
         raw = [s.removeprefix("whsec_") for s in secrets]
-        if api.backend == "postgresql":
-            url = make_url(api.url)
-            dump = subprocess.run(
-                ["pg_dump", "-h", url.host or "127.0.0.1", "-U", url.username or "postgres",
-                 "-p", str(url.port or 5432), url.database or ""],
-                check=True, capture_output=True, text=True,
-            ).stdout  # fmt: skip
+        if api.backend in ("postgresql", "citus"):
+            # On a cluster, every node's database (the workers' shards too).
+            urls = [make_url(api.url)]
+            if api.backend == "citus":
+                urls = [make_url(n).set(database=urls[0].database) for n in citus_nodes()]
+            dump = "".join(
+                subprocess.run(
+                    ["pg_dump", "-h", url.host or "127.0.0.1", "-U", url.username or "postgres",
+                     "-p", str(url.port or 5432), url.database or ""],
+                    check=True, capture_output=True, text=True,
+                ).stdout
+                for url in urls
+            )  # fmt: skip
             assert "webhook_endpoints" in dump
         else:
             dump = Path(make_url(api.url).database or "").read_bytes().decode("latin-1")

@@ -16,6 +16,7 @@ from sqlalchemy import select
 
 from metering.models import WebhookEvent
 from metering.notifications.messages import render_data
+from tests.conftest import SERVER_BACKENDS
 from tests.factories import Key, chat_usage, usage_event
 from tests.ledger.test_concurrency import GATEWAY, Cluster, _start
 from tests.servers import ServerProcess
@@ -26,9 +27,11 @@ CHARGE = 22_000  # 1000 prompt tokens at GLM-5.3's 22 cents per million, in micr
 ACCOUNTS = 4
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    yield from _start(tmp_path_factory.mktemp("race-spend"))
+@pytest.fixture(scope="module", params=SERVER_BACKENDS)
+def cluster(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Cluster]:
+    yield from _start(tmp_path_factory.mktemp("race-spend"), request.param)
 
 
 def _send(server: ServerProcess, events: list[dict[str, Any]], errors: list[BaseException]) -> None:

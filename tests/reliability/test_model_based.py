@@ -45,7 +45,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from tests.conftest import BACKENDS, NOW, Api, migrated_database, running_api
+from tests.conftest import APP_BACKENDS, NOW, Api, migrated_database, running_api
 from tests.factories import exact_json, usage_object
 from tests.security.helpers import assert_books_reconcile, assert_contract_response
 
@@ -1060,7 +1060,7 @@ _CHARGE_FIELDS = (
 )
 
 
-@pytest.fixture(params=BACKENDS)
+@pytest.fixture(params=APP_BACKENDS)
 def world(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[World]:
     with (
         migrated_database(request.param, tmp_path) as url,

@@ -27,7 +27,7 @@ from sqlalchemy.engine import make_url
 from metering.db import Database
 from metering.models import Account, Authorization, UsageEvent
 from metering.usage.verify import verify
-from tests.conftest import ADMIN_TOKEN, GATEWAY_TOKEN, PG_MAINTENANCE_URL
+from tests.conftest import ADMIN_TOKEN, GATEWAY_TOKEN
 from tests.security.helpers import contract_problems
 from tests.servers import ServerProcess, running_servers
 from tests.usage.test_crash_and_concurrency import expected_totals, make_batches, seed
@@ -163,8 +163,10 @@ def test_killing_one_of_two_processes_mid_stream_loses_and_doubles_nothing(
 
 
 def cut_connections(url: str) -> None:
-    """Terminate every connection to the database, as a failover would."""
-    engine = create_engine(PG_MAINTENANCE_URL, isolation_level="AUTOCOMMIT")
+    """Terminate every connection to the database, as a failover would (of the coordinator,
+    on a Citus cluster)."""
+    maintenance = make_url(url).set(database="postgres")
+    engine = create_engine(maintenance, isolation_level="AUTOCOMMIT")
     try:
         with engine.connect() as connection:
             connection.execute(

@@ -34,10 +34,11 @@ from tests.security.helpers import assert_books_reconcile
 
 
 @pytest.fixture
-def pg_api(pg_url: str, tmp_path: Path) -> Iterator[Api]:
+def pg_api(plain_pg_url: str, tmp_path: Path) -> Iterator[Api]:
     """A PostgreSQL database of its own: ``metering verify`` checks the whole database, and the
-    shared one holds what other tests planted on purpose."""
-    with running_api("postgresql", pg_url, tmp_path) as api:
+    shared one holds what other tests planted on purpose. One server's: the single-event path
+    is PostgreSQL's (on a cluster an event takes the per-account transaction: ``lean_api``)."""
+    with running_api("postgresql", plain_pg_url, tmp_path) as api:
         api.clock.set(NOW)
         yield api
 
