@@ -47,6 +47,7 @@ from sqlalchemy import (
     exists,
     func,
     literal,
+    literal_column,
     select,
     text,
     type_coerce,
@@ -217,6 +218,27 @@ class Backend:
             )
         return self._json_rows(bindparam(rows.name, type_=Text), rows.columns, alias)
 
+    def constants(
+        self, columns: RowColumns, values: Sequence[tuple[Any, ...]], alias: str
+    ) -> FromClause:
+        """Constant rows (text or integer values) as a relation with ``columns``: on PostgreSQL
+        one ``unnest`` of array literals, on SQLite ``json_each`` of a JSON literal."""
+        if self.name == "postgresql":
+            arrays = [
+                postgresql.array([literal(row[index], kind) for row in values])
+                for index, (_, kind) in enumerate(columns)
+            ]
+            return (
+                func.unnest(*arrays)
+                .table_valued(*(column(n, t) for n, t in columns))
+                .render_derived()
+                .alias(alias)
+            )
+        document = json.dumps(
+            [dict(zip((n for n, _ in columns), row, strict=True)) for row in values]
+        )
+        return self._json_rows(literal(document, Text()), columns, alias)
+
     def last(self, rows: Rows, column_name: str) -> ColumnElement[Any]:
         """``column_name`` of the last row ``rows`` holds (NULL when none), as a plain expression:
         no query (PL/pgSQL evaluates it on its fast path, where ``max`` over the rows would be a
@@ -248,7 +270,7 @@ class Backend:
         return exists().where(found.c[column_name] == literal(value, kind))
 
     @staticmethod
-    def _json_rows(param: BindParameter[Any], columns: RowColumns, alias: str) -> FromClause:
+    def _json_rows(param: ColumnElement[Any], columns: RowColumns, alias: str) -> FromClause:
         each = func.json_each(param).table_valued("key", "value")
         return select(
             type_coerce(each.c.key, BigInteger).label("position"),
@@ -306,11 +328,16 @@ class Assign:
 @dataclass(frozen=True)
 class Collect:
     """The rows a statement returns (a SELECT or DML with RETURNING), in ``order_by`` order
-    (column names of ``into``), kept in ``into`` for later statements (``Backend.rows``)."""
+    (column names of ``into``), kept in ``into`` for later statements (``Backend.rows``); with
+    ``largest``, the largest value of that column among them into that variable as well (NULL
+    for no row), in the same statement. Order only what a later step needs in order: each
+    ordered column is a sort of its own on PostgreSQL. A SELECT whose CTEs write (an ``INSERT …
+    RETURNING`` as a CTE) keeps them at the top of the statement, as PostgreSQL requires."""
 
     statement: ClauseElement
     into: Rows
     order_by: tuple[str, ...] = ()
+    largest: tuple[str, Var] | None = None
 
 
 @dataclass(frozen=True)
@@ -736,6 +763,8 @@ def _declarations(steps: Iterable[Step]) -> Iterable[tuple[str, str]]:
         elif isinstance(step, Collect):
             for name, kind in step.into.columns:
                 yield step.into.array(name), f"{_pg_type(kind)}[]"
+            if step.largest is not None:
+                targets = (step.largest[1],)
         for target in targets:
             yield target.name, _pg_type(target.type)
         if isinstance(step, When):
@@ -754,6 +783,8 @@ def _variables(steps: Iterable[Step]) -> Iterable[str]:
             yield step.into.name
             if isinstance(step, Sum) and step.count is not None:
                 yield step.count.name
+            if isinstance(step, Collect) and step.largest is not None:
+                yield step.largest[1].name
         if isinstance(step, When):
             yield from _variables(step.then)
             yield from _variables(step.otherwise)
@@ -809,8 +840,28 @@ def _render(steps: Iterable[Step], program: Program, depth: int, dialect: Any) -
                 f"array_agg(collected.{name}{order_by})" for name, _ in step.into.columns
             )
             into = ", ".join(step.into.array(name) for name, _ in step.into.columns)
+            if step.largest is not None:
+                aggregates += f", max(collected.{step.largest[0]})"
+                into += f", {step.largest[1].name}"
             source = _sql(step.statement)
-            if isinstance(step.statement, Select):
+            if source.startswith("WITH "):
+                # Its CTEs may write, and a CTE that writes must be at the top: the statement
+                # read as a subquery (a SELECT) or a CTE (DML), the compiler putting every CTE
+                # at the top, and INTO at the end.
+                assert not step.order_by and step.largest is None
+                collected = (
+                    step.statement.subquery("collected")
+                    if isinstance(step.statement, Select)
+                    else step.statement.cte("collected")  # type: ignore[attr-defined]
+                )
+                wrapped: Any = select(
+                    *(
+                        func.array_agg(literal_column(f"collected.{name}"))
+                        for name, _ in step.into.columns
+                    )
+                ).select_from(collected)
+                sql = f"{_sql(wrapped)}\nINTO {into};"
+            elif isinstance(step.statement, Select):
                 sql = f"SELECT {aggregates} INTO {into}\nFROM (\n{source}\n) AS collected;"
             else:
                 sql = (
@@ -891,6 +942,9 @@ def _interpret(
             if step.order_by:
                 rows.sort(key=lambda row: tuple(row[name] for name in step.order_by))
             env[step.into.name] = _rows_json(step.into.columns, rows, _encode_sqlite)
+            if step.largest is not None:
+                values = [row[step.largest[0]] for row in rows if row[step.largest[0]] is not None]
+                env[step.largest[1].name] = max(values) if values else None
         elif isinstance(step, When):
             chosen = step.then if _value(connection, step.condition, env) else step.otherwise
             _interpret(chosen, connection, env, output)

@@ -114,8 +114,9 @@ def settle_steps(on: p.Backend, charges: FromClause, now: BindParameter[Any]) ->
     )
     targets = on.rows(_TARGETS, "t")
     return [
-        # Read without locks; each hold is checked again once locked.
-        p.Collect(firsts, into=_TARGETS, order_by=("hold_id",)),
+        # Read without locks; each hold is checked again once locked (in byte order of id, by
+        # the locking statement itself: the collected rows need no order).
+        p.Collect(firsts, into=_TARGETS),
         p.When(
             on.count(_TARGETS) > 1,
             (
@@ -141,40 +142,47 @@ def settle_steps(on: p.Backend, charges: FromClause, now: BindParameter[Any]) ->
                 ),
             ),
         ),
-        p.Run(
-            ENTRIES.insert().from_select(
-                [
-                    "account_id",
-                    "kind",
-                    "amount_microcents",
-                    "usage_event_id",
-                    "api_key_id",
-                    "created_at",
-                ],
-                select(
-                    charges.c.account_id,
-                    literal("charge", String()),
-                    -charges.c.charge_microcents,
-                    charges.c.usage_event_id,
-                    charges.c.api_key_id,
-                    now,
-                )
-                .where(charges.c.prepaid)
-                .order_by(charges.c.usage_event_id),
-            )
-        ),
-        p.Collect(
-            select(
-                charges.c.account_id,
-                cast(func.sum(charges.c.charge_microcents), BigInteger).label("total"),
-            )
-            .where(charges.c.prepaid)
-            .group_by(charges.c.account_id),
-            into=_DEBITS,
-            order_by=("account_id",),
-        ),
+        *_charge_steps(on, charges, now),
         lock_accounts(on, _DEBITS, "d"),
         # The balances, due expiries, the allocation over the grants and the balance crossings
         # (§11) of the move (metering.ledger.spending).
         p.When(on.count(_DEBITS) > 0, tuple(debit_steps(on, _DEBITS, now))),
     ]
+
+
+def _charge_steps(on: p.Backend, charges: FromClause, now: BindParameter[Any]) -> list[p.Step]:
+    """The ledger's charge entries of the prepaid charges (in event order), and each account's
+    total into ``_DEBITS`` (one row per account, in no particular order: every statement that
+    locks accounts orders them itself). On PostgreSQL one statement: the insert is a CTE and
+    the totals are summed from what it returns."""
+    entries = ENTRIES.insert().from_select(
+        ["account_id", "kind", "amount_microcents", "usage_event_id", "api_key_id", "created_at"],
+        select(
+            charges.c.account_id,
+            literal("charge", String()),
+            -charges.c.charge_microcents,
+            charges.c.usage_event_id,
+            charges.c.api_key_id,
+            now,
+        )
+        .where(charges.c.prepaid)
+        .order_by(charges.c.usage_event_id),
+    )
+    if on.name == "postgresql":
+        charged = entries.returning(ENTRIES.c.account_id, ENTRIES.c.amount_microcents).cte(
+            "charged"
+        )
+        totals = select(
+            charged.c.account_id,
+            cast(-func.sum(charged.c.amount_microcents), BigInteger).label("total"),
+        ).group_by(charged.c.account_id)
+        return [p.Collect(totals, into=_DEBITS)]
+    totals = (
+        select(
+            charges.c.account_id,
+            cast(func.sum(charges.c.charge_microcents), BigInteger).label("total"),
+        )
+        .where(charges.c.prepaid)
+        .group_by(charges.c.account_id)
+    )
+    return [p.Run(entries), p.Collect(totals, into=_DEBITS)]

@@ -12,7 +12,10 @@ Under the account's row lock (the balance update takes it), for each account of 
    a grant pays ``min(remainder, total − what the grants before it hold)`` while that is
    positive, and what they cannot cover adds to the deficit. So a batch of many events of one
    account allocates its total once. Every part is an allocation row (``spend`` / ``deficit``),
-   and the grants and the deficit move by the same parts (one statement on PostgreSQL).
+   and the grants and the deficit move by the same parts (one statement on PostgreSQL). On
+   PostgreSQL a debit that the first live grant pays whole (the one part the window would
+   find) is paid first by a lookup of that grant alone (``_spending_steps``); only the others
+   take the window.
 3. **Events (§11).** Each expiry entry's ``credit.grant_expired``, and the balance thresholds
    the whole move crosses (``credit.balance_low`` / ``_depleted``: before = the balance the
    debit's update returned plus the debit, after = the balance at the end, both under the row
@@ -40,6 +43,7 @@ from sqlalchemy import (
     null,
     or_,
     select,
+    true,
     union_all,
 )
 from sqlalchemy.orm import Session
@@ -199,6 +203,44 @@ def debit_steps(on: p.Backend, debits: p.Rows, now: BindParameter[Any]) -> list[
     and the allocation over its live grants in spending order (see the module)."""
     d = on.rows(debits, "d")
     totals = on.rows(debits, "dt")
+    after = ACCOUNTS.c.balance_microcents
+    due = ACCOUNTS.c.next_expiry_at <= now
+    # The account's debit, in what the update returns (SQLite's RETURNING may name only the
+    # updated table: there, the same row read by a subquery).
+    debited: Any = d.c.total
+    if on.name == "sqlite":
+        debited = select(totals.c.total).where(totals.c.account_id == ACCOUNTS.c.id)
+        debited = debited.scalar_subquery()
+    may_cross = or_(
+        due, outbox.crosses(after + debited, after, ACCOUNTS.c.low_balance_threshold_microcents)
+    )
+    return [
+        p.Collect(
+            ACCOUNTS.update()
+            .values(balance_microcents=ACCOUNTS.c.balance_microcents - d.c.total)
+            .where(ACCOUNTS.c.id == d.c.account_id)
+            .returning(
+                ACCOUNTS.c.id.label("account_id"),
+                after.label("after_microcents"),
+                case((due, 1), else_=0).label("expiring"),
+                case((may_cross, 1), else_=0).label("crossing"),
+            ),
+            into=_MOVED,
+        ),
+        p.When(on.holds_any(_MOVED, "expiring", 1), tuple(expiry_steps(on, debits, now))),
+        *_spending_steps(on, debits, now),
+        # §11: the thresholds the whole move (debit and due expiries) crosses, once.
+        p.When(
+            on.holds_any(_MOVED, "crossing", 1),
+            (p.Run(outbox.balance_crossings(_moves(on, debits), now)),),
+        ),
+    ]
+
+
+def _parts(on: p.Backend, d: FromClause, totals: FromClause, now: BindParameter[Any]) -> Any:
+    """The parts of the debits (``d`` and ``totals``: the same rows, ``account_id`` and
+    ``total``): each live grant's take in spending order (one window over them), and each
+    account's shortfall (``grant_id``, ``account_id``, ``amount``)."""
     before = func.sum(GRANTS.c.remaining_microcents).over(
         partition_by=GRANTS.c.account_id, order_by=order_by(GRANTS), rows=(None, -1)
     )
@@ -233,38 +275,69 @@ def debit_steps(on: p.Backend, debits: p.Rows, now: BindParameter[Any]) -> list[
     ).where(d.c.total > held)
     parts = union_all(takes, shortfalls)
     # PostgreSQL: a CTE of the one statement that writes the parts (_allocation_steps).
-    found = parts.cte("found") if on.name == "postgresql" else parts.subquery("found")
-    after = ACCOUNTS.c.balance_microcents
-    due = ACCOUNTS.c.next_expiry_at <= now
-    # The account's debit, in what the update returns (SQLite's RETURNING may name only the
-    # updated table: there, the same row read by a subquery).
-    debited: Any = d.c.total
-    if on.name == "sqlite":
-        debited = select(totals.c.total).where(totals.c.account_id == ACCOUNTS.c.id)
-        debited = debited.scalar_subquery()
-    may_cross = or_(
-        due, outbox.crosses(after + debited, after, ACCOUNTS.c.low_balance_threshold_microcents)
+    return parts.cte("found") if on.name == "postgresql" else parts.subquery("found")
+
+
+_WHOLE = p.Rows("v_whole", (("account_id", ACCOUNTS.c.id.type),))
+
+
+def _spending_steps(on: p.Backend, debits: p.Rows, now: BindParameter[Any]) -> list[p.Step]:
+    """The allocation of ``debits`` over their accounts' live grants (``_parts``).
+
+    On PostgreSQL the most frequent case first: a debit paid whole by the account's first live
+    grant in spending order (its remainder covers the debit, so by ``_parts`` it is the one
+    part), found by one lookup of that grant per account (``ORDER BY`` the spending order,
+    ``LIMIT 1``), spent and written as its allocation in one statement. The debits it did not
+    pay (a take over several grants, a shortfall, or a total of 0) go through the general
+    allocation. SQLite, which has no lateral joins, runs the general one for every debit."""
+    if on.name != "postgresql":
+        return _allocation_steps(
+            on, _parts(on, on.rows(debits, "d"), on.rows(debits, "dt"), now), now
+        )
+    w = on.rows(debits, "w")
+    first = (
+        select(GRANTS.c.id, GRANTS.c.remaining_microcents)
+        .where(GRANTS.c.account_id == w.c.account_id, live_sql(GRANTS, now))
+        .order_by(*order_by(GRANTS))
+        .limit(1)
+        .lateral("first")
     )
-    return [
-        p.Collect(
-            ACCOUNTS.update()
-            .values(balance_microcents=ACCOUNTS.c.balance_microcents - d.c.total)
-            .where(ACCOUNTS.c.id == d.c.account_id)
-            .returning(
-                ACCOUNTS.c.id.label("account_id"),
-                after.label("after_microcents"),
-                case((due, 1), else_=0).label("expiring"),
-                case((may_cross, 1), else_=0).label("crossing"),
+    whole = (
+        select(w.c.account_id, first.c.id.label("grant_id"), w.c.total.label("amount"))
+        .select_from(w.join(first, true()))
+        .where(w.c.total > 0, first.c.remaining_microcents >= w.c.total)
+        .cte("whole")
+    )
+    spent = (
+        GRANTS.update()
+        .values(remaining_microcents=GRANTS.c.remaining_microcents - whole.c.amount)
+        .where(GRANTS.c.id == whole.c.grant_id)
+        .cte("spent")
+    )
+    paid = (
+        ALLOCATIONS.insert()
+        .from_select(
+            ["account_id", "grant_id", "kind", "amount_microcents", "created_at"],
+            select(
+                whole.c.account_id, whole.c.grant_id, literal(SPEND, String()), whole.c.amount, now
             ),
-            into=_MOVED,
-        ),
-        p.When(on.holds_any(_MOVED, "expiring", 1), tuple(expiry_steps(on, debits, now))),
-        *_allocation_steps(on, found, now),
-        # §11: the thresholds the whole move (debit and due expiries) crosses, once.
-        p.When(
-            on.holds_any(_MOVED, "crossing", 1),
-            (p.Run(outbox.balance_crossings(_moves(on, debits), now)),),
-        ),
+        )
+        .add_cte(spent)
+        .returning(ALLOCATIONS.c.account_id)
+    )
+
+    def unpaid(alias: str) -> FromClause:
+        rows, paid_rows = on.rows(debits, f"{alias}r"), on.rows(_WHOLE, f"{alias}w")
+        return (
+            select(rows.c.account_id, rows.c.total)
+            .where(rows.c.account_id.not_in(select(paid_rows.c.account_id)))
+            .subquery(alias)
+        )
+
+    rest = _parts(on, unpaid("d"), unpaid("dt"), now)
+    return [
+        p.Collect(paid, into=_WHOLE),
+        p.When(on.count(_WHOLE) < on.count(debits), tuple(_allocation_steps(on, rest, now))),
     ]
 
 

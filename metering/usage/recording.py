@@ -13,6 +13,9 @@ metering.notifications.spend_limits): no statement when no key of the batch has 
 The columns come from the tables: an event row is every column of ``usage_events`` but its id
 and ``recorded_at`` (the statement's ``now``); a rollup row is every column of
 ``usage_rollups``, whose primary key is the rollup key and whose other columns are added up.
+The programs take the usage summed per account, key, model and hour (``HOURLY_IN``) and spread
+it over the six rows each hour counts in (``rollup_upsert``: bucket width {1h, 1d} × grouping
+{key_model, key, model}).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import BigInteger, FromClause, select, true
+from sqlalchemy import BigInteger, FromClause, case, cast, func, select, true
 from sqlalchemy.orm import Session
 
 from metering.citus import ACCOUNT, of_account
@@ -46,7 +49,21 @@ LAST_EVENT = "last_event_id"
 COUNTERS = tuple(
     c.name for c in ROLLUPS.columns if c.name not in ROLLUP_KEY and c.name != LAST_EVENT
 )
-ROLLUPS_IN = p.Records("p_rollups", tuple((c.name, c.type) for c in ROLLUPS.columns))
+GROUPINGS = ("key_model", "key", "model")
+WIDTHS = ("1h", "1d")
+# The usage of one account, key and model in one (UTC) hour: its hour and the day that hour is
+# in, its counters and its newest event's id (metering.usage.rollups).
+HOURLY_IN = p.Records(
+    "p_rollups",
+    (
+        ("account_id", ROLLUPS.c.account_id.type),
+        ("api_key_id", ROLLUPS.c.api_key_id.type),
+        ("model_id", ROLLUPS.c.model_id.type),
+        ("hour", ROLLUPS.c.bucket_start.type),
+        ("day", ROLLUPS.c.bucket_start.type),
+        *((name, ROLLUPS.c[name].type) for name in (*COUNTERS, LAST_EVENT)),
+    ),
+)
 
 NOW = p.Var("p_now", UTCDateTime())
 PREPAID = p.Var("p_prepaid", p.Boolean())
@@ -71,16 +88,70 @@ def insert_events(on: p.Backend, rows: FromClause) -> Any:
     )
 
 
-def rollup_upsert(on: p.Backend, rows: FromClause, last_event_id: Any = None) -> Any:
-    """Add ``rows`` (``ROLLUPS_IN``'s columns, one per rollup key) to their rollup rows;
-    ``last_event_id`` replaces the rows' own when given."""
-    columns = [c.name for c in ROLLUPS.columns]
-    source = select(
-        *(
-            last_event_id if name == LAST_EVENT and last_event_id is not None else rows.c[name]
-            for name in columns
+# The six kinds of rollup row, in byte order: the order of one hour's six rows by their key.
+KINDS = tuple(sorted((width, grouping) for width in WIDTHS for grouping in GROUPINGS))
+
+
+def rollup_upsert(
+    on: p.Backend, hourly: FromClause, last_event_id: Any = None, one_hour: bool = False
+) -> Any:
+    """Add ``hourly`` (``HOURLY_IN``'s columns) to the six rollup rows each of its rows counts in:
+    the hour's and its day's, each by key and model, by key (model '') and by model (api key
+    ''), summed per rollup key and written in the key's order (byte order), so concurrent
+    writers lock the rows they share in the same order; ``last_event_id`` replaces the rows'
+    own when given. ``one_hour``: ``hourly`` is one row (one event's), so its six rows are
+    distinct and already in key order (``KINDS``'s, the constant rows joined to it in their
+    order): neither summed nor sorted."""
+    kinds = on.constants(
+        (("bucket_width", ROLLUPS.c.bucket_width.type), ("grouping", ROLLUPS.c.grouping.type)),
+        KINDS,
+        "k",
+    )
+    key = {
+        "account_id": hourly.c.account_id,
+        "bucket_width": kinds.c.bucket_width,
+        "grouping": kinds.c.grouping,
+        "bucket_start": case((kinds.c.bucket_width == "1h", hourly.c.hour), else_=hourly.c.day),
+        "api_key_id": case((kinds.c.grouping == "model", ""), else_=hourly.c.api_key_id),
+        "model_id": case((kinds.c.grouping == "key", ""), else_=hourly.c.model_id),
+    }
+    assert tuple(key) == ROLLUP_KEY
+    spread = (
+        select(
+            *(value.label(name) for name, value in key.items()),
+            *(hourly.c[name] for name in (*COUNTERS, LAST_EVENT)),
         )
-    ).where(true())
+        .select_from(hourly.join(kinds, true()))
+        .subquery("s")
+    )
+    if one_hour:
+        source = select(
+            *(spread.c[name] for name in (*ROLLUP_KEY, *COUNTERS)),
+            spread.c[LAST_EVENT] if last_event_id is None else last_event_id,
+        ).where(true())  # SQLite: ON CONFLICT after a SELECT needs a WHERE
+        return _add_rollups(on, source)
+    newest = func.max(spread.c[LAST_EVENT]) if last_event_id is None else last_event_id
+    source = (
+        select(
+            *(spread.c[name] for name in ROLLUP_KEY),
+            *(cast(func.sum(spread.c[name]), BigInteger).label(name) for name in COUNTERS),
+            newest.label(LAST_EVENT),
+        )
+        .where(true())  # SQLite: ON CONFLICT after a SELECT needs a WHERE
+        .group_by(*(spread.c[name] for name in ROLLUP_KEY))
+        .order_by(
+            *(
+                p.byte_order(spread.c[name]) if name != "bucket_start" else spread.c[name]
+                for name in ROLLUP_KEY
+            )
+        )
+    )
+    return _add_rollups(on, source)
+
+
+def _add_rollups(on: p.Backend, source: Any) -> Any:
+    """Insert ``source`` (rollup rows) adding to the rows that stand."""
+    columns = [*ROLLUP_KEY, *COUNTERS, LAST_EVENT]
     statement = on.insert(ROLLUPS).from_select(columns, source)
     excluded = statement.excluded
     return statement.on_conflict_do_update(
@@ -97,7 +168,7 @@ def _settle_usage(on: p.Backend) -> list[p.Step]:
         *settle_steps(on, on.records(CHARGES_IN, "c"), NOW.ref),
         # The contended rows last (every concurrent batch of the account adds to them): their
         # locks are held only until the commit.
-        p.Run(rollup_upsert(on, on.records(ROLLUPS_IN, "r"))),
+        p.Run(rollup_upsert(on, on.records(HOURLY_IN, "r"))),
         # After the rollups: what the keys have spent includes this batch.
         *spend_limits.threshold_steps(on, NOW.ref),
     ]
@@ -107,18 +178,19 @@ def _settle_usage(on: p.Backend) -> list[p.Step]:
 _LIMITS = (spend_limits.LIMITS_IN, spend_limits.LIMITED)
 
 SETTLE_USAGE = p.Program(
-    "metering_settle_usage", params=(NOW, CHARGES_IN, ROLLUPS_IN, *_LIMITS), build=_settle_usage
+    "metering_settle_usage", params=(NOW, CHARGES_IN, HOURLY_IN, *_LIMITS), build=_settle_usage
 )
 SETTLE_USAGE_OF_ACCOUNT = of_account(SETTLE_USAGE)  # on a Citus cluster (metering.citus)
 
 
 _NEW = p.Rows("v_new", tuple((name, EVENTS.c[name].type) for name in _RETURNED))
+# The newest new event's id (the insert's largest, collected with its rows: no query, no sort).
+_NEWEST = p.Var("v_newest", BigInteger())
 
 
 def _record_usage(on: p.Backend) -> list[p.Step]:
     new = on.rows(_NEW, "n")
-    # The new events are collected in id order: the newest is the last (one expression, no query).
-    newest = on.last(_NEW, "id")
+    newest = _NEWEST.ref
     charges = select(
         new.c.account_id,
         new.c.api_key_id,
@@ -129,12 +201,19 @@ def _record_usage(on: p.Backend) -> list[p.Step]:
         PREPAID.ref.label("prepaid"),
     ).subquery("c")
     return [
-        p.Collect(insert_events(on, on.records(EVENTS_IN, "e")), into=_NEW, order_by=("id",)),
+        p.Collect(
+            insert_events(on, on.records(EVENTS_IN, "e")), into=_NEW, largest=("id", _NEWEST)
+        ),
         p.When(
             on.count(_NEW) > 0,
             (
                 *settle_steps(on, charges, NOW.ref),
-                p.Run(rollup_upsert(on, on.records(ROLLUPS_IN, "r"), last_event_id=newest)),
+                # One event: one hour's row.
+                p.Run(
+                    rollup_upsert(
+                        on, on.records(HOURLY_IN, "r"), last_event_id=newest, one_hour=True
+                    )
+                ),
                 *spend_limits.threshold_steps(on, NOW.ref),
             ),
         ),
@@ -144,7 +223,7 @@ def _record_usage(on: p.Backend) -> list[p.Step]:
 
 RECORD_USAGE = p.Program(
     "metering_record_usage",
-    params=(NOW, EVENTS_IN, PREPAID, ROLLUPS_IN, *_LIMITS),
+    params=(NOW, EVENTS_IN, PREPAID, HOURLY_IN, *_LIMITS),
     build=_record_usage,
     returns=BigInteger(),
     # Its statements' plans are kept, not made again at every call: with the plan cache's
@@ -171,7 +250,8 @@ def settle_usage(
     limits: Sequence[KeyLimit] = (),
     account_id: str | None = None,
 ) -> None:
-    """Book the charges of events just inserted and add their rollup rows (``SETTLE_USAGE``), in
+    """Book the charges of events just inserted and add their usage to the rollups
+    (``SETTLE_USAGE``; ``rollup_rows``: ``HOURLY_IN``'s rows, metering.usage.rollups.rows), in
     the session's transaction: one round trip on PostgreSQL. ``limits``: the charges' keys with
     a spend limit (their thresholds are checked, metering.notifications.spend_limits).
     ``account_id`` (a Citus cluster): all of them are that account's (``SETTLE_USAGE_OF_ACCOUNT``,

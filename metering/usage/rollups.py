@@ -1,24 +1,31 @@
 """The report aggregates (``usage_rollups``), maintained in the ingest transaction.
 
 Every recorded event adds to six rows: bucket width {1h, 1d} × grouping {key_model, key (model
-''), model (api key '')}. A batch's additions are summed here per rollup key (``rows``), then
-added with one multi-row upsert (metering.usage.recording), its rows sorted so concurrent
-batches lock them in the same order (no deadlock).
+''), model (api key '')}. A batch's usage is summed here per account, key, model and hour
+(``rows``: one row per hour, not six), and the program that books it spreads each hour over its
+six rows and adds them with one multi-row upsert, written in key order so concurrent batches
+lock them in the same order (no deadlock): ``metering.usage.recording.rollup_upsert``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
 
 from metering.kit import programs as p
 from metering.kit.timeutil import floor_day, floor_hour
 from metering.usage.events import Event
-from metering.usage.recording import COUNTERS, LAST_EVENT, ROLLUP_KEY, ROLLUPS, ROLLUPS_IN
+from metering.usage.recording import (
+    COUNTERS,
+    GROUPINGS,
+    HOURLY_IN,
+    LAST_EVENT,
+    ROLLUP_KEY,
+    WIDTHS,
+)
 
-GROUPINGS = ("key_model", "key", "model")
-WIDTHS = ("1h", "1d")
+__all__ = ["COUNTERS", "GROUPINGS", "WIDTHS", "RollupKey", "aggregate", "rows"]
 
 # (account_id, bucket_width, grouping, bucket_start, api_key_id, model_id): the primary key.
 RollupKey = tuple[str, str, str, datetime, str, str]
@@ -30,23 +37,14 @@ assert len(ROLLUP_KEY) == 6 and COUNTERS == (
     "reasoning_tokens",
     "cost_microcents",
 )
+# (account_id, api_key_id, model_id, hour): what ``rows`` sums by.
+HourKey = tuple[str, str, str, datetime]
 
 
-def rollup_keys(
-    account_id: str, api_key_id: str, model_id: str, hour: datetime
-) -> Iterator[RollupKey]:
-    """The six rows that usage of one key and model in one (UTC) hour counts in."""
-    for width, start in (("1h", hour), ("1d", floor_day(hour))):
-        yield account_id, width, "key_model", start, api_key_id, model_id
-        yield account_id, width, "key", start, api_key_id, ""
-        yield account_id, width, "model", start, "", model_id
-
-
-def aggregate(recorded: Iterable[tuple[int, Event]]) -> dict[RollupKey, list[int]]:
-    """Counters (``COUNTERS`` order, then last_event_id) per rollup row of the recorded events
-    (new id, event): summed per key, model and hour first (one step per event), then spread
-    over the six row kinds."""
-    hourly: dict[tuple[str, str, str, datetime], list[int]] = {}
+def aggregate(recorded: Iterable[tuple[int, Event]]) -> dict[HourKey, list[int]]:
+    """Counters (``COUNTERS`` order, then last_event_id) of the recorded events (new id, event)
+    per account, key, model and hour (one step per event)."""
+    hourly: dict[HourKey, list[int]] = {}
     hours: dict[tuple[int, int, int, int], datetime] = {}  # a batch spans a few hours at most
     for event_id, e in recorded:
         usage, charge, at = e.usage, e.charge, e.occurred_at
@@ -77,31 +75,20 @@ def aggregate(recorded: Iterable[tuple[int, Event]]) -> dict[RollupKey, list[int
             found[5] += charge.total_microcents
             if event_id > found[6]:
                 found[6] = event_id
-    rows: dict[RollupKey, list[int]] = {}
-    for group, values in hourly.items():
-        for key in rollup_keys(*group):
-            found = rows.get(key)
-            if found is None:
-                rows[key] = list(values)
-            else:
-                for index in range(6):
-                    found[index] += values[index]
-                found[6] = max(found[6], values[6])
-    return rows
+    return hourly
 
 
-_NAMES = (*ROLLUP_KEY, *COUNTERS, LAST_EVENT)
-assert set(_NAMES) == {c.name for c in ROLLUPS.columns}
+_NAMES = ("account_id", "api_key_id", "model_id", "hour", "day", *COUNTERS, LAST_EVENT)
+assert HOURLY_IN.names == _NAMES
 
 
 def rows(recorded: Iterable[tuple[int, Event]]) -> list[dict[str, Any]]:
-    """The rollup rows to add for the recorded events (new id, event), sorted by key."""
+    """The hourly rows (``HOURLY_IN``) to add for the recorded events (new id, event)."""
     return [
-        dict(zip(_NAMES, (*key, *values), strict=True))
-        for key, values in sorted(aggregate(recorded).items())
+        dict(zip(_NAMES, (account, key, model, hour, floor_day(hour), *values), strict=True))
+        for (account, key, model, hour), values in aggregate(recorded).items()
     ]
 
 
-# The bucket width and grouping are from the lists above: no escaping needed.
-ENCODE = p.records_encoder(ROLLUPS_IN, p.POSTGRESQL, verbatim=("bucket_width", "grouping"))
-ENCODE_SQLITE = p.records_encoder(ROLLUPS_IN, p.SQLITE, verbatim=("bucket_width", "grouping"))
+ENCODE = p.records_encoder(HOURLY_IN, p.POSTGRESQL)
+ENCODE_SQLITE = p.records_encoder(HOURLY_IN, p.SQLITE)

@@ -56,23 +56,23 @@ def test_every_kind_of_result_is_written_as_the_generic_encoder_writes_it() -> N
 
 
 def test_the_rollup_rows_are_written_as_the_generic_encoder_writes_them() -> None:
-    """The rollups' upsert document (a template on the hot path) against ``Upsert.json``."""
+    """The rollups' hourly document (a template on the hot path) against ``Upsert.json``."""
     from datetime import UTC, datetime
 
     from metering.kit.programs import POSTGRESQL, SQLITE, records_json
     from metering.usage import rollups
-    from metering.usage.recording import ROLLUPS_IN
+    from metering.usage.recording import HOURLY_IN
 
     hour = datetime(2026, 11, 29, 13, tzinfo=UTC)
     day = datetime(2026, 11, 29, tzinfo=UTC)
     big = 2**62
     rows = [
-        ("acct_1", "1h", "key_model", hour, "key_1", "GLM-5.3", 1, 4508, 4352, 20, 0, 87460, 9),
-        ("acct_1", "1d", "key", day, "key_1", "", 2, 5, 0, 7, 1, big, 10),
-        ("acct_«2»", "1d", "model", day, "", 'model "quoted" \\ é', 3, 0, 0, 0, 0, 0, big),
+        ("acct_1", "key_1", "GLM-5.3", hour, day, 1, 4508, 4352, 20, 0, 87460, 9),
+        ("acct_1", "key_1", "", hour, day, 2, 5, 0, 7, 1, big, 10),
+        ("acct_«2»", "", 'model "quoted" \\ é', hour, day, 3, 0, 0, 0, 0, 0, big),
     ]
-    names = [name for name, _ in ROLLUPS_IN.columns]
+    names = [name for name, _ in HOURLY_IN.columns]
     named = [dict(zip(names, row, strict=True)) for row in rows]
-    assert rollups.ENCODE(named) == records_json(ROLLUPS_IN, named, POSTGRESQL)
-    assert rollups.ENCODE_SQLITE(named) == records_json(ROLLUPS_IN, named, SQLITE)
+    assert rollups.ENCODE(named) == records_json(HOURLY_IN, named, POSTGRESQL)
+    assert rollups.ENCODE_SQLITE(named) == records_json(HOURLY_IN, named, SQLITE)
     assert json.loads(rollups.ENCODE(named))[2]["model_id"] == 'model "quoted" \\ é'
