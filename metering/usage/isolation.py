@@ -62,6 +62,8 @@ def record_apart(
     module's docstring), in one transaction. ``accounts``: on a Citus cluster, the account of
     each key (``service.record_events``). A transient refusal of a part raises ``Transient``
     out of the transaction, rolled back whole (see the module's docstring)."""
+    reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
+    log.warning("a batch of %d events refused (%s): recorded again in parts", len(raws), reason)
     results: list[service.Result | None] = [None] * len(raws)
     failures: list[BaseException] = []
     with database.unit_of_work() as session:
