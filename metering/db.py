@@ -20,8 +20,11 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
+import logging
 import os
+import random
 import threading
+import time
 from collections.abc import AsyncIterator, Callable, Generator, Iterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
@@ -36,7 +39,9 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
-from metering.kit.errors import MeteringError
+from metering.kit.errors import DatabaseUnavailable, MeteringError
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 # How long a request waits for one of the async pool's connections before it fails (503).
@@ -63,6 +68,68 @@ def unreachable(exc: BaseException) -> bool:
         current = getattr(current, "orig", None) or current.__cause__
         seen += 1
     return False
+
+
+# The refusals that say nothing about the work, only about its timing (another transaction's
+# locks): a deadlock, a serialization failure, a lock not available (PostgreSQL), and SQLite's
+# "database is locked". The work is then tried again whole, never in parts (``retry_transient``).
+_TRANSIENT_SQLSTATES = frozenset({"40P01", "40001", "55P03"})
+# Attempts of a unit of work refused for a transient reason, then 503 (the gateway retries the
+# request with the same request ids, which deduplicate), and the backoff before each new one:
+# uniform in [0, base × 2^(attempt-1)] seconds (jittered, so that two victims of the same
+# deadlock do not meet again at the same instant).
+TRANSIENT_ATTEMPTS = 4
+TRANSIENT_BACKOFF_SECONDS = 0.05
+
+
+def transient(exc: BaseException) -> bool:
+    """Whether ``exc`` (a driver's error, or SQLAlchemy's wrapping one, or a chain of them) is a
+    transient refusal: the same work may succeed when tried again from the start."""
+    seen = 0
+    current: BaseException | None = exc
+    while current is not None and seen < 5:
+        if getattr(current, "sqlstate", None) in _TRANSIENT_SQLSTATES:
+            return True
+        if type(current).__module__ == "sqlite3" and "database is locked" in str(current):
+            return True
+        current = getattr(current, "orig", None) or current.__cause__
+        seen += 1
+    return False
+
+
+class Transient(Exception):
+    """A unit of work refused for a transient reason (``transient``), raised out of it so that
+    it rolls back whole and ``retry_transient`` tries it again from the start."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(str(error).strip().splitlines()[0] if str(error).strip() else "")
+        self.error = error
+
+
+def retry_transient(work: Callable[[], T], what: str, attempts: int = TRANSIENT_ATTEMPTS) -> T:
+    """Run ``work`` (a whole unit of work: it begins, and commits or rolls back, its own
+    transaction), again from the start when the database refuses it for a transient reason (a
+    ``Transient``, or a driver's error that ``transient`` recognises), up to ``attempts`` times
+    with jittered exponential backoff; then 503 ``database_unavailable``. Any other error is
+    the caller's. ``what`` names the work in the log."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return work()
+        except Exception as exc:
+            error = exc.error if isinstance(exc, Transient) else exc
+            if not isinstance(exc, Transient) and not transient(exc):
+                raise
+            reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
+            if attempt == attempts:
+                log.warning("%s refused %d times, last: %s", what, attempts, reason)
+                raise DatabaseUnavailable(
+                    "the database is busy with concurrent writes; try again shortly"
+                ) from error
+            log.info(
+                "%s refused (attempt %d of %d), tried again: %s", what, attempt, attempts, reason
+            )
+            time.sleep(random.uniform(0, TRANSIENT_BACKOFF_SECONDS * 2 ** (attempt - 1)))
+    raise AssertionError("unreachable")
 
 
 def is_postgresql(session: Session) -> bool:

@@ -11,7 +11,7 @@ from fastapi import APIRouter, Body, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import State
 
-from metering.db import Database
+from metering.db import Database, retry_transient
 from metering.kit.pagination import PageParams
 from metering.metrics import REGISTRY
 from metering.usage import isolation, quarantine, service, sharded, single, support
@@ -122,6 +122,21 @@ def _record_batch(
     parsed = service.parse(events, now)
     if cluster:  # one unit of work per account (CONTRACT §13)
         return sharded.record_batch(database, events, now, parsed)
+    # A transient refusal (a deadlock, a serialization failure) tries the whole batch again,
+    # never in parts (metering.db.retry_transient), from events parsed anew (recording fills
+    # in the parsed results and events).
+    first = [parsed]
+
+    def once() -> service.BatchOutcome:
+        fresh = first.pop() if first else service.parse(events, now)
+        return _record_once(database, events, now, fresh)
+
+    return retry_transient(once, "usage batch")
+
+
+def _record_once(
+    database: Database, events: list[Any], now: datetime, parsed: service.Parsed
+) -> service.BatchOutcome:
     try:
         with database.unit_of_work() as session:
             outcome = service.record_events(
@@ -135,6 +150,8 @@ def _record_batch(
             session.commit()
             return outcome
     except isolation.DATABASE_ERRORS as error:
+        if not isolation.refused(error):
+            raise  # transient (tried again whole) or the database out of reach (503)
         # One account's trouble (an event beyond the range, or worse) must not refuse the
         # others' events: the batch again, in parts.
         return isolation.record_apart(database, events, now, error)

@@ -14,6 +14,12 @@ account's balance, a rollup) out of the signed 64-bit range (metering.kit.ranges
 quarantined ``invalid_usage``. Any other refusal of a single event is unexpected: the rest of
 the batch is committed all the same, then the request fails (500), and the gateway's retry finds
 the recorded events as duplicates.
+
+A transient refusal (metering.db.transient: a deadlock, a serialization failure) is no reason to
+split: the batch's transaction is rolled back whole and tried again from the start
+(metering.db.retry_transient), and so is this one's when a part meets one. Splitting would keep
+the first parts' row locks while taking the next parts' (one transaction, savepoints), out of
+the global lock order, and two such batches would deadlock again at every split.
 """
 
 from __future__ import annotations
@@ -24,18 +30,25 @@ from datetime import datetime
 
 from sqlalchemy.orm import Session
 
-from metering.db import Database
+from metering.db import Database, Transient, transient, unreachable
 from metering.kit.ranges import DATABASE_ERRORS, is_out_of_range
 from metering.usage import quarantine, service
 from metering.usage.events import OUT_OF_RANGE, is_keyed, parse_event
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DATABASE_ERRORS", "PartFailed", "record_apart"]
+__all__ = ["DATABASE_ERRORS", "PartFailed", "record_apart", "refused"]
 
 
 class PartFailed(RuntimeError):
     """Events the database refused for a reason other than the range: the rest is recorded."""
+
+
+def refused(error: BaseException) -> bool:
+    """Whether the database refused a batch for what it holds, so that recording it in parts
+    may single out the events it refuses: not a transient refusal (the batch is tried again
+    whole) nor the database out of reach (503)."""
+    return not transient(error) and not unreachable(error)
 
 
 def record_apart(
@@ -47,7 +60,10 @@ def record_apart(
 ) -> service.BatchOutcome:
     """Record ``raws``, whose batch the database refused with ``error``, in parts (see the
     module's docstring), in one transaction. ``accounts``: on a Citus cluster, the account of
-    each key (``service.record_events``)."""
+    each key (``service.record_events``). A transient refusal of a part raises ``Transient``
+    out of the transaction, rolled back whole (see the module's docstring)."""
+    reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
+    log.warning("a batch of %d events refused (%s): recorded again in parts", len(raws), reason)
     results: list[service.Result | None] = [None] * len(raws)
     failures: list[BaseException] = []
     with database.unit_of_work() as session:
@@ -65,6 +81,12 @@ def record_apart(
                 nested.commit()
             except DATABASE_ERRORS as exc:
                 nested.rollback()
+                if transient(exc):
+                    # No further split while this transaction holds the parts' locks: it is
+                    # rolled back whole, and the batch tried again from the start.
+                    raise Transient(exc) from exc
+                if unreachable(exc):
+                    raise
                 return exc
             for result in outcome.results:
                 result.index = indices[result.index]

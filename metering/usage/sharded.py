@@ -19,7 +19,8 @@ Each event is then wholly there or wholly absent, and the answer says what happe
 crash between two accounts leaves the first recorded and the second absent: the gateway's retry
 of the batch finds the first as duplicates and records the second (§5). An account whose
 transaction the database refuses is recorded again in parts (metering.usage.isolation), the
-other accounts' being committed as they are.
+other accounts' being committed as they are; one refused for a transient reason (a deadlock) is
+tried again whole (metering.db.retry_transient).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from weakref import WeakKeyDictionary
 from sqlalchemy import Engine
 
 from metering.citus import on_citus_async
-from metering.db import Database
+from metering.db import Database, retry_transient
 from metering.usage import isolation, quarantine, repository, service
 from metering.usage.events import Event
 
@@ -100,15 +101,25 @@ def _record_part(
     outcome's indices are positions in ``events``, and its quarantined events are left for the
     caller to keep."""
     mine = [raws[event.index] for event in events]
-    parsed: service.Parsed = (
-        [None] * len(events),
-        [dataclasses.replace(event, index=position) for position, event in enumerate(events)],
-    )
-    try:
-        with database.unit_of_work() as session:
-            outcome = service.record_events(session, mine, now, parsed=parsed, accounts=accounts)
-            session.commit()
-            return outcome
-    except isolation.DATABASE_ERRORS as error:
-        # Kept in parts, its quarantined events with them.
-        return isolation.record_apart(database, mine, now, error, accounts)
+
+    def once() -> service.BatchOutcome:
+        # Parsed anew at each attempt (recording fills in the parsed results and events).
+        parsed: service.Parsed = (
+            [None] * len(events),
+            [dataclasses.replace(event, index=position) for position, event in enumerate(events)],
+        )
+        try:
+            with database.unit_of_work() as session:
+                outcome = service.record_events(
+                    session, mine, now, parsed=parsed, accounts=accounts
+                )
+                session.commit()
+                return outcome
+        except isolation.DATABASE_ERRORS as error:
+            if not isolation.refused(error):
+                raise  # transient (tried again whole) or the database out of reach (503)
+            # Kept in parts, its quarantined events with them.
+            return isolation.record_apart(database, mine, now, error, accounts)
+
+    # A transient refusal tries the account's transaction again whole (metering.db).
+    return retry_transient(once, "usage batch (one account's part)")
