@@ -31,7 +31,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Connection, MetaData, String, create_engine, text
+from sqlalchemy import (
+    Connection,
+    MetaData,
+    String,
+    create_engine,
+    func,
+    literal_column,
+    select,
+    text,
+)
+from sqlalchemy.dialects.postgresql import array
 
 from metering.kit import programs as p
 from metering.models import Base
@@ -181,10 +191,52 @@ ACCOUNT = p.Var("p_account_id", String())
 SCOPE: Mapping[str, str] = sharding(Base.metadata)
 
 
+# Settings a one-account form does not keep from its program. Citus plans each statement of a
+# delegated call on the worker, for its shard, from the parameters' values; a generic plan has
+# none, and Citus cannot make a distributed plan of an INSERT … SELECT without them ("could not
+# create distributed plan"): with ``plan_cache_mode = force_generic_plan`` (RECORD_USAGE's, on one
+# server), the single event's delegated call failed on the worker.
+NOT_ON_A_CLUSTER = frozenset({"plan_cache_mode"})
+
+
+# PostgreSQL's ShareLock: the mode in which Citus' own writes lock a shard's metadata.
+SHARE_LOCK = 5
+
+# The first step of every one-account form: the account's shard's metadata locked as Citus' own
+# writes lock it, for the rest of the transaction. A shard moves (citus_rebalance_start,
+# citus_move_shard_placement) by logical replication while it takes writes; for the switch-over
+# the move locks the shard group's metadata in ExclusiveLock on the coordinator and on every
+# worker (BlockWritesToShardList: ``lock_shard_metadata(7, …)``), waits for the copy to catch up,
+# points the placements at the new node and commits. Each write statement takes the ShareLock
+# before it runs, but reads take none: a call that read the account's row (its balance, its held
+# sum) on the old placement before the switch-over, then wrote after it, wrote those values on
+# the new placement over what calls committed there meanwhile (a lost update of the held sum,
+# tests/reliability/test_citus_rebalance.py). Locked first, a call either finishes before the
+# switch-over (which waits for it; its writes replicate) or starts after it, every statement on
+# the new placement (a call delegated to the old node just before is sent on from there).
+LOCK_ACCOUNT_SHARD = p.Run(
+    select(
+        func.lock_shard_metadata(
+            literal_column(str(SHARE_LOCK)),
+            array(
+                [
+                    func.get_shard_id_for_distribution_column(
+                        literal_column("'accounts'"), ACCOUNT.ref
+                    )
+                ]
+            ),
+        ).label("shard_locked")
+    )
+)
+
+
 def of_account(program: p.Program) -> p.Program:
     """A program's form on a Citus cluster: for one account's rows, every statement limited to
-    its shard (``Program.of_account``), distributed by ``ACCOUNT`` (``distribute``)."""
-    return program.of_account(ACCOUNT, SCOPE)
+    its shard (``Program.of_account``), distributed by ``ACCOUNT`` (``distribute``); the
+    account's shard locked against a move's switch-over first (``LOCK_ACCOUNT_SHARD``); its
+    settings but those of ``NOT_ON_A_CLUSTER``."""
+    settings = {k: v for k, v in program.settings.items() if k not in NOT_ON_A_CLUSTER}
+    return program.of_account(ACCOUNT, SCOPE, settings=settings, first=(LOCK_ACCOUNT_SHARD,))
 
 
 def text_of_account(statement: Any) -> str:

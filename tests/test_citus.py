@@ -516,13 +516,6 @@ class TestRouting:
             [[where[first]], [where[second]]]
         )
 
-    @pytest.mark.xfail(
-        strict=True,
-        reason="metering_record_usage_of_account keeps RECORD_USAGE's SET plan_cache_mode = "
-        "force_generic_plan, and Citus cannot plan its INSERT … SELECT with the parameters "
-        "unbound ('could not create distributed plan'): the call fails on the worker and the "
-        "event takes the batch path (still one account's transaction)",
-    )
     def test_a_single_event_is_one_delegated_call(self, routed: tuple[Api, Cluster]) -> None:
         """The single event: its account's lookup, then the program's call, sent whole to the
         worker holding the account (a call outside a transaction block), and nothing else."""
