@@ -114,7 +114,12 @@ unix_socket_directories = '$1'
 max_connections = 200
 max_prepared_transactions = 200
 fsync = off
-synchronous_commit = off
+# Not synchronous_commit = off: a shard move by logical replication ends when the target has
+# replayed the source's WAL up to its write position (pg_current_wal_lsn); an asynchronous
+# commit is visible, and has released its locks, before its commit record is written, so a
+# write committed just before the move's switch-over could stay behind on the old placement
+# (tests/reliability/test_citus_rebalance.py lost one in about one run of five).
+synchronous_commit = on
 full_page_writes = off
 shared_buffers = 64MB
 # A shard moves while it takes writes (citus_rebalance_start, citus_move_shard_placement) by
