@@ -45,7 +45,8 @@ unit: $(STAMP) promtool
 	METERING_TEST_CITUS_URL="$${METERING_TEST_CITUS_URL:-$(CITUS_URL)}" \
 		$(BIN)/pytest $(PYTEST_ARGS)
 
-# A local Citus cluster (coordinator 127.0.0.1:9700, workers 9701 and 9702), Citus built from the
+# A local Citus cluster (coordinator 127.0.0.1:9700, workers 9701 and 9702, and a spare node on
+# 9703 that only the rebalance test registers, in its own database), Citus built from the
 # vendored source when it is not installed (scripts/citus.sh). The suite's `citus` backend runs on
 # it: METERING_TEST_CITUS_URL=postgresql+psycopg://postgres@127.0.0.1:9700/postgres and `citus`
 # in METERING_TEST_BACKENDS (as .ci/run sets them).

@@ -1,24 +1,33 @@
 #!/usr/bin/env bash
 # A local Citus cluster for development and the test suite: a coordinator and two workers on
 # loopback, each its own PostgreSQL 15 data directory and port, Citus preloaded, the workers
-# registered with the coordinator (CONTRACT §13).
+# registered with the coordinator (CONTRACT §13); and a spare fourth node, a worker-to-be that
+# is started but registered nowhere, for the test that adds a worker and rebalances under load
+# (tests/reliability/test_citus_rebalance.py registers it in its own database only).
 #
 #   scripts/citus.sh build    install Citus into the system PostgreSQL 15 when it is not there:
 #                             built from the vendored source (../shared/vendor/citus), checked by
 #                             its sha256; the Debian build dependencies installed when missing
-#   scripts/citus.sh start    build if needed, then make (first time) and start the three nodes
-#   scripts/citus.sh stop     stop the three nodes (their data stays)
+#   scripts/citus.sh start    build if needed, then make (first time) and start the four nodes
+#   scripts/citus.sh stop     stop the four nodes (their data stays)
 #   scripts/citus.sh status   each node: running or not; the workers the coordinator knows
 #
-# Idempotent: each step does only what is missing. Ports: CITUS_PORT (coordinator, 9700) and the
-# next two; data under CITUS_DIR (/tmp/metering-citus). As root the nodes run as `postgres`.
+# Every node's settings are in its `metering.conf`, rewritten at every start (a data directory an
+# older version of this script made gets them too) and included last by its postgresql.conf; a
+# running node whose new settings need a restart is restarted. Among them `wal_level = logical`:
+# a shard moves while it takes writes by logical replication.
+#
+# Idempotent: each step does only what is missing. Ports: CITUS_PORT (coordinator, 9700), the
+# next two (the workers) and the one after (the spare); data under CITUS_DIR
+# (/tmp/metering-citus). As root the nodes run as `postgres`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 CITUS_DIR="${CITUS_DIR:-/tmp/metering-citus}"
 CITUS_PORT="${CITUS_PORT:-9700}"
-PORTS=("$CITUS_PORT" "$((CITUS_PORT + 1))" "$((CITUS_PORT + 2))")
-NAMES=(coordinator worker1 worker2)
+PORTS=("$CITUS_PORT" "$((CITUS_PORT + 1))" "$((CITUS_PORT + 2))" "$((CITUS_PORT + 3))")
+NAMES=(coordinator worker1 worker2 worker3)
+WORKERS=(1 2)  # registered with the coordinator; worker3 is the spare
 PGBIN="${PGBIN:-/usr/lib/postgresql/15/bin}"
 # The vendored source sits beside the repository (../shared); a git worktree finds it beside the
 # main checkout.
@@ -94,29 +103,34 @@ psql_at() {  # port sql...
     psql -X -q -v ON_ERROR_STOP=1 -h 127.0.0.1 -p "$port" -U postgres -d postgres -tA "$@"
 }
 
-start() {
-    build
-    mkdir -p "$CITUS_DIR"
-    chown postgres: "$CITUS_DIR" 2>/dev/null || true
-    local i
-    for i in 0 1 2; do
-        local name=${NAMES[$i]} port=${PORTS[$i]} dir
-        dir=$(datadir "$name")
-        if ! test -f "$dir/PG_VERSION"; then
-            as_postgres "$PGBIN/initdb" -D "$dir" -U postgres --auth=trust -E UTF8 \
-                --locale=C.UTF-8 >/dev/null
-            cat >>"$dir/postgresql.conf" <<EOF
-# metering's local Citus cluster (scripts/citus.sh)
+# A node's settings, written to its metering.conf at every start.
+settings() {  # dir port
+    cat <<EOF
+# metering's local Citus cluster: written by scripts/citus.sh at every start (edits are lost)
 shared_preload_libraries = 'citus'
 listen_addresses = 'localhost'
-port = $port
-unix_socket_directories = '$dir'
+port = $2
+unix_socket_directories = '$1'
 max_connections = 200
 max_prepared_transactions = 200
 fsync = off
-synchronous_commit = off
+# Not synchronous_commit = off: a shard move by logical replication ends when the target has
+# replayed the source's WAL up to its write position (pg_current_wal_lsn); an asynchronous
+# commit is visible, and has released its locks, before its commit record is written, so a
+# write committed just before the move's switch-over could stay behind on the old placement
+# (tests/reliability/test_citus_rebalance.py lost one in about one run of five).
+synchronous_commit = on
 full_page_writes = off
 shared_buffers = 64MB
+# A shard moves while it takes writes (citus_rebalance_start, citus_move_shard_placement) by
+# logical replication: a publication and a slot on the source node, a subscription and its apply
+# worker on the target, for each move. The rebalancer's tasks and each database's Citus
+# maintenance daemon are background workers too.
+wal_level = logical
+max_replication_slots = 32
+max_wal_senders = 32
+max_worker_processes = 64
+max_logical_replication_workers = 32
 # The routing tests read what each node ran from its log, through SQL (pg_current_logfile).
 logging_collector = on
 log_directory = 'log'
@@ -124,23 +138,57 @@ log_filename = 'postgresql.log'
 log_rotation_size = 0
 log_line_prefix = '%m [%p] db=%d '
 EOF
+}
+
+INCLUDE="include_if_exists = 'metering.conf'"
+
+start() {
+    build
+    mkdir -p "$CITUS_DIR"
+    chown postgres: "$CITUS_DIR" 2>/dev/null || true
+    local i
+    for i in 0 1 2 3; do
+        local name=${NAMES[$i]} port=${PORTS[$i]} dir
+        dir=$(datadir "$name")
+        if ! test -f "$dir/PG_VERSION"; then
+            as_postgres "$PGBIN/initdb" -D "$dir" -U postgres --auth=trust -E UTF8 \
+                --locale=C.UTF-8 >/dev/null
             # Loopback only, and trust: a developer's and CI's throwaway cluster.
-            printf 'local all all trust\nhost all all 127.0.0.1/32 trust\nhost all all ::1/128 trust\n' \
-                >"$dir/pg_hba.conf"
+            printf 'local all all trust\nhost all all 127.0.0.1/32 trust\nhost all all ::1/128 trust\n' |
+                as_postgres tee "$dir/pg_hba.conf" >/dev/null
+        fi
+        settings "$dir" "$port" | as_postgres tee "$dir/metering.conf" >/dev/null
+        # Last in postgresql.conf, so it overrides what an older version of this script appended.
+        if [ "$(tail -n 1 "$dir/postgresql.conf")" != "$INCLUDE" ]; then
+            echo "$INCLUDE" | as_postgres tee -a "$dir/postgresql.conf" >/dev/null
         fi
         if ! running "$name"; then
             as_postgres "$PGBIN/pg_ctl" -D "$dir" -l "$dir/server.log" -w -t 60 start >/dev/null
+        else
+            # Running already: a setting only a start takes (wal_level, the numbers of slots
+            # and workers) differing from the file's (pg_file_settings reads the files afresh
+            # and names each it cannot apply now) means a restart; the others, a reload.
+            if [ "$(psql_at "$port" -c "SELECT count(*) FROM pg_file_settings f
+                    JOIN pg_settings s USING (name)
+                    WHERE s.context = 'postmaster' AND f.error IS NOT NULL")" != 0 ]; then
+                echo "$name: restarting to take its new settings"
+                as_postgres "$PGBIN/pg_ctl" -D "$dir" -l "$dir/server.log" -m fast -w -t 60 \
+                    restart >/dev/null
+            else
+                as_postgres "$PGBIN/pg_ctl" -D "$dir" reload >/dev/null
+            fi
         fi
         psql_at "$port" -c "CREATE EXTENSION IF NOT EXISTS citus" >/dev/null
     done
     psql_at "${PORTS[0]}" -c "SELECT citus_set_coordinator_host('localhost', ${PORTS[0]})" >/dev/null
-    for i in 1 2; do
+    for i in "${WORKERS[@]}"; do
         if [ "$(psql_at "${PORTS[0]}" -c \
             "SELECT count(*) FROM pg_dist_node WHERE nodeport = ${PORTS[$i]}")" = 0 ]; then
             psql_at "${PORTS[0]}" -c "SELECT citus_add_node('localhost', ${PORTS[$i]})" >/dev/null
         fi
     done
-    echo "Citus cluster up: coordinator 127.0.0.1:${PORTS[0]}, workers ${PORTS[1]} and ${PORTS[2]}"
+    echo "Citus cluster up: coordinator 127.0.0.1:${PORTS[0]}, workers ${PORTS[1]} and" \
+        "${PORTS[2]}, a spare node on ${PORTS[3]} (not registered)"
     echo "  METERING_TEST_CITUS_URL=postgresql+psycopg://postgres@127.0.0.1:${PORTS[0]}/postgres"
 }
 
@@ -156,12 +204,14 @@ stop() {
 
 status() {
     local i up=0
-    for i in 0 1 2; do
+    for i in 0 1 2 3; do
+        local label=${NAMES[$i]}
+        [ "$i" = 3 ] && label="$label (the spare, not registered)"
         if running "${NAMES[$i]}"; then
-            echo "${NAMES[$i]}: running on 127.0.0.1:${PORTS[$i]}"
+            echo "$label: running on 127.0.0.1:${PORTS[$i]}"
             up=$((up + 1))
         else
-            echo "${NAMES[$i]}: not running"
+            echo "$label: not running"
         fi
     done
     if running coordinator; then
@@ -169,7 +219,7 @@ status() {
             CASE WHEN groupid = 0 THEN 'coordinator' ELSE 'worker' END || ')'
             FROM pg_dist_node ORDER BY groupid"
     fi
-    [ "$up" = 3 ]
+    [ "$up" = 4 ]
 }
 
 case "${1:-}" in

@@ -56,6 +56,14 @@ PG_MAINTENANCE_URL = os.environ.get(
 CITUS_MAINTENANCE_URL = os.environ.get(
     "METERING_TEST_CITUS_URL", "postgresql+psycopg://postgres@127.0.0.1:9700/postgres"
 )
+# The cluster's spare node (scripts/citus.sh starts it on the coordinator's port + 3, registered
+# nowhere): the worker the rebalance test adds, in its own database only.
+CITUS_SPARE_URL = os.environ.get(
+    "METERING_TEST_CITUS_SPARE_URL",
+    make_url(CITUS_MAINTENANCE_URL)
+    .set(port=(make_url(CITUS_MAINTENANCE_URL).port or 5432) + 3)
+    .render_as_string(hide_password=False),
+)
 # Service-level modules whose tests run on Citus too (CONTRACT §13): every case of a fixture
 # parametrized by backend (``api``, ``fresh_api``, ``pg_api``, ``pg_url``, the race clusters, the
 # webhook and model-based apps). The PostgreSQL suite's service level: ledger, usage, reports,
@@ -235,12 +243,17 @@ def citus_nodes() -> list[str]:
 
 
 @contextmanager
-def fresh_citus_database() -> Iterator[str]:
+def fresh_citus_database(shard_count: int = 4, spare: bool = False) -> Iterator[str]:
     """A new, empty database on every node of the Citus cluster, the extension created and the
     workers registered with the coordinator's copy (Citus keeps its metadata per database); the
-    coordinator's URL. Four shards, not 32: the tests' schema is distributed in seconds."""
+    coordinator's URL. Four shards, not 32: the tests' schema is distributed in seconds.
+    ``spare``: the database and the extension on the spare node too (``CITUS_SPARE_URL``), which
+    is left for the test to register."""
     name = f"metering_c_{secrets.token_hex(6)}"
     nodes = citus_nodes()
+    registered = len(nodes)
+    if spare:
+        nodes.append(CITUS_SPARE_URL)
     engines = [create_engine(url, isolation_level="AUTOCOMMIT") for url in nodes]
     made: list[Any] = []
     try:
@@ -256,13 +269,13 @@ def fresh_citus_database() -> Iterator[str]:
                     connection.execute(text("CREATE EXTENSION citus"))
                     if url is urls[0]:
                         connection.execute(
-                            text(f'ALTER DATABASE "{name}" SET citus.shard_count = 4')
+                            text(f'ALTER DATABASE "{name}" SET citus.shard_count = {shard_count}')
                         )
                         connection.execute(
                             text("SELECT citus_set_coordinator_host(:h, :p)"),
                             {"h": "localhost", "p": url.port},
                         )
-                        for worker in urls[1:]:
+                        for worker in urls[1:registered]:
                             connection.execute(
                                 text("SELECT citus_add_node(:h, :p)"),
                                 {"h": "localhost", "p": worker.port},

@@ -561,7 +561,8 @@ class TestRouting:
         reason="metering_record_usage_of_account keeps RECORD_USAGE's SET plan_cache_mode = "
         "force_generic_plan, and Citus cannot plan its INSERT … SELECT with the parameters "
         "unbound ('could not create distributed plan'): the call fails on the worker and the "
-        "event takes the batch path (still one account's transaction)",
+        "event takes its account's transaction; planned per call, its first-grant debit is a "
+        "subplan Citus sends to every node (metering.citus.of_account)",
     )
     def test_a_single_event_is_one_delegated_call(self, routed: tuple[Api, Cluster]) -> None:
         """The single event: its account's lookup, then the program's call, sent whole to the

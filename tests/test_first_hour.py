@@ -12,6 +12,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import httpx2 as httpx
 import pytest
 
 from metering import migrate
@@ -144,9 +145,24 @@ def test_a_server_database_keeps_the_scheduler_out_of_the_server(
             stderr=subprocess.STDOUT,
         )
         try:
-            time.sleep(4)
+            # Up (however loaded the machine), then a moment in which a scheduler would start.
+            assert _answers(f"http://127.0.0.1:{port}/healthz", process, within=90)
+            time.sleep(2)
         finally:
             stop(process)
         assert process.stdout is not None
         logged = process.stdout.read().decode()
         assert "metering listening" in logged and "scheduler started" not in logged
+
+
+def _answers(url: str, process: subprocess.Popen[bytes], within: float) -> bool:
+    """Whether ``url`` answers 200 before ``within`` seconds pass or the process ends."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline and process.poll() is None:
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return True
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    return False

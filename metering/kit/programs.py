@@ -391,16 +391,23 @@ class Program:
     # it is sharded by; None for the program as written.
     scope: Mapping[str, str] | None = None
 
-    def of_account(self, account: Var, scope: Mapping[str, str]) -> Program:
+    def of_account(
+        self,
+        account: Var,
+        scope: Mapping[str, str],
+        first: Sequence[Step] = (),
+    ) -> Program:
         """The same program for one account's rows (a Citus cluster's form, CONTRACT §13):
         ``account`` first among its parameters (the argument the cluster sends each call to the
         node holding that account by), and every read and write of a table of ``scope`` limited
         to that account's rows, so each statement touches the account's shard only. Its callers
-        pass rows of that account alone: the limit then changes no result."""
+        pass rows of that account alone: the limit then changes no result. ``first``: steps the
+        form takes before the program's."""
+        build, before = self.build, tuple(first)
         return Program(
             f"{self.name}_of_account",
             params=(account, *self.params),
-            build=self.build,
+            build=(lambda on: (*before, *build(on))) if before else build,
             returns=self.returns,
             initial=self.initial,
             settings=self.settings,
