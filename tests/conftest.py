@@ -291,6 +291,19 @@ def fresh_citus_database(shard_count: int = 4, spare: bool = False) -> Iterator[
             engine.dispose()
 
 
+def _allow_connections(nodes: list[str], name: str, allowed: bool) -> None:
+    """``ALTER DATABASE name WITH ALLOW_CONNECTIONS allowed`` on every node."""
+    for node in nodes:
+        engine = create_engine(node, isolation_level="AUTOCOMMIT")
+        try:
+            with engine.connect() as connection:
+                connection.execute(
+                    text(f'ALTER DATABASE "{name}" WITH ALLOW_CONNECTIONS {str(allowed).lower()}')
+                )
+        finally:
+            engine.dispose()
+
+
 class _CitusTemplate:
     """One migrated Citus database per session, copied (``CREATE DATABASE … TEMPLATE``) on every
     node for each test that asks for a migrated database: a copy takes well under a second where
@@ -347,28 +360,12 @@ class _CitusTemplate:
             assert self._name is not None
             # A template takes no connections: Citus' own (its maintenance daemon, the nodes'
             # cached connections) are closed and cannot come back.
-            for node in nodes:
-                engine = create_engine(node, isolation_level="AUTOCOMMIT")
-                try:
-                    with engine.connect() as connection:
-                        connection.execute(
-                            text(f'ALTER DATABASE "{self._name}" WITH ALLOW_CONNECTIONS false')
-                        )
-                finally:
-                    engine.dispose()
+            _allow_connections(nodes, self._name, False)
         return self._name
 
     def close(self) -> None:
         if self._stack is not None and self._name is not None:
-            for node in citus_nodes():
-                engine = create_engine(node, isolation_level="AUTOCOMMIT")
-                try:
-                    with engine.connect() as connection:
-                        connection.execute(
-                            text(f'ALTER DATABASE "{self._name}" WITH ALLOW_CONNECTIONS true')
-                        )
-                finally:
-                    engine.dispose()
+            _allow_connections(citus_nodes(), self._name, True)
             self._stack.close()
         self._stack = self._name = None
 

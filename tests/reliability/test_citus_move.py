@@ -53,6 +53,7 @@ from tests.factories import (
     priced_model,
     usage_event,
 )
+from tests.test_citus import rows
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -68,13 +69,17 @@ def move_blocks() -> tuple[str, str]:
     return blocks[0], blocks[1]
 
 
-def rows(url: str, sql: str, **params: Any) -> list[tuple[Any, ...]]:
-    engine = create_engine(url)
-    try:
-        with engine.connect() as connection:
-            return [tuple(row) for row in connection.execute(text(sql), params)]
-    finally:
-        engine.dispose()
+def metering(command: str, url: str, tmp: Path) -> None:
+    """``metering <command>`` on the database at ``url``, as an operator runs it; it succeeds."""
+    done = subprocess.run(
+        [str(BIN / "metering"), command],
+        env=cli_env(url, tmp),
+        cwd=tmp,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
 
 
 def cli_env(url: str | None, tmp: Path) -> dict[str, str]:
@@ -255,15 +260,7 @@ def test_a_single_server_database_moved_onto_the_cluster_as_the_readme_says(
 
     with fresh_pg_database() as source:
         # The source as an operator made it: `metering migrate`, then the service's traffic.
-        migrated = subprocess.run(
-            [str(BIN / "metering"), "migrate"],
-            env=cli_env(source, tmp_path),
-            cwd=tmp_path,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        assert migrated.returncode == 0, migrated.stdout + migrated.stderr
+        metering("migrate", source, tmp_path)
         with running_api("postgresql", source, tmp_path / "source") as api:
             filled = fill(api)
             before = views(api, filled)
@@ -322,12 +319,4 @@ def test_a_single_server_database_moved_onto_the_cluster_as_the_readme_says(
                     credits["balance_microcents"]
                     < before[f"{account} /v1/credits"]["balance_microcents"]
                 )
-            verified = subprocess.run(
-                [str(BIN / "metering"), "verify"],
-                env=cli_env(target, tmp_path),
-                cwd=tmp_path,
-                capture_output=True,
-                text=True,
-                timeout=300,
-            )
-            assert verified.returncode == 0, verified.stdout + verified.stderr
+            metering("verify", target, tmp_path)
