@@ -178,7 +178,8 @@ def exported_mark(session: Session, day: date) -> DayMark | None:
 
 def credit_days_due(session: Session, before: datetime) -> list[date]:
     """Days from the roll-forward's start that ended before ``before`` and need their credit
-    roll-forward: never written, or an expiry dated in the day written since (a late change)."""
+    roll-forward: never written, or an expiry dated in the day or before it written since (a
+    late change: it moves that day's figures and the opening of every day after it)."""
     start = session.execute(select(ROLLFORWARD.c.start_date)).scalar()
     if start is None:
         return []
@@ -202,8 +203,13 @@ def credit_days_due(session: Session, before: datetime) -> list[date]:
             late[day] = max(late.get(day, created_at), created_at)
     due = []
     day = start
+    # The latest late expiry dated on or before each day (its own day's and every earlier one's).
+    latest: datetime | None = max((at for d, at in late.items() if d < start), default=None)
     while start_of_day(day) + timedelta(days=1) <= before:
-        if rollforward.is_due(start, day, written.get(day), late.get(day)):
+        here = late.get(day)
+        if here is not None and (latest is None or here > latest):
+            latest = here
+        if rollforward.is_due(start, day, written.get(day), latest):
             due.append(day)
         day += timedelta(days=1)
     return due

@@ -232,7 +232,8 @@ def is_due(
     start: date | None, day: date, exported_at: datetime | None, late: datetime | None
 ) -> bool:
     """A day gets its roll-forward once it has ended (from the start day on), and again when
-    an expiry dated in it was written after its last roll-forward."""
+    an expiry dated in it or before it (``late``: the latest written such) was written after its
+    last roll-forward."""
     if start is None or day < start:
         return False
     return exported_at is None or (late is not None and late > exported_at)

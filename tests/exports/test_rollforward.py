@@ -25,7 +25,7 @@ from tests.exports.helpers import exporter, manifest, read_csv, sha256
 from tests.factories import create_account, create_key, unique
 
 M = 1_000_000
-D1, D2 = date(2026, 11, 27), date(2026, 11, 28)
+D1, D2, D3 = date(2026, 11, 27), date(2026, 11, 28), date(2026, 11, 29)
 _ids = itertools.count(7_000_000)
 
 
@@ -193,23 +193,30 @@ def test_a_day_without_usage_and_a_late_expiry(fresh_api: Api, tmp_path: Path) -
     account = create_account(api)
     grant(api, account, 4 * M, category="promotional", expires_at=format_timestamp(at(D2, 6)))
     export_dir = tmp_path / "exports"
-    # By hand, before anything wrote the expiry: D2 is exported without it...
-    by_hand, _ = exporter(api, export_dir, at(D2, 0) + timedelta(days=1, hours=1))
-    for day in (D1, D2):
+    # By hand, before anything wrote the expiry: D2 and D3 are exported without it...
+    by_hand, _ = exporter(api, export_dir, at(D3, 0) + timedelta(days=1, hours=1))
+    for day in (D1, D2, D3):
         assert by_hand.export_day(day).outcome == "exported"
-    assert rows(export_dir / str(D2)) == [
-        [str(D2), account, "promotional", str(4 * M), "0", "0", "0", "0", str(4 * M)]
-    ]
-    # ... then a balance write on the next day writes the expiry dated in D2: D2 is due again.
-    api.clock.set(at(D2, 0) + timedelta(days=1, hours=2))
+    for day in (D2, D3):
+        assert rows(export_dir / str(day)) == [
+            [str(day), account, "promotional", str(4 * M), "0", "0", "0", "0", str(4 * M)]
+        ]
+    # ... then a balance write two days later writes the expiry dated in D2: D2 is due again,
+    # and so is D3, whose opening it moves.
+    api.clock.set(at(D3, 0) + timedelta(days=1, hours=2))
     grant(api, account, 1 * M)
     with api.database.reading() as session:
         assert (
             session.execute(select(func.count()).where(LedgerEntry.kind == "expiry")).scalar_one()
             == 1
         )
-    assert by_hand.due_days(at(D2, 0) + timedelta(days=1, hours=3), timedelta(minutes=15)) == [D2]
-    assert by_hand.export_day(D2).outcome == "exported"
-    got = rows(export_dir / str(D2))
-    assert got == [[str(D2), account, "promotional", str(4 * M), "0", "0", str(4 * M), "0", "0"]]
-    check_identities(api, {D2: got}, [account])
+    due = by_hand.due_days(at(D3, 0) + timedelta(days=1, hours=3), timedelta(minutes=15))
+    assert due == [D2, D3]
+    for day in due:
+        assert by_hand.export_day(day).outcome == "exported"
+    got = {day: rows(export_dir / str(day)) for day in (D1, D2, D3)}
+    assert got[D2] == [
+        [str(D2), account, "promotional", str(4 * M), "0", "0", str(4 * M), "0", "0"]
+    ]
+    assert got[D3] == []  # nothing left, nothing moved
+    check_identities(api, got, [account])
