@@ -248,18 +248,25 @@ LOCK_ACCOUNT_SHARD = p.Run(
 )
 
 
+# The plan cache's mode, which a one-account form leaves to Citus (``of_account``).
+PLAN_CACHE_MODE = "plan_cache_mode"
+
+
 def of_account(program: p.Program) -> p.Program:
     """A program's form on a Citus cluster: for one account's rows, every statement limited to
-    its shard (``Program.of_account``), distributed by ``ACCOUNT`` (``distribute``); the
-    account's shard locked against a move's switch-over first (``LOCK_ACCOUNT_SHARD``).
+    its shard (``Program.of_account``, its statements built for ``programs.ONE_SHARD``),
+    distributed by ``ACCOUNT`` (``distribute``); the account's shard locked against a move's
+    switch-over first (``LOCK_ACCOUNT_SHARD``).
 
-    Its settings are the program's: ``metering_record_usage_of_account`` keeps RECORD_USAGE's
-    ``plan_cache_mode = force_generic_plan``, with which Citus cannot plan its INSERT … SELECT on
-    the worker, so a single event's delegated call fails there and the event takes its
-    account's transaction (metering.usage.sharded). Planned per call instead, the call runs, but
-    its first-grant debit (a CTE read twice: metering.ledger.spending) is a subplan Citus sends
-    to every node, a transaction over all of them (tests/test_citus.py)."""
-    return program.of_account(ACCOUNT, SCOPE, first=(LOCK_ACCOUNT_SHARD,))
+    Its settings are the program's but the plan cache's mode (RECORD_USAGE's
+    ``force_generic_plan``): Citus plans an ``INSERT … SELECT`` that is not a plain copy between
+    colocated shards (an event's insert from its JSON rows) only with its parameters' values,
+    and leaves a plan without them to the plan cache's choice of a custom plan (its generic
+    plan costed out of reach). Forced generic, the statement fails on the worker instead ("could
+    not create distributed plan": a single event's delegated call failed, and the event took
+    its account's transaction, metering.usage.single)."""
+    settings = {k: v for k, v in program.settings.items() if k != PLAN_CACHE_MODE}
+    return program.of_account(ACCOUNT, SCOPE, first=(LOCK_ACCOUNT_SHARD,), settings=settings)
 
 
 def text_of_account(statement: Any) -> str:

@@ -358,6 +358,9 @@ def holder(url: str, account: str) -> tuple[int, int]:
 
 
 DELEGATED = re.compile(r"\bmetering_\w+_of_account\(")
+# Rows Citus computed for a statement first (a CTE or subquery it could not send with the
+# statement), copied to the nodes that run the rest: those of the account's worker only.
+INTERMEDIATE = re.compile(r'COPY "\d+_\d+" FROM STDIN')
 
 
 class TestRouting:
@@ -376,14 +379,17 @@ class TestRouting:
         for command, port in sent:
             groups = shards.groups_in(command)
             assert groups <= {group}, f"a statement touching other shards: {command}"
-            if groups or DELEGATED.search(command):
+            if groups or DELEGATED.search(command) or INTERMEDIATE.match(command):
                 assert port == node, f"sent to {port}, the account is on {node}: {command}"
                 routed.append(command)
         for port, log in cluster.workers.items():
-            for command, _ in log.since_mark():
+            for command, to in log.since_mark():
                 groups = shards.groups_in(command)
                 assert groups <= {group}, f"worker {port} touched other shards: {command}"
                 assert not groups or port == node, f"worker {port} holds no such shard: {command}"
+                # A worker's own statements run on its shards (to: None); a command it sends
+                # another node makes the account's work a transaction of two nodes.
+                assert to is None, f"worker {port} sent {to}: {command}"
                 if groups:
                     routed.append(command)  # run by a delegated call, on the account's shards
         return response, routed
@@ -555,21 +561,28 @@ class TestRouting:
         assert sorted(map(sorted, transactions.values())) == sorted(
             [[where[first]], [where[second]]]
         )
+        # ... and each transaction's every command (rows copied for a statement included) went
+        # to its account's worker alone.
+        ports: dict[int | None, set[int | None]] = {}
+        for command in found:
+            ports.setdefault(command.transaction, set()).add(command.port)
+        assert sorted(ports[t] for t in transactions) == sorted(
+            [{where[first][1]}, {where[second][1]}]
+        ), found
 
-    @pytest.mark.xfail(
-        strict=True,
-        reason="metering_record_usage_of_account keeps RECORD_USAGE's SET plan_cache_mode = "
-        "force_generic_plan, and Citus cannot plan its INSERT … SELECT with the parameters "
-        "unbound ('could not create distributed plan'): the call fails on the worker and the "
-        "event takes its account's transaction; planned per call, its first-grant debit is a "
-        "subplan Citus sends to every node (metering.citus.of_account)",
-    )
-    def test_a_single_event_is_one_delegated_call(self, routed: tuple[Api, Cluster]) -> None:
+    @pytest.mark.parametrize("granted", [True, False], ids=["paid-by-a-grant", "a-deficit"])
+    def test_a_single_event_is_one_delegated_call(
+        self, routed: tuple[Api, Cluster], granted: bool
+    ) -> None:
         """The single event: its account's lookup, then the program's call, sent whole to the
-        worker holding the account (a call outside a transaction block), and nothing else."""
+        worker holding the account (a call outside a transaction block), and nothing else; the
+        worker runs every statement of the call on its own shards, its charge paid by the
+        account's grant or owed."""
         api, cluster = routed
         model = priced_model(api, NOW - timedelta(days=1))
         account = create_account(api)
+        if granted:
+            grant(api, account, 10_000)
         key = create_key(api, account)
         group, port = holder(api.url, account)
         event = usage_event(key, model, NOW)
@@ -589,8 +602,13 @@ class TestRouting:
             f"SELECT public.metering_record_usage_of_account('{account}'"
         )
         assert call.transaction is None  # the worker's own transaction, not the coordinator's
-        # ... where the event's insert ran on the account's shard
-        assert any(c.startswith("INSERT INTO public.usage_events_") for c in commands)
+        # ... where the event's insert, its charge and its allocation ran on the account's shard
+        for table in ("usage_events", "ledger_entries", "credit_allocations"):
+            assert any(c.startswith(f"INSERT INTO public.{table}_") for c in commands), table
+        [(kind,)] = rows(
+            api.url, "SELECT kind FROM credit_allocations WHERE account_id = :a", a=account
+        )
+        assert kind == ("spend" if granted else "deficit")
 
 
 def events_in(url: str, account: str) -> int:

@@ -180,10 +180,15 @@ class Rows:
 
 
 class Backend:
-    """What differs between the backends, for statement builders: how rows are read."""
+    """What differs between the backends, for statement builders: how rows are read, and
+    whether one statement may insert rows its own other parts compute and write
+    (``inserts_from_ctes``: an ``INSERT … SELECT`` reading a CTE beside data-modifying CTEs)."""
 
-    def __init__(self, name: BackendName) -> None:
+    def __init__(self, name: BackendName, inserts_from_ctes: bool | None = None) -> None:
         self.name = name
+        self.inserts_from_ctes = (
+            name == "postgresql" if inserts_from_ctes is None else inserts_from_ctes
+        )
 
     @property
     def dialect(self) -> Any:
@@ -282,6 +287,14 @@ class Backend:
 
 
 POSTGRESQL, SQLITE = Backend("postgresql"), Backend("sqlite")
+# PostgreSQL as a Citus cluster's one-account forms run it (``Program.of_account``), each
+# statement meant for the account's shard alone. Citus sends no ``INSERT … SELECT`` that reads a
+# CTE to a shard whole: it runs each CTE first, as a query of its own, and copies the CTE's
+# rows to every node of the cluster (its planner cannot tell which nodes such an insert will
+# need them on: intermediate_result_pruning.c, ``SUBPLAN_ACCESS_ANYWHERE``), so that statement's
+# transaction spans every node. There, as on SQLite, an insert reads no CTE: it returns what it
+# wrote, and the updates that follow read that.
+ONE_SHARD = Backend("postgresql", inserts_from_ctes=False)
 
 
 def backend(name: str) -> Backend:
@@ -396,13 +409,15 @@ class Program:
         account: Var,
         scope: Mapping[str, str],
         first: Sequence[Step] = (),
+        settings: Mapping[str, str] | None = None,
     ) -> Program:
         """The same program for one account's rows (a Citus cluster's form, CONTRACT §13):
         ``account`` first among its parameters (the argument the cluster sends each call to the
         node holding that account by), and every read and write of a table of ``scope`` limited
         to that account's rows, so each statement touches the account's shard only. Its callers
-        pass rows of that account alone: the limit then changes no result. ``first``: steps the
-        form takes before the program's."""
+        pass rows of that account alone: the limit then changes no result. Its statements are
+        built for ``ONE_SHARD``. ``first``: steps the form takes before the program's;
+        ``settings``: the form's own (the program's when None)."""
         build, before = self.build, tuple(first)
         return Program(
             f"{self.name}_of_account",
@@ -410,15 +425,15 @@ class Program:
             build=(lambda on: (*before, *build(on))) if before else build,
             returns=self.returns,
             initial=self.initial,
-            settings=self.settings,
+            settings=self.settings if settings is None else settings,
             scope=dict(scope),
         )
 
     def steps(self, on: Backend) -> tuple[Step, ...]:
         cache = self.__dict__.setdefault("_steps", {})
-        if on.name not in cache:
-            cache[on.name] = tuple(on_steps for on_steps in self.build(on))
-        steps: tuple[Step, ...] = cache[on.name]
+        if on not in cache:
+            cache[on] = tuple(on_steps for on_steps in self.build(on))
+        steps: tuple[Step, ...] = cache[on]
         return steps
 
     # -- PostgreSQL ------------------------------------------------------------------------------
@@ -426,7 +441,7 @@ class Program:
     @cached_property
     def plpgsql(self) -> str:
         """``CREATE OR REPLACE FUNCTION …``: the program as PL/pgSQL."""
-        steps = self.steps(POSTGRESQL)
+        steps = self.steps(POSTGRESQL if self.scope is None else ONE_SHARD)
         dialect = _PG_DIALECT if self.scope is None else _scoped_dialect(self)
         declared: dict[str, str] = {}
         for name, kind in _declarations(steps):
@@ -981,6 +996,7 @@ def _interpret(
 
 
 __all__ = [
+    "ONE_SHARD",
     "POSTGRESQL",
     "SQLITE",
     "Assign",

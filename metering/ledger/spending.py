@@ -275,7 +275,7 @@ def _parts(on: p.Backend, d: FromClause, totals: FromClause, now: BindParameter[
     ).where(d.c.total > held)
     parts = union_all(takes, shortfalls)
     # PostgreSQL: a CTE of the one statement that writes the parts (_allocation_steps).
-    return parts.cte("found") if on.name == "postgresql" else parts.subquery("found")
+    return parts.cte("found") if on.inserts_from_ctes else parts.subquery("found")
 
 
 _WHOLE = p.Rows("v_whole", (("account_id", ACCOUNTS.c.id.type),))
@@ -289,8 +289,11 @@ def _spending_steps(on: p.Backend, debits: p.Rows, now: BindParameter[Any]) -> l
     part), found by one lookup of that grant per account (``ORDER BY`` the spending order,
     ``LIMIT 1``), spent and written as its allocation in one statement. The debits it did not
     pay (a take over several grants, a shortfall, or a total of 0) go through the general
-    allocation. SQLite, which has no lateral joins, runs the general one for every debit."""
-    if on.name != "postgresql":
+    allocation. SQLite, which has no lateral joins, runs the general one for every debit, and so
+    does a Citus shard (``ONE_SHARD``), where that lookup's one statement (its insert reading the
+    lookup, a CTE) would not be the shard's alone: one insert returning the parts there, then
+    the updates from them, as on SQLite."""
+    if not on.inserts_from_ctes:
         return _allocation_steps(
             on, _parts(on, on.rows(debits, "d"), on.rows(debits, "dt"), now), now
         )
@@ -346,7 +349,8 @@ def _allocation_steps(on: p.Backend, found: FromClause, now: BindParameter[Any])
     ``account_id``, ``amount``) become allocation rows, and move the grants' remainders and the
     deficits. On PostgreSQL one statement: the parts are computed once (a CTE, so the grants
     are read before they move) and the two updates are data-modifying CTEs of the insert. On
-    SQLite, which has no such CTEs, the insert returns the parts and the updates run from them
+    SQLite, which has no such CTEs, and on a Citus shard (``ONE_SHARD``: such a statement would
+    copy its CTE to every node), the insert returns the parts and the updates run from them
     (the deficit's only when there is a shortfall)."""
     allocation = ALLOCATIONS.insert().from_select(
         ["account_id", "grant_id", "kind", "amount_microcents", "created_at"],
@@ -373,7 +377,7 @@ def _allocation_steps(on: p.Backend, found: FromClause, now: BindParameter[Any])
             .where(ACCOUNTS.c.id == parts.c.account_id, parts.c.grant_id.is_(None))
         )
 
-    if on.name == "postgresql":
+    if on.inserts_from_ctes:
         return [p.Run(allocation.add_cte(spent(found).cte("spent"), owed(found).cte("owed")))]
     parts = on.rows(_PARTS, "pt")
     returned = allocation.returning(
