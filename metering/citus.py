@@ -259,12 +259,12 @@ def of_account(program: p.Program) -> p.Program:
     switch-over first (``LOCK_ACCOUNT_SHARD``).
 
     Its settings are the program's but the plan cache's mode (RECORD_USAGE's
-    ``force_generic_plan``): Citus plans an ``INSERT … SELECT`` that is not a plain copy between
-    colocated shards (an event's insert from its JSON rows) only with its parameters' values,
-    and leaves a plan without them to the plan cache's choice of a custom plan (its generic
-    plan costed out of reach). Forced generic, the statement fails on the worker instead ("could
-    not create distributed plan": a single event's delegated call failed, and the event took
-    its account's transaction, metering.usage.single)."""
+    ``force_generic_plan``): Citus plans an ``INSERT … SELECT`` into a distributed table (an
+    event's insert from its JSON rows) only with its parameters' values; without them it makes
+    no plan and counts on the plan cache to choose a custom one (distributed_planner.c,
+    ``REPLAN_WITH_BOUND_PARAMETERS``). Forced generic, the statement fails on the worker
+    instead ("could not create distributed plan": a single event's delegated call failed, and
+    the event took its account's transaction, metering.usage.single)."""
     settings = {k: v for k, v in program.settings.items() if k != PLAN_CACHE_MODE}
     return program.of_account(ACCOUNT, SCOPE, first=(LOCK_ACCOUNT_SHARD,), settings=settings)
 

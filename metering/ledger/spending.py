@@ -12,10 +12,10 @@ Under the account's row lock (the balance update takes it), for each account of 
    a grant pays ``min(remainder, total − what the grants before it hold)`` while that is
    positive, and what they cannot cover adds to the deficit. So a batch of many events of one
    account allocates its total once. Every part is an allocation row (``spend`` / ``deficit``),
-   and the grants and the deficit move by the same parts (one statement on PostgreSQL). On
-   PostgreSQL a debit that the first live grant pays whole (the one part the window would
-   find) is paid first by a lookup of that grant alone (``_spending_steps``); only the others
-   take the window.
+   and the grants and the deficit move by the same parts (one statement on PostgreSQL; one per
+   table in a Citus cluster's one-account forms, ``programs.ONE_SHARD``). On PostgreSQL a debit
+   that the first live grant pays whole (the one part the window would find) is paid first by
+   a lookup of that grant alone (``_spending_steps``); only the others take the window.
 3. **Events (§11).** Each expiry entry's ``credit.grant_expired``, and the balance thresholds
    the whole move crosses (``credit.balance_low`` / ``_depleted``: before = the balance the
    debit's update returned plus the debit, after = the balance at the end, both under the row
@@ -279,6 +279,18 @@ def _parts(on: p.Backend, d: FromClause, totals: FromClause, now: BindParameter[
 
 
 _WHOLE = p.Rows("v_whole", (("account_id", ACCOUNTS.c.id.type),))
+# On a Citus shard (``ONE_SHARD``): each debit the first grant paid whole, as its grant returned it.
+_PAID = p.Rows(
+    "v_paid",
+    (
+        ("account_id", ACCOUNTS.c.id.type),
+        ("grant_id", GRANTS.c.id.type),
+        ("amount", BigInteger()),
+    ),
+)
+# ... and the debits it did not pay.
+_UNPAID = p.Rows("v_unpaid", (("account_id", ACCOUNTS.c.id.type), ("total", BigInteger())))
+_ALLOCATION_COLUMNS = ["account_id", "grant_id", "kind", "amount_microcents", "created_at"]
 
 
 def _spending_steps(on: p.Backend, debits: p.Rows, now: BindParameter[Any]) -> list[p.Step]:
@@ -287,13 +299,13 @@ def _spending_steps(on: p.Backend, debits: p.Rows, now: BindParameter[Any]) -> l
     On PostgreSQL the most frequent case first: a debit paid whole by the account's first live
     grant in spending order (its remainder covers the debit, so by ``_parts`` it is the one
     part), found by one lookup of that grant per account (``ORDER BY`` the spending order,
-    ``LIMIT 1``), spent and written as its allocation in one statement. The debits it did not
-    pay (a take over several grants, a shortfall, or a total of 0) go through the general
-    allocation. SQLite, which has no lateral joins, runs the general one for every debit, and so
-    does a Citus shard (``ONE_SHARD``), where that lookup's one statement (its insert reading the
-    lookup, a CTE) would not be the shard's alone: one insert returning the parts there, then
-    the updates from them, as on SQLite."""
-    if not on.inserts_from_ctes:
+    ``LIMIT 1``), spent and written as its allocation in one statement; on a Citus shard
+    (``ONE_SHARD``), where that statement's insert would read the lookup as a CTE, in two: the
+    grant's update returns what it paid, and the allocation rows are inserted from that. The
+    debits it did not pay (a take over several grants, a shortfall, or a total of 0) go through
+    the general allocation. SQLite, which has no lateral joins, runs the general one for every
+    debit."""
+    if on.name != "postgresql":
         return _allocation_steps(
             on, _parts(on, on.rows(debits, "d"), on.rows(debits, "dt"), now), now
         )
@@ -305,43 +317,68 @@ def _spending_steps(on: p.Backend, debits: p.Rows, now: BindParameter[Any]) -> l
         .limit(1)
         .lateral("first")
     )
-    whole = (
+    found = (
         select(w.c.account_id, first.c.id.label("grant_id"), w.c.total.label("amount"))
         .select_from(w.join(first, true()))
         .where(w.c.total > 0, first.c.remaining_microcents >= w.c.total)
-        .cte("whole")
-    )
-    spent = (
-        GRANTS.update()
-        .values(remaining_microcents=GRANTS.c.remaining_microcents - whole.c.amount)
-        .where(GRANTS.c.id == whole.c.grant_id)
-        .cte("spent")
-    )
-    paid = (
-        ALLOCATIONS.insert()
-        .from_select(
-            ["account_id", "grant_id", "kind", "amount_microcents", "created_at"],
-            select(
-                whole.c.account_id, whole.c.grant_id, literal(SPEND, String()), whole.c.amount, now
-            ),
-        )
-        .add_cte(spent)
-        .returning(ALLOCATIONS.c.account_id)
     )
 
+    def spend(paid: FromClause) -> Any:
+        """The allocation rows of what the first grants paid (``account_id``, ``grant_id``,
+        ``amount``)."""
+        return ALLOCATIONS.insert().from_select(
+            _ALLOCATION_COLUMNS,
+            select(
+                paid.c.account_id, paid.c.grant_id, literal(SPEND, String()), paid.c.amount, now
+            ),
+        )
+
+    def spent(whole: FromClause) -> Any:
+        """The first grants' update by what each pays."""
+        return (
+            GRANTS.update()
+            .values(remaining_microcents=GRANTS.c.remaining_microcents - whole.c.amount)
+            .where(GRANTS.c.id == whole.c.grant_id)
+        )
+
+    pay: list[p.Step]
+    done: p.Rows
+    if on.inserts_from_ctes:
+        whole: FromClause = found.cte("whole")
+        paid = spend(whole).add_cte(spent(whole).cte("spent"))
+        pay, done = [p.Collect(paid.returning(ALLOCATIONS.c.account_id), into=_WHOLE)], _WHOLE
+    else:
+        whole = found.subquery("whole")
+        returned = (whole.c.account_id, whole.c.grant_id, whole.c.amount)
+        pay = [
+            p.Collect(spent(whole).returning(*returned), into=_PAID),
+            p.When(on.count(_PAID) > 0, (p.Run(spend(on.rows(_PAID, "pd"))),)),
+        ]
+        done = _PAID
+
     def unpaid(alias: str) -> FromClause:
-        rows, paid_rows = on.rows(debits, f"{alias}r"), on.rows(_WHOLE, f"{alias}w")
+        rows, paid_rows = on.rows(debits, f"{alias}r"), on.rows(done, f"{alias}w")
         return (
             select(rows.c.account_id, rows.c.total)
             .where(rows.c.account_id.not_in(select(paid_rows.c.account_id)))
             .subquery(alias)
         )
 
-    rest = _parts(on, unpaid("d"), unpaid("dt"), now)
-    return [
-        p.Collect(paid, into=_WHOLE),
-        p.When(on.count(_WHOLE) < on.count(debits), tuple(_allocation_steps(on, rest, now))),
-    ]
+    rest: list[p.Step] = []
+    if on.inserts_from_ctes:
+        rest += _allocation_steps(on, _parts(on, unpaid("d"), unpaid("dt"), now), now)
+    else:
+        # On a Citus shard the debits left are collected first, by a statement of no table
+        # (PostgreSQL's alone): as a subquery of the allocation's insert, Citus would compute
+        # them first and copy them to every node, as it does a CTE.
+        left = unpaid("u")
+        rest += [
+            p.Collect(select(left.c.account_id, left.c.total), into=_UNPAID),
+            *_allocation_steps(
+                on, _parts(on, on.rows(_UNPAID, "d"), on.rows(_UNPAID, "dt"), now), now
+            ),
+        ]
+    return [*pay, p.When(on.count(done) < on.count(debits), tuple(rest))]
 
 
 def _allocation_steps(on: p.Backend, found: FromClause, now: BindParameter[Any]) -> list[p.Step]:

@@ -5,9 +5,10 @@
   from the call's JSON rows) only with the parameters' values; forced generic, the statement
   failed on the worker ("could not create distributed plan"), so a single event's delegated call
   failed and the event took its account's transaction.
-* Their debit writes one table per statement (``programs.ONE_SHARD``): the allocation's insert
-  returns its parts, then the grants and the deficit move by them, as on SQLite. The first-grant
-  debit's one statement (an insert reading a CTE) had Citus compute that CTE first and copy its
+* Their debit writes one table per statement (``programs.ONE_SHARD``): the first grant's update
+  returns what it paid and the allocation rows are inserted from that; the general allocation's
+  insert returns its parts, then the grants and the deficit move by them, as on SQLite. Written
+  as one statement each (an insert reading a CTE), Citus computed the CTE first and copied its
   rows to every node: each debit's transaction spanned the cluster (metering.ledger.spending).
 
 Revision ID: 0034
@@ -45,6 +46,11 @@ DECLARE
     v_due_account_id VARCHAR(32)[];
     v_due_amount BIGINT[];
     v_due_expires_at TIMESTAMP WITH TIME ZONE[];
+    v_paid_account_id VARCHAR(32)[];
+    v_paid_grant_id VARCHAR(32)[];
+    v_paid_amount BIGINT[];
+    v_unpaid_account_id VARCHAR(32)[];
+    v_unpaid_total BIGINT[];
     v_parts_grant_id VARCHAR(32)[];
     v_parts_account_id VARCHAR(32)[];
     v_parts_amount BIGINT[];
@@ -115,25 +121,48 @@ BEGIN
             FROM unnest(v_debits_account_id, v_debits_total) AS xd(account_id, total)) AND accounts.next_expiry_at <= p_now AND accounts.id = p_account_id;
         END IF;
         WITH collected AS (
-        INSERT INTO credit_allocations (account_id, grant_id, kind, amount_microcents, created_at) SELECT found.account_id, found.grant_id, CASE WHEN (found.grant_id IS NULL) THEN 'deficit' ELSE 'spend' END AS anon_1, found.amount, p_now AS anon_2
-        FROM (SELECT live.id AS grant_id, live.account_id AS account_id, CASE WHEN (live.remaining < live.total - live.prior) THEN live.remaining ELSE live.total - live.prior END AS amount
-        FROM (SELECT credit_grants.id AS id, credit_grants.account_id AS account_id, credit_grants.remaining_microcents AS remaining, dt.total AS total, CAST(coalesce(sum(credit_grants.remaining_microcents) OVER (PARTITION BY credit_grants.account_id ORDER BY credit_grants.priority, CASE WHEN (credit_grants.expires_at IS NULL) THEN 1 ELSE 0 END, credit_grants.expires_at, credit_grants.entry_id ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS BIGINT) AS prior
-        FROM (SELECT * FROM credit_grants WHERE credit_grants.account_id = p_account_id) AS credit_grants JOIN unnest(v_debits_account_id, v_debits_total) AS dt(account_id, total) ON credit_grants.account_id = dt.account_id
-        WHERE credit_grants.status = 'active' AND credit_grants.remaining_microcents > 0 AND (credit_grants.expires_at IS NULL OR credit_grants.expires_at > p_now) AND dt.total > 0) AS live
-        WHERE live.prior < live.total UNION ALL SELECT CAST(NULL AS VARCHAR(32)) AS grant_id, d.account_id AS account_id, d.total - (SELECT coalesce(sum(covered.remaining_microcents), 0) AS coalesce_1
-        FROM (SELECT * FROM credit_grants WHERE credit_grants.account_id = p_account_id) AS covered
-        WHERE covered.account_id = d.account_id AND covered.status = 'active' AND covered.remaining_microcents > 0 AND (covered.expires_at IS NULL OR covered.expires_at > p_now)) AS amount
-        FROM unnest(v_debits_account_id, v_debits_total) AS d(account_id, total)
-        WHERE d.total > (SELECT coalesce(sum(covered.remaining_microcents), 0) AS coalesce_1
-        FROM (SELECT * FROM credit_grants WHERE credit_grants.account_id = p_account_id) AS covered
-        WHERE covered.account_id = d.account_id AND covered.status = 'active' AND covered.remaining_microcents > 0 AND (covered.expires_at IS NULL OR covered.expires_at > p_now))) AS found RETURNING credit_allocations.grant_id, credit_allocations.account_id, credit_allocations.amount_microcents AS amount, credit_allocations.kind
+        UPDATE credit_grants SET remaining_microcents=(credit_grants.remaining_microcents - whole.amount) FROM (SELECT w.account_id AS account_id, first.id AS grant_id, w.total AS amount
+        FROM unnest(v_debits_account_id, v_debits_total) AS w(account_id, total) JOIN LATERAL (SELECT credit_grants.id AS id, credit_grants.remaining_microcents AS remaining_microcents
+        FROM (SELECT * FROM credit_grants WHERE credit_grants.account_id = p_account_id) AS credit_grants
+        WHERE credit_grants.account_id = w.account_id AND credit_grants.status = 'active' AND credit_grants.remaining_microcents > 0 AND (credit_grants.expires_at IS NULL OR credit_grants.expires_at > p_now) ORDER BY credit_grants.priority, CASE WHEN (credit_grants.expires_at IS NULL) THEN 1 ELSE 0 END, credit_grants.expires_at, credit_grants.entry_id
+         LIMIT 1) AS first ON true
+        WHERE w.total > 0 AND first.remaining_microcents >= w.total) AS whole WHERE credit_grants.id = whole.grant_id AND credit_grants.account_id = p_account_id RETURNING whole.account_id, whole.grant_id, whole.amount
         )
-        SELECT array_agg(collected.grant_id), array_agg(collected.account_id), array_agg(collected.amount), array_agg(collected.kind) INTO v_parts_grant_id, v_parts_account_id, v_parts_amount, v_parts_kind FROM collected;
-        IF coalesce(cardinality(v_parts_grant_id), 0) > 0 THEN
-            UPDATE credit_grants SET remaining_microcents=(credit_grants.remaining_microcents - pt.amount) FROM unnest(v_parts_grant_id, v_parts_account_id, v_parts_amount, v_parts_kind) AS pt(grant_id, account_id, amount, kind) WHERE credit_grants.id = pt.grant_id AND credit_grants.account_id = p_account_id;
+        SELECT array_agg(collected.account_id), array_agg(collected.grant_id), array_agg(collected.amount) INTO v_paid_account_id, v_paid_grant_id, v_paid_amount FROM collected;
+        IF coalesce(cardinality(v_paid_account_id), 0) > 0 THEN
+            INSERT INTO credit_allocations (account_id, grant_id, kind, amount_microcents, created_at) SELECT pd.account_id, pd.grant_id, 'spend' AS anon_1, pd.amount, p_now AS anon_2
+            FROM unnest(v_paid_account_id, v_paid_grant_id, v_paid_amount) AS pd(account_id, grant_id, amount);
         END IF;
-        IF 'deficit' = ANY (v_parts_kind) THEN
-            UPDATE accounts SET deficit_microcents=(accounts.deficit_microcents + pt.amount) FROM unnest(v_parts_grant_id, v_parts_account_id, v_parts_amount, v_parts_kind) AS pt(grant_id, account_id, amount, kind) WHERE accounts.id = pt.account_id AND pt.grant_id IS NULL AND accounts.id = p_account_id;
+        IF coalesce(cardinality(v_paid_account_id), 0) < coalesce(cardinality(v_debits_account_id), 0) THEN
+            SELECT array_agg(collected.account_id), array_agg(collected.total) INTO v_unpaid_account_id, v_unpaid_total
+            FROM (
+            SELECT u.account_id, u.total
+            FROM (SELECT ur.account_id AS account_id, ur.total AS total
+            FROM unnest(v_debits_account_id, v_debits_total) AS ur(account_id, total)
+            WHERE (ur.account_id NOT IN (SELECT uw.account_id
+            FROM unnest(v_paid_account_id, v_paid_grant_id, v_paid_amount) AS uw(account_id, grant_id, amount)))) AS u
+            ) AS collected;
+            WITH collected AS (
+            INSERT INTO credit_allocations (account_id, grant_id, kind, amount_microcents, created_at) SELECT found.account_id, found.grant_id, CASE WHEN (found.grant_id IS NULL) THEN 'deficit' ELSE 'spend' END AS anon_1, found.amount, p_now AS anon_2
+            FROM (SELECT live.id AS grant_id, live.account_id AS account_id, CASE WHEN (live.remaining < live.total - live.prior) THEN live.remaining ELSE live.total - live.prior END AS amount
+            FROM (SELECT credit_grants.id AS id, credit_grants.account_id AS account_id, credit_grants.remaining_microcents AS remaining, dt.total AS total, CAST(coalesce(sum(credit_grants.remaining_microcents) OVER (PARTITION BY credit_grants.account_id ORDER BY credit_grants.priority, CASE WHEN (credit_grants.expires_at IS NULL) THEN 1 ELSE 0 END, credit_grants.expires_at, credit_grants.entry_id ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS BIGINT) AS prior
+            FROM (SELECT * FROM credit_grants WHERE credit_grants.account_id = p_account_id) AS credit_grants JOIN unnest(v_unpaid_account_id, v_unpaid_total) AS dt(account_id, total) ON credit_grants.account_id = dt.account_id
+            WHERE credit_grants.status = 'active' AND credit_grants.remaining_microcents > 0 AND (credit_grants.expires_at IS NULL OR credit_grants.expires_at > p_now) AND dt.total > 0) AS live
+            WHERE live.prior < live.total UNION ALL SELECT CAST(NULL AS VARCHAR(32)) AS grant_id, d.account_id AS account_id, d.total - (SELECT coalesce(sum(covered.remaining_microcents), 0) AS coalesce_1
+            FROM (SELECT * FROM credit_grants WHERE credit_grants.account_id = p_account_id) AS covered
+            WHERE covered.account_id = d.account_id AND covered.status = 'active' AND covered.remaining_microcents > 0 AND (covered.expires_at IS NULL OR covered.expires_at > p_now)) AS amount
+            FROM unnest(v_unpaid_account_id, v_unpaid_total) AS d(account_id, total)
+            WHERE d.total > (SELECT coalesce(sum(covered.remaining_microcents), 0) AS coalesce_1
+            FROM (SELECT * FROM credit_grants WHERE credit_grants.account_id = p_account_id) AS covered
+            WHERE covered.account_id = d.account_id AND covered.status = 'active' AND covered.remaining_microcents > 0 AND (covered.expires_at IS NULL OR covered.expires_at > p_now))) AS found RETURNING credit_allocations.grant_id, credit_allocations.account_id, credit_allocations.amount_microcents AS amount, credit_allocations.kind
+            )
+            SELECT array_agg(collected.grant_id), array_agg(collected.account_id), array_agg(collected.amount), array_agg(collected.kind) INTO v_parts_grant_id, v_parts_account_id, v_parts_amount, v_parts_kind FROM collected;
+            IF coalesce(cardinality(v_parts_grant_id), 0) > 0 THEN
+                UPDATE credit_grants SET remaining_microcents=(credit_grants.remaining_microcents - pt.amount) FROM unnest(v_parts_grant_id, v_parts_account_id, v_parts_amount, v_parts_kind) AS pt(grant_id, account_id, amount, kind) WHERE credit_grants.id = pt.grant_id AND credit_grants.account_id = p_account_id;
+            END IF;
+            IF 'deficit' = ANY (v_parts_kind) THEN
+                UPDATE accounts SET deficit_microcents=(accounts.deficit_microcents + pt.amount) FROM unnest(v_parts_grant_id, v_parts_account_id, v_parts_amount, v_parts_kind) AS pt(grant_id, account_id, amount, kind) WHERE accounts.id = pt.account_id AND pt.grant_id IS NULL AND accounts.id = p_account_id;
+            END IF;
         END IF;
         IF 1 = ANY (v_moved_crossing) THEN
             INSERT INTO webhook_events (public_id, account_id, type, data, created_at) SELECT crossed.event_id_1, crossed.account_id, crossed.anon_1, crossed.json_object_text_1, crossed.anon_2
@@ -194,6 +223,11 @@ DECLARE
     v_due_account_id VARCHAR(32)[];
     v_due_amount BIGINT[];
     v_due_expires_at TIMESTAMP WITH TIME ZONE[];
+    v_paid_account_id VARCHAR(32)[];
+    v_paid_grant_id VARCHAR(32)[];
+    v_paid_amount BIGINT[];
+    v_unpaid_account_id VARCHAR(32)[];
+    v_unpaid_total BIGINT[];
     v_parts_grant_id VARCHAR(32)[];
     v_parts_account_id VARCHAR(32)[];
     v_parts_amount BIGINT[];
@@ -274,25 +308,48 @@ BEGIN
                 FROM unnest(v_debits_account_id, v_debits_total) AS xd(account_id, total)) AND accounts.next_expiry_at <= p_now AND accounts.id = p_account_id;
             END IF;
             WITH collected AS (
-            INSERT INTO credit_allocations (account_id, grant_id, kind, amount_microcents, created_at) SELECT found.account_id, found.grant_id, CASE WHEN (found.grant_id IS NULL) THEN 'deficit' ELSE 'spend' END AS anon_1, found.amount, p_now AS anon_2
-            FROM (SELECT live.id AS grant_id, live.account_id AS account_id, CASE WHEN (live.remaining < live.total - live.prior) THEN live.remaining ELSE live.total - live.prior END AS amount
-            FROM (SELECT credit_grants.id AS id, credit_grants.account_id AS account_id, credit_grants.remaining_microcents AS remaining, dt.total AS total, CAST(coalesce(sum(credit_grants.remaining_microcents) OVER (PARTITION BY credit_grants.account_id ORDER BY credit_grants.priority, CASE WHEN (credit_grants.expires_at IS NULL) THEN 1 ELSE 0 END, credit_grants.expires_at, credit_grants.entry_id ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS BIGINT) AS prior
-            FROM (SELECT * FROM credit_grants WHERE credit_grants.account_id = p_account_id) AS credit_grants JOIN unnest(v_debits_account_id, v_debits_total) AS dt(account_id, total) ON credit_grants.account_id = dt.account_id
-            WHERE credit_grants.status = 'active' AND credit_grants.remaining_microcents > 0 AND (credit_grants.expires_at IS NULL OR credit_grants.expires_at > p_now) AND dt.total > 0) AS live
-            WHERE live.prior < live.total UNION ALL SELECT CAST(NULL AS VARCHAR(32)) AS grant_id, d.account_id AS account_id, d.total - (SELECT coalesce(sum(covered.remaining_microcents), 0) AS coalesce_1
-            FROM (SELECT * FROM credit_grants WHERE credit_grants.account_id = p_account_id) AS covered
-            WHERE covered.account_id = d.account_id AND covered.status = 'active' AND covered.remaining_microcents > 0 AND (covered.expires_at IS NULL OR covered.expires_at > p_now)) AS amount
-            FROM unnest(v_debits_account_id, v_debits_total) AS d(account_id, total)
-            WHERE d.total > (SELECT coalesce(sum(covered.remaining_microcents), 0) AS coalesce_1
-            FROM (SELECT * FROM credit_grants WHERE credit_grants.account_id = p_account_id) AS covered
-            WHERE covered.account_id = d.account_id AND covered.status = 'active' AND covered.remaining_microcents > 0 AND (covered.expires_at IS NULL OR covered.expires_at > p_now))) AS found RETURNING credit_allocations.grant_id, credit_allocations.account_id, credit_allocations.amount_microcents AS amount, credit_allocations.kind
+            UPDATE credit_grants SET remaining_microcents=(credit_grants.remaining_microcents - whole.amount) FROM (SELECT w.account_id AS account_id, first.id AS grant_id, w.total AS amount
+            FROM unnest(v_debits_account_id, v_debits_total) AS w(account_id, total) JOIN LATERAL (SELECT credit_grants.id AS id, credit_grants.remaining_microcents AS remaining_microcents
+            FROM (SELECT * FROM credit_grants WHERE credit_grants.account_id = p_account_id) AS credit_grants
+            WHERE credit_grants.account_id = w.account_id AND credit_grants.status = 'active' AND credit_grants.remaining_microcents > 0 AND (credit_grants.expires_at IS NULL OR credit_grants.expires_at > p_now) ORDER BY credit_grants.priority, CASE WHEN (credit_grants.expires_at IS NULL) THEN 1 ELSE 0 END, credit_grants.expires_at, credit_grants.entry_id
+             LIMIT 1) AS first ON true
+            WHERE w.total > 0 AND first.remaining_microcents >= w.total) AS whole WHERE credit_grants.id = whole.grant_id AND credit_grants.account_id = p_account_id RETURNING whole.account_id, whole.grant_id, whole.amount
             )
-            SELECT array_agg(collected.grant_id), array_agg(collected.account_id), array_agg(collected.amount), array_agg(collected.kind) INTO v_parts_grant_id, v_parts_account_id, v_parts_amount, v_parts_kind FROM collected;
-            IF coalesce(cardinality(v_parts_grant_id), 0) > 0 THEN
-                UPDATE credit_grants SET remaining_microcents=(credit_grants.remaining_microcents - pt.amount) FROM unnest(v_parts_grant_id, v_parts_account_id, v_parts_amount, v_parts_kind) AS pt(grant_id, account_id, amount, kind) WHERE credit_grants.id = pt.grant_id AND credit_grants.account_id = p_account_id;
+            SELECT array_agg(collected.account_id), array_agg(collected.grant_id), array_agg(collected.amount) INTO v_paid_account_id, v_paid_grant_id, v_paid_amount FROM collected;
+            IF coalesce(cardinality(v_paid_account_id), 0) > 0 THEN
+                INSERT INTO credit_allocations (account_id, grant_id, kind, amount_microcents, created_at) SELECT pd.account_id, pd.grant_id, 'spend' AS anon_1, pd.amount, p_now AS anon_2
+                FROM unnest(v_paid_account_id, v_paid_grant_id, v_paid_amount) AS pd(account_id, grant_id, amount);
             END IF;
-            IF 'deficit' = ANY (v_parts_kind) THEN
-                UPDATE accounts SET deficit_microcents=(accounts.deficit_microcents + pt.amount) FROM unnest(v_parts_grant_id, v_parts_account_id, v_parts_amount, v_parts_kind) AS pt(grant_id, account_id, amount, kind) WHERE accounts.id = pt.account_id AND pt.grant_id IS NULL AND accounts.id = p_account_id;
+            IF coalesce(cardinality(v_paid_account_id), 0) < coalesce(cardinality(v_debits_account_id), 0) THEN
+                SELECT array_agg(collected.account_id), array_agg(collected.total) INTO v_unpaid_account_id, v_unpaid_total
+                FROM (
+                SELECT u.account_id, u.total
+                FROM (SELECT ur.account_id AS account_id, ur.total AS total
+                FROM unnest(v_debits_account_id, v_debits_total) AS ur(account_id, total)
+                WHERE (ur.account_id NOT IN (SELECT uw.account_id
+                FROM unnest(v_paid_account_id, v_paid_grant_id, v_paid_amount) AS uw(account_id, grant_id, amount)))) AS u
+                ) AS collected;
+                WITH collected AS (
+                INSERT INTO credit_allocations (account_id, grant_id, kind, amount_microcents, created_at) SELECT found.account_id, found.grant_id, CASE WHEN (found.grant_id IS NULL) THEN 'deficit' ELSE 'spend' END AS anon_1, found.amount, p_now AS anon_2
+                FROM (SELECT live.id AS grant_id, live.account_id AS account_id, CASE WHEN (live.remaining < live.total - live.prior) THEN live.remaining ELSE live.total - live.prior END AS amount
+                FROM (SELECT credit_grants.id AS id, credit_grants.account_id AS account_id, credit_grants.remaining_microcents AS remaining, dt.total AS total, CAST(coalesce(sum(credit_grants.remaining_microcents) OVER (PARTITION BY credit_grants.account_id ORDER BY credit_grants.priority, CASE WHEN (credit_grants.expires_at IS NULL) THEN 1 ELSE 0 END, credit_grants.expires_at, credit_grants.entry_id ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS BIGINT) AS prior
+                FROM (SELECT * FROM credit_grants WHERE credit_grants.account_id = p_account_id) AS credit_grants JOIN unnest(v_unpaid_account_id, v_unpaid_total) AS dt(account_id, total) ON credit_grants.account_id = dt.account_id
+                WHERE credit_grants.status = 'active' AND credit_grants.remaining_microcents > 0 AND (credit_grants.expires_at IS NULL OR credit_grants.expires_at > p_now) AND dt.total > 0) AS live
+                WHERE live.prior < live.total UNION ALL SELECT CAST(NULL AS VARCHAR(32)) AS grant_id, d.account_id AS account_id, d.total - (SELECT coalesce(sum(covered.remaining_microcents), 0) AS coalesce_1
+                FROM (SELECT * FROM credit_grants WHERE credit_grants.account_id = p_account_id) AS covered
+                WHERE covered.account_id = d.account_id AND covered.status = 'active' AND covered.remaining_microcents > 0 AND (covered.expires_at IS NULL OR covered.expires_at > p_now)) AS amount
+                FROM unnest(v_unpaid_account_id, v_unpaid_total) AS d(account_id, total)
+                WHERE d.total > (SELECT coalesce(sum(covered.remaining_microcents), 0) AS coalesce_1
+                FROM (SELECT * FROM credit_grants WHERE credit_grants.account_id = p_account_id) AS covered
+                WHERE covered.account_id = d.account_id AND covered.status = 'active' AND covered.remaining_microcents > 0 AND (covered.expires_at IS NULL OR covered.expires_at > p_now))) AS found RETURNING credit_allocations.grant_id, credit_allocations.account_id, credit_allocations.amount_microcents AS amount, credit_allocations.kind
+                )
+                SELECT array_agg(collected.grant_id), array_agg(collected.account_id), array_agg(collected.amount), array_agg(collected.kind) INTO v_parts_grant_id, v_parts_account_id, v_parts_amount, v_parts_kind FROM collected;
+                IF coalesce(cardinality(v_parts_grant_id), 0) > 0 THEN
+                    UPDATE credit_grants SET remaining_microcents=(credit_grants.remaining_microcents - pt.amount) FROM unnest(v_parts_grant_id, v_parts_account_id, v_parts_amount, v_parts_kind) AS pt(grant_id, account_id, amount, kind) WHERE credit_grants.id = pt.grant_id AND credit_grants.account_id = p_account_id;
+                END IF;
+                IF 'deficit' = ANY (v_parts_kind) THEN
+                    UPDATE accounts SET deficit_microcents=(accounts.deficit_microcents + pt.amount) FROM unnest(v_parts_grant_id, v_parts_account_id, v_parts_amount, v_parts_kind) AS pt(grant_id, account_id, amount, kind) WHERE accounts.id = pt.account_id AND pt.grant_id IS NULL AND accounts.id = p_account_id;
+                END IF;
             END IF;
             IF 1 = ANY (v_moved_crossing) THEN
                 INSERT INTO webhook_events (public_id, account_id, type, data, created_at) SELECT crossed.event_id_1, crossed.account_id, crossed.anon_1, crossed.json_object_text_1, crossed.anon_2
@@ -346,6 +403,11 @@ DECLARE
     v_due_account_id VARCHAR(32)[];
     v_due_amount BIGINT[];
     v_due_expires_at TIMESTAMP WITH TIME ZONE[];
+    v_paid_account_id VARCHAR(32)[];
+    v_paid_grant_id VARCHAR(32)[];
+    v_paid_amount BIGINT[];
+    v_unpaid_account_id VARCHAR(32)[];
+    v_unpaid_total BIGINT[];
     v_parts_grant_id VARCHAR(32)[];
     v_parts_account_id VARCHAR(32)[];
     v_parts_amount BIGINT[];
@@ -390,25 +452,48 @@ BEGIN
         FROM unnest(v_debits_account_id, v_debits_total) AS xd(account_id, total)) AND accounts.next_expiry_at <= p_now AND accounts.id = p_account_id;
     END IF;
     WITH collected AS (
-    INSERT INTO credit_allocations (account_id, grant_id, kind, amount_microcents, created_at) SELECT found.account_id, found.grant_id, CASE WHEN (found.grant_id IS NULL) THEN 'deficit' ELSE 'spend' END AS anon_1, found.amount, p_now AS anon_2
-    FROM (SELECT live.id AS grant_id, live.account_id AS account_id, CASE WHEN (live.remaining < live.total - live.prior) THEN live.remaining ELSE live.total - live.prior END AS amount
-    FROM (SELECT credit_grants.id AS id, credit_grants.account_id AS account_id, credit_grants.remaining_microcents AS remaining, dt.total AS total, CAST(coalesce(sum(credit_grants.remaining_microcents) OVER (PARTITION BY credit_grants.account_id ORDER BY credit_grants.priority, CASE WHEN (credit_grants.expires_at IS NULL) THEN 1 ELSE 0 END, credit_grants.expires_at, credit_grants.entry_id ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS BIGINT) AS prior
-    FROM (SELECT * FROM credit_grants WHERE credit_grants.account_id = p_account_id) AS credit_grants JOIN unnest(v_debits_account_id, v_debits_total) AS dt(account_id, total) ON credit_grants.account_id = dt.account_id
-    WHERE credit_grants.status = 'active' AND credit_grants.remaining_microcents > 0 AND (credit_grants.expires_at IS NULL OR credit_grants.expires_at > p_now) AND dt.total > 0) AS live
-    WHERE live.prior < live.total UNION ALL SELECT CAST(NULL AS VARCHAR(32)) AS grant_id, d.account_id AS account_id, d.total - (SELECT coalesce(sum(covered.remaining_microcents), 0) AS coalesce_1
-    FROM (SELECT * FROM credit_grants WHERE credit_grants.account_id = p_account_id) AS covered
-    WHERE covered.account_id = d.account_id AND covered.status = 'active' AND covered.remaining_microcents > 0 AND (covered.expires_at IS NULL OR covered.expires_at > p_now)) AS amount
-    FROM unnest(v_debits_account_id, v_debits_total) AS d(account_id, total)
-    WHERE d.total > (SELECT coalesce(sum(covered.remaining_microcents), 0) AS coalesce_1
-    FROM (SELECT * FROM credit_grants WHERE credit_grants.account_id = p_account_id) AS covered
-    WHERE covered.account_id = d.account_id AND covered.status = 'active' AND covered.remaining_microcents > 0 AND (covered.expires_at IS NULL OR covered.expires_at > p_now))) AS found RETURNING credit_allocations.grant_id, credit_allocations.account_id, credit_allocations.amount_microcents AS amount, credit_allocations.kind
+    UPDATE credit_grants SET remaining_microcents=(credit_grants.remaining_microcents - whole.amount) FROM (SELECT w.account_id AS account_id, first.id AS grant_id, w.total AS amount
+    FROM unnest(v_debits_account_id, v_debits_total) AS w(account_id, total) JOIN LATERAL (SELECT credit_grants.id AS id, credit_grants.remaining_microcents AS remaining_microcents
+    FROM (SELECT * FROM credit_grants WHERE credit_grants.account_id = p_account_id) AS credit_grants
+    WHERE credit_grants.account_id = w.account_id AND credit_grants.status = 'active' AND credit_grants.remaining_microcents > 0 AND (credit_grants.expires_at IS NULL OR credit_grants.expires_at > p_now) ORDER BY credit_grants.priority, CASE WHEN (credit_grants.expires_at IS NULL) THEN 1 ELSE 0 END, credit_grants.expires_at, credit_grants.entry_id
+     LIMIT 1) AS first ON true
+    WHERE w.total > 0 AND first.remaining_microcents >= w.total) AS whole WHERE credit_grants.id = whole.grant_id AND credit_grants.account_id = p_account_id RETURNING whole.account_id, whole.grant_id, whole.amount
     )
-    SELECT array_agg(collected.grant_id), array_agg(collected.account_id), array_agg(collected.amount), array_agg(collected.kind) INTO v_parts_grant_id, v_parts_account_id, v_parts_amount, v_parts_kind FROM collected;
-    IF coalesce(cardinality(v_parts_grant_id), 0) > 0 THEN
-        UPDATE credit_grants SET remaining_microcents=(credit_grants.remaining_microcents - pt.amount) FROM unnest(v_parts_grant_id, v_parts_account_id, v_parts_amount, v_parts_kind) AS pt(grant_id, account_id, amount, kind) WHERE credit_grants.id = pt.grant_id AND credit_grants.account_id = p_account_id;
+    SELECT array_agg(collected.account_id), array_agg(collected.grant_id), array_agg(collected.amount) INTO v_paid_account_id, v_paid_grant_id, v_paid_amount FROM collected;
+    IF coalesce(cardinality(v_paid_account_id), 0) > 0 THEN
+        INSERT INTO credit_allocations (account_id, grant_id, kind, amount_microcents, created_at) SELECT pd.account_id, pd.grant_id, 'spend' AS anon_1, pd.amount, p_now AS anon_2
+        FROM unnest(v_paid_account_id, v_paid_grant_id, v_paid_amount) AS pd(account_id, grant_id, amount);
     END IF;
-    IF 'deficit' = ANY (v_parts_kind) THEN
-        UPDATE accounts SET deficit_microcents=(accounts.deficit_microcents + pt.amount) FROM unnest(v_parts_grant_id, v_parts_account_id, v_parts_amount, v_parts_kind) AS pt(grant_id, account_id, amount, kind) WHERE accounts.id = pt.account_id AND pt.grant_id IS NULL AND accounts.id = p_account_id;
+    IF coalesce(cardinality(v_paid_account_id), 0) < coalesce(cardinality(v_debits_account_id), 0) THEN
+        SELECT array_agg(collected.account_id), array_agg(collected.total) INTO v_unpaid_account_id, v_unpaid_total
+        FROM (
+        SELECT u.account_id, u.total
+        FROM (SELECT ur.account_id AS account_id, ur.total AS total
+        FROM unnest(v_debits_account_id, v_debits_total) AS ur(account_id, total)
+        WHERE (ur.account_id NOT IN (SELECT uw.account_id
+        FROM unnest(v_paid_account_id, v_paid_grant_id, v_paid_amount) AS uw(account_id, grant_id, amount)))) AS u
+        ) AS collected;
+        WITH collected AS (
+        INSERT INTO credit_allocations (account_id, grant_id, kind, amount_microcents, created_at) SELECT found.account_id, found.grant_id, CASE WHEN (found.grant_id IS NULL) THEN 'deficit' ELSE 'spend' END AS anon_1, found.amount, p_now AS anon_2
+        FROM (SELECT live.id AS grant_id, live.account_id AS account_id, CASE WHEN (live.remaining < live.total - live.prior) THEN live.remaining ELSE live.total - live.prior END AS amount
+        FROM (SELECT credit_grants.id AS id, credit_grants.account_id AS account_id, credit_grants.remaining_microcents AS remaining, dt.total AS total, CAST(coalesce(sum(credit_grants.remaining_microcents) OVER (PARTITION BY credit_grants.account_id ORDER BY credit_grants.priority, CASE WHEN (credit_grants.expires_at IS NULL) THEN 1 ELSE 0 END, credit_grants.expires_at, credit_grants.entry_id ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS BIGINT) AS prior
+        FROM (SELECT * FROM credit_grants WHERE credit_grants.account_id = p_account_id) AS credit_grants JOIN unnest(v_unpaid_account_id, v_unpaid_total) AS dt(account_id, total) ON credit_grants.account_id = dt.account_id
+        WHERE credit_grants.status = 'active' AND credit_grants.remaining_microcents > 0 AND (credit_grants.expires_at IS NULL OR credit_grants.expires_at > p_now) AND dt.total > 0) AS live
+        WHERE live.prior < live.total UNION ALL SELECT CAST(NULL AS VARCHAR(32)) AS grant_id, d.account_id AS account_id, d.total - (SELECT coalesce(sum(covered.remaining_microcents), 0) AS coalesce_1
+        FROM (SELECT * FROM credit_grants WHERE credit_grants.account_id = p_account_id) AS covered
+        WHERE covered.account_id = d.account_id AND covered.status = 'active' AND covered.remaining_microcents > 0 AND (covered.expires_at IS NULL OR covered.expires_at > p_now)) AS amount
+        FROM unnest(v_unpaid_account_id, v_unpaid_total) AS d(account_id, total)
+        WHERE d.total > (SELECT coalesce(sum(covered.remaining_microcents), 0) AS coalesce_1
+        FROM (SELECT * FROM credit_grants WHERE credit_grants.account_id = p_account_id) AS covered
+        WHERE covered.account_id = d.account_id AND covered.status = 'active' AND covered.remaining_microcents > 0 AND (covered.expires_at IS NULL OR covered.expires_at > p_now))) AS found RETURNING credit_allocations.grant_id, credit_allocations.account_id, credit_allocations.amount_microcents AS amount, credit_allocations.kind
+        )
+        SELECT array_agg(collected.grant_id), array_agg(collected.account_id), array_agg(collected.amount), array_agg(collected.kind) INTO v_parts_grant_id, v_parts_account_id, v_parts_amount, v_parts_kind FROM collected;
+        IF coalesce(cardinality(v_parts_grant_id), 0) > 0 THEN
+            UPDATE credit_grants SET remaining_microcents=(credit_grants.remaining_microcents - pt.amount) FROM unnest(v_parts_grant_id, v_parts_account_id, v_parts_amount, v_parts_kind) AS pt(grant_id, account_id, amount, kind) WHERE credit_grants.id = pt.grant_id AND credit_grants.account_id = p_account_id;
+        END IF;
+        IF 'deficit' = ANY (v_parts_kind) THEN
+            UPDATE accounts SET deficit_microcents=(accounts.deficit_microcents + pt.amount) FROM unnest(v_parts_grant_id, v_parts_account_id, v_parts_amount, v_parts_kind) AS pt(grant_id, account_id, amount, kind) WHERE accounts.id = pt.account_id AND pt.grant_id IS NULL AND accounts.id = p_account_id;
+        END IF;
     END IF;
     IF 1 = ANY (v_moved_crossing) THEN
         INSERT INTO webhook_events (public_id, account_id, type, data, created_at) SELECT crossed.event_id_1, crossed.account_id, crossed.anon_1, crossed.json_object_text_1, crossed.anon_2
