@@ -181,8 +181,8 @@ class Rows:
 
 class Backend:
     """What differs between the backends, for statement builders: how rows are read, and
-    whether one statement may insert rows its own other parts compute and write
-    (``inserts_from_ctes``: an ``INSERT … SELECT`` reading a CTE beside data-modifying CTEs)."""
+    whether an ``INSERT … SELECT`` may read a CTE of its own statement (``inserts_from_ctes``),
+    so that one statement writes several tables from rows it computes once."""
 
     def __init__(self, name: BackendName, inserts_from_ctes: bool | None = None) -> None:
         self.name = name
@@ -289,11 +289,12 @@ class Backend:
 POSTGRESQL, SQLITE = Backend("postgresql"), Backend("sqlite")
 # PostgreSQL as a Citus cluster's one-account forms run it (``Program.of_account``), each
 # statement meant for the account's shard alone. Citus sends no ``INSERT … SELECT`` that reads a
-# CTE to a shard whole: it runs each CTE first, as a query of its own, and copies the CTE's
-# rows to every node of the cluster (its planner cannot tell which nodes such an insert will
-# need them on: intermediate_result_pruning.c, ``SUBPLAN_ACCESS_ANYWHERE``), so that statement's
-# transaction spans every node. There, as on SQLite, an insert reads no CTE: it returns what it
-# wrote, and the updates that follow read that.
+# CTE to a shard whole: it runs each CTE (and each subquery it cannot send with the insert)
+# first, as a query of its own, and copies its rows to every node of the cluster (its planner
+# cannot tell which nodes such an insert will need them on: intermediate_result_pruning.c,
+# ``SUBPLAN_ACCESS_ANYWHERE``), so that statement's transaction spans every node. There, as on
+# SQLite, an insert reads no CTE: it returns what it wrote, and the updates that follow read
+# that.
 ONE_SHARD = Backend("postgresql", inserts_from_ctes=False)
 
 

@@ -390,7 +390,7 @@ def _allocation_steps(on: p.Backend, found: FromClause, now: BindParameter[Any])
     copy its CTE to every node), the insert returns the parts and the updates run from them
     (the deficit's only when there is a shortfall)."""
     allocation = ALLOCATIONS.insert().from_select(
-        ["account_id", "grant_id", "kind", "amount_microcents", "created_at"],
+        _ALLOCATION_COLUMNS,
         select(
             found.c.account_id,
             found.c.grant_id,
