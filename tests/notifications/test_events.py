@@ -36,7 +36,10 @@ CENT_RATES = (1_000_000_000, 0, 0)
 
 def events_of(api: Api, account_id: str | None, type_: str | None = None) -> list[dict[str, Any]]:
     with api.database.reading() as session:
-        query = select(WebhookEvent).order_by(WebhookEvent.id)
+        # In the order they were made: by time, then id. On a Citus cluster an event written in
+        # a call delegated to a worker (a single event's) takes its id from that worker's range
+        # of the sequence, so ids alone do not follow time across nodes.
+        query = select(WebhookEvent).order_by(WebhookEvent.created_at, WebhookEvent.id)
         query = query.where(
             WebhookEvent.account_id.is_(None)
             if account_id is None
