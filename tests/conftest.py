@@ -9,18 +9,22 @@
   service-level modules of ``CITUS_MODULES``: their ``api`` and ``fresh_api`` tests run on it too,
   same assertions. ``METERING_TEST_CITUS_URL`` is the coordinator's maintenance connection
   (default ``postgresql+psycopg://postgres@127.0.0.1:9700/postgres``); a fresh database is made on
-  every node of the cluster, registered, and dropped at the end (a migrated one is copied from a
-  migrated template made once per session). ``pg_api`` and ``pg_url`` (row locks, several server
-  processes on one database) run on the cluster too.
+  every node of the cluster, registered, and dropped at the end. ``pg_api`` and ``pg_url`` (row
+  locks, several server processes on one database) run on the cluster too.
+* A migrated database (``migrated_database``: ``fresh_api``, ``pg_url``, the shared apps) is a
+  copy of a template migrated once per session and backend; the tests of the migrations
+  themselves run them on an empty ``fresh_database``.
 """
 
 from __future__ import annotations
 
 import os
 import secrets
+import sqlite3
+import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, ExitStack, closing, contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -304,22 +308,27 @@ def _allow_connections(nodes: list[str], name: str, allowed: bool) -> None:
             engine.dispose()
 
 
-class _CitusTemplate:
-    """One migrated Citus database per session, copied (``CREATE DATABASE … TEMPLATE``) on every
-    node for each test that asks for a migrated database: a copy takes well under a second where
-    making and distributing the schema takes about six. The coordinator's copy keeps the node
+class _ServerTemplate:
+    """One migrated database per session on a PostgreSQL server or the Citus cluster, copied
+    (``CREATE DATABASE … TEMPLATE``) on every node for each test that asks for a migrated
+    database: a copy takes a fraction of a second where running the migrations takes one (six on
+    Citus, which distributes the schema too). On Citus the coordinator's copy keeps the node
     registration (hosts and ports; a node connects to the database of the same name), the
-    workers' copies keep the shards; the database-level settings, which a copy does not take,
+    workers' copies keep the shards. The database-level settings, which a copy does not take,
     are set again."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self, nodes: Callable[[], list[str]], fresh: Callable[[], AbstractContextManager[str]]
+    ) -> None:
+        self._nodes = nodes
+        self._fresh = fresh
         self._stack: ExitStack | None = None
         self._name: str | None = None
 
     def copy(self) -> Iterator[str]:
-        nodes = citus_nodes()
+        nodes = self._nodes()
         template = self._template(nodes)
-        name = f"metering_c_{secrets.token_hex(6)}"
+        name = f"{template.rsplit('_', 1)[0]}_{secrets.token_hex(6)}"
         engines = [create_engine(url, isolation_level="AUTOCOMMIT") for url in nodes]
         made: list[Any] = []
         try:
@@ -354,20 +363,50 @@ class _CitusTemplate:
     def _template(self, nodes: list[str]) -> str:
         if self._name is None:
             self._stack = ExitStack()
-            url = self._stack.enter_context(fresh_citus_database())
+            url = self._stack.enter_context(self._fresh())
             migrate.upgrade(url)
             self._name = make_url(url).database
             assert self._name is not None
-            # A template takes no connections: Citus' own (its maintenance daemon, the nodes'
-            # cached connections) are closed and cannot come back.
+            # A template takes no connections: any left (on Citus its maintenance daemon, the
+            # nodes' cached connections) are closed and cannot come back.
             _allow_connections(nodes, self._name, False)
         return self._name
 
     def close(self) -> None:
         if self._stack is not None and self._name is not None:
-            _allow_connections(citus_nodes(), self._name, True)
+            _allow_connections(self._nodes(), self._name, True)
             self._stack.close()
         self._stack = self._name = None
+
+
+class _SqliteTemplate:
+    """One migrated SQLite file per session, copied (SQLite's online backup) for each test that
+    asks for a migrated database: the migrations rebuild tables one by one, about a second and a
+    half; a copy takes milliseconds."""
+
+    def __init__(self) -> None:
+        self._dir: tempfile.TemporaryDirectory[str] | None = None
+
+    def copy(self, tmp_dir: Path) -> Iterator[str]:
+        if self._dir is None:
+            self._dir = tempfile.TemporaryDirectory(prefix="metering-template-")
+            migrate.upgrade(f"sqlite:///{self._path()}")
+        path = tmp_dir / f"metering-{secrets.token_hex(4)}.sqlite3"
+        with (
+            closing(sqlite3.connect(self._path())) as source,
+            closing(sqlite3.connect(path)) as target,
+        ):
+            source.backup(target)
+        yield f"sqlite:///{path}"
+
+    def _path(self) -> Path:
+        assert self._dir is not None
+        return Path(self._dir.name) / "template.sqlite3"
+
+    def close(self) -> None:
+        if self._dir is not None:
+            self._dir.cleanup()
+        self._dir = None
 
 
 def _copy_database(connection: Any, template: str, name: str) -> None:
@@ -387,11 +426,18 @@ def _copy_database(connection: Any, template: str, name: str) -> None:
             time.sleep(0.1)
 
 
-CITUS_TEMPLATE = _CitusTemplate()
+# The migrated templates, each made when a test first asks for a migrated database there.
+TEMPLATES = {
+    "postgresql": _ServerTemplate(lambda: [PG_MAINTENANCE_URL], fresh_pg_database),
+    "citus": _ServerTemplate(citus_nodes, fresh_citus_database),
+}
+SQLITE_TEMPLATE = _SqliteTemplate()
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    CITUS_TEMPLATE.close()
+    for template in TEMPLATES.values():
+        template.close()
+    SQLITE_TEMPLATE.close()
 
 
 @contextmanager
@@ -412,12 +458,14 @@ def fresh_database(backend: str, tmp_dir: Path) -> Iterator[str]:
 
 @contextmanager
 def migrated_database(backend: str, tmp_dir: Path) -> Iterator[str]:
-    if backend == "citus":
-        yield from CITUS_TEMPLATE.copy()
-        return
-    with fresh_database(backend, tmp_dir) as url:
-        migrate.upgrade(url)
-        yield url
+    """A new database of ``backend`` at the migrations' head: a copy of the session's migrated
+    template (tests of the migrations themselves run them on a ``fresh_database``)."""
+    if backend in TEMPLATES:
+        yield from TEMPLATES[backend].copy()
+    elif backend == "sqlite":
+        yield from SQLITE_TEMPLATE.copy(tmp_dir)
+    else:
+        raise ValueError(f"unknown backend {backend!r}; known: {', '.join(KNOWN_BACKENDS)}")
 
 
 def make_settings(url: str, tmp_dir: Path, **overrides: Any) -> Settings:

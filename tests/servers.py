@@ -44,6 +44,14 @@ class ServerProcess:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 30.0) -> ServerProcess:
+        return self.launch().wait_ready(timeout)
+
+    @property
+    def log_path(self) -> Path:
+        return self.workdir / f"server-{self.port}.log"
+
+    def launch(self) -> ServerProcess:
+        """Start the process without waiting for it to answer (``wait_ready``)."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("METERING_")}
         env.update(
             {
@@ -59,7 +67,7 @@ class ServerProcess:
             }
         )
         self.workdir.mkdir(parents=True, exist_ok=True)
-        log = open(self.workdir / f"server-{self.port}.log", "ab")  # noqa: SIM115
+        log = open(self.log_path, "ab")  # noqa: SIM115
         where = ["--host", "127.0.0.1", "--port", str(self.port), "--workers", str(self.workers)]
         if self.serve_command:
             argv = [sys.executable, "-m", "metering.cli", "serve", *where]
@@ -75,10 +83,16 @@ class ServerProcess:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+        log.close()  # the child has its own descriptor
+        return self
+
+    def wait_ready(self, timeout: float = 30.0) -> ServerProcess:
+        """Until ``/readyz`` answers 200; a process that exits or never answers fails."""
+        assert self.process is not None, "launch() first"
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"server exited early; see {log.name}")
+                raise RuntimeError(f"server exited early; see {self.log_path}")
             try:
                 if httpx.get(f"{self.base_url}/readyz", timeout=1.0).status_code == 200:
                     return self
@@ -86,7 +100,7 @@ class ServerProcess:
                 pass
             time.sleep(0.1)
         self.stop()
-        raise RuntimeError(f"server did not become ready in {timeout}s; see {log.name}")
+        raise RuntimeError(f"server did not become ready in {timeout}s; see {self.log_path}")
 
     def kill(self) -> None:
         """SIGKILL the whole process group: a crash, mid-request, no shutdown handlers."""
@@ -107,11 +121,14 @@ class ServerProcess:
 def running_servers(
     database_url: str, workdir: Path, count: int = 2, **kwargs: object
 ) -> Iterator[list[ServerProcess]]:
-    """``count`` separate server processes against one database."""
+    """``count`` separate server processes against one database, started side by side (each
+    takes a few seconds to import the app)."""
     with ExitStack() as stack:
         servers = []
         for index in range(count):
             server = ServerProcess(database_url, workdir / f"server{index}", **kwargs)  # type: ignore[arg-type]
             stack.callback(server.stop)
-            servers.append(server.start())
+            servers.append(server.launch())
+        for server in servers:
+            server.wait_ready()
         yield servers

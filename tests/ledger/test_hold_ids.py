@@ -29,7 +29,8 @@ def test_a_new_id_names_its_account(seed: int) -> None:
 @pytest.mark.parametrize(
     "hold_id",
     [
-        new_id("auth"),  # the earlier form
+        # the earlier form; new_id is random, the test id is not (every run names it the same)
+        pytest.param(new_id("auth"), id="the-earlier-form"),
         "auth_x",
         "auth__abcdefghijklmnop",
         "auth_abc_short",
