@@ -3,17 +3,18 @@ one row per account × category (``paid``, ``promotional``, ``adjustment``, ``de
 integer columns ``opening, granted, spent, expired, voided, closing`` (microcents).
 
 Computed from the books in one statement: every movement of credit as a (account, category,
-instant, column, amount) row — a grant's full amount (``granted``), what each grant paid of a
-debit or of a deficit (``spent``, from the allocation rows), expiries (``expired``, at their
-``effective_at``), voids (``voided``); for the ``deficit`` row, what charges ran beyond the
-grants (``spent``) and what later credit paid off (``granted``) — summed before the day
+before the day or within it, column, amount) row — a grant's full amount (``granted``), what
+each grant paid of a debit or of a deficit (``spent``, from the allocation days: one row per
+account, UTC day, kind and grant, so the opening sums days, not debits), expiries (``expired``,
+at their ``effective_at``), voids (``voided``); for the ``deficit`` row, what charges ran beyond
+the grants (``spent``) and what later credit paid off (``granted``) — summed before the day
 (opening) and within it. So for every row closing = opening + granted − spent − expired −
 voided, and an account's closing rows sum to its balance at the end of the day (the ledger sum
 by ``effective_at``). The ``deficit`` row carries the deficit as a negative amount.
 
 The roll-forward starts on the day migration 0015 ran (``credit_rollforward.start_date``);
 that day shows as spent what grants made before it had already paid (the allocations the
-migration wrote), and earlier days are not written.
+migration wrote, summed into their day by migration 0035), and earlier days are not written.
 """
 
 from __future__ import annotations

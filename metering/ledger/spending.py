@@ -8,14 +8,15 @@ Under the account's row lock (the balance update takes it), for each account of 
    ``expires_at``), its remainder goes to 0 (status ``expired``), the balance drops by it, and
    ``next_expiry_at`` moves to the next live grant's expiry.
 2. **Allocation, set-based.** The account's total of the batch is paid from its live grants in
-   the spending order (metering.ledger.grants: the same sort key) with one window over them:
-   a grant pays ``min(remainder, total − what the grants before it hold)`` while that is
-   positive, and what they cannot cover adds to the deficit. So a batch of many events of one
-   account allocates its total once. Every part is an allocation row (``spend`` / ``deficit``),
-   and the grants and the deficit move by the same parts (one statement on PostgreSQL; one per
-   table in a Citus cluster's one-account forms, ``programs.ONE_SHARD``). On PostgreSQL a debit
-   that the first live grant pays whole (the one part the window would find) is paid first by
-   a lookup of that grant alone (``_spending_steps``); only the others take the window.
+   the spending order (metering.ledger.grants: the same sort key) with one window over them: a
+   grant pays ``min(remainder, total − what the grants before it hold)`` while that is positive,
+   and what they cannot cover adds to the deficit. So a batch of many events of one account
+   allocates its total once. Every part is added to its allocation day (``spend`` / ``deficit``:
+   one row per account, UTC day, kind and grant, ``add_allocations``), and the grants and the
+   deficit move by the same parts (one statement on PostgreSQL; one per table in a Citus
+   cluster's one-account forms, ``programs.ONE_SHARD``). On PostgreSQL a debit that the first
+   live grant pays whole (the one part the window would find) is paid first by a lookup of that
+   grant alone (``_spending_steps``); only the others take the window.
 3. **Events (§11).** Each expiry entry's ``credit.grant_expired``, and the balance thresholds
    the whole move crosses (``credit.balance_low`` / ``_depleted``: before = the balance the
    debit's update returned plus the debit, after = the balance at the end, both under the row
@@ -323,7 +324,7 @@ def _spending_steps(on: p.Backend, debits: p.Rows, now: BindParameter[Any]) -> l
     part), found by one lookup of that grant per account (``ORDER BY`` the spending order,
     ``LIMIT 1``), spent and written as its allocation in one statement; on a Citus shard
     (``ONE_SHARD``), where that statement's insert would read the lookup as a CTE, in two: the
-    grant's update returns what it paid, and the allocation rows are inserted from that. The
+    grant's update returns what it paid, and that is added to the allocation days. The
     debits it did not pay (a take over several grants, a shortfall, or a total of 0) go through
     the general allocation. SQLite, which has no lateral joins, runs the general one for every
     debit."""
