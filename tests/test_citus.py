@@ -621,7 +621,7 @@ class TestRouting:
             assert any(c.startswith(f"INSERT INTO public.{table}_") for c in commands), table
         allocated = rows(
             api.url,
-            "SELECT kind FROM credit_allocations WHERE account_id = :a ORDER BY kind",
+            "SELECT kind FROM credit_allocation_days WHERE account_id = :a ORDER BY kind",
             a=account,
         )
         assert [kind for (kind,) in allocated] == kinds

@@ -119,6 +119,24 @@ def test_existing_balances_become_grants(backend: str, tmp_path: Path) -> None:
                         for k, v in (("spend", granted - remainders), ("deficit", deficit))
                         if v
                     }, account_id
+            # Migration 0035 sums the allocation rows into days, and its downgrade back.
+            by_key = (
+                "SELECT account_id, kind, COALESCE(grant_id, ''), SUM(amount_microcents) "
+                "FROM {} GROUP BY account_id, kind, COALESCE(grant_id, '') "
+                "ORDER BY account_id, kind, COALESCE(grant_id, '')"
+            )
+            with engine.connect() as connection:
+                allocated = connection.execute(text(by_key.format("credit_allocations"))).all()
+            assert allocated
+            migrate.upgrade(url, "0035")
+            with engine.connect() as connection:
+                days = text(by_key.format("credit_allocation_days"))
+                assert connection.execute(days).all() == allocated
+            migrate.downgrade(url, "0034")
+            with engine.connect() as connection:
+                assert connection.execute(text(by_key.format("credit_allocations"))).all() == (
+                    allocated
+                )
             migrate.downgrade(url, "0012")
             with engine.connect() as connection:
                 balances = dict(

@@ -3,17 +3,18 @@ one row per account × category (``paid``, ``promotional``, ``adjustment``, ``de
 integer columns ``opening, granted, spent, expired, voided, closing`` (microcents).
 
 Computed from the books in one statement: every movement of credit as a (account, category,
-instant, column, amount) row — a grant's full amount (``granted``), what each grant paid of a
-debit or of a deficit (``spent``, from the allocation rows), expiries (``expired``, at their
-``effective_at``), voids (``voided``); for the ``deficit`` row, what charges ran beyond the
-grants (``spent``) and what later credit paid off (``granted``) — summed before the day
+before the day or within it, column, amount) row — a grant's full amount (``granted``), what
+each grant paid of a debit or of a deficit (``spent``, from the allocation days: one row per
+account, UTC day, kind and grant, so the opening sums days, not debits), expiries (``expired``,
+at their ``effective_at``), voids (``voided``); for the ``deficit`` row, what charges ran beyond
+the grants (``spent``) and what later credit paid off (``granted``) — summed before the day
 (opening) and within it. So for every row closing = opening + granted − spent − expired −
 voided, and an account's closing rows sum to its balance at the end of the day (the ledger sum
 by ``effective_at``). The ``deficit`` row carries the deficit as a negative amount.
 
 The roll-forward starts on the day migration 0015 ran (``credit_rollforward.start_date``);
 that day shows as spent what grants made before it had already paid (the allocations the
-migration wrote), and earlier days are not written.
+migration wrote, summed into their day by migration 0035), and earlier days are not written.
 """
 
 from __future__ import annotations
@@ -46,11 +47,11 @@ from sqlalchemy.orm import Session
 from metering import citus
 from metering.exports.files import day_directories, read_manifest_entries
 from metering.kit.timeutil import start_of_day
-from metering.models import CreditAllocation, CreditGrant, LedgerEntry, table
+from metering.models import CreditAllocationDay, CreditGrant, LedgerEntry, table
 from metering.models.base import UTCDateTime
 
 GRANTS = table(CreditGrant)
-ALLOCATIONS = table(CreditAllocation)
+ALLOCATIONS = table(CreditAllocationDay)
 ENTRIES = table(LedgerEntry)
 
 CSV_NAME, PARQUET_NAME = "credits.csv", "credits.parquet"
@@ -91,21 +92,24 @@ class Row:
     closing_microcents: int
 
 
-def _movements(colocated: bool = False) -> object:
-    """Every movement: (account_id, category, at, movement, amount ≥ 0, sign on the balance).
-    ``colocated`` (a Citus cluster): each join also on the account, as Citus joins sharded
+def _movements(start: datetime, colocated: bool = False) -> object:
+    """Every movement before the day that begins at ``start`` ends: (account_id, category,
+    ``opening`` 1 when before the day (0: on it), movement, amount >= 0). Debits are read from
+    their allocation days (one row per account, day, kind and grant), the grants' entries one by
+    one. ``colocated`` (a Citus cluster): each join also on the account, as Citus joins sharded
     tables on their shard key (the same rows: a grant's entries are its account's)."""
+    day, end = start.date(), start + timedelta(days=1)
 
     def of_grant(rows: Any) -> Any:
         on = GRANTS.c.id == rows.c.grant_id
         return and_(on, GRANTS.c.account_id == rows.c.account_id) if colocated else on
 
-    at = func.coalesce(ENTRIES.c.effective_at, ENTRIES.c.created_at)
+    at = type_coerce(func.coalesce(ENTRIES.c.effective_at, ENTRIES.c.created_at), UTCDateTime())
     by_entry = (
         select(
             ENTRIES.c.account_id,
             GRANTS.c.category,
-            type_coerce(at, UTCDateTime()).label("at"),
+            case((at < start, 1), else_=0).label("opening"),
             case(
                 (ENTRIES.c.kind == "expiry", "expired"),
                 (ENTRIES.c.kind == "void", "voided"),
@@ -114,53 +118,52 @@ def _movements(colocated: bool = False) -> object:
             func.abs(ENTRIES.c.amount_microcents).label("amount"),
         )
         .join(GRANTS, of_grant(ENTRIES))
-        .where(ENTRIES.c.grant_id.isnot(None))
+        .where(ENTRIES.c.grant_id.isnot(None), at < end)
     )
-    by_grant_allocation = select(
-        ALLOCATIONS.c.account_id,
-        GRANTS.c.category,
-        ALLOCATIONS.c.created_at.label("at"),
-        literal("spent", String()).label("movement"),
-        ALLOCATIONS.c.amount_microcents.label("amount"),
-    ).join(GRANTS, of_grant(ALLOCATIONS))
+    before = case((ALLOCATIONS.c.allocation_date < day, 1), else_=0).label("opening")
+    by_grant_allocation = (
+        select(
+            ALLOCATIONS.c.account_id,
+            GRANTS.c.category,
+            before,
+            literal("spent", String()).label("movement"),
+            ALLOCATIONS.c.amount_microcents.label("amount"),
+        )
+        .join(GRANTS, of_grant(ALLOCATIONS))
+        .where(ALLOCATIONS.c.allocation_date <= day)
+    )
     by_deficit = select(
         ALLOCATIONS.c.account_id,
         literal("deficit", String()).label("category"),
-        ALLOCATIONS.c.created_at.label("at"),
+        before,
         case((ALLOCATIONS.c.kind == "payoff", "granted"), else_="spent").label("movement"),
         ALLOCATIONS.c.amount_microcents.label("amount"),
-    ).where(ALLOCATIONS.c.kind.in_(("payoff", "deficit")))
+    ).where(ALLOCATIONS.c.kind.in_(("payoff", "deficit")), ALLOCATIONS.c.allocation_date <= day)
     return union_all(by_entry, by_grant_allocation, by_deficit).subquery("moves")
 
 
 def rows_of_day(session: Session, day: date) -> list[Row]:
     """The day's roll-forward rows, ordered by account then category (byte order)."""
-    start = start_of_day(day)
-    end = start + timedelta(days=1)
-    moves = _movements(citus.on_cluster(session))
+    moves = _movements(start_of_day(day), citus.on_cluster(session))
     m = moves.c  # type: ignore[attr-defined]
     signed = case((m.movement == "granted", m.amount), else_=-m.amount)
-    within = (m.at >= start) & (m.at < end)
-    statement = (
-        select(
-            m.account_id,
-            m.category,
+    within = m.opening == 0
+    statement = select(
+        m.account_id,
+        m.category,
+        cast(func.coalesce(func.sum(case((m.opening == 1, signed), else_=0)), 0), BigInteger).label(
+            "opening"
+        ),
+        *(
             cast(
-                func.coalesce(func.sum(case((m.at < start, signed), else_=0)), 0), BigInteger
-            ).label("opening"),
-            *(
-                cast(
-                    func.coalesce(
-                        func.sum(case((within & (m.movement == name), m.amount), else_=0)), 0
-                    ),
-                    BigInteger,
-                ).label(name)
-                for name in MOVEMENTS
-            ),
-        )
-        .where(m.at < end)
-        .group_by(m.account_id, m.category)
-    )
+                func.coalesce(
+                    func.sum(case((within & (m.movement == name), m.amount), else_=0)), 0
+                ),
+                BigInteger,
+            ).label(name)
+            for name in MOVEMENTS
+        ),
+    ).group_by(m.account_id, m.category)
     rows = []
     for account_id, category, opening, granted, spent, expired, voided in session.execute(
         statement

@@ -36,6 +36,7 @@ from sqlalchemy import (
     Boolean,
     ColumnElement,
     Connection,
+    Date,
     DateTime,
     FromClause,
     Integer,
@@ -197,6 +198,13 @@ class Backend:
     def insert(self, table: Any) -> Any:
         """The dialect's ``INSERT`` (with ``on_conflict_do_nothing``/``_do_update``)."""
         return postgresql.insert(table) if self.name == "postgresql" else sqlite.insert(table)
+
+    def utc_date(self, at: Any) -> ColumnElement[Any]:
+        """The UTC day (a ``DATE``) of the time ``at``: on SQLite, whose times are UTC texts,
+        their date part."""
+        if self.name == "postgresql":
+            return func.timezone("UTC", at).cast(Date)
+        return type_coerce(func.date(at), Date())
 
     def records(self, records: Records, alias: str) -> FromClause:
         """``records`` as a relation: its columns and ``position``."""

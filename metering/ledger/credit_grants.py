@@ -8,26 +8,26 @@ Every write here takes the account's row lock first and writes the account's due
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import and_, bindparam, func, insert, select, update
 from sqlalchemy.orm import Session
 
 from metering import citus
+from metering.kit import programs as p
 from metering.kit.errors import NotFound
 from metering.kit.ids import new_id
 from metering.kit.money import cents
 from metering.kit.pagination import newest_first
 from metering.kit.timeutil import format_timestamp
 from metering.ledger import grants as rules
-from metering.ledger.spending import pending_forfeits, spend
-from metering.models import Account, CreditAllocation, CreditGrant, LedgerEntry, table
+from metering.ledger.spending import add_allocations, pending_forfeits, spend
+from metering.models import Account, CreditGrant, LedgerEntry, table
 from metering.notifications import outbox
 
 ACCOUNTS = table(Account)
 GRANTS = table(CreditGrant)
-ALLOCATIONS = table(CreditAllocation)
 ENTRIES = table(LedgerEntry)
 
 
@@ -80,15 +80,15 @@ def create_grant(
     values: dict[str, Any] = {}
     if paid:
         values["deficit_microcents"] = ACCOUNTS.c.deficit_microcents - paid
-        session.execute(
-            insert(ALLOCATIONS).values(
-                account_id=account_id,
-                grant_id=grant_id,
-                kind="payoff",
-                amount_microcents=paid,
-                created_at=now,
-            )
-        )
+        payoff = {
+            "account_id": account_id,
+            "allocation_date": now.astimezone(UTC).date(),  # the UTC day, as utc_date
+            "kind": "payoff",
+            "grant_id": grant_id,
+            "amount_microcents": paid,
+        }
+        on = p.backend(session.get_bind().dialect.name)
+        session.execute(add_allocations(on, payoff))
     if remaining and expires_at is not None and (next_expiry is None or expires_at < next_expiry):
         values["next_expiry_at"] = expires_at
     if values:

@@ -8,14 +8,15 @@ Under the account's row lock (the balance update takes it), for each account of 
    ``expires_at``), its remainder goes to 0 (status ``expired``), the balance drops by it, and
    ``next_expiry_at`` moves to the next live grant's expiry.
 2. **Allocation, set-based.** The account's total of the batch is paid from its live grants in
-   the spending order (metering.ledger.grants: the same sort key) with one window over them:
-   a grant pays ``min(remainder, total − what the grants before it hold)`` while that is
-   positive, and what they cannot cover adds to the deficit. So a batch of many events of one
-   account allocates its total once. Every part is an allocation row (``spend`` / ``deficit``),
-   and the grants and the deficit move by the same parts (one statement on PostgreSQL; one per
-   table in a Citus cluster's one-account forms, ``programs.ONE_SHARD``). On PostgreSQL a debit
-   that the first live grant pays whole (the one part the window would find) is paid first by
-   a lookup of that grant alone (``_spending_steps``); only the others take the window.
+   the spending order (metering.ledger.grants: the same sort key) with one window over them: a
+   grant pays ``min(remainder, total − what the grants before it hold)`` while that is positive,
+   and what they cannot cover adds to the deficit. So a batch of many events of one account
+   allocates its total once. Every part is added to its allocation day (``spend`` / ``deficit``:
+   one row per account, UTC day, kind and grant, ``add_allocations``), and the grants and the
+   deficit move by the same parts (one statement on PostgreSQL; one per table in a Citus
+   cluster's one-account forms, ``programs.ONE_SHARD``). On PostgreSQL a debit that the first
+   live grant pays whole (the one part the window would find) is paid first by a lookup of that
+   grant alone (``_spending_steps``); only the others take the window.
 3. **Events (§11).** Each expiry entry's ``credit.grant_expired``, and the balance thresholds
    the whole move crosses (``credit.balance_low`` / ``_depleted``: before = the balance the
    debit's update returned plus the debit, after = the balance at the end, both under the row
@@ -53,16 +54,39 @@ from metering.citus import of_account, on_citus
 from metering.db import driver_connection, is_postgresql
 from metering.kit import programs as p
 from metering.ledger.grants import live_sql, order_by, pending_sql
-from metering.models import Account, CreditAllocation, CreditGrant, LedgerEntry, table
+from metering.models import Account, CreditAllocationDay, CreditGrant, LedgerEntry, table
 from metering.models.base import UTCDateTime
 from metering.notifications import outbox
 
 ACCOUNTS = table(Account)
 GRANTS = table(CreditGrant)
-ALLOCATIONS = table(CreditAllocation)
+ALLOCATIONS = table(CreditAllocationDay)
 ENTRIES = table(LedgerEntry)
 # Allocation kinds: a grant's part of a debit, and the part no live grant could pay.
 SPEND, DEFICIT = "spend", "deficit"
+NO_GRANT = ""  # the ``grant_id`` of a ``deficit`` day (a key column: not NULL)
+_ALLOCATION_KEY = ["account_id", "allocation_date", "kind", "grant_id"]
+
+
+def add_allocations(on: p.Backend, source: Any) -> Any:
+    """Add ``source`` (a SELECT of rows of ``account_id``, ``allocation_date``, ``kind``,
+    ``grant_id``, ``amount_microcents``, one per key; or one row's values, a dict) to the
+    allocation days that stand."""
+    insert = on.insert(ALLOCATIONS)
+    statement = (
+        insert.values(source)
+        if isinstance(source, dict)
+        # SQLite: ON CONFLICT after a SELECT needs a WHERE
+        else insert.from_select([*_ALLOCATION_KEY, "amount_microcents"], source.where(true()))
+    )
+    return statement.on_conflict_do_update(
+        index_elements=_ALLOCATION_KEY,
+        set_={
+            "amount_microcents": ALLOCATIONS.c.amount_microcents
+            + statement.excluded.amount_microcents
+        },
+    )
+
 
 _DUE = p.Rows(
     "v_due",
@@ -290,7 +314,6 @@ _PAID = p.Rows(
 )
 # ... and the debits it did not pay.
 _UNPAID = p.Rows("v_unpaid", (("account_id", ACCOUNTS.c.id.type), ("total", BigInteger())))
-_ALLOCATION_COLUMNS = ["account_id", "grant_id", "kind", "amount_microcents", "created_at"]
 
 
 def _spending_steps(on: p.Backend, debits: p.Rows, now: BindParameter[Any]) -> list[p.Step]:
@@ -301,7 +324,7 @@ def _spending_steps(on: p.Backend, debits: p.Rows, now: BindParameter[Any]) -> l
     part), found by one lookup of that grant per account (``ORDER BY`` the spending order,
     ``LIMIT 1``), spent and written as its allocation in one statement; on a Citus shard
     (``ONE_SHARD``), where that statement's insert would read the lookup as a CTE, in two: the
-    grant's update returns what it paid, and the allocation rows are inserted from that. The
+    grant's update returns what it paid, and that is added to the allocation days. The
     debits it did not pay (a take over several grants, a shortfall, or a total of 0) go through
     the general allocation. SQLite, which has no lateral joins, runs the general one for every
     debit."""
@@ -324,12 +347,16 @@ def _spending_steps(on: p.Backend, debits: p.Rows, now: BindParameter[Any]) -> l
     )
 
     def spend(paid: FromClause) -> Any:
-        """The allocation rows of what the first grants paid (``account_id``, ``grant_id``,
-        ``amount``)."""
-        return ALLOCATIONS.insert().from_select(
-            _ALLOCATION_COLUMNS,
+        """What the first grants paid (``account_id``, ``grant_id``, ``amount``), added to
+        their allocation days."""
+        return add_allocations(
+            on,
             select(
-                paid.c.account_id, paid.c.grant_id, literal(SPEND, String()), paid.c.amount, now
+                paid.c.account_id,
+                on.utc_date(now),
+                literal(SPEND, String()),
+                paid.c.grant_id,
+                paid.c.amount,
             ),
         )
 
@@ -383,22 +410,25 @@ def _spending_steps(on: p.Backend, debits: p.Rows, now: BindParameter[Any]) -> l
 
 def _allocation_steps(on: p.Backend, found: FromClause, now: BindParameter[Any]) -> list[p.Step]:
     """The parts ``found`` (each grant's take, and each account's shortfall: ``grant_id``,
-    ``account_id``, ``amount``) become allocation rows, and move the grants' remainders and the
-    deficits. On PostgreSQL one statement: the parts are computed once (a CTE, so the grants
-    are read before they move) and the two updates are data-modifying CTEs of the insert. On
-    SQLite, which has no such CTEs, and on a Citus shard (``ONE_SHARD``: such a statement would
-    copy its CTE to every node), the insert returns the parts and the updates run from them
-    (the deficit's only when there is a shortfall)."""
-    allocation = ALLOCATIONS.insert().from_select(
-        _ALLOCATION_COLUMNS,
-        select(
-            found.c.account_id,
-            found.c.grant_id,
-            case((found.c.grant_id.is_(None), DEFICIT), else_=SPEND),
-            found.c.amount,
-            now,
-        ),
-    )
+    ``account_id``, ``amount``) are added to the allocation days, and move the grants'
+    remainders and the deficits. On PostgreSQL one statement: the parts are computed once (a
+    CTE, so the grants are read before they move) and the two updates are data-modifying CTEs
+    of the insert. On SQLite, which has no such CTEs, and on a Citus shard (``ONE_SHARD``: such
+    a statement would copy its CTE to every node), the parts are collected first (the upsert's
+    ``RETURNING`` would give the day's sums, not the parts), then added, and the updates run
+    from them (the deficit's only when there is a shortfall)."""
+
+    def allocation(parts: FromClause) -> Any:
+        return add_allocations(
+            on,
+            select(
+                parts.c.account_id,
+                on.utc_date(now),
+                case((parts.c.grant_id.is_(None), DEFICIT), else_=SPEND),
+                func.coalesce(parts.c.grant_id, NO_GRANT),
+                parts.c.amount,
+            ),
+        )
 
     def spent(parts: FromClause) -> Any:
         return (
@@ -415,17 +445,22 @@ def _allocation_steps(on: p.Backend, found: FromClause, now: BindParameter[Any])
         )
 
     if on.inserts_from_ctes:
-        return [p.Run(allocation.add_cte(spent(found).cte("spent"), owed(found).cte("owed")))]
+        return [
+            p.Run(allocation(found).add_cte(spent(found).cte("spent"), owed(found).cte("owed")))
+        ]
     parts = on.rows(_PARTS, "pt")
-    returned = allocation.returning(
-        ALLOCATIONS.c.grant_id,
-        ALLOCATIONS.c.account_id,
-        ALLOCATIONS.c.amount_microcents.label("amount"),
-        ALLOCATIONS.c.kind,
+    collected = select(
+        found.c.grant_id,
+        found.c.account_id,
+        found.c.amount,
+        case((found.c.grant_id.is_(None), DEFICIT), else_=SPEND).label("kind"),
     )
     return [
-        p.Collect(returned, into=_PARTS),
-        p.When(on.count(_PARTS) > 0, (p.Run(spent(parts)),)),
+        p.Collect(collected, into=_PARTS),
+        p.When(
+            on.count(_PARTS) > 0,
+            (p.Run(allocation(on.rows(_PARTS, "pa"))), p.Run(spent(parts))),
+        ),
         p.When(on.holds_any(_PARTS, "kind", DEFICIT), (p.Run(owed(parts)),)),
     ]
 

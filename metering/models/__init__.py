@@ -6,7 +6,7 @@ from metering.models.audit import AuditEvent
 from metering.models.base import Base, table
 from metering.models.catalog import AccountRate, CatalogModel, PriceVersion
 from metering.models.exports import ExportDay, ExportRun
-from metering.models.grants import CreditAllocation, CreditGrant, CreditRollforward
+from metering.models.grants import CreditAllocationDay, CreditGrant, CreditRollforward
 from metering.models.ledger import Authorization, LedgerEntry
 from metering.models.notifications import (
     SpendLimitNotice,
@@ -27,7 +27,7 @@ __all__ = [
     "Authorization",
     "Base",
     "CatalogModel",
-    "CreditAllocation",
+    "CreditAllocationDay",
     "CreditGrant",
     "CreditRollforward",
     "ExportDay",

@@ -19,7 +19,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Mapped, mapped_column
 
-from metering.models.base import Base, BigIntPK, UTCDateTime
+from metering.models.base import Base, UTCDateTime
 
 # Rows a debit may still be paid from are among these (the live test adds "a remainder, not
 # expired at now"). Not on the remainder itself: every debit moves it, and a column an index's
@@ -78,25 +78,26 @@ class CreditGrant(Base):
     expiring_noticed: Mapped[bool] = mapped_column(Boolean, server_default="0")
 
 
-class CreditAllocation(Base):
-    """What paid a debit: ``spend`` (a grant paid part of a charge or negative adjustment),
-    ``deficit`` (no live grant could: the deficit grew; no grant) or ``payoff`` (a new grant
-    paid off part of the deficit). Written in the debit's transaction; never updated."""
+class CreditAllocationDay(Base):
+    """What paid the debits of one account on one UTC day, per kind and grant: ``spend`` (a grant
+    paid part of a charge or negative adjustment), ``deficit`` (no live grant could: the deficit
+    grew; ``grant_id`` is ``''``, so that the key is unique and ``ON CONFLICT`` finds the row)
+    or ``payoff`` (a new grant paid off part of the deficit). Each debit adds its parts in its
+    own transaction (``INSERT … ON CONFLICT DO UPDATE``): the roll-forward reads days, never one
+    row per debit."""
 
-    __tablename__ = "credit_allocations"
+    __tablename__ = "credit_allocation_days"
     __table_args__ = (
         CheckConstraint("kind IN ('spend', 'deficit', 'payoff')", name="kind"),
         CheckConstraint("amount_microcents > 0", name="amount_positive"),
-        CheckConstraint("(kind = 'deficit') = (grant_id IS NULL)", name="grant_named"),
-        Index("ix_credit_allocations_account_id_created_at", "account_id", "created_at"),
+        CheckConstraint("(kind = 'deficit') = (grant_id = '')", name="grant_named"),
     )
 
-    id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
-    account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"))
-    grant_id: Mapped[str | None] = mapped_column(String(32))
-    kind: Mapped[str] = mapped_column(String(16))
+    account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"), primary_key=True)
+    allocation_date: Mapped[date] = mapped_column(Date, primary_key=True)  # the debit's UTC day
+    kind: Mapped[str] = mapped_column(String(16), primary_key=True)
+    grant_id: Mapped[str] = mapped_column(String(32), primary_key=True)  # '' for ``deficit``
     amount_microcents: Mapped[int] = mapped_column(BigInteger)
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
 
 
 class CreditRollforward(Base):

@@ -10,7 +10,8 @@
 * every account's credit grants (§9): the remainders of its active grants less its deficit
   equal its balance; remainders of grants already expired at the clock whose ``expiry`` entry
   is not yet written are **pending** (counted and reported, not a mismatch): the balance as the
-  clock sees it is the written balance less them.
+  clock sees it is the written balance less them; its deficit equals its allocation days'
+  ``deficit`` less ``payoff`` amounts.
 
 Read in one snapshot (REPEATABLE READ on PostgreSQL; on a Citus cluster one per worker,
 ``citus.one_snapshot``), so it may run beside live ingest.
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, func, literal, select, type_coerce
+from sqlalchemy import ColumnElement, case, func, literal, select, type_coerce
 from sqlalchemy.orm import Session
 
 from metering import citus
@@ -34,6 +35,7 @@ from metering.models import (
     Account,
     ApiKey,
     CatalogModel,
+    CreditAllocationDay,
     CreditGrant,
     LedgerEntry,
     UsageEvent,
@@ -237,24 +239,46 @@ def _check_grants(session: Session, now: datetime, mismatches: list[str], report
         .group_by(LedgerEntry.account_id)
         .subquery()
     )
+    days = table(CreditAllocationDay)
+    allocated = (
+        select(
+            days.c.account_id,
+            func.sum(
+                case(
+                    (days.c.kind == "payoff", -days.c.amount_microcents),
+                    else_=days.c.amount_microcents,
+                )
+            ).label("owed"),
+        )
+        .where(days.c.kind.in_(("deficit", "payoff")))
+        .group_by(days.c.account_id)
+        .subquery()
+    )
     rows = session.execute(
         select(
             Account.id,
             func.coalesce(ledger.c.total, 0),
             Account.deficit_microcents,
             func.coalesce(held.c.held, 0),
+            func.coalesce(allocated.c.owed, 0),
         )
         .outerjoin(held, held.c.account_id == Account.id)
         .outerjoin(ledger, ledger.c.account_id == Account.id)
+        .outerjoin(allocated, allocated.c.account_id == Account.id)
         .order_by(Account.id)
     )
     # Against the ledger (the balance is checked against it above), so each tampering is
     # named once.
-    for account_id, ledger_sum, deficit, remainders in rows:
+    for account_id, ledger_sum, deficit, remainders, owed in rows:
         if int(remainders) - int(deficit) != int(ledger_sum):
             mismatches.append(
                 f"account {account_id}: ledger sum {ledger_sum} microcents, grants' "
                 f"remainders {remainders} less deficit {deficit}"
+            )
+        if int(owed) != int(deficit):
+            mismatches.append(
+                f"account {account_id}: deficit {deficit} microcents, its allocation days' "
+                f"deficits less payoffs {owed}"
             )
         if int(deficit) < 0:
             mismatches.append(f"account {account_id}: negative deficit {deficit}")

@@ -144,6 +144,13 @@ class TestVerify:
                 ),
                 {"id": unbilled.account_id},
             )
+            connection.execute(
+                text(
+                    "INSERT INTO credit_allocation_days (account_id, allocation_date, kind, "
+                    "grant_id, amount_microcents) VALUES (:id, '2026-11-01', 'deficit', '', 5)"
+                ),
+                {"id": unbilled.account_id},
+            )
         code, out = run_verify(api, monkeypatch, capsys)
         assert code == 1
         lines = [line for line in out.splitlines() if line.startswith("MISMATCH")]
@@ -155,7 +162,11 @@ class TestVerify:
         assert any(
             f"rollup {unbilled.account_id} 1h key" in line and "missing" in line for line in lines
         ), out
-        assert len(lines) == 3, out
+        assert any(
+            f"account {unbilled.account_id}: deficit 0 microcents" in line and "payoffs 5" in line
+            for line in lines
+        ), out
+        assert len(lines) == 4, out
 
     def test_an_extra_rollup_row_and_a_lost_debit(
         self, fresh_api: Api, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]

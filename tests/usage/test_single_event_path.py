@@ -14,7 +14,7 @@ import pytest
 from sqlalchemy import func, select
 
 from metering.kit.timeutil import format_timestamp
-from metering.models import CreditAllocation, CreditGrant, WebhookEvent
+from metering.models import CreditAllocationDay, CreditGrant, WebhookEvent
 from metering.usage import endpoints
 from tests.conftest import CITUS, NOW, Api, migrated_database, require_postgresql, running_api
 from tests.factories import (
@@ -166,18 +166,18 @@ CENT_RATES = (1_000_000_000, 0, 0)
 
 
 def _spent_by_category(api: Api, account: str) -> dict[tuple[str | None, str], int]:
-    """Σ of the account's allocation rows by (category of the grant, kind)."""
+    """Σ of the account's allocation days by (category of the grant, kind)."""
     with api.database.reading() as session:
         rows = session.execute(
             select(
                 CreditGrant.category,
-                CreditAllocation.kind,
-                func.sum(CreditAllocation.amount_microcents),
+                CreditAllocationDay.kind,
+                func.sum(CreditAllocationDay.amount_microcents),
             )
-            .select_from(CreditAllocation)
-            .outerjoin(CreditGrant, CreditGrant.id == CreditAllocation.grant_id)
-            .where(CreditAllocation.account_id == account)
-            .group_by(CreditGrant.category, CreditAllocation.kind)
+            .select_from(CreditAllocationDay)
+            .outerjoin(CreditGrant, CreditGrant.id == CreditAllocationDay.grant_id)
+            .where(CreditAllocationDay.account_id == account)
+            .group_by(CreditGrant.category, CreditAllocationDay.kind)
         ).all()
     return {(category, kind): int(total) for category, kind, total in rows}
 
