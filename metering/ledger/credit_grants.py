@@ -8,10 +8,10 @@ Every write here takes the account's row lock first and writes the account's due
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, bindparam, func, insert, select, update
+from sqlalchemy import and_, bindparam, func, insert, literal, select, update
 from sqlalchemy.orm import Session
 
 from metering import citus
@@ -24,6 +24,7 @@ from metering.kit.timeutil import format_timestamp
 from metering.ledger import grants as rules
 from metering.ledger.spending import add_allocations, pending_forfeits, spend
 from metering.models import Account, CreditGrant, LedgerEntry, table
+from metering.models.base import UTCDateTime
 from metering.notifications import outbox
 
 ACCOUNTS = table(Account)
@@ -80,14 +81,14 @@ def create_grant(
     values: dict[str, Any] = {}
     if paid:
         values["deficit_microcents"] = ACCOUNTS.c.deficit_microcents - paid
+        on = p.backend(session.get_bind().dialect.name)
         payoff = {
             "account_id": account_id,
-            "allocation_date": now.astimezone(UTC).date(),  # the UTC day, as utc_date
+            "allocation_date": on.utc_date(literal(now, UTCDateTime())),
             "kind": "payoff",
             "grant_id": grant_id,
             "amount_microcents": paid,
         }
-        on = p.backend(session.get_bind().dialect.name)
         session.execute(add_allocations(on, payoff))
     if remaining and expires_at is not None and (next_expiry is None or expires_at < next_expiry):
         values["next_expiry_at"] = expires_at

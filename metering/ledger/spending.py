@@ -408,6 +408,11 @@ def _spending_steps(on: p.Backend, debits: p.Rows, now: BindParameter[Any]) -> l
     return [*pay, p.When(on.count(done) < on.count(debits), tuple(rest))]
 
 
+def _kind(parts: FromClause) -> Any:
+    """A part's allocation kind: a grant's take is ``spend``, a shortfall (no grant) ``deficit``."""
+    return case((parts.c.grant_id.is_(None), DEFICIT), else_=SPEND)
+
+
 def _allocation_steps(on: p.Backend, found: FromClause, now: BindParameter[Any]) -> list[p.Step]:
     """The parts ``found`` (each grant's take, and each account's shortfall: ``grant_id``,
     ``account_id``, ``amount``) are added to the allocation days, and move the grants'
@@ -424,7 +429,7 @@ def _allocation_steps(on: p.Backend, found: FromClause, now: BindParameter[Any])
             select(
                 parts.c.account_id,
                 on.utc_date(now),
-                case((parts.c.grant_id.is_(None), DEFICIT), else_=SPEND),
+                _kind(parts),
                 func.coalesce(parts.c.grant_id, NO_GRANT),
                 parts.c.amount,
             ),
@@ -453,7 +458,7 @@ def _allocation_steps(on: p.Backend, found: FromClause, now: BindParameter[Any])
         found.c.grant_id,
         found.c.account_id,
         found.c.amount,
-        case((found.c.grant_id.is_(None), DEFICIT), else_=SPEND).label("kind"),
+        _kind(found).label("kind"),
     )
     return [
         p.Collect(collected, into=_PARTS),
