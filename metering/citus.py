@@ -21,15 +21,18 @@ distributed one, so such foreign keys (a key's or an endpoint's account) are dro
 writes those columns only with an account it has just read. Alembic's own version table stays a
 plain coordinator table.
 
-Idempotent: a table Citus already holds is left alone, so re-running ``migrate`` changes nothing,
-and a table a later migration adds is placed the next time it runs.
+Idempotent: a table Citus already holds where the rule puts it is left alone, so re-running
+``migrate`` changes nothing; a table a later migration adds is placed the next time it runs, and
+one a later migration changed so that the rule puts it elsewhere (a reference table whose
+account column became NOT NULL) is taken back to the coordinator and placed anew, its rows
+with it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import (
     Connection,
@@ -48,6 +51,9 @@ from sqlalchemy.orm import Session
 
 from metering.kit import programs as p
 from metering.models import Base
+
+if TYPE_CHECKING:
+    from metering.db import Database
 
 ACCOUNT_COLUMN = "account_id"
 ACCOUNTS = "accounts"
@@ -73,6 +79,7 @@ class Distribution:
     widened: list[str] = field(default_factory=list)
     dropped_foreign_keys: list[str] = field(default_factory=list)
     functions: list[str] = field(default_factory=list)  # distributed by their account
+    moved: list[str] = field(default_factory=list)  # placed anew (the rule's answer changed)
 
 
 # Whether a PostgreSQL database is a Citus coordinator: the one question, asked by migrate and
@@ -291,6 +298,14 @@ def on_cluster(session: Session) -> bool:
 # the same statements limited to its rows (``execute_of_account``): each routed to one shard.
 
 
+def per_account(database: Database, accounts: Callable[[Session], list[str]]) -> list[str | None]:
+    """Each transaction of an operator-wide job: on a cluster one per account having work
+    (``accounts``, read across the shards without a lock), elsewhere one for every account
+    (None). The job limits its statements to the account it is given."""
+    with database.reading() as session:
+        return list(accounts(session)) if on_cluster(session) else [None]
+
+
 def accounts_with(session: Session, table: Table, *where: Any) -> list[str]:
     """The accounts having rows of a sharded ``table`` that match ``where`` (in byte order)."""
     from sqlalchemy import select
@@ -374,9 +389,9 @@ class _ForeignKey:
 
 def _distribute(connection: Connection) -> Distribution:
     placed_already = {
-        row[0]
-        for row in connection.execute(
-            text("SELECT logicalrelid::regclass::text FROM pg_dist_partition")
+        name: Placement(name, kind, None if column == "<none>" else column)
+        for name, kind, column in connection.execute(
+            text("SELECT table_name::text, citus_table_type, distribution_column FROM citus_tables")
         )
     }
     kinds = {
@@ -384,10 +399,13 @@ def _distribute(connection: Connection) -> Distribution:
         for facts in _tables(connection)
         if facts.name not in NOT_DISTRIBUTED
     }
-    pending = {name: where for name, where in kinds.items() if name not in placed_already}
+    pending = {name: where for name, where in kinds.items() if placed_already.get(name) != where}
+    # Placed before by a rule that now puts them elsewhere (a migration made a nullable account
+    # column NOT NULL: 0036's webhook outbox): taken back to the coordinator, then placed anew.
+    moved = sorted(name for name in pending if name in placed_already)
     done = Distribution()
     if pending:
-        _place(connection, kinds, pending, done)
+        _place(connection, kinds, pending, done, moved)
     done.functions = _distribute_functions(connection)
     return done
 
@@ -421,6 +439,7 @@ def _place(
     kinds: dict[str, Placement],
     pending: dict[str, Placement],
     done: Distribution,
+    moved: Sequence[str] = (),
 ) -> None:
     # Distributing tables with foreign keys in one transaction needs Citus to use one
     # connection per node; a transaction that writes a reference table with foreign keys does
@@ -438,6 +457,9 @@ def _place(
     ]
     for fk in foreign_keys:
         connection.execute(text(f"ALTER TABLE {_q(fk.table)} DROP CONSTRAINT {_q(fk.name)}"))
+    for name in moved:
+        connection.execute(text("SELECT undistribute_table(:t)"), {"t": name})
+        done.moved.append(name)
     for name, where in pending.items():
         if where.kind == "distributed" and where.column is not None:
             done.widened += _widen_unique_keys(connection, name, where.column)

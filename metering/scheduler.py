@@ -162,12 +162,7 @@ class Scheduler:
         return self._cluster
 
     def _per_account(self, accounts: Callable[[Session], list[str]]) -> list[str | None]:
-        """Each transaction of a job: on a cluster one per account having work (``accounts``),
-        elsewhere one for every account (None)."""
-        if not self._on_cluster():
-            return [None]
-        with self.database.reading() as session:
-            return list(accounts(session))
+        return citus.per_account(self.database, accounts)
 
     def _expire_holds(self, now: datetime, report: TickReport) -> int | None:
         from metering.ledger.authorizations import (

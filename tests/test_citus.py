@@ -22,6 +22,7 @@ from sqlalchemy.engine import make_url
 
 from metering import citus, migrate
 from metering.models import Base
+from metering.notifications import delivery
 from tests.conftest import CITUS, NOW, Api, fresh_citus_database, running_api
 from tests.factories import (
     Key,
@@ -168,6 +169,74 @@ class TestPlacement:
         assert schema() == before
 
 
+def test_a_table_the_rule_now_puts_elsewhere_is_placed_anew() -> None:
+    """0036 made the webhook outbox's account column NOT NULL: ``migrate`` on a cluster
+    migrated before it takes the two reference tables back and shards them by account, their
+    rows with them (an operator-wide event under ``''``), their keys and foreign keys widened."""
+    if not CITUS:
+        pytest.fail("this test needs Citus (METERING_TEST_BACKENDS excludes it; `make citus`)")
+    with fresh_citus_database() as url:
+        migrate.upgrade(url, "0035")
+        placed = citus_tables(url)
+        assert placed["webhook_events"][0] == placed["webhook_deliveries"][0] == "reference"
+        engine = create_engine(url)
+        try:
+            with engine.begin() as connection:
+                connection.execute(
+                    text(
+                        "INSERT INTO webhook_endpoints (id, account_id, url, event_types, "
+                        "enabled, secret_sealed, created_at) VALUES ('we_1', NULL, "
+                        "'https://hooks.example/', '[]', true, 'sealed', now())"
+                    )
+                )
+                for account in ("acct_a", None):
+                    event = connection.execute(
+                        text(
+                            "INSERT INTO webhook_events (public_id, account_id, type, data, "
+                            "created_at, dispatched) VALUES (:p, :a, 'webhook.test', '{}', "
+                            "now(), true) RETURNING id"
+                        ),
+                        {"p": f"evt_{account}", "a": account},
+                    ).scalar_one()
+                    connection.execute(
+                        text(
+                            "INSERT INTO webhook_deliveries (event_id, endpoint_id, account_id, "
+                            "status, attempts, created_at) VALUES (:e, 'we_1', :a, 'pending', "
+                            "0, now())"
+                        ),
+                        {"e": event, "a": account},
+                    )
+        finally:
+            engine.dispose()
+
+        assert migrate.upgrade(url) == [
+            "0036 The webhook outbox is account data: ``webhook_events.account_id`` and"
+        ]
+        placed = citus_tables(url)
+        for name in ("webhook_events", "webhook_deliveries"):
+            assert placed[name][:2] == ("distributed", "account_id"), name
+            assert placed[name][2] == placed["accounts"][2], "colocated with the accounts"
+        assert rows(
+            url,
+            "SELECT e.public_id, e.account_id, d.endpoint_id FROM webhook_events e "
+            "JOIN webhook_deliveries d ON d.account_id = e.account_id AND d.event_id = e.id "
+            "ORDER BY 1",
+        ) == [("evt_None", "", "we_1"), ("evt_acct_a", "acct_a", "we_1")]
+        constraints = dict(
+            rows(
+                url,
+                "SELECT conname, pg_get_constraintdef(oid) FROM pg_constraint "
+                "WHERE conrelid = 'webhook_deliveries'::regclass AND contype IN ('p', 'f')",
+            )
+        )
+        assert constraints["pk_webhook_deliveries"] == "PRIMARY KEY (account_id, id)"
+        assert (
+            constraints["fk_webhook_deliveries_event_id_webhook_events"]
+            == "FOREIGN KEY (account_id, event_id) REFERENCES webhook_events(account_id, id)"
+        )
+        assert citus.distribute(url) == citus.Distribution(), "and migrating again does nothing"
+
+
 # --- Routing: what the coordinator sends the workers, read from its log ---------------------------
 
 # One log record: "<time> [<pid>] db=<database> <LEVEL>:  <message>", continued on lines that do
@@ -179,6 +248,7 @@ RECORD = re.compile(
     re.MULTILINE | re.DOTALL,
 )
 SHARD_NAME = re.compile(r"\b([a-z_]+)_(\d{6,})\b")
+WRITE = re.compile(r"^(?:INSERT INTO|UPDATE|DELETE FROM) (?:public\.)?([a-z_]+)_(\d{6,})\b")
 WORKER = re.compile(r"on server \S+@\S+:(\d+) ")
 # A worker's transaction block, as the coordinator opens it: its distributed transaction number.
 TRANSACTION = re.compile(r"^BEGIN\b.*assign_distributed_transaction_id\(\d+, (\d+),", re.DOTALL)
@@ -227,10 +297,16 @@ class RemoteCommands:
                 commands.append((message.removeprefix("issuing ").strip(), int(port[1])))
             elif self.local and message.startswith(LOCALLY):
                 commands.append((message.removeprefix(LOCALLY).strip(), None))
+            elif self.local and (copied := COPIED_LOCALLY.match(message)) is not None:
+                # Rows computed first, then copied into a shard of its own (an INSERT … SELECT
+                # Citus could not send whole): named here as a command on that shard.
+                commands.append((f"COPY shard {copied[1]}", None))
         return commands
 
 
 LOCALLY = "executing the command locally: "
+COPIED_LOCALLY = re.compile(r"executing the copy locally for (?:colocated file with )?shard (\d+)")
+COPIED_SHARD = re.compile(r"^COPY shard (\d+)$")
 # The DETAIL of a notice a node passed on from a worker it called ("from localhost:9721").
 RELAYED = re.compile(r"from \S+:\d+\s*$")
 
@@ -255,11 +331,24 @@ class Shards:
             }
         )
 
+    def writes_every_node(self, command: str) -> bool:
+        """Whether a command writes a reference table's shard (which every node holds: the
+        write is a transaction of every node)."""
+        written = WRITE.match(command)
+        if written is None:
+            return False
+        known = self.of.get(int(written[2]))
+        return known is not None and known[0] == written[1] and known[1] is None
+
     def groups_in(self, command: str) -> set[int]:
         """The colocated shard groups a command touches (reference tables' shards left out:
         every node has them)."""
         groups = set()
-        for table, shard in SHARD_NAME.findall(command):
+        named = SHARD_NAME.findall(command)
+        copied = COPIED_SHARD.match(command)
+        if copied is not None and int(copied[1]) in self.of:
+            named.append((self.of[int(copied[1])][0], copied[1]))
+        for table, shard in named:
             known = self.of.get(int(shard))
             if known is not None and known[0] == table and known[1] is not None:
                 groups.add(known[1])
@@ -389,6 +478,7 @@ class TestRouting:
         for command, port in sent:
             groups = shards.groups_in(command)
             assert groups <= {group}, f"a statement touching other shards: {command}"
+            assert not shards.writes_every_node(command), f"a write of every node: {command}"
             if groups or DELEGATED.search(command) or INTERMEDIATE.match(command):
                 assert port == node, f"sent to {port}, the account is on {node}: {command}"
                 routed.append(command)
@@ -400,6 +490,7 @@ class TestRouting:
                 # A worker's own statements run on its shards (to: None); a command it sends
                 # another node makes the account's work a transaction of two nodes.
                 assert to is None, f"worker {port} sent {to}: {command}"
+                assert not shards.writes_every_node(command), f"worker {port} wrote {command}"
                 if groups:
                     routed.append(command)  # run by a delegated call, on the account's shards
         return response, routed
@@ -533,6 +624,66 @@ class TestRouting:
         assert done == (1, 1, 1)
         assert any("SKIP LOCKED" in c for c in commands), "the row locks, taken on the shard"
 
+    def test_the_webhook_loop_of_one_account(self, routed: tuple[Api, Cluster]) -> None:
+        """The delivery loop's work for one account (its transaction of that account on a
+        cluster): the fan-out of its events, the claim of its due deliveries and the record of
+        their outcomes, each statement on the account's shard alone, row locks included."""
+        from metering.notifications.delivery import Deliverer, Outcome
+
+        api, cluster = routed
+        account = create_account(api)
+        hook = api.admin(
+            "POST",
+            "/admin/v1/webhook-endpoints",
+            json={
+                "url": "https://hooks.example/metering",
+                "event_types": ["credit.balance_low"],
+                "account_id": account,
+            },
+        )
+        assert hook.status_code == 201, hook.text
+        threshold = api.admin(
+            "PATCH", f"/admin/v1/accounts/{account}", json={"low_balance_threshold_cents": 2}
+        )
+        assert threshold.status_code == 200, threshold.text
+        grant(api, account, 3)  # above the threshold; then 1 cent, below it: credit.balance_low
+        adjusted = api.admin(
+            "POST",
+            f"/admin/v1/accounts/{account}/adjustments",
+            json={"amount_cents": -2, "reason": "below the threshold", "idempotency_key": account},
+        )
+        assert adjusted.status_code == 201, adjusted.text
+        deliverer = Deliverer(api.database, api.settings, api.clock)
+        try:
+            now = api.clock.now()
+            fanned, commands = self.assert_routed(
+                api, cluster, account, lambda: deliverer.fan_out_of(now, account)
+            )
+            assert fanned == 1
+            assert any("SKIP LOCKED" in c for c in commands), "the row locks, taken on the shard"
+            due = (
+                delivery.DELIVERIES.c.status == "pending",
+                delivery.DELIVERIES.c.next_attempt_at <= now,
+            )
+            claimed, commands = self.assert_routed(
+                api, cluster, account, lambda: deliverer.claim_of(now, due, account, 50)
+            )
+            assert [item.account_id for item in claimed] == [account]
+            assert b'"credit.balance_low"' in claimed[0].payload
+            _, commands = self.assert_routed(
+                api,
+                cluster,
+                account,
+                lambda: deliverer.record_all([(claimed[0], Outcome(204, None))]),
+            )
+            assert any(c.startswith("UPDATE public.webhook_deliveries_") for c in commands)
+        finally:
+            deliverer.close()
+        [(status,)] = rows(
+            api.url, "SELECT status FROM webhook_deliveries WHERE account_id = :a", a=account
+        )
+        assert status == "delivered"
+
     def test_ingest(self, routed: tuple[Api, Cluster]) -> None:
         """``POST /v1/usage/events``: a single event's statements touch its account's shard
         alone (its key's account is read from ``api_keys``, which the coordinator holds too); a
@@ -581,22 +732,44 @@ class TestRouting:
         ), found
 
     @pytest.mark.parametrize(
-        ("grants_cents", "kinds"),
-        [([10_000], ["spend"]), ([], ["deficit"]), ([Decimal("0.01"), 10_000], ["spend", "spend"])],
-        ids=["the-first-grant", "owed", "two-grants"],
+        ("grants_cents", "kinds", "events"),
+        [
+            ([10_000], ["spend"], []),
+            ([], ["deficit"], []),
+            ([Decimal("0.01"), 10_000], ["spend", "spend"], []),
+            (
+                [Decimal("0.01")],
+                ["deficit", "spend"],
+                ["credit.balance_depleted", "credit.balance_low"],
+            ),
+        ],
+        ids=["the-first-grant", "owed", "two-grants", "crossing-thresholds"],
     )
     def test_a_single_event_is_one_delegated_call(
-        self, routed: tuple[Api, Cluster], grants_cents: list[Any], kinds: list[str]
+        self,
+        routed: tuple[Api, Cluster],
+        grants_cents: list[Any],
+        kinds: list[str],
+        events: list[str],
     ) -> None:
         """The single event: its account's lookup, then the program's call, sent whole to the
         worker holding the account (a call outside a transaction block), and nothing else; the
         worker runs every statement of the call on its own shards, its charge (55,900
-        microcents) paid by the account's first grant, owed, or taken from two grants."""
+        microcents) paid by the account's first grant, owed, or taken from two grants; or
+        taking the balance (10,000) below the account's low-balance threshold (0) and to zero
+        or less, whose two webhook events are written on the account's shard too."""
         api, cluster = routed
         model = priced_model(api, NOW - timedelta(days=1))
         account = create_account(api)
         for cents in grants_cents:
             grant(api, account, cents)
+        if events:
+            threshold = api.admin(
+                "PATCH",
+                f"/admin/v1/accounts/{account}",
+                json={"low_balance_threshold_cents": 0},
+            )
+            assert threshold.status_code == 200, threshold.text
         key = create_key(api, account)
         group, port = holder(api.url, account)
         event = usage_event(key, model, NOW)
@@ -625,6 +798,16 @@ class TestRouting:
             a=account,
         )
         assert [kind for (kind,) in allocated] == kinds
+        written = rows(
+            api.url,
+            "SELECT type FROM webhook_events WHERE account_id = :a ORDER BY type",
+            a=account,
+        )
+        assert [type_ for (type_,) in written] == events
+        if events:  # written by the call, on the account's shard
+            shards = Shards.read(api.url)
+            copied = {shards.of[int(c[1])][0] for c in map(COPIED_SHARD.match, commands) if c}
+            assert "webhook_events" in copied, commands
 
 
 def events_in(url: str, account: str) -> int:

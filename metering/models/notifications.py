@@ -40,8 +40,16 @@ class WebhookEndpoint(Base):
     deleted_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
 
+# The account of an event (and its deliveries) of no account: an operator-wide event
+# (``export.completed``, ``usage.quarantined`` of keys of no account, an operator endpoint's
+# ``webhook.test``). The column is a shard key on Citus, which is never NULL: such events are
+# stored under ``''`` and shown with ``account_id`` null (metering.notifications.outbox).
+NO_ACCOUNT = ""
+
+
 class WebhookEvent(Base):
-    """The outbox: one row per event, written in the transaction that causes it."""
+    """The outbox: one row per event, written in the transaction that causes it (on Citus on
+    the account's shard, as the rest of that transaction)."""
 
     __tablename__ = "webhook_events"
     __table_args__ = (
@@ -55,7 +63,7 @@ class WebhookEvent(Base):
 
     id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
     public_id: Mapped[str] = mapped_column(String(40), unique=True)  # evt_…
-    account_id: Mapped[str | None] = mapped_column(String(32), index=True)
+    account_id: Mapped[str] = mapped_column(String(32), index=True)  # NO_ACCOUNT: none
     type: Mapped[str] = mapped_column(String(64))
     # The event's data as JSON; amounts as integer ``*_microcents`` (rendered with ``*_cents``).
     data: Mapped[str] = mapped_column(Text)
@@ -82,7 +90,7 @@ class WebhookDelivery(Base):
     id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
     event_id: Mapped[int] = mapped_column(BigInteger, ForeignKey("webhook_events.id"))
     endpoint_id: Mapped[str] = mapped_column(ForeignKey("webhook_endpoints.id"))
-    account_id: Mapped[str | None] = mapped_column(String(32))
+    account_id: Mapped[str] = mapped_column(String(32))  # its event's
     # pending → delivered | failed (retries exhausted) | dropped (endpoint deleted)
     status: Mapped[str] = mapped_column(String(16))
     attempts: Mapped[int] = mapped_column(Integer, default=0)

@@ -26,14 +26,15 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily, Metric
-from sqlalchemy import bindparam, func, select, update
+from sqlalchemy import and_, bindparam, func, select, update
 from sqlalchemy.orm import Session
 
+from metering import citus
 from metering.db import Database, is_postgresql
 from metering.kit.clock import Clock
 from metering.metrics import REGISTRY
 from metering.models import WebhookDelivery, WebhookEndpoint, WebhookEvent, table
-from metering.notifications import messages
+from metering.notifications import messages, outbox
 from metering.notifications.addresses import Resolver, system_resolver
 from metering.notifications.secrets import SecretUnreadable
 from metering.notifications.service import DELIVERED, FAILED, PENDING, signing_secrets
@@ -79,6 +80,7 @@ def retry_delay(attempts: int, rng: Callable[[], float] = random.random) -> time
 @dataclass(frozen=True, slots=True)
 class Claimed:
     delivery_id: int
+    account_id: str  # as stored (metering.notifications.outbox.stored_account)
     attempt: int
     url: str
     public_id: str
@@ -150,14 +152,25 @@ class Deliverer:
     # -- 1. fan-out ------------------------------------------------------------------------------
 
     def fan_out(self) -> int:
+        """The deliveries of undispatched events: on a Citus cluster account by account, each
+        account's in a transaction on its shard (metering.citus.per_account)."""
         now = self.clock.now()
+        undispatched = ~EVENTS.c.dispatched  # the partial index's predicate
+        accounts = citus.per_account(
+            self.database, lambda session: citus.accounts_with(session, EVENTS, undispatched)
+        )
+        return sum(self.fan_out_of(now, account) for account in accounts)
+
+    def fan_out_of(self, now: datetime, account: str | None) -> int:
         with self.database.unit_of_work() as session:
             query = (
                 select(EVENTS.c.id, EVENTS.c.account_id, EVENTS.c.type)
-                .where(~EVENTS.c.dispatched)  # the partial index's predicate
+                .where(~EVENTS.c.dispatched)
                 .order_by(EVENTS.c.id)
                 .limit(500)
             )
+            if account is not None:
+                query = query.where(EVENTS.c.account_id == account)
             if is_postgresql(session):
                 query = query.with_for_update(skip_locked=True)
             events = session.execute(query).all()
@@ -181,44 +194,71 @@ class Deliverer:
                 }
                 for event in events
                 for endpoint_id, account_id, types in subscribed
-                if event.type in types and account_id in (None, event.account_id)
+                if event.type in types
+                and account_id in (None, outbox.shown_account(event.account_id))
             ]
             if rows:
                 session.execute(DELIVERIES.insert(), rows)
-            session.execute(
-                update(EVENTS)
-                .where(EVENTS.c.id.in_([e.id for e in events]))
-                .values(dispatched=True)
-            )
+            dispatched = update(EVENTS).where(EVENTS.c.id.in_([e.id for e in events]))
+            if account is not None:
+                dispatched = dispatched.where(EVENTS.c.account_id == account)
+            session.execute(dispatched.values(dispatched=True))
             session.commit()
             return len(events)
 
     # -- 2. claim --------------------------------------------------------------------------------
 
     def claim(self) -> list[Claimed]:
+        """Up to ``BATCH`` due deliveries: on a Citus cluster taken account by account (a row
+        lock is taken in a statement of one shard only), each account's in a transaction on its
+        shard."""
         now = self.clock.now()
+        due = (
+            DELIVERIES.c.status == PENDING,
+            DELIVERIES.c.next_attempt_at <= now,
+        )
+        accounts = citus.per_account(
+            self.database, lambda session: citus.accounts_with(session, DELIVERIES, *due)
+        )
+        claimed: list[Claimed] = []
+        for account in accounts:
+            claimed += self.claim_of(now, due, account, BATCH - len(claimed))
+            if len(claimed) >= BATCH:
+                break
+        return claimed
+
+    def claim_of(
+        self, now: datetime, due: Sequence[Any], account: str | None, limit: int
+    ) -> list[Claimed]:
         with self.database.unit_of_work() as session:
-            due = (
+            query = (
                 select(DELIVERIES.c.id)
                 .join(ENDPOINTS, ENDPOINTS.c.id == DELIVERIES.c.endpoint_id)
                 .where(
-                    DELIVERIES.c.status == PENDING,
-                    DELIVERIES.c.next_attempt_at <= now,
+                    *due,
                     # A disabled endpoint's messages wait until it is enabled again.
                     ENDPOINTS.c.enabled,
                     ENDPOINTS.c.deleted_at.is_(None),
                 )
                 .order_by(DELIVERIES.c.next_attempt_at, DELIVERIES.c.id)
-                .limit(BATCH)
+                .limit(limit)
             )
+            mine = DELIVERIES.c.account_id == account
+            if account is not None:
+                query = query.where(mine)
             if is_postgresql(session):
-                due = due.with_for_update(of=DELIVERIES, skip_locked=True)
-            ids = list(session.execute(due).scalars())
+                query = query.with_for_update(of=DELIVERIES, skip_locked=True)
+            ids = list(session.execute(query).scalars())
             if not ids:
                 return []
+            taken = (
+                DELIVERIES.c.id.in_(ids)
+                if account is None
+                else and_(mine, DELIVERIES.c.id.in_(ids))
+            )
             session.execute(
                 update(DELIVERIES)
-                .where(DELIVERIES.c.id.in_(ids))
+                .where(taken)
                 .values(
                     attempts=DELIVERIES.c.attempts + 1,
                     last_attempt_at=now,
@@ -228,10 +268,10 @@ class Deliverer:
             rows = session.execute(
                 select(
                     DELIVERIES.c.id,
+                    DELIVERIES.c.account_id,
                     DELIVERIES.c.attempts,
                     EVENTS.c.public_id,
                     EVENTS.c.type,
-                    EVENTS.c.account_id,
                     EVENTS.c.data,
                     EVENTS.c.created_at,
                     ENDPOINTS.c.id.label("endpoint_id"),
@@ -240,9 +280,16 @@ class Deliverer:
                     ENDPOINTS.c.previous_secret_sealed,
                     ENDPOINTS.c.previous_until,
                 )
-                .join(EVENTS, EVENTS.c.id == DELIVERIES.c.event_id)
+                .join(
+                    EVENTS,
+                    # The account first: on Citus, a join of colocated shards.
+                    and_(
+                        EVENTS.c.account_id == DELIVERIES.c.account_id,
+                        EVENTS.c.id == DELIVERIES.c.event_id,
+                    ),
+                )
                 .join(ENDPOINTS, ENDPOINTS.c.id == DELIVERIES.c.endpoint_id)
-                .where(DELIVERIES.c.id.in_(ids))
+                .where(taken)
                 .order_by(DELIVERIES.c.id)
             ).all()
             session.commit()
@@ -258,15 +305,15 @@ class Deliverer:
                 # into METERING_SECRET_KEY lets it go.
                 log.error("%s", exc)
                 signing = []
+            account_shown = outbox.shown_account(row.account_id)
             claimed.append(
                 Claimed(
                     row.id,
+                    row.account_id,
                     row.attempts,
                     row.url,
                     row.public_id,
-                    messages.body(
-                        row.public_id, row.type, row.account_id, row.data, row.created_at
-                    ),
+                    messages.body(row.public_id, row.type, account_shown, row.data, row.created_at),
                     signing,
                 )
             )
@@ -309,6 +356,7 @@ class Deliverer:
         rows = []
         for item, outcome in results:
             row: dict[str, Any] = {
+                "b_account": item.account_id,
                 "b_id": item.delivery_id,
                 "b_attempt": item.attempt,
                 "status": PENDING,
@@ -338,14 +386,22 @@ class Deliverer:
                     item.delivery_id,
                     row["last_error"],
                 )
-        with self.database.unit_of_work() as session:
-            session.execute(_RECORD, rows)
-            session.commit()
+        # On a Citus cluster each account's in a transaction on its shard (one commit per
+        # worker touched would otherwise be two-phase); elsewhere the batch's in one.
+        parts = citus.per_account(
+            self.database, lambda _: sorted({row["b_account"] for row in rows})
+        )
+        for account in parts:
+            mine = [row for row in rows if account is None or row["b_account"] == account]
+            with self.database.unit_of_work() as session:
+                session.execute(_RECORD, mine)
+                session.commit()
 
 
 _RECORD = (
     update(DELIVERIES)
     .where(
+        DELIVERIES.c.account_id == bindparam("b_account"),
         DELIVERIES.c.id == bindparam("b_id"),
         DELIVERIES.c.attempts == bindparam("b_attempt"),  # still our claim
         DELIVERIES.c.status == PENDING,

@@ -43,6 +43,7 @@ from sqlalchemy.types import Text
 
 from metering.kit.ids import new_id
 from metering.models import Account, WebhookEvent, table
+from metering.models.notifications import NO_ACCOUNT
 
 EVENTS = table(WebhookEvent)
 ACCOUNTS = table(Account)
@@ -74,6 +75,16 @@ EVENT_TYPES = frozenset(
 OPERATOR_ONLY = frozenset({EXPIRED_UNUSED, USAGE_QUARANTINED, EXPORT_COMPLETED})
 
 
+def stored_account(account_id: str | None) -> str:
+    """The ``account_id`` an event of ``account_id`` (None: of no account) is stored under."""
+    return NO_ACCOUNT if account_id is None else account_id
+
+
+def shown_account(stored: str) -> str | None:
+    """An event's (or delivery's) account as messages and the API show it: null for none."""
+    return None if stored == NO_ACCOUNT else stored
+
+
 def emit(
     session: Session,
     type_: str,
@@ -87,7 +98,7 @@ def emit(
     session.execute(
         insert(EVENTS).values(
             public_id=public_id,
-            account_id=account_id,
+            account_id=stored_account(account_id),
             type=type_,
             data=json.dumps(dict(data), separators=(",", ":"), allow_nan=False),
             created_at=now,

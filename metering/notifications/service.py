@@ -170,11 +170,12 @@ def delete_endpoint(session: Session, scope: Scope, endpoint_id: str, now: datet
     """Delete an endpoint; its undelivered messages are dropped (returns how many)."""
     endpoint = get_endpoint(session, scope, endpoint_id)
     endpoint.deleted_at = now
-    result = session.execute(
-        update(WebhookDelivery)
-        .where(WebhookDelivery.endpoint_id == endpoint.id, WebhookDelivery.status == PENDING)
-        .values(status=DROPPED, next_attempt_at=None)
+    dropped = update(WebhookDelivery).where(
+        WebhookDelivery.endpoint_id == endpoint.id, WebhookDelivery.status == PENDING
     )
+    if endpoint.account_id is not None:  # its account's only (on Citus, that account's shard)
+        dropped = dropped.where(WebhookDelivery.account_id == endpoint.account_id)
+    result = session.execute(dropped.values(status=DROPPED, next_attempt_at=None))
     session.flush()
     return int(result.rowcount)  # type: ignore[attr-defined]
 
@@ -212,7 +213,10 @@ def send_test(session: Session, scope: Scope, endpoint_id: str, now: datetime) -
     endpoint = get_endpoint(session, scope, endpoint_id)
     event_public_id = outbox.emit(session, outbox.TEST, endpoint.account_id, {}, now)
     event = session.execute(
-        select(WebhookEvent).where(WebhookEvent.public_id == event_public_id)
+        select(WebhookEvent).where(
+            WebhookEvent.account_id == outbox.stored_account(endpoint.account_id),
+            WebhookEvent.public_id == event_public_id,
+        )
     ).scalar_one()
     event.dispatched = True  # its one delivery is made here, not by the fan-out
     _schedule(session, event, endpoint, now)
@@ -225,7 +229,9 @@ def _schedule(
 ) -> None:
     existing = session.execute(
         select(WebhookDelivery).where(
-            WebhookDelivery.event_id == event.id, WebhookDelivery.endpoint_id == endpoint.id
+            WebhookDelivery.account_id == event.account_id,
+            WebhookDelivery.event_id == event.id,
+            WebhookDelivery.endpoint_id == endpoint.id,
         )
     ).scalar_one_or_none()
     if existing is None:
@@ -254,9 +260,9 @@ def event_body(event: WebhookEvent) -> dict[str, Any]:
         "id": event.public_id,
         "object": "webhook_event",
         "type": event.type,
-        "account_id": event.account_id,
+        "account_id": outbox.shown_account(event.account_id),
         "created_at": format_timestamp(event.created_at),
-        "data": render_data(event.account_id, event.data),
+        "data": render_data(outbox.shown_account(event.account_id), event.data),
     }
 
 
@@ -272,7 +278,7 @@ def resend(
     operator = Scope(None)
     if endpoint_id is not None:
         endpoint = get_endpoint(session, operator, endpoint_id)
-        if endpoint.account_id is not None and endpoint.account_id != event.account_id:
+        if endpoint.account_id not in (None, outbox.shown_account(event.account_id)):
             raise InvalidRequest(
                 "that endpoint does not receive this event's account", param="endpoint_id"
             )
@@ -282,7 +288,11 @@ def resend(
             session.execute(
                 select(WebhookEndpoint)
                 .join(WebhookDelivery, WebhookDelivery.endpoint_id == WebhookEndpoint.id)
-                .where(WebhookDelivery.event_id == event.id, WebhookEndpoint.deleted_at.is_(None))
+                .where(
+                    WebhookDelivery.account_id == event.account_id,
+                    WebhookDelivery.event_id == event.id,
+                    WebhookEndpoint.deleted_at.is_(None),
+                )
                 .order_by(WebhookEndpoint.id)
             ).scalars()
         )
@@ -334,7 +344,12 @@ def list_deliveries(
             WebhookEvent.public_id,
             WebhookEvent.type,
         )
-        .join(WebhookEvent, WebhookEvent.id == WebhookDelivery.event_id)
+        .join(
+            WebhookEvent,
+            # The account first: on Citus, a join of colocated shards.
+            (WebhookEvent.account_id == WebhookDelivery.account_id)
+            & (WebhookEvent.id == WebhookDelivery.event_id),
+        )
         .where(WebhookDelivery.endpoint_id == endpoint.id)
         .order_by(WebhookDelivery.id.desc())
         .limit(limit + 1)

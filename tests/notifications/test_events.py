@@ -12,6 +12,7 @@ from sqlalchemy import select
 
 from metering.ledger.service import add_entry
 from metering.models import WebhookEvent
+from metering.notifications import outbox
 from metering.notifications.messages import render_data
 from metering.scheduler import Scheduler
 from metering.usage.service import record_events
@@ -40,16 +41,16 @@ def events_of(api: Api, account_id: str | None, type_: str | None = None) -> lis
         # a call delegated to a worker (a single event's) takes its id from that worker's range
         # of the sequence, so ids alone do not follow time across nodes.
         query = select(WebhookEvent).order_by(WebhookEvent.created_at, WebhookEvent.id)
-        query = query.where(
-            WebhookEvent.account_id.is_(None)
-            if account_id is None
-            else WebhookEvent.account_id == account_id
-        )
+        query = query.where(WebhookEvent.account_id == outbox.stored_account(account_id))
         if type_ is not None:
             query = query.where(WebhookEvent.type == type_)
         rows = session.execute(query).scalars().all()
         return [
-            {"type": e.type, "data": render_data(e.account_id, e.data), "id": e.public_id}
+            {
+                "type": e.type,
+                "data": render_data(outbox.shown_account(e.account_id), e.data),
+                "id": e.public_id,
+            }
             for e in rows
         ]
 
