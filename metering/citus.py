@@ -33,10 +33,12 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+from weakref import WeakKeyDictionary
 
 from sqlalchemy import (
     Connection,
     CursorResult,
+    Engine,
     MetaData,
     String,
     Table,
@@ -128,6 +130,38 @@ async def on_citus_async(connection: Any) -> bool:
         cursor = await connection.execute(CITUS_PROBE)
         row = await cursor.fetchone()
         found = PROBED.keep(connection.info, row and row[0])
+    return found
+
+
+# Whether each engine's database is a Citus coordinator: asked once per engine (a request path
+# asks at every request, so the answer is one dictionary look-up; the probe's per-connection
+# answers above are the level below).
+_CLUSTERS: WeakKeyDictionary[Engine, bool] = WeakKeyDictionary()
+
+
+def known_cluster(database: Database) -> bool | None:
+    """Whether ``database`` is a Citus coordinator; None until asked (``is_cluster``,
+    ``probe_cluster``)."""
+    if database.dialect != "postgresql":
+        return False
+    return _CLUSTERS.get(database.engine)
+
+
+def is_cluster(database: Database) -> bool:
+    """Whether ``database`` is a Citus coordinator (asked once per engine)."""
+    found = known_cluster(database)
+    if found is None:
+        with database.reading() as session:
+            found = _CLUSTERS[database.engine] = on_cluster(session)
+    return found
+
+
+async def probe_cluster(database: Database) -> bool:
+    """``is_cluster`` from asynchronous code (the gateway's autocommit pool)."""
+    found = known_cluster(database)
+    if found is None:
+        async with database.async_driver_autocommit() as connection:
+            found = _CLUSTERS[database.engine] = await on_citus_async(connection)
     return found
 
 
@@ -302,8 +336,10 @@ def per_account(database: Database, accounts: Callable[[Session], list[str]]) ->
     """Each transaction of an operator-wide job: on a cluster one per account having work
     (``accounts``, read across the shards without a lock), elsewhere one for every account
     (None). The job limits its statements to the account it is given."""
+    if not is_cluster(database):
+        return [None]
     with database.reading() as session:
-        return list(accounts(session)) if on_cluster(session) else [None]
+        return list(accounts(session))
 
 
 def accounts_with(session: Session, table: Table, *where: Any) -> list[str]:

@@ -98,7 +98,6 @@ class Scheduler:
         self.grant_notice = timedelta(days=settings.grant_notice_days)
         self.exporter = Exporter(database, settings.export_dir, clock, runner)
         self.heartbeat = heartbeat
-        self._cluster: bool | None = None
         self.deliverer: Deliverer | None = None
         if settings.secret_key:
             self.deliverer = Deliverer(database, settings, clock, resolver=resolver)
@@ -150,17 +149,6 @@ class Scheduler:
         self._beat(now)
         return report
 
-    def _on_cluster(self) -> bool:
-        """Whether the database is a Citus cluster: then each job's work is done account by
-        account, each account in a transaction of its own whose statements are routed to its
-        shard (metering.citus)."""
-        if self._cluster is None:
-            self._cluster = False
-            if self.database.dialect == "postgresql":
-                with self.database.reading() as session:
-                    self._cluster = citus.on_cluster(session)
-        return self._cluster
-
     def _per_account(self, accounts: Callable[[Session], list[str]]) -> list[str | None]:
         return citus.per_account(self.database, accounts)
 
@@ -193,7 +181,7 @@ class Scheduler:
             with self.database.reading() as session:
                 accounts = accounts_with_due_expiries(session, now)
             # On a cluster, one account per transaction (each on its own shard).
-            batch_size = 1 if self._on_cluster() else EXPIRY_BATCH
+            batch_size = 1 if citus.is_cluster(self.database) else EXPIRY_BATCH
             for start in range(0, len(accounts), batch_size):
                 batch = accounts[start : start + batch_size]
                 with self.database.unit_of_work() as session:

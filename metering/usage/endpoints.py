@@ -11,6 +11,7 @@ from fastapi import APIRouter, Body, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import State
 
+from metering import citus
 from metering.db import Database, retry_transient
 from metering.kit.pagination import PageParams
 from metering.metrics import REGISTRY
@@ -99,10 +100,9 @@ async def _ingest(state: State, body: EventBatch, _params: Mapping[str, str]) ->
     database: Database = state.database
     now = state.clock.now()
     outcome = None
-    cluster = False  # a Citus coordinator (metering.usage.sharded)
+    cluster = False  # a Citus coordinator (metering.citus; then metering.usage.sharded)
     if database.dialect == "postgresql":
-        known = sharded.known(database)
-        cluster = await sharded.probe(database) if known is None else known
+        cluster = await citus.probe_cluster(database)
         if len(body.events) == 1:
             outcome = await single.record_one(database, body.events[0], now, cluster)
     if outcome is None:

@@ -28,30 +28,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from datetime import datetime
-from weakref import WeakKeyDictionary
 
-from sqlalchemy import Engine
-
-from metering.citus import on_citus_async
 from metering.db import Database, retry_transient
 from metering.usage import isolation, quarantine, repository, service
 from metering.usage.events import Event
-
-# Whether each engine's database is a Citus coordinator (it does not change while a process
-# serves it): the ingest asks at every request, so the answer is one dictionary look-up.
-_CLUSTERS: WeakKeyDictionary[Engine, bool] = WeakKeyDictionary()
-
-
-def known(database: Database) -> bool | None:
-    """Whether ``database`` (PostgreSQL) is a Citus coordinator; None until ``probe`` asked."""
-    return _CLUSTERS.get(database.engine)
-
-
-async def probe(database: Database) -> bool:
-    """Ask the database once (metering.citus' probe) whether it is a Citus coordinator."""
-    async with database.async_driver_autocommit() as connection:
-        found = _CLUSTERS[database.engine] = await on_citus_async(connection)
-    return found
 
 
 def record_batch(
