@@ -331,14 +331,18 @@ class Shards:
             }
         )
 
-    def writes_every_node(self, command: str) -> bool:
-        """Whether a command writes a reference table's shard (which every node holds: the
-        write is a transaction of every node)."""
+    def writes_every_node(self, command: str) -> str | None:
+        """The reference table a command writes (every node holds its shard: the write is a
+        transaction of every node), if it writes one."""
         written = WRITE.match(command)
         if written is None:
-            return False
+            return None
         known = self.of.get(int(written[2]))
-        return known is not None and known[0] == written[1] and known[1] is None
+        return (
+            written[1]
+            if known is not None and known[0] == written[1] and known[1] is None
+            else None
+        )
 
     def groups_in(self, command: str) -> set[int]:
         """The colocated shard groups a command touches (reference tables' shards left out:
@@ -468,7 +472,16 @@ class TestRouting:
     one-account function, delegated to the worker that holds the account; and that worker runs
     on its own shards of that group only."""
 
-    def assert_routed(self, api: Api, cluster: Cluster, account: str, send: Any) -> Any:
+    def assert_routed(
+        self,
+        api: Api,
+        cluster: Cluster,
+        account: str,
+        send: Any,
+        configures: frozenset[str] = frozenset(),
+    ) -> Any:
+        """``send()``'s answer, and the commands it had the account's worker run; ``configures``:
+        the reference tables the request may write (configuration, on every node)."""
         shards = Shards.read(api.url)
         group, node = holder(api.url, account)
         cluster.mark()
@@ -478,7 +491,8 @@ class TestRouting:
         for command, port in sent:
             groups = shards.groups_in(command)
             assert groups <= {group}, f"a statement touching other shards: {command}"
-            assert not shards.writes_every_node(command), f"a write of every node: {command}"
+            written = shards.writes_every_node(command)
+            assert written in (None, *configures), f"a write of every node: {command}"
             if groups or DELEGATED.search(command) or INTERMEDIATE.match(command):
                 assert port == node, f"sent to {port}, the account is on {node}: {command}"
                 routed.append(command)
@@ -490,7 +504,8 @@ class TestRouting:
                 # A worker's own statements run on its shards (to: None); a command it sends
                 # another node makes the account's work a transaction of two nodes.
                 assert to is None, f"worker {port} sent {to}: {command}"
-                assert not shards.writes_every_node(command), f"worker {port} wrote {command}"
+                written = shards.writes_every_node(command)
+                assert written in (None, *configures), f"worker {port} wrote {command}"
                 if groups:
                     routed.append(command)  # run by a delegated call, on the account's shards
         return response, routed
@@ -517,6 +532,53 @@ class TestRouting:
             sent.extend(commands)
         # The capture is real: the account's shard was asked (its rows are on a worker).
         assert sent, "no statement reached a worker"
+
+    def test_account_key_webhook_routes(self, routed: tuple[Api, Cluster]) -> None:
+        """An account's own webhook endpoints: their reads, a test message (its event and
+        delivery written on the account's shard) and its deliveries touch the account's shard
+        alone. An endpoint's configuration is a reference table's row (an operator's endpoint,
+        of no account, receives every account's events: each account's fan-out reads them all
+        where it runs), so creating, changing, rotating or deleting one writes every node: a
+        change of configuration, like the catalog's, never a step of the gateway's requests."""
+        api, cluster = routed
+        account = create_account(api, billing="unbilled")
+        key = create_key(api, account)
+        config = frozenset({"webhook_endpoints"})
+
+        def call(
+            method: str, path: str, configures: frozenset[str] = frozenset(), **kw: Any
+        ) -> Any:
+            response, commands = self.assert_routed(
+                api,
+                cluster,
+                account,
+                lambda: api.as_key(key.secret, method, f"/v1/webhook-endpoints{path}", **kw),
+                configures,
+            )
+            assert response.status_code in (200, 201), (method, path, response.text)
+            return response.json(), commands
+
+        created, _ = call(
+            "POST",
+            "",
+            config,
+            json={"url": "https://hooks.example/metering", "event_types": ["credit.balance_low"]},
+        )
+        path = f"/{created['id']}"
+        listed, _ = call("GET", "")
+        assert [e["id"] for e in listed["data"]] == [created["id"]]
+        call("GET", path)
+        call("PATCH", path, config, json={"description": "ours"})
+        call("POST", f"{path}/rotate-secret", config)
+        message, commands = call("POST", f"{path}/test")
+        assert message["account_id"] == account
+        written = {c.split(" ")[2].rsplit("_", 1)[0] for c in commands if c.startswith("INSERT")}
+        assert written == {"public.webhook_events", "public.webhook_deliveries"}, commands
+        deliveries, commands = call("GET", f"{path}/deliveries")
+        assert [d["event_id"] for d in deliveries["data"]] == [message["id"]]
+        assert commands, "read from the account's shard"
+        _, commands = call("DELETE", path, config)
+        assert any(c.startswith("UPDATE public.webhook_deliveries_") for c in commands)
 
     def test_authorizations_and_voids(self, routed: tuple[Api, Cluster]) -> None:
         """A fresh read (the key, then its account's resolution), a remembered one (the

@@ -91,8 +91,11 @@ def emit(
     account_id: str | None,
     data: Mapping[str, Any],
     now: datetime,
+    *,
+    dispatched: bool = False,
 ) -> str:
-    """Write one event in the session's transaction; returns its id (``evt_…``)."""
+    """Write one event in the session's transaction; returns its id (``evt_…``).
+    ``dispatched``: its deliveries are made by the caller, not by the fan-out."""
     assert type_ in EVENT_TYPES, type_
     public_id = new_id("evt", 26)
     session.execute(
@@ -102,7 +105,7 @@ def emit(
             type=type_,
             data=json.dumps(dict(data), separators=(",", ":"), allow_nan=False),
             created_at=now,
-            dispatched=False,
+            dispatched=dispatched,
         )
     )
     return public_id

@@ -211,14 +211,16 @@ def signing_secrets(keys: Sequence[str], endpoint: Any, now: datetime) -> list[s
 def send_test(session: Session, scope: Scope, endpoint_id: str, now: datetime) -> dict[str, Any]:
     """A ``webhook.test`` event for this endpoint only (delivered by the loop, like any)."""
     endpoint = get_endpoint(session, scope, endpoint_id)
-    event_public_id = outbox.emit(session, outbox.TEST, endpoint.account_id, {}, now)
+    # Its one delivery is made here, not by the fan-out.
+    event_public_id = outbox.emit(
+        session, outbox.TEST, endpoint.account_id, {}, now, dispatched=True
+    )
     event = session.execute(
         select(WebhookEvent).where(
             WebhookEvent.account_id == outbox.stored_account(endpoint.account_id),
             WebhookEvent.public_id == event_public_id,
         )
     ).scalar_one()
-    event.dispatched = True  # its one delivery is made here, not by the fan-out
     _schedule(session, event, endpoint, now)
     session.flush()
     return event_body(event)
@@ -227,14 +229,19 @@ def send_test(session: Session, scope: Scope, endpoint_id: str, now: datetime) -
 def _schedule(
     session: Session, event: WebhookEvent, endpoint: WebhookEndpoint, now: datetime
 ) -> None:
-    existing = session.execute(
-        select(WebhookDelivery).where(
+    """The event's delivery to the endpoint, made or made due again (as new). Core statements
+    that name the account: on Citus each goes to the account's shard alone (the mapper knows
+    the rows by ``id`` only)."""
+    again = session.execute(
+        update(WebhookDelivery)
+        .where(
             WebhookDelivery.account_id == event.account_id,
             WebhookDelivery.event_id == event.id,
             WebhookDelivery.endpoint_id == endpoint.id,
         )
-    ).scalar_one_or_none()
-    if existing is None:
+        .values(status=PENDING, attempts=0, next_attempt_at=now, delivered_at=None)
+    )
+    if again.rowcount == 0:  # type: ignore[attr-defined]
         session.add(
             WebhookDelivery(
                 event_id=event.id,
@@ -246,11 +253,6 @@ def _schedule(
                 created_at=now,
             )
         )
-        return
-    existing.status = PENDING
-    existing.attempts = 0
-    existing.next_attempt_at = now
-    existing.delivered_at = None
 
 
 def event_body(event: WebhookEvent) -> dict[str, Any]:
