@@ -139,7 +139,7 @@ async def on_citus_async(connection: Any) -> bool:
 _CLUSTERS: WeakKeyDictionary[Engine, bool] = WeakKeyDictionary()
 
 
-def known_cluster(database: Database) -> bool | None:
+def _known_cluster(database: Database) -> bool | None:
     """Whether ``database`` is a Citus coordinator; None until asked (``is_cluster``,
     ``probe_cluster``)."""
     if database.dialect != "postgresql":
@@ -149,7 +149,7 @@ def known_cluster(database: Database) -> bool | None:
 
 def is_cluster(database: Database) -> bool:
     """Whether ``database`` is a Citus coordinator (asked once per engine)."""
-    found = known_cluster(database)
+    found = _known_cluster(database)
     if found is None:
         with database.reading() as session:
             found = _CLUSTERS[database.engine] = on_cluster(session)
@@ -158,7 +158,7 @@ def is_cluster(database: Database) -> bool:
 
 async def probe_cluster(database: Database) -> bool:
     """``is_cluster`` from asynchronous code (the gateway's autocommit pool)."""
-    found = known_cluster(database)
+    found = _known_cluster(database)
     if found is None:
         async with database.async_driver_autocommit() as connection:
             found = _CLUSTERS[database.engine] = await on_citus_async(connection)

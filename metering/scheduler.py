@@ -30,8 +30,6 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, TypeVar
 
-from sqlalchemy.orm import Session
-
 from metering import citus
 from metering.db import Database
 from metering.exports.service import FAILED, DayResult, Exporter
@@ -149,9 +147,6 @@ class Scheduler:
         self._beat(now)
         return report
 
-    def _per_account(self, accounts: Callable[[Session], list[str]]) -> list[str | None]:
-        return citus.per_account(self.database, accounts)
-
     def _expire_holds(self, now: datetime, report: TickReport) -> int | None:
         from metering.ledger.authorizations import (
             expire_holds,
@@ -160,7 +155,9 @@ class Scheduler:
         )
 
         def work() -> int:
-            accounts = self._per_account(lambda session: tidy_up_accounts(session, now))
+            accounts = citus.per_account(
+                self.database, lambda session: tidy_up_accounts(session, now)
+            )
             expired = 0
             for account in accounts:
                 with self.database.unit_of_work() as session:
@@ -198,7 +195,9 @@ class Scheduler:
 
         def work() -> int:
             notice = self.grant_notice
-            accounts = self._per_account(lambda session: expiring_accounts(session, now, notice))
+            accounts = citus.per_account(
+                self.database, lambda session: expiring_accounts(session, now, notice)
+            )
             written = 0
             for account in accounts:
                 with self.database.unit_of_work() as session:

@@ -388,13 +388,15 @@ class Deliverer:
                 )
         # On a Citus cluster each account's in a transaction on its shard (one commit per
         # worker touched would otherwise be two-phase); elsewhere the batch's in one.
-        parts = citus.per_account(
-            self.database, lambda _: sorted({row["b_account"] for row in rows})
-        )
-        for account in parts:
-            mine = [row for row in rows if account is None or row["b_account"] == account]
+        parts = [rows]
+        if citus.is_cluster(self.database):
+            accounts: dict[str, list[dict[str, Any]]] = {}
+            for row in rows:
+                accounts.setdefault(row["b_account"], []).append(row)
+            parts = [accounts[account] for account in sorted(accounts)]
+        for part in parts:
             with self.database.unit_of_work() as session:
-                session.execute(_RECORD, mine)
+                session.execute(_RECORD, part)
                 session.commit()
 
 
