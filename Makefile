@@ -68,7 +68,7 @@ bench: $(STAMP)
 
 # `make bench-compare BASE=<rev> [BENCH="ledger ingest"]`: those benchmarks on a clean checkout
 # of BASE and on the working tree, alternated three times; one table of medians and ratios,
-# flagging any figure more than 10% worse (see the README's Performance section).
+# flagging any figure more than 10% worse (see docs/performance.md).
 bench-compare: $(STAMP)
 	@test -n "$(BASE)" || { echo 'usage: make bench-compare BASE=<rev> [BENCH="ledger ingest"]' >&2; exit 2; }
 	$(BIN)/python -m bench.compare --base "$(BASE)" $(BENCH)
