@@ -164,7 +164,8 @@ class TestPlacement:
             )
 
         before = schema()
-        assert migrate.upgrade(citus_api.url) == []
+        done = migrate.upgrade(citus_api.url)
+        assert (done.applied, done.installed, done.dropped) == ([], [], [])
         assert citus.distribute(citus_api.url) == citus.Distribution()
         assert schema() == before
 
@@ -209,7 +210,7 @@ def test_a_table_the_rule_now_puts_elsewhere_is_placed_anew() -> None:
         finally:
             engine.dispose()
 
-        assert migrate.upgrade(url) == [
+        assert migrate.upgrade(url).applied == [
             "0036 The webhook outbox is account data: ``webhook_events.account_id`` and"
         ]
         placed = citus_tables(url)
