@@ -111,14 +111,14 @@ def is_current(url: str) -> bool:
     """Whether the database is at the newest migration and holds exactly the committed
     functions (what ``metering migrate`` would leave it): the service starts on no other."""
     heads = set(ScriptDirectory.from_config(alembic_config(url)).get_heads())
-    if current_revisions(url) != heads:
-        return False
-    if not url.startswith("postgresql"):
-        return True
-    wanted = {(name, checksum(body)) for name, body in committed_functions().items()}
     engine = create_engine(url)
     try:
         with engine.connect() as connection:
+            if set(MigrationContext.configure(connection).get_current_heads()) != heads:
+                return False
+            if connection.dialect.name != "postgresql":
+                return True
+            wanted = {(name, checksum(body)) for name, body in committed_functions().items()}
             return {(name, held) for _, name, held in _held(connection)} == wanted
     finally:
         engine.dispose()
@@ -150,6 +150,7 @@ def install_functions(url: str, functions: Mapping[str, str]) -> Migrated:
 
 def _install(connection: Connection, functions: Mapping[str, str]) -> Migrated:
     done = Migrated(functions=len(functions))
+    wanted = {(name, checksum(body)) for name, body in functions.items()}
     held = {(name, held) for _, name, held in _held(connection)}
     for name, body in functions.items():
         header = _HEADER.match(body.split("\n", 1)[0])
@@ -164,7 +165,6 @@ def _install(connection: Connection, functions: Mapping[str, str]) -> Migrated:
             text(f"COMMENT ON FUNCTION {header['signature']} IS '{CHECKSUM_MARK}{checksum(body)}'")
         )
         done.installed.append(name)
-    wanted = {(name, checksum(body)) for name, body in functions.items()}
     for signature, name, held_checksum in _held(connection):
         if (name, held_checksum) not in wanted:
             connection.execute(text(f"DROP FUNCTION {signature}"))

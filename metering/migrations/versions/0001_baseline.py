@@ -1,4 +1,4 @@
-"""The baseline: the whole schema, as the 36 migrations before it left it, in one step.
+"""The baseline: the whole schema, as migrations 0001–0036 left it, in one step.
 
 Every table, column, constraint, index and trigger of the service, with their names, on SQLite and
 PostgreSQL (a Citus coordinator then distributes them: metering.citus). It holds no PostgreSQL
@@ -14,7 +14,8 @@ What the models do not say, and this does:
   PostgreSQL's column types refuse by themselves.
 * PostgreSQL keeps the checks of the tables written on the gateway's path as one ``text[]``
   constant (``status::text = ANY ('{…}'::text[])``), which a statement folds far faster than the
-  ``IN (…)`` list of VARCHARs it stands for: the same values, the same names.
+  ``IN (…)`` list of VARCHARs it stands for: the same values, the same names (all of them but
+  ``ck_credit_allocation_days_kind``, made after the others were compacted).
 * ``usage_events`` has no foreign keys: the ingest writes the account, key and model it read in
   the same transaction, and none is ever deleted (checked per row, they were half of the
   insert's cost); ``metering verify`` names any orphan. ``ledger_entries``' idempotency index
@@ -58,8 +59,8 @@ def _check(condition: str, name: str, postgresql: str | None = None) -> sa.Check
 
 
 def _create_table(name: str, *elements: Any) -> None:
-    """``op.create_table``, with SQLite's integer checks for every integer column that is not
-    part of the primary key (SQLite keeps an integer key as its rowid: always an integer)."""
+    """``op.create_table``, with SQLite's integer checks for every integer column outside the
+    primary key (the columns metering.kit.ranges names; a rowid key is always an integer)."""
     table = sa.Table(name, sa.MetaData(), *elements)
     if _dialect() == "sqlite":
         for column in table.columns:
