@@ -101,8 +101,8 @@ class CreditAllocationDay(Base):
 
 
 class CreditRollforward(Base):
-    """One row: the first day of the daily credit roll-forward (the day migration 0015 ran;
-    earlier days are not back-filled)."""
+    """One row: the first day of the daily credit roll-forward (the day the baseline migration
+    made the schema; earlier days are not written)."""
 
     __tablename__ = "credit_rollforward"
 

@@ -39,7 +39,7 @@ class LedgerEntry(Base):
         CheckConstraint(ENTRY_KINDS, name="kind"),
         CheckConstraint(ENTRY_SIGNS, name="amount_sign"),
         # Grants and adjustments share one idempotency namespace per account. Charges have no
-        # key and stay out of the index (migration 0006): one per usage event, on the hot path.
+        # key and stay out of the index: one per usage event, on the hot path.
         Index(
             "uq_ledger_entries_account_id_idempotency_key",
             "account_id",

@@ -5,7 +5,7 @@
 * every ``usage_rollups`` row equals the sum of its events, recomputed here in SQL from
   ``usage_events`` for all six row kinds, both ways (a row missing, a row that should not exist);
 * every usage event's account, API key (of that account) and model exist (usage_events has no
-  foreign keys: see migration 0006);
+  foreign keys: see metering.models.usage);
 * every account's held counter equals the sum of the holds it counts (metering.ledger);
 * every account's credit grants (§9): the remainders of its active grants less its deficit
   equal its balance; remainders of grants already expired at the clock whose ``expiry`` entry

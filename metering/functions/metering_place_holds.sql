@@ -1,35 +1,9 @@
-"""The check-and-hold names what a key refused by its spend limit spent in a step of its own.
-
-``metering_place_holds`` wrote that figure (the 402's ``spent_cents``) as a CASE in its result row;
-PL/pgSQL runs an expression holding a subquery as a query of its own, executor start-up and all,
-even when the branch with the subquery is not taken, so every hold paid for a statement that only
-a ``member_spend_limit`` refusal needs. It is now a variable set by an IF on that outcome (NULL
-otherwise): one statement fewer per hold placed, the same result rows.
-
-Revision ID: 0021
-Revises: 0020
-Create Date: 2026-12-01 16:00:00
-"""
-
-import importlib.util
-from collections.abc import Sequence
-from pathlib import Path
-from types import ModuleType
-
-from alembic import op
-
-revision: str = "0021"
-down_revision: str | Sequence[str] | None = "0020"
-branch_labels: str | Sequence[str] | None = None
-depends_on: str | Sequence[str] | None = None
-
-PLACE_HOLDS = """
 CREATE OR REPLACE FUNCTION metering_place_holds(p_now TIMESTAMP WITH TIME ZONE, p_holds json)
 RETURNS TABLE (hold_id VARCHAR, outcome VARCHAR, available BIGINT, spent BIGINT)
 LANGUAGE plpgsql VOLATILE AS $$
 #variable_conflict use_column
 DECLARE
-    v_h_id VARCHAR(32);
+    v_h_id VARCHAR(64);
     v_h_account_id VARCHAR(32);
     v_h_api_key_id VARCHAR(32);
     v_h_request_id VARCHAR(64);
@@ -70,7 +44,7 @@ DECLARE
 BEGIN
     FOR v_h_id, v_h_account_id, v_h_api_key_id, v_h_request_id, v_h_request_fingerprint, v_h_model_id, v_h_api, v_h_prompt_tokens, v_h_requested_max_tokens, v_h_n, v_h_reasoning, v_h_max_tokens, v_h_estimate_microcents, v_h_created_at, v_h_expires_at, v_h_spend_limit, v_h_window_start, v_h_window_end, v_h_resolution, v_h_secret_hash, v_h_model_key IN
     SELECT h.id, h.account_id, h.api_key_id, h.request_id, h.request_fingerprint, h.model_id, h.api, h.prompt_tokens, h.requested_max_tokens, h.n, h.reasoning, h.max_tokens, h.estimate_microcents, h.created_at, h.expires_at, h.spend_limit, h.window_start, h.window_end, h.resolution, h.secret_hash, h.model_key
-    FROM (SELECT * FROM ROWS FROM (json_to_recordset(CAST(p_holds AS json)) AS (id VARCHAR(32), account_id VARCHAR(32), api_key_id VARCHAR(32), request_id VARCHAR(64), request_fingerprint VARCHAR(64), model_id VARCHAR(100), api VARCHAR(20), prompt_tokens INTEGER, requested_max_tokens INTEGER, n INTEGER, reasoning BOOLEAN, max_tokens INTEGER, estimate_microcents BIGINT, created_at TIMESTAMP WITH TIME ZONE, expires_at TIMESTAMP WITH TIME ZONE, spend_limit BIGINT, window_start TIMESTAMP WITH TIME ZONE, window_end TIMESTAMP WITH TIME ZONE, resolution TEXT, secret_hash VARCHAR, model_key VARCHAR)) WITH ORDINALITY AS t(id, account_id, api_key_id, request_id, request_fingerprint, model_id, api, prompt_tokens, requested_max_tokens, n, reasoning, max_tokens, estimate_microcents, created_at, expires_at, spend_limit, window_start, window_end, resolution, secret_hash, model_key, position)) AS h ORDER BY h.account_id COLLATE "C", h.position
+    FROM (SELECT * FROM ROWS FROM (json_to_recordset(CAST(p_holds AS json)) AS (id VARCHAR(64), account_id VARCHAR(32), api_key_id VARCHAR(32), request_id VARCHAR(64), request_fingerprint VARCHAR(64), model_id VARCHAR(100), api VARCHAR(20), prompt_tokens INTEGER, requested_max_tokens INTEGER, n INTEGER, reasoning BOOLEAN, max_tokens INTEGER, estimate_microcents BIGINT, created_at TIMESTAMP WITH TIME ZONE, expires_at TIMESTAMP WITH TIME ZONE, spend_limit BIGINT, window_start TIMESTAMP WITH TIME ZONE, window_end TIMESTAMP WITH TIME ZONE, resolution TEXT, secret_hash VARCHAR, model_key VARCHAR)) WITH ORDINALITY AS t(id, account_id, api_key_id, request_id, request_fingerprint, model_id, api, prompt_tokens, requested_max_tokens, n, reasoning, max_tokens, estimate_microcents, created_at, expires_at, spend_limit, window_start, window_end, resolution, secret_hash, model_key, position)) AS h ORDER BY h.account_id COLLATE "C", h.position
     LOOP
         IF v_h_account_id IS DISTINCT FROM v_account_id THEN
             IF v_changed THEN
@@ -122,8 +96,8 @@ BEGIN
         FROM account_models
         WHERE account_models.account_id = api_keys.account_id AND account_models.model_id = model.id)) AS account_sees, api_keys.restricts_models IS false OR (EXISTS (SELECT *
         FROM api_key_models
-        WHERE api_key_models.api_key_id = api_keys.id AND api_key_models.model_id = model.id)) AS key_allows, coalesce(override.input_microcents_per_million, listed.input_microcents_per_million) AS input_microcents_per_million, coalesce(override.output_microcents_per_million, listed.output_microcents_per_million) AS output_microcents_per_million, coalesce(override.cache_read_microcents_per_million, listed.cache_read_microcents_per_million) AS cache_read_microcents_per_million
-        FROM api_keys JOIN accounts ON accounts.id = api_keys.account_id LEFT OUTER JOIN catalog_models AS model ON model.id_key = v_h_model_key LEFT OUTER JOIN account_rates AS override ON override.id = (SELECT account_rates.id
+        WHERE api_key_models.account_id = api_keys.account_id AND api_key_models.api_key_id = api_keys.id AND api_key_models.model_id = model.id)) AS key_allows, coalesce(override.input_microcents_per_million, listed.input_microcents_per_million) AS input_microcents_per_million, coalesce(override.output_microcents_per_million, listed.output_microcents_per_million) AS output_microcents_per_million, coalesce(override.cache_read_microcents_per_million, listed.cache_read_microcents_per_million) AS cache_read_microcents_per_million
+        FROM api_keys JOIN accounts ON accounts.id = api_keys.account_id LEFT OUTER JOIN catalog_models AS model ON model.id_key = v_h_model_key LEFT OUTER JOIN account_rates AS override ON override.account_id = api_keys.account_id AND override.id = (SELECT account_rates.id
         FROM account_rates
         WHERE account_rates.account_id = api_keys.account_id AND account_rates.model_id = model.id AND account_rates.effective_at <= v_h_created_at ORDER BY account_rates.effective_at DESC
          LIMIT 1) AND override.input_microcents_per_million IS NOT NULL LEFT OUTER JOIN price_versions AS listed ON listed.id = (SELECT price_versions.id
@@ -132,11 +106,14 @@ BEGIN
          LIMIT 1)
         WHERE api_keys.secret_hash = v_h_secret_hash AND api_keys.revoked_at IS NULL) AS resolution) IS DISTINCT FROM v_h_resolution) THEN 'stale' WHEN (v_h_request_id IS NOT NULL AND (EXISTS (SELECT *
         FROM authorizations
-        WHERE authorizations.account_id = v_account_id AND authorizations.request_id = v_h_request_id))) THEN 'exists' WHEN (v_billing != 'prepaid' AND v_h_estimate_microcents > 9223372036854775807 - v_held) THEN 'out_of_range' WHEN (v_limit IS NOT NULL AND v_count >= v_limit) THEN 'concurrency_limit_exceeded' WHEN (v_billing = 'prepaid' AND v_h_estimate_microcents > v_available) THEN 'insufficient_credits' WHEN (v_billing = 'prepaid' AND v_h_spend_limit IS NOT NULL AND (SELECT coalesce(sum(usage_rollups.cost_microcents), 0) AS coalesce_1
-        FROM usage_rollups
-        WHERE usage_rollups.account_id = v_account_id AND usage_rollups.bucket_width = '1d' AND usage_rollups.grouping = 'key' AND usage_rollups.bucket_start >= v_h_window_start AND usage_rollups.bucket_start < v_h_window_end AND usage_rollups.api_key_id = v_h_api_key_id) + (SELECT coalesce(sum(authorizations.estimate_microcents), 0) AS coalesce_2
-        FROM authorizations
-        WHERE authorizations.api_key_id = v_h_api_key_id AND authorizations.status = 'active' AND authorizations.expires_at > v_h_created_at) + v_h_estimate_microcents > v_h_spend_limit) THEN 'member_spend_limit' ELSE 'granted' END;
+        WHERE authorizations.account_id = v_account_id AND authorizations.request_id = v_h_request_id))) THEN 'exists' WHEN (v_billing != 'prepaid' AND v_h_estimate_microcents > 9223372036854775807 - v_held) THEN 'out_of_range' WHEN (v_limit IS NOT NULL AND v_count >= v_limit) THEN 'concurrency_limit_exceeded' WHEN (v_billing = 'prepaid' AND v_h_estimate_microcents > v_available) THEN 'insufficient_credits' ELSE 'granted' END;
+        IF v_outcome = 'granted' AND v_h_spend_limit IS NOT NULL THEN
+            v_outcome := CASE WHEN (v_billing = 'prepaid' AND v_h_spend_limit IS NOT NULL AND (SELECT coalesce(sum(usage_rollups.cost_microcents), 0) AS coalesce_1
+            FROM usage_rollups
+            WHERE usage_rollups.account_id = v_account_id AND usage_rollups.bucket_width = '1d' AND usage_rollups.grouping = 'key' AND usage_rollups.bucket_start >= v_h_window_start AND usage_rollups.bucket_start < v_h_window_end AND usage_rollups.api_key_id = v_h_api_key_id) + (SELECT coalesce(sum(authorizations.estimate_microcents), 0) AS coalesce_2
+            FROM authorizations
+            WHERE authorizations.account_id = v_account_id AND authorizations.api_key_id = v_h_api_key_id AND authorizations.status = 'active' AND authorizations.expires_at > v_h_created_at) + v_h_estimate_microcents > v_h_spend_limit) THEN 'member_spend_limit' ELSE 'granted' END;
+        END IF;
         IF v_outcome = 'granted' THEN
             INSERT INTO authorizations (id, account_id, api_key_id, request_id, request_fingerprint, model_id, api, prompt_tokens, requested_max_tokens, n, reasoning, max_tokens, estimate_microcents, status, created_at, expires_at, counted) VALUES (v_h_id, v_h_account_id, v_h_api_key_id, v_h_request_id, v_h_request_fingerprint, v_h_model_id, v_h_api, v_h_prompt_tokens, v_h_requested_max_tokens, v_h_n, v_h_reasoning, v_h_max_tokens, v_h_estimate_microcents, 'active', v_h_created_at, v_h_expires_at, true);
             v_held := v_held + v_h_estimate_microcents;
@@ -148,7 +125,7 @@ BEGIN
             FROM usage_rollups
             WHERE usage_rollups.account_id = v_account_id AND usage_rollups.bucket_width = '1d' AND usage_rollups.grouping = 'key' AND usage_rollups.bucket_start >= v_h_window_start AND usage_rollups.bucket_start < v_h_window_end AND usage_rollups.api_key_id = v_h_api_key_id) + (SELECT coalesce(sum(authorizations.estimate_microcents), 0) AS coalesce_2
             FROM authorizations
-            WHERE authorizations.api_key_id = v_h_api_key_id AND authorizations.status = 'active' AND authorizations.expires_at > v_h_created_at);
+            WHERE authorizations.account_id = v_account_id AND authorizations.api_key_id = v_h_api_key_id AND authorizations.status = 'active' AND authorizations.expires_at > v_h_created_at);
         ELSE
             v_spent := CAST(NULL AS BIGINT);
         END IF;
@@ -163,24 +140,3 @@ BEGIN
     END IF;
 END;
 $$
-"""
-
-
-def _migration(name: str) -> ModuleType:
-    """An earlier migration's module (a migration stays as it was written)."""
-    path = next(Path(__file__).parent.glob(f"{name}_*.py"))
-    spec = importlib.util.spec_from_file_location(f"metering_migration_{name}", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def upgrade() -> None:
-    if op.get_bind().dialect.name == "postgresql":
-        op.execute(PLACE_HOLDS)
-
-
-def downgrade() -> None:
-    if op.get_bind().dialect.name == "postgresql":
-        op.execute(_migration("0018").PLACE_HOLDS)
