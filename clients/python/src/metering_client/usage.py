@@ -134,7 +134,7 @@ def _as_dict(obj: object) -> dict[str, Any]:
         return json.loads(json.dumps(obj, default=_jsonable))
     dump = getattr(obj, "model_dump", None)
     if callable(dump):
-        return dict(dump(mode="json"))
+        return dict(dump(mode="json", exclude_unset=True))
     to_dict = getattr(obj, "to_dict", None)
     if callable(to_dict):
         return dict(to_dict())
@@ -144,7 +144,7 @@ def _as_dict(obj: object) -> dict[str, Any]:
 def _jsonable(obj: object) -> Any:
     dump = getattr(obj, "model_dump", None)
     if callable(dump):
-        return dump(mode="json")
+        return dump(mode="json", exclude_unset=True)
     return vars(obj)
 
 
