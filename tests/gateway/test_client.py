@@ -10,8 +10,9 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import metering_client.errors as errors
 import pytest
+
+import metering_client.errors as errors
 from metering_client import (
     AsyncMeteringClient,
     Authorization,
@@ -20,7 +21,6 @@ from metering_client import (
     SenderSettings,
     new_request_id,
 )
-
 from tests.conftest import BACKENDS
 from tests.gateway.support import GATEWAY, Customer, Metering, expected_charge, running_metering
 from tests.servers import free_port

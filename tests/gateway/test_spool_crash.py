@@ -16,9 +16,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from metering_client import MeteringClient, SenderSettings
 from metering_client.spool import Spool
-
 from tests.conftest import BACKENDS
 from tests.gateway.support import GATEWAY, Metering, expected_charge, now, running_metering
 from tests.servers import free_port

@@ -117,16 +117,20 @@ def test_code_to_exception_to_renderings(status: int, type_: str, code: str, nam
 
 def test_the_fields_of_a_code_are_passed_on_exactly() -> None:
     # As the client parses metering's JSON: decimals exact (json.loads(..., parse_float=Decimal)).
-    raw = json.dumps(
-        body(
-            402,
-            "insufficient_credits",
-            "insufficient_credits",
-            credits_available_cents=Decimal("0.373536"),
-            credits_required_cents_estimate=Decimal("22.215884"),
-        ),
-        default=str,
-    ).replace('"0.373536"', "0.373536").replace('"22.215884"', "22.215884")
+    raw = (
+        json.dumps(
+            body(
+                402,
+                "insufficient_credits",
+                "insufficient_credits",
+                credits_available_cents=Decimal("0.373536"),
+                credits_required_cents_estimate=Decimal("22.215884"),
+            ),
+            default=str,
+        )
+        .replace('"0.373536"', "0.373536")
+        .replace('"22.215884"', "22.215884")
+    )
     error = MeteringError.from_response(402, json.loads(raw, parse_float=Decimal))
     assert error.extra == {
         "credits_available_cents": Decimal("0.373536"),

@@ -150,7 +150,9 @@ class TestStreams:
         assert "5 stream items" in str(raised.value)
 
     def test_raw_server_sent_events(self) -> None:
-        text = "".join(f"data: {json.dumps(c)}\n\n" for c in (chunk("a"), chunk(usage=STREAM_USAGE)))
+        text = "".join(
+            f"data: {json.dumps(c)}\n\n" for c in (chunk("a"), chunk(usage=STREAM_USAGE))
+        )
         assert usage_from_stream([text.encode(), b"data: [DONE]\n\n"], "chat_completions") == (
             STREAM_USAGE
         )

@@ -229,6 +229,8 @@ class MeteringHook(CustomLogger):
                 yield item
             outcome = "completed"
         finally:
+            if not collector.has_usage:
+                _usage_litellm_received(response, collector)
             self._settle_stream(state, authorization, collector, outcome)
 
     async def async_post_call_failure_hook(
@@ -280,6 +282,20 @@ class MeteringHook(CustomLogger):
             return
         self.client.record(authorization.usage_event(usage, outcome=outcome))
         state["state"] = "recorded"
+
+
+def _usage_litellm_received(response: Any, collector: UsageCollector) -> None:
+    """A stream that broke before its usage chunk: the usage the model's provider had reported
+    with the chunks LiteLLM received (LiteLLM keeps them as ``chunks`` on its stream wrapper,
+    and strips their usage before the customer sees them)."""
+    received = getattr(response, "chunks", None)
+    if not isinstance(received, list):
+        return
+    for chunk in received:
+        try:
+            collector.add(chunk)
+        except Exception:
+            log.exception("metering: unreadable chunk of LiteLLM's stream")
 
 
 def _unmetered(state: dict[str, Any], authorization: Authorization, missing: MissingUsage) -> None:
