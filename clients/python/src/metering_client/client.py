@@ -333,7 +333,8 @@ class MeteringClient(_Base):
         )
         why = "no attempt"
         for pause, timeout in self._attempts():
-            time.sleep(pause)
+            if pause:
+                time.sleep(pause)
             try:
                 response = self._http.post("/v1/authorizations", json=body, timeout=timeout)
             except httpx.HTTPError as exc:
@@ -429,7 +430,8 @@ class AsyncMeteringClient(_Base):
         why = "no attempt"
         http = self._http()
         for pause, timeout in self._attempts():
-            await asyncio.sleep(pause)
+            if pause:
+                await asyncio.sleep(pause)
             try:
                 response = await http.post("/v1/authorizations", json=body, timeout=timeout)
             except httpx.HTTPError as exc:
