@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,8 +20,7 @@ from metering_client import (
     SenderSettings,
     new_request_id,
 )
-from tests.conftest import BACKENDS
-from tests.gateway.support import GATEWAY, Customer, Metering, expected_charge, running_metering
+from tests.gateway.support import GATEWAY, Customer, Metering, expected_charge
 from tests.servers import free_port
 
 CHAT_USAGE = {
@@ -32,14 +30,6 @@ CHAT_USAGE = {
     "prompt_tokens_details": {"cached_tokens": 4352},
 }
 FAST = SenderSettings(max_delay=0.02, min_backoff=0.05, max_backoff=0.5)
-
-
-@pytest.fixture(scope="module", params=[b for b in ("sqlite", "postgresql") if b in BACKENDS])
-def metering(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Metering]:
-    with running_metering(request.param, tmp_path_factory.mktemp(request.param)) as service:
-        yield service
 
 
 def client(metering: Metering, tmp_path: Path, **kwargs: object) -> MeteringClient:

@@ -12,15 +12,11 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from metering_client import MeteringClient, SenderSettings
 from metering_client.spool import Spool
-from tests.conftest import BACKENDS
-from tests.gateway.support import GATEWAY, Metering, expected_charge, now, running_metering
+from tests.gateway.support import GATEWAY, Metering, expected_charge, now
 from tests.servers import free_port
 
 # The child: records EVENTS usage events of one key, says so, and waits to be killed.
@@ -41,14 +37,6 @@ print("recorded", flush=True)
 time.sleep(600)
 """
 USAGE = {"prompt_tokens": 1000, "completion_tokens": 100}
-
-
-@pytest.fixture(scope="module", params=[b for b in ("sqlite", "postgresql") if b in BACKENDS])
-def metering(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Metering]:
-    with running_metering(request.param, tmp_path_factory.mktemp(request.param)) as service:
-        yield service
 
 
 def record_then_die(url: str, spool: Path, key_id: str, prefix: str, count: int) -> None:
