@@ -5,7 +5,8 @@ the background, kept in a durable spool while metering is away), and every refus
 an OpenAI or Anthropic client expects. See README.md.
 """
 
-from metering_client.client import AsyncMeteringClient, ClientSettings, MeteringClient
+from metering_client.aio import AsyncMeteringClient
+from metering_client.client import ClientSettings, MeteringClient
 from metering_client.errors import (
     ERROR_CLASSES,
     ConcurrencyLimitExceeded,

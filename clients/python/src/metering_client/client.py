@@ -1,4 +1,5 @@
-"""``MeteringClient`` and ``AsyncMeteringClient``: the three calls a gateway makes.
+"""``MeteringClient`` (and ``AsyncMeteringClient``, metering_client.aio): the three calls a
+gateway makes.
 
 * ``authorize(...)`` before the model runs: a hold on the request's maximum cost, or the typed
   refusal to answer the customer with (``err.to_openai()`` / ``err.to_anthropic()``).
@@ -13,8 +14,6 @@ spool) and return; a background thread sends. ``flush()`` waits for the journal 
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import hashlib
 import json
 import logging
@@ -107,7 +106,7 @@ class ClientSettings:
         )
 
 
-class _Base:
+class BaseClient:
     """What both clients share: settings, the journal and its sender (made per process, so a
     client made before a fork works in the child), the authorization's wire format."""
 
@@ -268,17 +267,17 @@ class _Base:
             pause = min(1.0, max(0.05, pause * 2)) * random.uniform(0.8, 1.2)
 
 
-def _transient(response: httpx.Response) -> bool:
+def transient_failure(response: httpx.Response) -> bool:
     """A failure the same authorization may be retried after (same ``request_id``: no double
     hold). A 429 is a refusal (concurrency), never retried here."""
     return response.status_code >= 500
 
 
-def _now() -> datetime:
+def utc_now() -> datetime:
     return datetime.now(UTC)
 
 
-class MeteringClient(_Base):
+class MeteringClient(BaseClient):
     """The synchronous client (threads). Configure by arguments or ``METERING_*`` variables."""
 
     def __init__(
@@ -319,7 +318,7 @@ class MeteringClient(_Base):
         received_at: datetime | None = None,
     ) -> Authorization:
         """Hold the request's maximum cost, or raise the refusal (a ``MeteringError``)."""
-        received_at = received_at or _now()
+        received_at = received_at or utc_now()
         body = self._authorization_body(
             api_key=api_key,
             model=model,
@@ -340,7 +339,7 @@ class MeteringClient(_Base):
             except httpx.HTTPError as exc:
                 why = f"{type(exc).__name__}: {exc}"
                 continue
-            if _transient(response):
+            if transient_failure(response):
                 why = f"HTTP {response.status_code}"
                 continue
             return self._granted(response, api_key, api, received_at)
@@ -364,100 +363,3 @@ class MeteringClient(_Base):
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
-
-
-class AsyncMeteringClient(_Base):
-    """The asyncio client: ``await authorize(...)``; ``record`` and ``void`` return at once
-    (they only append to the spool); ``await flush()`` and ``await close()``."""
-
-    def __init__(
-        self,
-        url: str | None = None,
-        token: str | None = None,
-        *,
-        spool_path: str | os.PathLike[str] | None = None,
-        on_unavailable: Policy | None = None,
-        authorize_timeout: float | None = None,
-        sender: SenderSettings | None = None,
-    ) -> None:
-        settings = ClientSettings.resolve(
-            url,
-            token,
-            spool_path=spool_path,
-            on_unavailable=on_unavailable,
-            authorize_timeout=authorize_timeout,
-            sender=sender,
-        )
-        # One connection pool per event loop (a loop's connections cannot serve another's).
-        self._pools: dict[int, httpx.AsyncClient] = {}
-        super().__init__(settings)
-
-    def _http(self) -> httpx.AsyncClient:
-        loop = id(asyncio.get_running_loop())
-        pool = self._pools.get(loop)
-        if pool is None:
-            pool = httpx.AsyncClient(base_url=self.settings.url, headers=self._headers)
-            self._pools[loop] = pool
-        return pool
-
-    async def authorize(
-        self,
-        *,
-        api_key: str,
-        model: str,
-        api: Api,
-        prompt_tokens: int,
-        max_tokens: int | None = None,
-        n: int = 1,
-        reasoning: bool = False,
-        request_id: str | None = None,
-        hold_ttl_seconds: int | None = None,
-        received_at: datetime | None = None,
-    ) -> Authorization:
-        """Hold the request's maximum cost, or raise the refusal (a ``MeteringError``)."""
-        received_at = received_at or _now()
-        body = self._authorization_body(
-            api_key=api_key,
-            model=model,
-            api=api,
-            prompt_tokens=prompt_tokens,
-            max_tokens=max_tokens,
-            n=n,
-            reasoning=reasoning,
-            request_id=request_id or new_request_id(),
-            hold_ttl_seconds=hold_ttl_seconds,
-        )
-        why = "no attempt"
-        http = self._http()
-        for pause, timeout in self._attempts():
-            if pause:
-                await asyncio.sleep(pause)
-            try:
-                response = await http.post("/v1/authorizations", json=body, timeout=timeout)
-            except httpx.HTTPError as exc:
-                why = f"{type(exc).__name__}: {exc}"
-                continue
-            if _transient(response):
-                why = f"HTTP {response.status_code}"
-                continue
-            return self._granted(response, api_key, api, received_at)
-        return self._unreachable(body, api, received_at, why)
-
-    async def flush(self, timeout: float = 10.0) -> int:
-        _, sender = self._started()
-        return await asyncio.to_thread(sender.flush, timeout)
-
-    async def close(self, timeout: float = 10.0) -> int:
-        _, sender = self._started()
-        left = await asyncio.to_thread(sender.close, timeout)
-        pools, self._pools = self._pools, {}
-        for pool in pools.values():
-            with contextlib.suppress(RuntimeError):  # a pool of a loop that has gone
-                await pool.aclose()
-        return left
-
-    async def __aenter__(self) -> AsyncMeteringClient:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.close()

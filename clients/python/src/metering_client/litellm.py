@@ -43,7 +43,7 @@ import litellm
 from litellm.integrations.custom_logger import CustomLogger
 from litellm.proxy._types import ProxyException, UserAPIKeyAuth
 
-from metering_client.client import AsyncMeteringClient
+from metering_client.aio import AsyncMeteringClient
 from metering_client.errors import MeteringError, MissingApiKey, NotFound, Rendering
 from metering_client.records import Authorization, Outcome, new_request_id
 from metering_client.usage import Api, MissingUsage, UsageCollector, usage_from_response
@@ -196,8 +196,10 @@ class MeteringHook(CustomLogger):
         self, data: dict, user_api_key_dict: UserAPIKeyAuth, response: Any
     ) -> Any:
         state = _state(data)
-        if state is None or _is_stream(response):
+        if state is None:
             return response
+        if _usage_of(response) is None and (data.get("stream") or hasattr(response, "__aiter__")):
+            return response  # a stream: the streaming hook records it as it ends
         authorization = Authorization.from_json(state["authorization"])
         try:
             usage = usage_from_response(response, authorization.api)
@@ -327,10 +329,6 @@ def _state(data: dict) -> dict[str, Any] | None:
             state: dict[str, Any] = metadata[_STATE]
             return state if state.get("state") == "held" else None
     return None
-
-
-def _is_stream(response: Any) -> bool:
-    return hasattr(response, "__aiter__") and _usage_of(response) is None
 
 
 def _usage_of(response: Any) -> Any:
