@@ -24,6 +24,7 @@ from sqlalchemy import and_, or_, select, update
 from sqlalchemy.orm import Session
 
 from metering import citus
+from metering.accounts.access import checked_under_lock, not_allowed, unknown_model
 from metering.accounts.keys import hash_secret
 from metering.accounts.windows import window_bounds
 from metering.catalog.rules import is_retired
@@ -41,9 +42,6 @@ from metering.kit.money import cents
 from metering.kit.pagination import decode_cursor, page
 from metering.kit.ranges import INT64_MAX
 from metering.kit.timeutil import format_timestamp, parse_timestamp
-from metering.ledger import holds
-from metering.ledger.access import checked_under_lock, not_allowed, unknown_model
-from metering.ledger.holds import HoldStatus, past_expiry
 from metering.ledger.metrics import AUTHORIZATIONS, VOIDS
 from metering.ledger.placement.postgres import PostgresHolds, Remembered
 from metering.ledger.placement.program import EXPIRE, HOLDS, Outcome, Placement
@@ -58,6 +56,8 @@ from metering.pricing import (
     estimate_cost,
     field_beyond_range,
 )
+from metering.states import holds
+from metering.states.holds import HoldStatus, past_expiry
 
 
 async def authorize(

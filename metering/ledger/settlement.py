@@ -28,9 +28,9 @@ from sqlalchemy import BigInteger, FromClause, String, and_, cast, func, literal
 from sqlalchemy.sql.elements import BindParameter
 
 from metering.kit import programs as p
-from metering.ledger import holds
 from metering.ledger.spending import debit_steps, lock_accounts
 from metering.models import Account, Authorization, LedgerEntry, table
+from metering.states import holds
 
 ACCOUNTS = table(Account)
 HOLDS = table(Authorization)

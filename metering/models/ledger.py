@@ -18,8 +18,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Mapped, mapped_column
 
-from metering.ledger.holds import ACTIVE_ROWS, RELEASED_ROWS, STATUS_CHECK
 from metering.models.base import Base, BigIntPK, UTCDateTime
+from metering.states.holds import ACTIVE_ROWS, RELEASED_ROWS, STATUS_CHECK
 
 ENTRY_KINDS = "kind IN ('grant', 'adjustment', 'charge', 'expiry', 'void')"
 ENTRY_SIGNS = (

@@ -15,6 +15,7 @@ from fastapi.responses import HTMLResponse
 from sqlalchemy.orm import Session
 
 from metering.accounts.keys import resolve_key
+from metering.audit.deps import AuditDep
 from metering.kit.errors import AuthenticationFailed, InvalidRequest, MeteringError, NotFound
 from metering.kit.timeutil import format_timestamp
 from metering.portal import pages, sessions, views
@@ -23,7 +24,7 @@ from metering.portal.signing import Signer
 from metering.reports import render as report_render
 from metering.runtime import EMBEDDED_BASE_URL
 from metering.settings import Settings
-from metering.web.deps import AdminDep, AuditDep, NowDep, SessionDep, get_clock, get_settings
+from metering.web.deps import AdminDep, NowDep, SessionDep, get_clock, get_settings
 from metering.web.errors import add_error_pages
 from metering.web.jsonio import MeteringRoute
 from metering.web.middleware import request_id_of

@@ -7,9 +7,10 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response
 
+from metering.accounts.deps import AccountKeyDep
 from metering.kit.timeutil import TIMESTAMP_OR_DATE_SCHEMA
 from metering.reports import params, render, service
-from metering.web.deps import AccountKeyDep, NowDep, SessionDep
+from metering.web.deps import NowDep, SessionDep
 from metering.web.jsonio import MeteringRoute
 
 router = APIRouter(prefix="/v1", route_class=MeteringRoute, tags=["usage reports"])

@@ -18,7 +18,7 @@ from operator import add
 from sqlalchemy import BigInteger, String, and_, cast, exists, func, select, type_coerce
 from sqlalchemy.orm import Session
 
-from metering.ledger.access import ACCOUNT_MODELS
+from metering.accounts.access import ACCOUNT_MODELS
 from metering.models import ApiKey, CatalogModel, UsageRollup, table
 from metering.reports.params import ReportQuery
 

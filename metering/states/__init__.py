@@ -1,0 +1,9 @@
+"""The life cycles of the service's records, one state machine per module: its diagram, its
+states as an enum, the legal transitions as data, the Python rule beside its SQL forms, and the
+table's check constraint and partial-index predicates written from the same enum.
+
+* ``holds``: a credit hold (active → settled | voided | expired).
+
+They import nothing of the service but ``metering.kit``: the tables (``metering.models``) and
+every domain that moves a record take their states from here.
+"""
