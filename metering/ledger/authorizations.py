@@ -407,15 +407,10 @@ def expire_holds(session: Session, now: datetime, account_id: str | None = None)
     return int(result.rowcount)  # type: ignore[attr-defined]
 
 
-def _unnoticed(holds: Any) -> Any:
-    # The partial index's predicate, as written there.
-    return and_(holds.c.status == HoldStatus.EXPIRED.value, ~holds.c.unused_noticed)
-
-
 def tidy_up_accounts(session: Session, now: datetime) -> list[str]:
     """On a Citus cluster, the accounts the tidy-up has work for (``citus.accounts_with``):
     holds past their expiry, or expired and not yet announced."""
-    return citus.accounts_with(session, HOLDS, or_(past_expiry(HOLDS, now), _unnoticed(HOLDS)))
+    return citus.accounts_with(session, HOLDS, or_(past_expiry(HOLDS, now), holds.unnoticed(HOLDS)))
 
 
 def notice_expired_unused(
@@ -429,11 +424,11 @@ def notice_expired_unused(
     from metering.notifications import outbox
 
     if account_id is None and citus.on_cluster(session):
-        accounts = citus.accounts_with(session, HOLDS, _unnoticed(HOLDS))
+        accounts = citus.accounts_with(session, HOLDS, holds.unnoticed(HOLDS))
         return sum(notice_expired_unused(session, now, limit, account) for account in accounts)
     query = (
         select(HOLDS.c.id, HOLDS.c.account_id, HOLDS.c.api_key_id, HOLDS.c.estimate_microcents)
-        .where(_unnoticed(HOLDS))
+        .where(holds.unnoticed(HOLDS))
         .order_by(HOLDS.c.id)
         .limit(limit)
     )

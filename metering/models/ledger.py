@@ -19,7 +19,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import Mapped, mapped_column
 
 from metering.models.base import Base, BigIntPK, UTCDateTime
-from metering.states.holds import ACTIVE_ROWS, RELEASED_ROWS, STATUS_CHECK
+from metering.states.holds import ACTIVE_ROWS, RELEASED_ROWS, STATUS_CHECK, UNNOTICED_ROWS
 
 ENTRY_KINDS = "kind IN ('grant', 'adjustment', 'charge', 'expiry', 'void')"
 ENTRY_SIGNS = (
@@ -27,7 +27,6 @@ ENTRY_SIGNS = (
     "amount_microcents <> 0) OR (kind = 'charge' AND amount_microcents <= 0) OR "
     "(kind IN ('expiry', 'void') AND amount_microcents < 0)"
 )
-UNNOTICED_ROWS = "status = 'expired' AND NOT unused_noticed"
 
 
 class LedgerEntry(Base):

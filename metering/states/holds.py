@@ -67,6 +67,8 @@ TRANSITIONS = {"settle": SETTLE, "void": VOID, "expire": EXPIRE}
 STATUS_CHECK = "status IN (" + ", ".join(f"'{status}'" for status in HoldStatus) + ")"
 ACTIVE_ROWS = f"status = '{HoldStatus.ACTIVE}'"
 RELEASED_ROWS = f"counted AND status <> '{HoldStatus.ACTIVE}'"
+# Expired holds whose ``authorization.expired_unused`` event is still to be written.
+UNNOTICED_ROWS = f"status = '{HoldStatus.EXPIRED}' AND NOT unused_noticed"
 
 
 def reads_as(status: str, expires_at: datetime, now: datetime) -> HoldStatus:
@@ -106,6 +108,11 @@ def reads_as_sql(status: HoldStatus, holds: Table | Any, now: Any) -> ColumnElem
     if status is HoldStatus.EXPIRED:
         return or_(holds.c.status == HoldStatus.EXPIRED.value, past_expiry(holds, now))
     return holds.c.status == status.value
+
+
+def unnoticed(holds: Table | Any) -> ColumnElement[bool]:
+    """``UNNOTICED_ROWS`` in SQL: expired, its ``expired_unused`` event not yet written."""
+    return and_(holds.c.status == HoldStatus.EXPIRED.value, ~holds.c.unused_noticed)
 
 
 def released(holds: Table | Any) -> ColumnElement[bool]:
