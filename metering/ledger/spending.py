@@ -53,10 +53,12 @@ from sqlalchemy.sql.elements import BindParameter
 from metering.citus import of_account, on_citus
 from metering.db import driver_connection, is_postgresql
 from metering.kit import programs as p
-from metering.ledger.grants import live_sql, order_by, pending_sql
+from metering.ledger.grants import order_by
 from metering.models import Account, CreditAllocationDay, CreditGrant, LedgerEntry, table
 from metering.models.base import UTCDateTime
 from metering.notifications import outbox
+from metering.states import grants as grant_states
+from metering.states.grants import live_sql, pending_sql
 
 ACCOUNTS = table(Account)
 GRANTS = table(CreditGrant)
@@ -161,7 +163,7 @@ def expiry_steps(on: p.Backend, debits: p.Rows, now: BindParameter[Any]) -> list
                 ),
                 p.Run(
                     GRANTS.update()
-                    .values(remaining_microcents=0, status="expired")
+                    .values(remaining_microcents=0, status=grant_states.target("expire"))
                     .where(GRANTS.c.id == due.c.grant_id)
                 ),
                 p.Run(outbox.grants_expired(on.rows(_DUE, "de"), now)),

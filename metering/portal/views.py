@@ -25,6 +25,7 @@ from metering.notifications.service import Scope
 from metering.reports import params, service
 from metering.reports.params import ReportQuery
 from metering.reports.service import Report
+from metering.states.grants import GrantStatus
 
 if TYPE_CHECKING:
     from metering.exports.files import AccountFile
@@ -62,7 +63,7 @@ def grants(session: Session, account_id: str, credit: dict[str, Any], now: datet
     account = accounts.account_body(session, accounts.get_account(session, account_id))
     return Grants(
         live=[bodies[grant_id] for grant_id in live_ids],
-        past=[grant for grant in newest if grant["status"] != "active"],
+        past=[grant for grant in newest if grant["status"] != GrantStatus.ACTIVE],
         low_balance_threshold_microcents=account["low_balance_threshold_microcents"],
     )
 

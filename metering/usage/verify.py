@@ -29,7 +29,6 @@ from sqlalchemy.orm import Session
 from metering import citus
 from metering.db import is_postgresql
 from metering.kit.timeutil import format_timestamp
-from metering.ledger.grants import pending_sql
 from metering.ledger.service import held_counter_mismatches
 from metering.models import (
     Account,
@@ -43,6 +42,7 @@ from metering.models import (
     table,
 )
 from metering.models.base import UTCDateTime
+from metering.states.grants import pending_sql, stored_active
 from metering.usage.rollups import COUNTERS, GROUPINGS, LAST_EVENT, WIDTHS, RollupKey
 
 EVENTS = table(UsageEvent)
@@ -231,7 +231,7 @@ def _check_grants(session: Session, now: datetime, mismatches: list[str], report
             grants.c.account_id,
             func.sum(grants.c.remaining_microcents).label("held"),
         )
-        .where(grants.c.status == "active")
+        .where(stored_active(grants))
         .group_by(grants.c.account_id)
         .subquery()
     )
