@@ -3,7 +3,8 @@ states as an enum, the legal transitions as data, the Python rule beside its SQL
 table's check constraint and partial-index predicates written from the same enum.
 
 * ``holds``: a credit hold (active → settled | voided | expired);
-* ``grants``: a credit grant (active → expired | voided; depleted as read).
+* ``grants``: a credit grant (active → expired | voided; depleted as read);
+* ``deliveries``: a webhook delivery (pending → delivered | failed | dropped; resent: pending).
 
 They import nothing of the service but ``metering.kit``: the tables (``metering.models``) and
 every domain that moves a record take their states from here.
