@@ -77,7 +77,16 @@ def report_rows(report: Report) -> Markup:
     parts = []
     for bucket in report.buckets:
         start = f'<tr class="result"><td>{format_timestamp(bucket.starting_at)}</td><td>'
-        for key, (requests, input_tokens, cache_read, output_tokens, cost) in bucket.results:
+        columns = bucket.columns
+        for key, requests, input_tokens, cache_read, output_tokens, cost in zip(
+            bucket.groups,
+            columns["requests"],
+            columns["input_tokens"],
+            columns["cache_read_tokens"],
+            columns["output_tokens"],
+            columns["cost_microcents"],
+            strict=True,
+        ):
             label = labels.get(key)
             if label is None:
                 if by_key:

@@ -9,7 +9,7 @@ from json.encoder import encode_basestring_ascii
 
 from metering.kit.money import usd, usd_text
 from metering.kit.timeutil import format_timestamp
-from metering.reports.service import Report
+from metering.reports.service import MEASURES, Bucket, Measures, Report
 
 # The CSV columns (documented in the README): one row per bucket and group.
 CSV_MEASURES = ("requests", "input_tokens", "cache_read_tokens", "output_tokens")
@@ -36,12 +36,44 @@ def _cost_members(billed: bool, with_usd: bool) -> Callable[[int], str]:
     return lambda cost: f'"cost_usd":null,"cost_microcents":{cost}'
 
 
-def _measures(values: tuple[int, ...], cost_members: Callable[[int], str]) -> str:
-    requests, input_tokens, cache_read_tokens, output_tokens, cost = values
+def _members(
+    requests: int, input_tokens: int, cache_read_tokens: int, output_tokens: int, cost: str
+) -> str:
+    """The measures' members of a JSON object (``cost``: its cost members)."""
     return (
         f'"requests":{requests},"input_tokens":{input_tokens},'
-        f'"cache_read_tokens":{cache_read_tokens},"output_tokens":{output_tokens},'
-        f"{cost_members(cost)}"
+        f'"cache_read_tokens":{cache_read_tokens},"output_tokens":{output_tokens},{cost}'
+    )
+
+
+def _sums(sums: Measures, cost_members: Callable[[int], str]) -> str:
+    return _members(
+        sums["requests"],
+        sums["input_tokens"],
+        sums["cache_read_tokens"],
+        sums["output_tokens"],
+        cost_members(sums["cost_microcents"]),
+    )
+
+
+def _results(bucket: Bucket, opening: _Prefixes, cost_members: Callable[[int], str]) -> str:
+    """A bucket's ``results`` objects, one per group."""
+    columns = bucket.columns
+    return ",".join(
+        [
+            opening[key]
+            + _members(requests, input_tokens, cache_read_tokens, output_tokens, cost_members(cost))
+            + "}"
+            for key, requests, input_tokens, cache_read_tokens, output_tokens, cost in zip(
+                bucket.groups,
+                columns["requests"],
+                columns["input_tokens"],
+                columns["cache_read_tokens"],
+                columns["output_tokens"],
+                columns["cost_microcents"],
+                strict=True,
+            )
+        ]
     )
 
 
@@ -75,19 +107,16 @@ def report_json(report: Report) -> bytes:
     cost = _cost_members(billed, with_usd=True)
     buckets = []
     for bucket in report.buckets:
-        results = ",".join(
-            [f"{prefixes[key]}{_measures(values, result_cost)}}}" for key, values in bucket.results]
-        )
         buckets.append(
             f'{{"starting_at":"{format_timestamp(bucket.starting_at)}",'
             f'"ending_at":"{format_timestamp(bucket.ending_at)}",'
-            f'{_measures(bucket.sums, cost)},"results":[{results}]}}'
+            f'{_sums(bucket.sums, cost)},"results":[{_results(bucket, prefixes, result_cost)}]}}'
         )
     head = (
         f'{{"object":"usage_report","bucket_width":{_string(query.bucket_width)},'
         f'"group_by":{_string(query.group_by)},'
         f'"cost_status":"{"billed" if billed else "not_applicable"}","currency":"usd",'
-        f'"totals":{{{_measures(report.totals, cost)}}},"data":['
+        f'"totals":{{{_sums(report.totals, cost)}}},"data":['
     )
     return (head + ",".join(buckets) + "]}").encode("ascii")
 
@@ -109,12 +138,14 @@ def report_csv(report: Report) -> str:
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\r\n")
     writer.writerow(CSV_COLUMNS[query.group_by])
+    # The values of an empty bucket's one row: no group, every measure zero.
+    nothing = ("",), {name: (0,) for name in MEASURES}
     for bucket in report.buckets:
         span = (format_timestamp(bucket.starting_at), format_timestamp(bucket.ending_at))
-        groups = bucket.results or [("", (0,) * 5)]
-        for key, values in groups:
-            *counts, cost = values
+        groups, columns = (bucket.groups, bucket.columns) if bucket.groups else nothing
+        counts = zip(*(columns[name] for name in CSV_MEASURES), strict=True)
+        for key, row_counts, cost in zip(groups, counts, columns["cost_microcents"], strict=True):
             label = (key, report.key_names.get(key, "") if key else "") if by_key else (key,)
             cost_usd = usd_text(cost) if billed and not by_key else ""
-            writer.writerow((*span, *label, *counts, cost_usd, cost if billed else ""))
+            writer.writerow((*span, *label, *row_counts, cost_usd, cost if billed else ""))
     return out.getvalue()
