@@ -77,15 +77,8 @@ def report_rows(report: Report) -> Markup:
     parts = []
     for bucket in report.buckets:
         start = f'<tr class="result"><td>{format_timestamp(bucket.starting_at)}</td><td>'
-        columns = bucket.columns
-        for key, requests, input_tokens, cache_read, output_tokens, cost in zip(
-            bucket.groups,
-            columns["requests"],
-            columns["input_tokens"],
-            columns["cache_read_tokens"],
-            columns["output_tokens"],
-            columns["cost_microcents"],
-            strict=True,
+        for key, requests, input_tokens, cache_read, output_tokens, cost in bucket.rows(
+            "requests", "input_tokens", "cache_read_tokens", "output_tokens", "cost_microcents"
         ):
             label = labels.get(key)
             if label is None:

@@ -6,13 +6,15 @@ import csv
 import io
 from collections.abc import Callable
 from json.encoder import encode_basestring_ascii
+from typing import Any
 
 from metering.kit.money import usd, usd_text
 from metering.kit.timeutil import format_timestamp
-from metering.reports.service import MEASURES, Bucket, Measures, Report
+from metering.reports.service import Bucket, Measures, Report
 
 # The CSV columns (documented in the README): one row per bucket and group.
 CSV_MEASURES = ("requests", "input_tokens", "cache_read_tokens", "output_tokens")
+_NO_GROUP: tuple[Any, ...] = ("", *(0 for _ in CSV_MEASURES), 0)
 CSV_COLUMNS = {
     "model": ("starting_at", "ending_at", "model", *CSV_MEASURES, "cost_usd", "cost_microcents"),
     "api_key": (
@@ -58,20 +60,13 @@ def _sums(sums: Measures, cost_members: Callable[[int], str]) -> str:
 
 def _results(bucket: Bucket, opening: _Prefixes, cost_members: Callable[[int], str]) -> str:
     """A bucket's ``results`` objects, one per group."""
-    columns = bucket.columns
     return ",".join(
         [
             opening[key]
             + _members(requests, input_tokens, cache_read_tokens, output_tokens, cost_members(cost))
             + "}"
-            for key, requests, input_tokens, cache_read_tokens, output_tokens, cost in zip(
-                bucket.groups,
-                columns["requests"],
-                columns["input_tokens"],
-                columns["cache_read_tokens"],
-                columns["output_tokens"],
-                columns["cost_microcents"],
-                strict=True,
+            for key, requests, input_tokens, cache_read_tokens, output_tokens, cost in bucket.rows(
+                "requests", "input_tokens", "cache_read_tokens", "output_tokens", "cost_microcents"
             )
         ]
     )
@@ -138,14 +133,12 @@ def report_csv(report: Report) -> str:
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\r\n")
     writer.writerow(CSV_COLUMNS[query.group_by])
-    # The values of an empty bucket's one row: no group, every measure zero.
-    nothing = ("",), {name: (0,) for name in MEASURES}
     for bucket in report.buckets:
         span = (format_timestamp(bucket.starting_at), format_timestamp(bucket.ending_at))
-        groups, columns = (bucket.groups, bucket.columns) if bucket.groups else nothing
-        counts = zip(*(columns[name] for name in CSV_MEASURES), strict=True)
-        for key, row_counts, cost in zip(groups, counts, columns["cost_microcents"], strict=True):
+        # An empty bucket's one row: no group, every measure zero.
+        rows = bucket.rows(*CSV_MEASURES, "cost_microcents") if bucket.groups else [_NO_GROUP]
+        for key, *counts, cost in rows:
             label = (key, report.key_names.get(key, "") if key else "") if by_key else (key,)
             cost_usd = usd_text(cost) if billed and not by_key else ""
-            writer.writerow((*span, *label, *row_counts, cost_usd, cost if billed else ""))
+            writer.writerow((*span, *label, *counts, cost_usd, cost if billed else ""))
     return out.getvalue()

@@ -9,11 +9,11 @@ summed in SQL. ``assemble`` is pure: it turns rows into complete, ordered bucket
 from __future__ import annotations
 
 import typing
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from operator import add, itemgetter
-from typing import TypedDict
+from typing import Any, TypedDict
 
 from sqlalchemy import BigInteger, String, and_, cast, exists, func, select, type_coerce
 from sqlalchemy.orm import Session
@@ -60,6 +60,10 @@ class Bucket:
     groups: tuple[str, ...]
     columns: dict[str, tuple[int, ...]]  # by measure name: a value per group
     sums: Measures  # over every group
+
+    def rows(self, *measures: str) -> Iterator[tuple[Any, ...]]:
+        """Each group's key and its values of ``measures``, in the order they are named."""
+        return zip(self.groups, *(self.columns[name] for name in measures), strict=True)
 
 
 @dataclass(frozen=True, slots=True)
