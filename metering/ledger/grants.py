@@ -2,10 +2,9 @@
 
 Every charge and negative adjustment is paid from the account's **live** grants (active, a
 remainder, not expired at the service's clock when it is recorded: metering.states.grants) in
-``SPENDING_ORDER``:
-priority ascending, then ``expires_at`` ascending with never-expiring grants last, then creation
-order (the id of the ledger entry that created the grant). What they cannot cover is the
-account's deficit; a new grant first pays off the deficit.
+``SPENDING_ORDER``: priority ascending, then ``expires_at`` ascending with never-expiring grants
+last, then creation order (the id of the ledger entry that created the grant). What they cannot
+cover is the account's deficit; a new grant first pays off the deficit.
 
 Here as a pure function (``allocate``, for tests and for reasoning) and as the SQL sort key
 (``order_by``) that settlement's set-based allocation (metering.ledger.spending) runs with: both
