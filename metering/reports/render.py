@@ -60,14 +60,13 @@ def _sums(sums: Measures, cost_members: Callable[[int], str]) -> str:
 
 def _results(bucket: Bucket, opening: _Prefixes, cost_members: Callable[[int], str]) -> str:
     """A bucket's ``results`` objects, one per group."""
+    rows = bucket.rows(
+        "requests", "input_tokens", "cache_read_tokens", "output_tokens", "cost_microcents"
+    )
     return ",".join(
         [
-            opening[key]
-            + _members(requests, input_tokens, cache_read_tokens, output_tokens, cost_members(cost))
-            + "}"
-            for key, requests, input_tokens, cache_read_tokens, output_tokens, cost in bucket.rows(
-                "requests", "input_tokens", "cache_read_tokens", "output_tokens", "cost_microcents"
-            )
+            f"{opening[key]}{_members(requests, inputs, cached, outputs, cost_members(cost))}}}"
+            for key, requests, inputs, cached, outputs, cost in rows
         ]
     )
 

@@ -9,6 +9,7 @@ summed in SQL. ``assemble`` is pure: it turns rows into complete, ordered bucket
 from __future__ import annotations
 
 import typing
+from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -180,12 +181,9 @@ def _rollup_rows(
     dialect = session.get_bind().dialect
     decode = c.bucket_start.type.dialect_impl(dialect).result_processor(dialect, None)
     # Each row is (bucket_start as the driver has it, group key, *MEASURES), as selected above.
-    groups_of: dict[str, dict[str, tuple[int, ...]]] = {}
+    groups_of: defaultdict[str, dict[str, tuple[int, ...]]] = defaultdict(dict)
     for row in fetched:
-        groups = groups_of.get(row[0])
-        if groups is None:
-            groups = groups_of[row[0]] = {}
-        groups[row[1]] = row[2:]
+        groups_of[row[0]][row[1]] = row[2:]
     rows = {}
     for raw, groups in groups_of.items():
         start = decode(raw) if decode else raw
