@@ -1,18 +1,20 @@
 """Usage sent through the real ingest route, and the report it must produce, computed here in
-plain Python from the events themselves (never through the code under test)."""
+plain Python from the events themselves (never through the code under test): each event's
+charge is the price oracle's (tests/oracle.py), from its tokens and the rates the test set."""
 
 from __future__ import annotations
 
 import json
 import re
 import secrets
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
 from metering.kit.timeutil import format_timestamp
+from tests import oracle
 from tests.conftest import Api
 from tests.factories import Key, usage_object
 
@@ -27,6 +29,23 @@ def utc(*parts: int) -> datetime:
 
 
 @dataclass(frozen=True)
+class Pricing:
+    """How an account's events must be charged, as its test set it up: each model's rates (one
+    version, in force from ``PRICED_FROM``), and whether the account is billed at all."""
+
+    rates: Mapping[str, tuple[int, int, int]]  # model (catalog spelling) -> its rates
+    billed: bool = True
+
+    def charge(self, model: str, api_name: str, usage: dict[str, Any]) -> dict[str, int]:
+        """The ingest answer's charge for this usage (its price version id aside)."""
+        charged = oracle.charge(oracle.tokens_of(api_name, usage), self.rates[model]).fields()
+        if not self.billed:
+            prices = ("input_microcents", "cache_read_microcents", "output_microcents")
+            charged.update({name: 0 for name in (*prices, "total_microcents")})
+        return charged
+
+
+@dataclass(frozen=True)
 class Sent:
     """One recorded event: what the report must count for it."""
 
@@ -36,11 +55,12 @@ class Sent:
     input_tokens: int  # all prompt tokens, cache reads included
     cache_read_tokens: int
     output_tokens: int  # reasoning included
-    cost_microcents: int  # the charge the ingest response reported
+    cost_microcents: int  # the price oracle's charge
 
 
 def send_usage(
     api: Api,
+    pricing: Pricing,
     key: Key,
     model: str,
     occurred_at: datetime,
@@ -53,9 +73,11 @@ def send_usage(
     outcome: str = "completed",
     model_as_sent: str | None = None,
 ) -> Sent:
-    """One event through ``POST /v1/usage/events``; it must be recorded."""
+    """One event through ``POST /v1/usage/events``; it must be recorded at the oracle's
+    charge."""
     return send_batch(
         api,
+        pricing,
         [
             (key, model, occurred_at, prompt, cached, output),
         ],
@@ -68,6 +90,7 @@ def send_usage(
 
 def send_batch(
     api: Api,
+    pricing: Pricing,
     specs: Iterable[tuple[Key, str, datetime, int, int, int]],
     *,
     reasoning: int = 0,
@@ -93,14 +116,14 @@ def send_batch(
     body = response.json()
     assert body["recorded"] == len(events), body
     sent = []
-    for (key, model, at, prompt, cached, output), result in zip(specs, body["data"], strict=True):
-        charge = result["charge"]
-        assert result["status"] == "recorded" and charge["total_microcents"] == (
-            charge["input_microcents"]
-            + charge["cache_read_microcents"]
-            + charge["output_microcents"]
-        ), result
-        sent.append(Sent(key, model, at, prompt, cached, output, charge["total_microcents"]))
+    for event, (key, model, at, prompt, cached, output), result in zip(
+        events, specs, body["data"], strict=True
+    ):
+        assert result["status"] == "recorded", result
+        expected = pricing.charge(model, api_name, event["usage"])
+        charged = {name: result["charge"][name] for name in expected}
+        assert charged == expected, (event, result)
+        sent.append(Sent(key, model, at, prompt, cached, output, expected["total_microcents"]))
     return sent
 
 

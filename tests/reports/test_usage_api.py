@@ -14,6 +14,7 @@ import pytest
 
 from tests.conftest import Api
 from tests.factories import (
+    GLM_RATES,
     Key,
     assert_error,
     create_account,
@@ -26,6 +27,7 @@ from tests.reports.golden import (
     DAY,
     HOUR,
     PRICED_FROM,
+    Pricing,
     Sent,
     expected_report,
     get_report,
@@ -47,6 +49,7 @@ class Tenant:
     ci: Key
     prod: Key
     models: list[str]  # in byte order
+    pricing: Pricing
 
     @property
     def key_names(self) -> dict[str, str]:
@@ -58,13 +61,14 @@ def tenant(api: Api, billing: str = "prepaid") -> Tenant:
     account_id = create_account(api, billing)
     ci = create_key(api, account_id, name="ci")
     prod = create_key(api, account_id, name="prod")
-    models = [
-        priced_model(api, PRICED_FROM, model_id=f"Zeta-{tag}"),
-        priced_model(api, PRICED_FROM, (1_000_000, 2_000_000, 100_000), model_id=f"alpha-{tag}"),
-        priced_model(api, PRICED_FROM, (333_333, 777_777, 33_333), model_id=f"beta-{tag}"),
-    ]
+    rates = {
+        f"Zeta-{tag}": GLM_RATES,
+        f"alpha-{tag}": (1_000_000, 2_000_000, 100_000),
+        f"beta-{tag}": (333_333, 777_777, 33_333),
+    }
+    models = [priced_model(api, PRICED_FROM, r, model_id=m) for m, r in rates.items()]
     assert models == sorted(models, key=str.encode) != sorted(models, key=str.lower)
-    return Tenant(account_id, ci, prod, models)
+    return Tenant(account_id, ci, prod, models, Pricing(rates, billed=billing == "prepaid"))
 
 
 def scattered_usage(api: Api, t: Tenant, day: datetime) -> list[Sent]:
@@ -82,13 +86,18 @@ def scattered_usage(api: Api, t: Tenant, day: datetime) -> list[Sent]:
         (t.ci, alpha, day + DAY, 2, 0, 0),  # the next day
         (t.prod, zeta, day + DAY + timedelta(hours=23), 1, 1, 1),
     ]
-    sent = send_batch(api, specs)
+    sent = send_batch(api, t.pricing, specs)
     # zero tokens and a failed stream are requests too; other APIs normalise the same way
-    sent.append(send_usage(api, t.prod, beta, day + timedelta(hours=2), 0, 0, 0))
-    sent.append(send_usage(api, t.ci, zeta, day + timedelta(hours=3), 50, 40, 9, outcome="failed"))
+    sent.append(send_usage(api, t.pricing, t.prod, beta, day + timedelta(hours=2), 0, 0, 0))
+    sent.append(
+        send_usage(
+            api, t.pricing, t.ci, zeta, day + timedelta(hours=3), 50, 40, 9, outcome="failed"
+        )
+    )
     sent.append(
         send_usage(
             api,
+            t.pricing,
             t.ci,
             alpha,
             day + timedelta(hours=4),
@@ -102,6 +111,7 @@ def scattered_usage(api: Api, t: Tenant, day: datetime) -> list[Sent]:
     sent.append(
         send_usage(
             api,
+            t.pricing,
             t.prod,
             alpha,
             day + timedelta(hours=4),
@@ -167,8 +177,8 @@ class TestGoldenReports:
         # 1 prompt token at 333,333 µ¢ per million is 0.333333 µ¢, rounded to 0; 3 output tokens
         # at 777,777 are 2.333331 µ¢, rounded to 2; plus the docs' GLM-5.3 example, 87,460 µ¢
         sent = [
-            send_usage(api, t.ci, t.models[2], DAY0, 1, 0, 3),
-            send_usage(api, t.ci, t.models[0], DAY0, 4508, 4352, 20, reasoning=16),
+            send_usage(api, t.pricing, t.ci, t.models[2], DAY0, 1, 0, 3),
+            send_usage(api, t.pricing, t.ci, t.models[0], DAY0, 4508, 4352, 20, reasoning=16),
         ]
         assert [s.cost_microcents for s in sent] == [2, 87_460]
         response = api.as_key(
@@ -198,7 +208,7 @@ class TestWindows:
     def test_93_daily_buckets_but_not_94(self, api: Api) -> None:
         t = tenant(api)
         first, last = utc(2026, 8, 1), utc(2026, 8, 1) + 92 * DAY
-        sent = [send_usage(api, t.ci, t.models[0], at) for at in (first, last)]
+        sent = [send_usage(api, t.pricing, t.ci, t.models[0], at) for at in (first, last)]
         body = get_report(api, t.ci, starting_at="2026-08-01", ending_at="2026-11-02")
         assert body == expected_report(sent, first, last + DAY)
         assert body["data"][0]["requests"] == body["data"][92]["requests"] == 1
@@ -213,7 +223,9 @@ class TestWindows:
     def test_168_hourly_buckets_but_not_169(self, api: Api) -> None:
         t = tenant(api)
         first = utc(2026, 11, 1)
-        sent = [send_usage(api, t.ci, t.models[0], at) for at in (first, first + 167 * HOUR)]
+        sent = [
+            send_usage(api, t.pricing, t.ci, t.models[0], at) for at in (first, first + 167 * HOUR)
+        ]
         params = {"starting_at": "2026-11-01", "bucket_width": "1h", "group_by": "api_key"}
         body = get_report(api, t.ci, ending_at="2026-11-08", **params)
         assert len(body["data"]) == 168
@@ -253,8 +265,10 @@ class TestWindows:
         t = tenant(api)
         api.clock.set(utc(2026, 11, 25, 12, 34, 56))
         sent = [
-            send_usage(api, t.ci, t.models[0], utc(2026, 11, 25, 12, 30)),
-            send_usage(api, t.ci, t.models[0], utc(2026, 11, 25, 12, 38)),  # 3 min ahead: fine
+            send_usage(api, t.pricing, t.ci, t.models[0], utc(2026, 11, 25, 12, 30)),
+            send_usage(
+                api, t.pricing, t.ci, t.models[0], utc(2026, 11, 25, 12, 38)
+            ),  # 3 min ahead: fine
         ]
         hourly = get_report(api, t.ci, starting_at="2026-11-25T00:00:00Z", bucket_width="1h")
         assert hourly == expected_report(
@@ -342,7 +356,7 @@ class TestFilters:
         t = tenant(api)
         scattered_usage(api, t, DAY0)
         other = tenant(api)
-        send_usage(api, other.ci, other.models[0], DAY0)
+        send_usage(api, other.pricing, other.ci, other.models[0], DAY0)
         for params in (
             {"models": ["no-such-model"]},
             {"models": [other.models[1]]},  # a real model this account never used
@@ -458,7 +472,7 @@ class TestBilling:
 
     def test_revoked_keys_usage_is_still_reported(self, api: Api) -> None:
         t = tenant(api)
-        sent = [send_usage(api, t.prod, t.models[0], DAY0)]
+        sent = [send_usage(api, t.pricing, t.prod, t.models[0], DAY0)]
         assert api.admin("DELETE", f"/admin/v1/api-keys/{t.prod.id}").status_code == 200
         body = get_report(
             api, t.ci, starting_at="2026-11-20", ending_at="2026-11-21", group_by="api_key"
@@ -551,7 +565,7 @@ class TestCsv:
 
     def test_csv_of_an_unbilled_account(self, api: Api) -> None:
         t = tenant(api, billing="unbilled")
-        send_usage(api, t.ci, t.models[0], DAY0)
+        send_usage(api, t.pricing, t.ci, t.models[0], DAY0)
         response = api.as_key(
             t.ci.secret,
             "GET",
