@@ -25,8 +25,10 @@ from metering import db
 from metering.kit.errors import DatabaseUnavailable
 from metering.models import LedgerEntry, UsageEvent
 from metering.usage.verify import verify
+from tests import oracle
 from tests.conftest import NOW, Api, running_api
 from tests.factories import (
+    GLM_RATES,
     Key,
     chat_usage,
     create_account,
@@ -73,13 +75,18 @@ def _waiting_on_a_lock(api: Api, but: int, within: float = 10.0) -> None:
     raise AssertionError("the batch never waited for the lock")
 
 
-def _exact(api: Api, accounts: dict[str, int], expected_events: int) -> None:
-    """Every event once, each prepaid account's balance its grants less its events' charges,
+def _exact(api: Api, accounts: dict[str, int], sent: list[dict[str, Any]], keys: list[Key]) -> None:
+    """Every event once, each charged what the price oracle says (its tokens at GLM-5.3's
+    rates, every model's here), each prepaid account's balance its grants less those charges,
     one charge entry per event, and ``metering verify`` clean."""
+    account_of = {key.id: key.account_id for key in keys}
+    distinct = {event["request_id"]: event for event in sent}.values()
     with api.database.reading() as session:
         events = session.execute(select(func.count()).select_from(UsageEvent)).scalar_one()
-        assert events == expected_events
+        assert events == len(distinct)
         for account_id, granted in accounts.items():
+            mine = [e for e in distinct if account_of[e["api_key_id"]] == account_id]
+            due = oracle.total(mine, GLM_RATES)
             charged = session.execute(
                 select(func.coalesce(func.sum(UsageEvent.total_microcents), 0)).where(
                     UsageEvent.account_id == account_id
@@ -93,9 +100,9 @@ def _exact(api: Api, accounts: dict[str, int], expected_events: int) -> None:
             per_account = session.execute(
                 select(func.count()).where(UsageEvent.account_id == account_id)
             ).scalar_one()
-            assert charged > 0
-            assert tuple(entries) == (per_account, -charged)
-            assert balance(api, account_id) == granted - charged
+            assert charged == due > 0
+            assert tuple(entries) == (per_account, -due) == (len(mine), -due)
+            assert balance(api, account_id) == granted - due
     with api.database.unit_of_work() as session:
         assert verify(session, api.clock.now()).mismatches == []
 
@@ -140,12 +147,12 @@ def test_a_deadlocked_batch_is_retried_whole_and_recorded_once(
     assert len(retried) == 1 and "attempt 1 of" in retried[0]
     assert "deadlock detected" in retried[0]
     assert not [r for r in caplog.records if "recorded again in parts" in r.getMessage()]
-    _exact(api, {a: GRANT_CENTS * 10**6 for a in accounts}, len(events))
+    _exact(api, {a: GRANT_CENTS * 10**6 for a in accounts}, events, list(keys.values()))
 
     # The gateway's retry of the same batch changes nothing.
     again = api.gateway("POST", "/v1/usage/events", json={"events": events}).json()
     assert (again["recorded"], again["duplicates"]) == (0, 8)
-    _exact(api, {a: GRANT_CENTS * 10**6 for a in accounts}, len(events))
+    _exact(api, {a: GRANT_CENTS * 10**6 for a in accounts}, events, list(keys.values()))
 
 
 def test_overlapping_batches_from_several_threads_end_exact(fresh_api: Api) -> None:
@@ -191,7 +198,7 @@ def test_overlapping_batches_from_several_threads_end_exact(fresh_api: Api) -> N
     assert sum(b["recorded"] for b in bodies) == len(pool)
     assert sum(b["duplicates"] for b in bodies) == len(pool)
     assert sum(b["quarantined"] + b["rejected"] for b in bodies) == 0
-    _exact(api, {a: GRANT_CENTS * 10**6 for a in accounts}, len(pool))
+    _exact(api, {a: GRANT_CENTS * 10**6 for a in accounts}, pool, keys)
 
 
 def test_a_lasting_transient_refusal_ends_in_503_after_the_bounded_attempts(
