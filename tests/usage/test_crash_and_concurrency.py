@@ -21,14 +21,16 @@ from metering.catalog.schemas import CatalogFile
 from metering.db import Database
 from metering.models import Account, UsageEvent
 from metering.usage.verify import verify
+from tests import oracle
 from tests.conftest import ADMIN_TOKEN, GATEWAY_TOKEN
 from tests.factories import chat_usage
 from tests.servers import ServerProcess, running_servers
 
 pytestmark = pytest.mark.pg_only
 
-# 3 µ¢ per uncached input token, 1 per cached, 7 per output token: charges by hand below.
-RATES = (3_000_000, 7_000_000, 1_000_000)
+# 2.5 µ¢ per uncached input token, 7.5 per output token, 0.5 per cached one: every odd count
+# ends in half a microcent, which the price oracle rounds up (tests/oracle.py).
+RATES = (2_500_000, 7_500_000, 500_000)
 
 
 def seed(url: str, base_url: str, model: str) -> tuple[dict[str, str], dict[str, str]]:
@@ -105,17 +107,12 @@ def make_batches(
 def expected_totals(
     batches: list[list[dict[str, Any]]], keys: dict[str, str]
 ) -> tuple[int, int, int]:
-    """(distinct events, prepaid charges in µ¢, prompt tokens): summed from what was sent."""
+    """(distinct events, prepaid charges in µ¢ by the price oracle, prompt tokens): summed from
+    what was sent."""
     distinct = {e["request_id"]: e for batch in batches for e in batch}
-    cost = 0
-    for e in distinct.values():
-        if e["api_key_id"] != keys["prepaid"]:
-            continue
-        u = e["usage"]
-        cached = u["prompt_tokens_details"]["cached_tokens"]
-        cost += (u["prompt_tokens"] - cached) * 3 + cached * 1 + u["completion_tokens"] * 7
+    prepaid = [e for e in distinct.values() if e["api_key_id"] == keys["prepaid"]]
     prompt = sum(e["usage"]["prompt_tokens"] for e in distinct.values())
-    return len(distinct), cost, prompt
+    return len(distinct), oracle.total(prepaid, RATES), prompt
 
 
 @contextmanager
@@ -193,12 +190,14 @@ def test_sigkill_mid_stream_then_resend_converges(pg_url: str, tmp_path: Path) -
 def test_the_same_request_ids_at_the_same_moment_on_two_processes(
     pg_url: str, tmp_path: Path
 ) -> None:
+    sent: list[list[dict[str, Any]]] = []
     with running_servers(pg_url, tmp_path, count=2) as servers:
-        keys, _accounts = seed(pg_url, servers[0].base_url, "Race-1")
+        keys, accounts = seed(pg_url, servers[0].base_url, "Race-1")
         for round_ in range(5):
             batch = make_batches(keys, "Race-1", count=1, size=300)[0]
             for event in batch:
                 event["request_id"] = f"race-{round_}-{event['request_id']}"
+            sent.append(batch)
             # Opposite orders: the service sorts its writes, so this cannot deadlock.
             bodies: list[dict[str, Any]] = [{}, {}]
             barrier = threading.Barrier(2)
@@ -231,13 +230,15 @@ def test_the_same_request_ids_at_the_same_moment_on_two_processes(
                         recorded[result["request_id"]] = recorded.get(result["request_id"], 0) + 1
             assert sorted(recorded) == sorted({e["request_id"] for e in batch})
             assert set(recorded.values()) == {1}
+    count, cost, _prompt = expected_totals(sent, keys)
     database = Database.from_url(pg_url)
     try:
         with database.unit_of_work() as session:
             assert verify(session).ok
-            assert (
-                session.execute(select(func.count()).select_from(UsageEvent)).scalar_one()
-                == 5 * 300
-            )
+            stored = session.execute(select(func.count()).select_from(UsageEvent)).scalar_one()
+            assert stored == count == 5 * 300
+            # Recorded once each, at the oracle's charge: the account has no credit.
+            prepaid = session.get(Account, accounts["prepaid"])
+            assert prepaid is not None and prepaid.balance_microcents == -cost < 0
     finally:
         database.dispose()
