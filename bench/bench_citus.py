@@ -17,7 +17,9 @@ server, the cluster, one server, ...), the same three loads on each:
 * single-event requests, ``senders`` senders (bench_ingest's (b)).
 
 Every answer is checked as in those benchmarks, and after each round the holds and events stored
-equal what was answered and ``metering verify`` is clean; any problem makes the figures not met.
+equal what was answered, ``metering verify`` is clean, and every account's balance is its grants
+less the price oracle's charges of the events sent with its keys; any problem makes the figures
+not met.
 
 On one machine the cluster cannot be faster than one server: its three nodes share the same
 cores, and a statement crosses one more process. What it shows is the cost of an operation on a
@@ -75,6 +77,7 @@ from bench.common import (
     GATEWAY_TOKEN,
     HARNESS_ROOT,
     Admin,
+    Books,
     CodeUnderTest,
     Result,
     Server,
@@ -326,6 +329,7 @@ def spent(before: Snapshot, after: Snapshot) -> Spent:
 class Fixture:
     secrets: list[str]  # one key per account (the authorizations)
     key_ids: list[str]  # the first accounts' two keys each (ingest)
+    books: Books  # every account
 
 
 @dataclass
@@ -400,16 +404,19 @@ def _setup(config: Config, url: str, base_url: str, workdir: Path) -> Fixture:
     and limits (admin API), as an operator sets them up."""
     config.code.import_catalog(url, workdir, catalog_file(workdir, MODELS, GLM_RATES))
     keys, key_ids = [], []
+    books = Books()
     with Admin(base_url) as admin:
         for index in range(config.accounts):
             account = admin.account(f"bench-{index}")
-            key_id, secret = admin.key(account)
-            keys.append(secret)
+            made = [admin.key(account)]
+            keys.append(made[0][1])
             if index < config.ingest_accounts:
-                key_ids += [key_id, admin.key(account)[0]]
+                made.append(admin.key(account))
+                key_ids += [key_id for key_id, _secret in made]
             admin.three_grants(account, GRANT_CENTS)
+            books.open(account, GRANT_CENTS, made)
             admin.access_rules(account, list(MODELS), CONCURRENCY)
-    return Fixture(keys, key_ids)
+    return Fixture(keys, key_ids, books)
 
 
 def _measure(side: Side, kind: str, drive: Any, per_operation: int = 1) -> LoadResult:
@@ -480,6 +487,10 @@ def _round(config: Config, side: Side, bodies: tuple[Bodies, Bodies], workdir: P
             side.loads[kind].problems.append(
                 f"{side.name}: {count:,} events stored of {side.sent.events:,} sent"
             )
+        side.loads[kind].problems += [
+            f"{side.name}: {p}"
+            for p in side.fixture.books.problems(side.server.base_url, side.sent.charged)
+        ]
     side.verify_problems += [f"{side.name}: {p}" for p in config.code.verify(side.url, workdir)]
     rates = {kind: measured.rates[-1] for kind, measured in side.loads.items()}
     return (

@@ -10,7 +10,8 @@ every event recorded, a report 200 — or a 5xx, or a broken connection: target 
 the slowest latency of
 every request of every kind (targets ≤ 1 s and ≤ 5 s), and the ingest's rate while it shares
 the database. After each round every batch must be stored exactly (events counted in the
-database) and ``metering verify`` must pass.
+database), ``metering verify`` must pass, and the account's balance must be its grant less the
+price oracle's charges (``tests/oracle.py``) of the events answered as recorded, nothing held.
 
 It used to answer 500 ``database is locked`` with ~30 s stalls (every transaction, reads
 included, began with ``BEGIN IMMEDIATE`` and polled SQLite's busy handler).
@@ -27,6 +28,7 @@ import secrets
 import sqlite3
 import tempfile
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -36,6 +38,7 @@ from bench import common
 from bench.common import (
     GATEWAY_TOKEN,
     Admin,
+    Books,
     CodeUnderTest,
     Result,
     catalog_file,
@@ -45,9 +48,13 @@ from bench.common import (
     rounds_label,
 )
 from bench.loadgen import Connection, HttpError, Unexpected, expect
+from tests import oracle
 
 MODEL = "Bench-Embedded"
 RATES = (22_000_000, 339_000_000, 17_750_000)
+USAGE = {"prompt_tokens": 1000, "completion_tokens": 100}  # every event's
+CHARGE = oracle.event_charge({"api": "chat_completions", "usage": USAGE}, RATES).total_microcents
+GRANT_CENTS = 10**9
 P99_SECONDS, MAX_SECONDS = 1.0, 5.0
 # The reader is a dashboard refreshing as fast as it can but for this pause between reports (a
 # report of the last day's hours costs the server ~10 ms of CPU; back to back, one reader alone
@@ -77,6 +84,7 @@ class Samples:
     origin: float = field(default_factory=time.perf_counter)
     errors: list[str] = field(default_factory=list)
     recorded: int = 0
+    charged: Counter[str] = field(default_factory=Counter)  # by key id: the oracle's charges
     ingest_seconds: float = 0.0
     request_ids: list[str] = field(default_factory=list)
 
@@ -161,7 +169,7 @@ async def _mixed(
                         "api_key_id": key_id,
                         "model": model,
                         "api": "chat_completions",
-                        "usage": {"prompt_tokens": 1000, "completion_tokens": 100},
+                        "usage": USAGE,
                         "occurred_at": at,
                         "outcome": "completed",
                     }
@@ -176,6 +184,7 @@ async def _mixed(
                 try:
                     expect(response, 200, "batch", recorded=batch_size, quarantined=0)
                     samples.recorded += batch_size
+                    samples.charged[key_id] += batch_size * CHARGE
                 except Unexpected as exc:
                     samples.errors.append(str(exc))
         finally:
@@ -305,6 +314,7 @@ def run(config: Config | None = None) -> list[Result]:
     config = config or Config()
     rounds: list[Samples] = []
     problems: list[str] = []
+    charged: Counter[str] = Counter()  # over every round
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         path = workdir / "metering.db"
@@ -315,10 +325,12 @@ def run(config: Config | None = None) -> list[Result]:
         server = config.code.server(url, workdir / "server", config.workers)
         try:
             server.start()
+            books = Books()
             with Admin(server.base_url) as admin:
                 account = admin.account("embedded")
                 key_id, secret = admin.key(account)
-                admin.grant(account, 10**9)
+                admin.grant(account, GRANT_CENTS)
+                books.open(account, GRANT_CENTS, [(key_id, secret)])
             for _ in range(config.rounds):
                 samples = mixed_load(
                     server.base_url,
@@ -337,6 +349,8 @@ def run(config: Config | None = None) -> list[Result]:
                         f"{config.batches * config.batch_size} sent"
                     )
                 problems += config.code.verify(url, cli)
+                charged.update(samples.charged)
+                problems += books.problems(server.base_url, charged)
                 print(f"   {samples.summary()}", flush=True)
                 rounds.append(samples)
         finally:

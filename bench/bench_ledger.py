@@ -11,8 +11,10 @@ Every answer is checked: an authorization must be 200 with ``status: active``, a
 ``status: voided``, a settling event 200 with ``recorded: 1`` (and nothing quarantined);
 anything else is an error, and a figure with any error is not met. After each of our rounds the
 database must hold exactly what was answered (per status, the holds of the round's request ids;
-one usage event per settlement), and ``metering verify`` must pass (balances = ledger sums, held
-counters = the holds they count, aggregates = their events): lost updates show there.
+one usage event per settlement), ``metering verify`` must pass (balances = ledger sums, held
+counters = the holds they count, aggregates = their events), and every account's balance must
+be its grants less the settlements the harness counted, each at the price oracle's charge
+(``tests/oracle.py``), with nothing held: a lost update shows there whatever ``verify`` says.
 
 The same loads are driven at ``bench.baseline_app`` (FastAPI endpoints of the same shape doing
 no work) with the same number of workers, alternating with ours for ``ROUNDS`` rounds; each
@@ -30,6 +32,7 @@ import os
 import secrets
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -42,6 +45,7 @@ from bench import common
 from bench.common import (
     GATEWAY_TOKEN,
     Admin,
+    Books,
     CodeUnderTest,
     Result,
     bench_database,
@@ -52,11 +56,16 @@ from bench.common import (
     rounds_label,
 )
 from bench.loadgen import Connection, LoadResult, expect, run_load
+from tests import oracle
 
 MODEL = "Bench-GLM"
 GLM_RATES = (22_000_000, 339_000_000, 17_750_000)  # microcents per million tokens
 GRANT_CENTS = 10**9  # ten million dollars: (a) and (b) never run out
 SETTLE_EVERY = 4  # in (c), every 4th hold is settled by a usage event, the rest voided
+SETTLE_USAGE = {"prompt_tokens": 1000, "completion_tokens": 100}  # a settling event's
+SETTLE_CHARGE = oracle.event_charge(
+    {"api": "chat_completions", "usage": SETTLE_USAGE}, GLM_RATES
+).total_microcents
 
 
 @dataclass
@@ -82,6 +91,8 @@ class Fixture:
     secrets: list[str]  # one key per account
     hot_secret: str
     full_secret: str | None  # an account at its concurrency limit: every request is a 429
+    books: Books  # every account but the full one (its one hold stays)
+    charged: Counter[str] = field(default_factory=Counter)  # by key id, over every round
 
 
 # Every account's limit on requests in flight: far above what the clients keep in flight.
@@ -93,12 +104,14 @@ def _setup(config: Config, url: str, base_url: str, workdir: Path) -> Fixture:
     (one promotional expiring, two paid; admin API): as an operator sets them up."""
     config.code.import_catalog(url, workdir, catalog_file(workdir, [MODEL], GLM_RATES))
     keys: list[str] = []
+    books = Books()
     with Admin(base_url) as admin:
         limits = True
         for index in range(config.accounts + 1):
             account = admin.account(f"bench-{index}")
-            _key_id, secret = admin.key(account)
+            key_id, secret = admin.key(account)
             admin.three_grants(account, GRANT_CENTS)
+            books.open(account, GRANT_CENTS, [(key_id, secret)])
             limits = admin.access_rules(account, [MODEL], CONCURRENCY) and limits
             keys.append(secret)
         full = None
@@ -123,7 +136,7 @@ def _setup(config: Config, url: str, base_url: str, workdir: Path) -> Fixture:
                     "hold_ttl_seconds": 604800,
                 },
             )
-    return Fixture(keys[: config.accounts], keys[config.accounts], full)
+    return Fixture(keys[: config.accounts], keys[config.accounts], full, books)
 
 
 @dataclass
@@ -140,6 +153,7 @@ class Load:
     voided: int = 0
     settled: int = 0
     refused: int = 0
+    charged: Counter[str] = field(default_factory=Counter)  # by key id: the oracle's charges
 
     async def __call__(self, connection: Connection, client: int, iteration: int) -> float:
         request_id = f"{self.run_id}-{client}-{iteration}"
@@ -167,6 +181,7 @@ class Load:
         if self.settle_every and iteration % self.settle_every == 0:
             await self._settle(connection, hold, request_id)
             self.settled += 1
+            self.charged[hold["api_key_id"]] += SETTLE_CHARGE
         else:
             response = await connection.request("DELETE", f"/v1/authorizations/{hold['id']}")
             expect(response, 200, "void", id=hold["id"], status="voided")
@@ -179,7 +194,7 @@ class Load:
             "api_key_id": hold["api_key_id"],
             "model": MODEL,
             "api": "chat_completions",
-            "usage": {"prompt_tokens": 1000, "completion_tokens": 100},
+            "usage": SETTLE_USAGE,
             "occurred_at": format_timestamp(datetime.now(UTC)),
             "outcome": "completed",
             "authorization_id": hold["id"],
@@ -216,9 +231,11 @@ class Pair:
         ]
 
 
-def _check_round(config: Config, url: str, workdir: Path, round_: Round) -> list[str]:
-    """What the database holds for the round equals what the server answered, and the books
-    reconcile."""
+def _check_round(
+    config: Config, url: str, workdir: Path, round_: Round, fixture: Fixture, base_url: str
+) -> list[str]:
+    """What the database holds for the round equals what the server answered, the books
+    reconcile, and every balance is what the harness counted."""
     load = round_.load
     problems = round_.result.problems("ours")
     if config.after_round:
@@ -238,7 +255,8 @@ def _check_round(config: Config, url: str, workdir: Path, round_: Round) -> list
     if events is None or int(events[0]) != load.settled:
         problems.append(f"{events and events[0]} usage events stored for {load.settled} settled")
     problems += config.code.verify(url, workdir)
-    return problems
+    fixture.charged.update(load.charged)
+    return problems + fixture.books.problems(base_url, fixture.charged)
 
 
 def _compare(
@@ -248,6 +266,7 @@ def _compare(
     urls: tuple[str, str],
     clients: int,
     make_load: Callable[[bool], Load],
+    fixture: Fixture,
 ) -> Pair:
     pair = Pair()
     for _ in range(config.rounds):
@@ -263,7 +282,7 @@ def _compare(
             )
             round_ = Round(result, load, [])
             if ours:
-                round_.problems = _check_round(config, url, workdir, round_)
+                round_.problems = _check_round(config, url, workdir, round_, fixture, urls[0])
                 pair.ours.append(round_)
             else:
                 round_.problems = result.problems("bare FastAPI")
@@ -313,11 +332,11 @@ def run(config: Config | None = None) -> list[Result]:
 
             urls = (server.base_url, baseline.base_url)
             cli = workdir / "cli"
-            a = _compare(config, url, cli, urls, config.spread_clients, spread)
-            b = _compare(config, url, cli, urls, config.latency_clients, spread)
-            c = _compare(config, url, cli, urls, config.hot_clients, hot)
-            c_voids = _compare(config, url, cli, urls, config.hot_clients, hot_voids)
-            refused = _compare(config, url, cli, urls, config.spread_clients, half_refused)
+            a = _compare(config, url, cli, urls, config.spread_clients, spread, fixture)
+            b = _compare(config, url, cli, urls, config.latency_clients, spread, fixture)
+            c = _compare(config, url, cli, urls, config.hot_clients, hot, fixture)
+            c_voids = _compare(config, url, cli, urls, config.hot_clients, hot_voids, fixture)
+            refused = _compare(config, url, cli, urls, config.spread_clients, half_refused, fixture)
         finally:
             server.stop()
             baseline.stop()
@@ -372,7 +391,8 @@ def run(config: Config | None = None) -> list[Result]:
         ),
         Result(
             "ledger.hot",
-            f"authorizations/s, {config.hot_clients} clients, one hot account, 0 lost updates",
+            f"authorizations/s, {config.hot_clients} clients, one hot account, 0 lost updates "
+            "(its balance = grants - settlements x the oracle's charge)",
             ">= 300/s",
             c_ours,
             "/s",

@@ -3,7 +3,9 @@
 One prepaid account with ``EVENTS`` (10,000,000) usage events spread evenly over the 93 days
 before today, 20 models and 50 keys, sent through ``POST /v1/usage/events`` (batches of 1000
 from ``SENDERS`` connections to a 2-worker server: priced, inserted, debited and aggregated), every
-answer checked (all recorded), then the stored count checked and ``metering verify`` run. Then,
+answer checked (all recorded), then the stored count checked, ``metering verify`` run, and the
+account's balance held to minus the price oracle's charges of every event (``tests/oracle.py``;
+it has no grant), as is the daily report's total cost. Then,
 over loopback HTTP against a real server process (one uvicorn worker, one keep-alive connection,
 requests one after another as a finance script sends them): p50/p95 latency of the 93-bucket
 daily report and the 168-bucket hourly report, by model and by key, ``ROUNDS`` rounds each
@@ -24,6 +26,7 @@ import random
 import re
 import tempfile
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -37,6 +40,7 @@ from bench.bench_ingest import check_counts
 from bench.common import (
     GATEWAY_TOKEN,
     Admin,
+    Books,
     CodeUnderTest,
     Result,
     bench_database,
@@ -49,6 +53,7 @@ from bench.common import (
     rounds_label,
 )
 from bench.loadgen import Connection, Unexpected, expect
+from tests import oracle
 
 MODELS = [f"Bench-Model-{index:02d}" for index in range(20)]
 KEYS = 50
@@ -95,14 +100,18 @@ class Config:
         }
 
 
-def _setup(config: Config, url: str, base_url: str, workdir: Path) -> tuple[str, str, list[str]]:
+def _setup(
+    config: Config, url: str, base_url: str, workdir: Path
+) -> tuple[str, str, list[str], Books]:
     """Catalog (``metering catalog import``), account and keys (admin API): (account id, one
-    key's secret, key ids)."""
+    key's secret, key ids, its books: no grant)."""
     config.code.import_catalog(url, workdir, catalog_file(workdir, MODELS, RATES))
     with Admin(base_url) as admin:
         account = admin.account("bench-reports")
         keys = [admin.key(account) for _ in range(KEYS)]
-    return account, keys[-1][1], [key_id for key_id, _ in keys]
+    books = Books()
+    books.open(account, 0, keys)
+    return account, keys[-1][1], [key_id for key_id, _ in keys], books
 
 
 class Events:
@@ -126,16 +135,21 @@ class Events:
         minutes, seconds = divmod(seconds, 60)
         return f"{self.days[day]}T{hours:02d}:{minutes:02d}:{seconds:02d}.{fraction:06d}Z"
 
-    def body(self, chunk: int) -> tuple[bytes, int]:
+    def body(self, chunk: int) -> tuple[bytes, int, Counter[str]]:
+        """The batch's JSON, its number of events, and their charges by key id (the price
+        oracle's: every model has the same rates)."""
         rng = random.Random(chunk)
         first = chunk * BATCH
         events = []
+        charged: Counter[str] = Counter()
         for index in range(first, min(first + BATCH, self.config.events)):
             prompt = rng.randrange(1, 8000)
             cached = rng.randrange(0, prompt + 1) if rng.random() < 0.6 else 0
             output = rng.randrange(1, 2000)
             key = self.key_ids[rng.randrange(KEYS)]
             model = MODELS[rng.randrange(len(MODELS))]
+            tokens = oracle.Tokens(prompt, cached, output, output // 4)
+            charged[key] += oracle.charge(tokens, RATES).total_microcents
             events.append(
                 f'{{"request_id":"bench-{index}","api_key_id":"{key}","model":"{model}",'
                 f'"api":"chat_completions","usage":{{"prompt_tokens":{prompt},'
@@ -144,13 +158,17 @@ class Events:
                 f'"completion_tokens_details":{{"reasoning_tokens":{output // 4}}}}},'
                 f'"occurred_at":"{self.at(index)}","outcome":"completed"}}'
             )
-        return ('{"events":[' + ",".join(events) + "]}").encode(), len(events)
+        return ('{"events":[' + ",".join(events) + "]}").encode(), len(events), charged
 
 
-async def _send_all(config: Config, port: int, events: Events) -> tuple[int, list[str]]:
-    """Every batch, from ``senders`` connections; (events answered as recorded, problems)."""
+async def _send_all(
+    config: Config, port: int, events: Events
+) -> tuple[int, Counter[str], list[str]]:
+    """Every batch, from ``senders`` connections; (events answered as recorded, their charges
+    by key id, problems)."""
     chunks = iter(range(-(-config.events // BATCH)))
     recorded = 0
+    charged: Counter[str] = Counter()
     problems: list[str] = []
     started = time.monotonic()
     reported = 0
@@ -160,7 +178,7 @@ async def _send_all(config: Config, port: int, events: Events) -> tuple[int, lis
         connection = Connection("127.0.0.1", port, {"Authorization": f"Bearer {GATEWAY_TOKEN}"})
         try:
             for chunk in chunks:
-                body, count = events.body(chunk)
+                body, count, charges = events.body(chunk)
                 try:
                     check_counts(await connection.request("POST", "/v1/usage/events", body), count)
                 except Unexpected as exc:
@@ -168,6 +186,7 @@ async def _send_all(config: Config, port: int, events: Events) -> tuple[int, lis
                         problems.append(f"load: {exc}")
                     continue
                 recorded += count
+                charged.update(charges)
                 if recorded - reported >= 1_000_000:
                     reported = recorded
                     rate = recorded / (time.monotonic() - started)
@@ -176,7 +195,7 @@ async def _send_all(config: Config, port: int, events: Events) -> tuple[int, lis
             await connection.close()
 
     await asyncio.gather(*(sender() for _ in range(config.senders)))
-    return recorded, problems
+    return recorded, charged, problems
 
 
 def _vacuum(url: str) -> None:
@@ -292,9 +311,10 @@ def _path(config: Config, report: str, group_by: str) -> str:
 
 
 def _matches_raw(
-    config: Config, report_body: dict[str, Any], raw_rows: list[Any], group_by: str
+    config: Config, report_body: dict[str, Any], raw_rows: list[Any], group_by: str, cost: int
 ) -> bool:
-    """Whether the daily report equals the GROUP BY over the events, bucket by bucket."""
+    """Whether the daily report equals the GROUP BY over the events, bucket by bucket, and its
+    total cost is ``cost`` (the oracle's charges of every event sent)."""
     expected = {
         (day.strftime("%Y-%m-%dT%H:%M:%SZ"), group): (n, p, c, o, cost)
         for day, group, n, p, c, o, cost in raw_rows
@@ -310,7 +330,12 @@ def _matches_raw(
         for bucket in report_body["data"]
         for r in bucket["results"]
     }
-    return seen == expected and report_body["totals"]["requests"] == config.events
+    totals = report_body["totals"]
+    return (
+        seen == expected
+        and totals["requests"] == config.events
+        and totals["cost_microcents"] == cost
+    )
 
 
 @dataclass
@@ -342,12 +367,13 @@ def run(config: Config | None = None) -> list[Result]:
         config.code.migrate(url, cli)
         loader = config.code.server(url, workdir / "loader", workers=2).start()
         try:
-            account_id, secret, key_ids = _setup(config, url, loader.base_url, cli)
+            account_id, secret, key_ids, books = _setup(config, url, loader.base_url, cli)
             load_started = time.monotonic()
-            recorded, load_problems = asyncio.run(
+            recorded, charged, load_problems = asyncio.run(
                 _send_all(config, loader.port, Events(config, key_ids))
             )
             load_seconds = time.monotonic() - load_started
+            load_problems += books.problems(loader.base_url, charged)
         finally:
             loader.stop()
         stored = common.sql_scalar(url, "SELECT count(*) FROM usage_events")
@@ -396,7 +422,9 @@ def run(config: Config | None = None) -> list[Result]:
                     report.p95.append(percentile(latencies, 95) * 1000)
                     report.size_kib = len(body) / 1024
                     if report.name == "daily" and index == 0:
-                        same = _matches_raw(config, json.loads(body), raw_rows, report.group_by)
+                        same = _matches_raw(
+                            config, json.loads(body), raw_rows, report.group_by, charged.total()
+                        )
                         matches.append(same)
                 if cookie:
                     cpu_before = _cpu_seconds(server.pid)
@@ -512,7 +540,8 @@ def run(config: Config | None = None) -> list[Result]:
     results.append(
         Result(
             "reports.equal_raw",
-            "daily reports equal the GROUP BY over the raw events (both group-bys)",
+            "daily reports equal the GROUP BY over the raw events (both group-bys), their "
+            "total cost the oracle's",
             "yes",
             float(same),
             "(1 = yes)",

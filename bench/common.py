@@ -5,6 +5,8 @@ operator and a gateway use — ``metering migrate``, ``metering catalog import``
 verify`` run as commands, the HTTP API of real uvicorn processes, and plain SQL counts — so the
 same harness measures any checkout of the service (``CodeUnderTest``; ``make bench-compare``
 points it at an older commit), and a benchmark cannot share a bug with what it measures.
+The amounts it expects come from the price oracle of the tests (``tests/oracle.py``), which
+imports nothing of the service either.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections import Counter
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -27,6 +30,8 @@ from typing import Any
 import httpx2 as httpx
 import psycopg
 from sqlalchemy.engine import make_url
+
+from tests.oracle import MICROCENTS_PER_CENT
 
 HARNESS_ROOT = Path(__file__).resolve().parent.parent
 ADMIN_TOKEN = "bench-admin-token"
@@ -385,3 +390,47 @@ def catalog_file(workdir: Path, models: Sequence[str], rates: tuple[int, int, in
 
 def load_average() -> float:
     return os.getloadavg()[0]
+
+
+@dataclass
+class Books:
+    """The accounts a benchmark set up, as the harness itself counts them: what each was
+    granted, and which keys are its. What the service holds must agree with them (``problems``)
+    once the charges of the usage it answered as recorded are known (the price oracle's, by key):
+    ``metering verify`` checks the service against itself, this checks it against the load."""
+
+    granted: dict[str, int] = field(default_factory=dict)  # account -> microcents
+    secrets: dict[str, str] = field(default_factory=dict)  # account -> a key's secret
+    accounts: dict[str, str] = field(default_factory=dict)  # key id -> its account
+
+    def open(self, account: str, granted_cents: int, keys: Sequence[tuple[str, str]]) -> None:
+        """An account granted ``granted_cents`` in all, with its keys: (id, secret) each."""
+        self.granted[account] = granted_cents * MICROCENTS_PER_CENT
+        self.secrets[account] = keys[0][1]
+        self.accounts.update((key_id, account) for key_id, _secret in keys)
+
+    def problems(self, base_url: str, charged: Mapping[str, int]) -> list[str]:
+        """Each account's ``GET /v1/credits`` against its books: a balance of its grants less
+        the charges of its keys (``charged``: microcents by key id), and nothing held (every
+        hold of the load was settled or voided)."""
+        due: Counter[str] = Counter()
+        for key_id, microcents in charged.items():
+            if key_id not in self.accounts:
+                return [f"charges counted for {key_id}, a key the benchmark never made"]
+            due[self.accounts[key_id]] += microcents
+        found = []
+        with httpx.Client(base_url=base_url, timeout=60) as client:
+            for account, secret in self.secrets.items():
+                response = client.get("/v1/credits", headers={"Authorization": f"Bearer {secret}"})
+                if response.status_code != 200:
+                    found.append(f"credits of {account}: {response.status_code}")
+                    continue
+                body = response.json()
+                expected = (self.granted[account] - due[account], 0)
+                shown = (body.get("balance_microcents"), body.get("held_microcents"))
+                if shown != expected:
+                    found.append(
+                        f"{account}: balance and held {shown} µ¢, but the grants less the "
+                        f"oracle's charges are {expected[0]} and nothing is held"
+                    )
+        return found[:3] + ([f"... {len(found) - 3} more accounts"] if len(found) > 3 else [])

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import pkgutil
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -21,7 +23,8 @@ import pytest
 
 import bench
 from bench import __main__ as runner
-from bench import bench_citus, bench_ingest, bench_ledger, compare
+from bench import bench_citus, bench_ingest, bench_ledger, bench_webhooks, compare
+from bench import common as bench_common
 from bench.common import CodeUnderTest, Result, bench_database, libpq_url, sql_scalar
 from tests.conftest import CITUS, CITUS_MAINTENANCE_URL
 
@@ -88,17 +91,19 @@ def test_every_benchmark_module_is_run_by_make_bench() -> None:
 
 def test_the_harness_never_imports_the_code_under_test() -> None:
     """It drives the service only as an operator and a gateway do, so it measures any checkout
-    (``bench.compare`` points it at an older one) and shares no bug with it."""
+    (``bench.compare`` points it at an older one) and shares no bug with it. Of the tests it
+    imports the price oracle alone, which imports nothing of the service."""
     probe = (
         "import sys, bench.__main__, bench.compare, bench.bench_ledger, bench.bench_ingest, "
-        "bench.bench_reports, bench.bench_embedded, bench.bench_citus, bench.baseline_app\n"
+        "bench.bench_reports, bench.bench_embedded, bench.bench_citus, bench.bench_webhooks, "
+        "bench.baseline_app\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('metering', 'tests')))"
     )
     root = Path(bench.__file__).parent.parent
     done = subprocess.run(
         [sys.executable, "-c", probe], cwd=root, capture_output=True, text=True, check=True
     )
-    assert done.stdout.strip() == "[]"
+    assert done.stdout.strip() == "['tests', 'tests.oracle']"
 
 
 def test_a_figure_with_problems_is_not_met_whatever_its_number() -> None:
@@ -180,6 +185,23 @@ class TestLedger:
             assert result.met is False, result
             assert any("authorization: 401, expected 200" in p for p in result.problems), result
 
+    def test_a_price_not_the_one_set_fails_the_figures_of_what_it_charged(self) -> None:
+        """The service charges its settlements at a rate the harness never set (its books
+        still reconcile): the hot account's balance is not its grants less the oracle's
+        charges, and every figure checked from then on is not met."""
+
+        def reprice(url: str) -> None:
+            sql(url, "UPDATE price_versions SET output_microcents_per_million = 340000000")
+
+        config = bench_ledger.Config(**LEDGER_SMALL, after_round=reprice)
+        results = by_name(bench_ledger.run(config))
+        for name in ("ledger.hot", "ledger.hot_voids", "ledger.half_refused"):
+            problems = results[name].problems
+            assert results[name].met is False, results[name]
+            assert any("the grants less the oracle's charges" in p for p in problems), problems
+            assert not any("metering verify" in p for p in problems), problems
+        assert results["ledger.spread"].problems == ()  # nothing was settled before
+
     def test_books_that_do_not_reconcile_fail_the_figures(self) -> None:
         def break_a_balance(url: str) -> None:
             sql(url, "UPDATE accounts SET balance_microcents = balance_microcents + 1")
@@ -206,6 +228,31 @@ class TestIngest:
         assert (rss.target, rss.unit, rss.higher_is_better) == ("<= 300 MB", "MB", False)
         assert rss.met is True  # a small server process, far below its target
 
+    def test_a_price_not_the_one_set_fails_the_ingest_figures(self) -> None:
+        """Every event charged at a rate the harness never set: the books reconcile, but no
+        account's balance is its grants less the oracle's charges."""
+
+        def reprice(url: str) -> None:
+            sql(url, "UPDATE price_versions SET input_microcents_per_million = 23000000")
+
+        config = bench_ingest.Config(**INGEST_SMALL, after_setup=reprice)
+        results = by_name(bench_ingest.run(config))
+        for name in INGEST_FIGURES:
+            problems = results[name].problems
+            assert results[name].met is False, results[name]
+            assert any("the grants less the oracle's charges" in p for p in problems), problems
+            assert not any("metering verify" in p for p in problems), problems
+
+    def test_the_peak_rss_reads_every_worker_or_says_it_is_unmeasured(self) -> None:
+        """One worker: the process itself. More: each of the supervisor's worker children,
+        found from /proc whatever the kernel's options; a worker not found leaves the figure
+        unmeasured, never met on the supervisor's memory alone."""
+        one, every, unmeasured = bench_ingest._peak_rss_mb(os.getpid(), 1)
+        assert one == every > 0 and unmeasured is None
+        one, every, unmeasured = bench_ingest._peak_rss_mb(os.getpid(), 2)
+        assert (one, every) == (0.0, 0.0)
+        assert unmeasured == "0 of the server's 2 worker processes found"
+
     def test_every_event_quarantined_fails_the_ingest_figures(self) -> None:
         """The keys are gone after the setup: every event is quarantined (unknown_api_key),
         answered with a 200 all the same."""
@@ -220,6 +267,77 @@ class TestIngest:
         problems = results["ingest.batches"].problems
         assert any("'quarantined': 50" in p for p in problems), problems
         assert any(p.startswith("0 events stored of") for p in problems), problems
+
+
+WEBHOOKS_SMALL: dict[str, Any] = {"events": 20, "crossings": 4, "pace": 0.01}
+WEBHOOK_FIGURES = ["webhooks.throughput", "webhooks.lag_p50", "webhooks.lag_p99"]
+
+
+def test_the_webhook_signature_is_the_standard_webhooks_one() -> None:
+    """The example of the Standard Webhooks specification, verified by the harness's own code."""
+    assert (
+        bench_webhooks.signature(
+            "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+            "msg_p5jXN8AQM9LWM0D4loKWxJek",
+            "1614265330",
+            b'{"test": 2432232314}',
+        )
+        == "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="
+    )
+
+
+@needs_postgresql
+class TestWebhooks:
+    def test_a_healthy_service_gives_every_figure_without_problems(self) -> None:
+        results = bench_webhooks.run(bench_webhooks.Config(**WEBHOOKS_SMALL))
+        assert [r.name for r in results] == WEBHOOK_FIGURES
+        for result in results:
+            assert result.problems == (), result
+            assert result.measured > 0, result
+
+
+def _receipt(message_id: str, kind: str, signed: bool = True, **data: Any) -> Any:
+    return bench_webhooks.Receipt(0.0, {"id": message_id, "type": kind, "data": data}, signed)
+
+
+def test_what_the_webhook_benchmark_refuses() -> None:
+    """Each message once, signed, of its type; each crossing of its account once, at the
+    balance the books say: anything else is a problem."""
+    expected = {"evt_1": "webhook.test", "evt_2": "credit.balance_low"}
+    good = {
+        "evt_1": [_receipt("evt_1", "webhook.test")],
+        "evt_2": [_receipt("evt_2", expected["evt_2"])],
+    }
+    assert bench_webhooks.check_messages("x", good, expected) == []
+    cases = [
+        ({**good, "evt_2": [_receipt("evt_2", expected["evt_2"], signed=False)]},
+         "x: 1 messages without a valid signature of the endpoint"),
+        ({**good, "evt_2": good["evt_2"] * 2}, "x: messages by times received: {1: 1, 2: 1}"),
+        ({"evt_1": good["evt_1"]}, "x: 1 of 2 messages never arrived"),
+        ({**good, "evt_3": good["evt_1"]}, "x: 1 messages not sent, e.g. evt_3"),
+        ({**good, "evt_2": [_receipt("evt_2", "credit.balance_depleted")]},
+         "x: 1 messages with another id or type, e.g. "
+         "('evt_2', 'evt_2', 'credit.balance_depleted')"),
+    ]  # fmt: skip
+    for arrived, problem in cases:
+        assert bench_webhooks.check_messages("x", arrived, expected) == [problem]
+
+    books = bench_common.Books()
+    books.open("acct_a", 1, [("key_a", "secret")])
+    charged = Counter({"key_a": 1_000_000})
+    low = _receipt(
+        "evt_2", "credit.balance_low", account_id="acct_a", balance_cents=0, threshold_cents=1
+    )
+    crossing = {"evt_2": low}
+    assert bench_webhooks._check_crossings(books, charged, {"acct_a": "key_a"}, crossing) == []
+    # Charged a microcent less than the oracle's charge: the crossing's balance is wrong.
+    found = bench_webhooks._check_crossings(
+        books, Counter({"key_a": 999_999}), {"acct_a": "key_a"}, crossing
+    )
+    assert found and "the books (Decimal('0.000001'), Decimal('1'))" in found[0], found
+    assert bench_webhooks._check_crossings(books, charged, {"acct_a": "key_a"}, {}) == [
+        "lag: credit.balance_low for 0 accounts (1 missing, 0 twice) of 1 crossing"
+    ]
 
 
 CITUS_SMALL: dict[str, Any] = {

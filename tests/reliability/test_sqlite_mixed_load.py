@@ -1,8 +1,9 @@
 """Embedded SQLite under ordinary mixed load (issue 21, defect 4): two workers of the real server
 on one SQLite file, one sender of 1,000-event batches, authorizations over many connections and a
 reader of ``GET /v1/usage``, all at once: no 5xx, the books agree afterwards (every batch
-recorded exactly, ``verify`` clean), and no request stalls (none
-over ``STALL_SECONDS``). The latency targets (p99 ≤ 1 s, nothing over 5 s) are the benchmark's
+recorded exactly, ``verify`` clean, the balance the grant less the price oracle's charge of
+every event, tests/oracle.py, and nothing held), and no request stalls (none over
+``STALL_SECONDS``). The latency targets (p99 ≤ 1 s, nothing over 5 s) are the benchmark's
 (``make bench BENCH=embedded``): a unit test timed against them failed whenever the machine was
 busy, which says nothing about the code.
 
@@ -33,6 +34,7 @@ from metering import migrate
 from metering.catalog.importer import CatalogFile, import_catalog
 from metering.db import Database
 from metering.usage.verify import verify
+from tests import oracle
 from tests.conftest import ADMIN_TOKEN, GATEWAY_TOKEN
 from tests.servers import ServerProcess
 
@@ -44,6 +46,8 @@ BATCHES, CONNECTIONS, AUTHORIZATIONS = 4, 30, 300
 # What the defect looked like: requests waiting out SQLite's 30 s busy handler. Far above any
 # latency of a healthy run on a busy machine, far below the stall.
 STALL_SECONDS = 15.0
+GLM_RATES = (22_000_000, 339_000_000, 17_750_000)
+GRANT_CENTS = 10**9
 
 
 def _seed(url: str, base_url: str) -> tuple[str, str]:
@@ -52,9 +56,9 @@ def _seed(url: str, base_url: str) -> tuple[str, str]:
     try:
         price = {
             "effective_at": "2026-01-01T00:00:00Z",
-            "input_microcents_per_million": 22_000_000,
-            "output_microcents_per_million": 339_000_000,
-            "cache_read_microcents_per_million": 17_750_000,
+            "input_microcents_per_million": GLM_RATES[0],
+            "output_microcents_per_million": GLM_RATES[1],
+            "cache_read_microcents_per_million": GLM_RATES[2],
         }
         catalog = CatalogFile.model_validate(
             {"models": [{"id": MODEL, "display_name": MODEL, "context_length": 131072,
@@ -70,7 +74,7 @@ def _seed(url: str, base_url: str) -> tuple[str, str]:
         account_id = account.json()["id"]
         response = admin.post(
             f"/admin/v1/accounts/{account_id}/grants",
-            json={"amount_cents": 10**9, "idempotency_key": "seed"},
+            json={"amount_cents": GRANT_CENTS, "idempotency_key": "seed"},
         )
         assert response.status_code == 201, response.text
         key = admin.post(f"/admin/v1/accounts/{account_id}/api-keys", json={"name": "k"}).json()
@@ -93,6 +97,9 @@ def test_mixed_load_on_embedded_sqlite(tmp_path: Path) -> None:
             authorizations=AUTHORIZATIONS,
             gateway_token=GATEWAY_TOKEN,
         )
+        credits = httpx.get(
+            f"{server.base_url}/v1/credits", headers={"Authorization": f"Bearer {secret}"}
+        )
     finally:
         server.stop()
     print(samples.summary())
@@ -111,6 +118,12 @@ def test_mixed_load_on_embedded_sqlite(tmp_path: Path) -> None:
         assert stored == BATCHES * 1000
     finally:
         database.dispose()
+    # Every event at the oracle's charge, every hold released.
+    event = {"api": "chat_completions", "usage": bench_embedded.USAGE}
+    charge = oracle.event_charge(event, GLM_RATES).total_microcents
+    assert credits.status_code == 200, credits.text
+    shown = (credits.json()["balance_microcents"], credits.json()["held_microcents"])
+    assert shown == (GRANT_CENTS * 10**6 - BATCHES * 1000 * charge, 0)
 
 
 SMALL = {"batches": 1, "batch_size": 50, "connections": 4, "authorizations": 8, "rounds": 1}
