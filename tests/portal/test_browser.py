@@ -1,11 +1,14 @@
 """The portal in a real browser (headless chromium), on SQLite and PostgreSQL: signing in by
 link and by key, every page without console errors, charts drawn with the numbers of their
-tables, the tables equal to the JSON API, one account never seeing another's data, and the
-refusals (a forged or replayed link, a missing CSRF token, an expired or ended session)."""
+tables, the tables' and the balances' amounts those of the price oracle (tests/oracle.py, through
+the golden reports of tests/reports/golden.py) and equal to the JSON API, one account never
+seeing another's data, and the refusals (a forged or replayed link, a missing CSRF token, an
+expired or ended session)."""
 
 from __future__ import annotations
 
-from datetime import date, timedelta
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -14,18 +17,21 @@ from selenium.webdriver.common.by import By
 
 from tests.conftest import NOW, Api
 from tests.factories import (
+    GLM_RATES,
     Key,
     create_account,
     create_key,
     grant,
-    ingest,
     priced_model,
-    usage_event,
+    unique,
 )
 from tests.portal.browser import Browser, sign_in_link
 from tests.portal.conftest import export_dir, export_rollforward
+from tests.reports.golden import Pricing, Sent, expected_report, send_batch
 
 PAGES = ("", "/usage", "/keys", "/activity", "/exports", "/notifications", "/models")
+GRANT_CENTS = 1000
+OTHER_RATES = (1_234_567, 7_654_321, 3)
 
 
 def _client(api: Api, cookies: dict[str, str]) -> httpx.Client:
@@ -33,21 +39,60 @@ def _client(api: Api, cookies: dict[str, str]) -> httpx.Client:
     return httpx.Client(base_url=str(api.client.base_url), cookies=cookies, timeout=30)
 
 
-def _account_with_usage(api: Api, days: int = 5) -> tuple[str, Key, Key, str]:
+@dataclass(frozen=True)
+class Usage:
+    """An account with two keys, each with usage on one model over ``days`` days: what was
+    sent, each event at the price oracle's charge."""
+
+    account: str
+    first: Key
+    second: Key
+    model: str
+    sent: list[Sent]
+    key_names: dict[str, str]
+
+    def spent(self, key: Key, since: datetime = datetime.min.replace(tzinfo=UTC)) -> int:
+        return sum(s.cost_microcents for s in self.sent if s.key == key and s.occurred_at >= since)
+
+    @property
+    def balance(self) -> int:
+        """The grant less every charge, by the oracle."""
+        return GRANT_CENTS * 10**6 - sum(s.cost_microcents for s in self.sent)
+
+    def report(self, query: dict[str, str]) -> dict[str, Any]:
+        """The §6 report of ``query`` computed from the events sent (``ending_at`` defaults to
+        the end of the clock's day, as it stands here)."""
+        return expected_report(
+            self.sent,
+            _instant(query["starting_at"]),
+            _instant(query.get("ending_at", "2026-11-30")),
+            bucket_width=query.get("bucket_width", "1d"),
+            group_by=query.get("group_by", "model"),
+            key_names=self.key_names,
+        )
+
+
+def _instant(text: str) -> datetime:
+    at = datetime.fromisoformat(text)
+    return at if at.tzinfo else at.replace(tzinfo=UTC)
+
+
+def _account_with_usage(api: Api, days: int = 5) -> Usage:
     account = create_account(api)
-    first, second = create_key(api, account, limit_cents=500), create_key(api, account)
-    grant(api, account, 1000)
+    names = [unique("first"), unique("second")]
+    first = create_key(api, account, limit_cents=500, name=names[0])
+    second = create_key(api, account, name=names[1])
+    grant(api, account, GRANT_CENTS)
     model = priced_model(api, NOW - timedelta(days=60))
-    other = priced_model(api, NOW - timedelta(days=60), rates=(1_234_567, 7_654_321, 3))
-    events = []
+    other = priced_model(api, NOW - timedelta(days=60), rates=OTHER_RATES)
+    pricing = Pricing({model: GLM_RATES, other: OTHER_RATES})
+    specs = []
     for day in range(days):
         at = NOW - timedelta(days=day, hours=2)
-        events.append(usage_event(first, model, at))
-        events.append(
-            usage_event(second, other, at, {"prompt_tokens": 37, "completion_tokens": 11})
-        )
-    assert ingest(api, *events)["recorded"] == len(events)
-    return account, first, second, model
+        specs += [(first, model, at, 1000, 0, 100), (second, other, at, 37, 0, 11)]
+    sent = send_batch(api, pricing, specs)
+    key_names = {first.id: names[0], second.id: names[1]}
+    return Usage(account, first, second, model, sent, key_names)
 
 
 def _sign_in_by_link(browser: Browser, api: Api, account: str) -> None:
@@ -65,7 +110,7 @@ def _sign_in_by_key(browser: Browser, secret: str) -> None:
 
 
 def _expected_rows(report: dict[str, Any]) -> list[list[str]]:
-    """The table rows the JSON report implies, written independently of the portal's code."""
+    """The table rows a report implies, written independently of the portal's code."""
     by_key = report["group_by"] == "api_key"
     rows = []
     for bucket in report["data"]:
@@ -117,25 +162,30 @@ def _assert_chart_matches(browser: Browser, chart_id: str, report: dict[str, Any
             assert drawn[label][index] == result["cost_microcents"]
 
 
-def test_sign_in_by_link_and_the_overview_equals_the_json_api(
+def test_sign_in_by_link_and_the_overview_equals_the_oracle_and_the_json_api(
     browser: Browser, portal: Api
 ) -> None:
-    account, first, _, _ = _account_with_usage(portal)
-    _sign_in_by_link(browser, portal, account)
-    credits = portal.as_key(first.secret, "GET", "/v1/credits").json(parse_float=Decimal)
+    usage = _account_with_usage(portal)
+    _sign_in_by_link(browser, portal, usage.account)
+    credits = portal.as_key(usage.first.secret, "GET", "/v1/credits").json(parse_float=Decimal)
+    expected = {"balance": usage.balance, "held": 0, "available": usage.balance}
     for field in ("balance", "held", "available"):
-        shown = browser.text(f"#{field}")
-        assert Decimal(shown.replace("$", "")) == Decimal(str(credits[f"{field}_cents"])) / 100
-    report = _json_report(portal, first, starting_at="2026-10-31", bucket_width="1d")
+        shown = Decimal(browser.text(f"#{field}").replace("$", ""))
+        assert shown == Decimal(expected[field]).scaleb(-8), field
+        assert shown == Decimal(str(credits[f"{field}_cents"])) / 100
+    query = {"starting_at": "2026-10-31", "bucket_width": "1d"}
+    report = usage.report(query)
+    assert _json_report(portal, usage.first, **query) == report
     assert _shown_rows(browser, "daily-table") == _expected_rows(report)
     _assert_chart_matches(browser, "daily-chart", report)
     assert browser.console_errors() == []
 
 
-def test_sign_in_by_key_and_usage_by_key_by_hour_equals_the_json_api(
+def test_sign_in_by_key_and_usage_by_key_by_hour_equals_the_oracle_and_the_json_api(
     browser: Browser, portal: Api
 ) -> None:
-    _, first, _, _ = _account_with_usage(portal)
+    usage = _account_with_usage(portal)
+    first = usage.first
     _sign_in_by_key(browser, first.secret)
     for query in (
         {
@@ -158,7 +208,8 @@ def test_sign_in_by_key_and_usage_by_key_by_hour_equals_the_json_api(
         },
     ):
         browser.open("/billing/usage?" + str(httpx.QueryParams(query)))
-        report = _json_report(portal, first, **query)
+        report = usage.report(query)
+        assert _json_report(portal, first, **query) == report, query
         assert _shown_rows(browser, "usage-table") == _expected_rows(report), query
         _assert_chart_matches(browser, "usage-chart", report)
         totals = browser.driver.find_elements(By.CSS_SELECTOR, "#usage-table tfoot td")
@@ -170,7 +221,8 @@ def test_sign_in_by_key_and_usage_by_key_by_hour_equals_the_json_api(
 
 
 def test_every_page_loads_without_console_errors(browser: Browser, portal: Api) -> None:
-    _, first, second, _ = _account_with_usage(portal)
+    usage = _account_with_usage(portal)
+    first, second = usage.first, usage.second
     _sign_in_by_key(browser, first.secret)
     for page in PAGES:
         browser.open("/billing" + page)
@@ -188,7 +240,8 @@ def test_every_page_loads_without_console_errors(browser: Browser, portal: Api) 
 def test_a_second_accounts_session_never_sees_the_first_accounts_data(
     browser: Browser, portal: Api
 ) -> None:
-    first_account, first_key, _, first_model = _account_with_usage(portal)
+    usage = _account_with_usage(portal)
+    first_account, first_key, first_model = usage.account, usage.first, usage.model
     other_account = create_account(portal)
     other_key = create_key(portal, other_account)
     _sign_in_by_key(browser, other_key.secret)
@@ -281,10 +334,11 @@ def test_an_expired_session_and_a_signed_out_one_are_refused(browser: Browser, p
     assert _client(portal, value).get("/billing").status_code == 401
 
 
-def test_the_overviews_grants_and_the_keys_windows_equal_the_json_api(
+def test_the_overviews_grants_and_the_keys_windows_equal_the_oracle_and_the_json_api(
     browser: Browser, portal: Api
 ) -> None:
-    account, first, second, model = _account_with_usage(portal)
+    usage = _account_with_usage(portal)
+    account, first, second, model = usage.account, usage.first, usage.second, usage.model
     promotional = portal.client.post(
         f"/admin/v1/accounts/{account}/grants",
         json={
@@ -307,9 +361,18 @@ def test_the_overviews_grants_and_the_keys_windows_equal_the_json_api(
     shown = browser.table_rows("grants-table")
     assert [row[0] for row in shown] == [live["id"] for live in credits["grants"]]
     assert shown[0][0] == promotional.json()["id"] and shown[0][1] == "promotional"
-    for row, live in zip(shown, credits["grants"], strict=True):
+    # The usage came before the promotional grant: the paid one paid all of it.
+    remaining = [3 * 10**6, usage.balance]
+    for row, live, left in zip(shown, credits["grants"], remaining, strict=True):
+        assert Decimal(row[3].replace("$", "")) == Decimal(left).scaleb(-8)
         assert Decimal(row[3].replace("$", "")) == Decimal(str(live["remaining_cents"])) / 100
         assert row[5] == (live["expires_at"] or "never") and row[6] == "active"
+    # Each key's spend in its window: the first's month, the second's week (from Monday).
+    windows = {
+        first.id: datetime(2026, 11, 1, tzinfo=UTC),
+        second.id: datetime(2026, 11, 23, tzinfo=UTC),
+    }
+    keys = {first.id: first, second.id: second}
     browser.open("/billing/keys")
     listed = portal.as_key(first.secret, "GET", "/v1/api-keys").json(parse_float=Decimal)
     for body in listed["data"]:
@@ -318,6 +381,8 @@ def test_the_overviews_grants_and_the_keys_windows_equal_the_json_api(
         )
         cells = [cell.text for cell in row.find_elements(By.TAG_NAME, "td")]
         assert cells[4] == f"{body['spend_limit_window']} from {body['window_starts_at']}"
+        spent = usage.spent(keys[body["id"]], since=windows[body["id"]])
+        assert spent > 0 and Decimal(cells[5].replace("$", "")) == Decimal(spent).scaleb(-8)
         assert Decimal(cells[5].replace("$", "")) == Decimal(body["spent_microcents"]).scaleb(-8)
         models = body["allowed_models"]
         assert cells[7] == ("all of the account's models" if models is None else ", ".join(models))
@@ -364,7 +429,8 @@ def test_notifications_add_test_disable_and_remove_in_the_browser(
 def test_the_exports_page_shows_the_accounts_rollforward_rows(
     browser: Browser, portal: Api
 ) -> None:
-    account, first, _, _ = _account_with_usage(portal)
+    usage = _account_with_usage(portal)
+    account, first = usage.account, usage.first
     day = export_rollforward(portal, date(2026, 11, 29))
     _sign_in_by_key(browser, first.secret)
     browser.open("/billing/exports")
@@ -377,4 +443,7 @@ def test_the_exports_page_shows_the_accounts_rollforward_rows(
         assert [Decimal(cell.replace("$", "")) for cell in row[2:]] == [
             Decimal(value).scaleb(-8) for value in line[3:]
         ]
+    # The closing rows sum to the balance at the day's end: the grant less the oracle's charges.
+    closing = sum(Decimal(row[-1].replace("$", "")) for row in shown)
+    assert closing == Decimal(usage.balance).scaleb(-8)
     assert browser.console_errors() == []

@@ -20,8 +20,17 @@ from pydantic import ValidationError
 from metering.exports.commands import export
 from metering.runtime import runtime_settings
 from metering.settings import Settings
+from tests import oracle
 from tests.conftest import NOW, Api, running_api
-from tests.factories import create_account, create_key, grant, ingest, priced_model, usage_event
+from tests.factories import (
+    GLM_RATES,
+    create_account,
+    create_key,
+    grant,
+    ingest,
+    priced_model,
+    usage_event,
+)
 
 CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')
 
@@ -247,6 +256,10 @@ def test_the_keys_page_shows_the_months_spend_of_each_key_as_the_report_counts_i
     for bucket in month["data"]:
         for result in bucket["results"]:
             spent[result["api_key"]] += result["cost_microcents"]
+    # The five events of this month, each at the oracle's charge (usage_event's 1000 prompt and
+    # 100 output tokens at GLM-5.3's rates); last month's not counted.
+    charge = oracle.charge(oracle.Tokens(1000, 0, 100), GLM_RATES).total_microcents
+    assert spent == {limited.id: 5 * charge, other.id: 0, revoked.id: 0}
     for key, status, limit in (
         (limited, "active", "$2.50"),
         (other, "active", "no limit"),
@@ -281,7 +294,8 @@ def test_the_models_page_shows_the_accounts_rates_as_v1_models_does(api: Api) ->
     assert _dollars(cells[3]) == Decimal(pricing["input_microcents_per_million"]).scaleb(-8)
     assert _dollars(cells[4]) == Decimal(pricing["cache_read_microcents_per_million"]).scaleb(-8)
     assert _dollars(cells[5]) == Decimal(pricing["output_cents_per_million"]) / 100
-    assert cells[3] == "$0.00000001"  # exact, not rounded
+    # The account's own rates as set above (µ¢ per million, shown as dollars), not the list's.
+    assert cells[3:6] == ["$0.00000001", "$0.00000003", "$0.20"]
 
 
 def test_every_asset_is_the_services_own(api: Api) -> None:

@@ -1,5 +1,6 @@
 """The portal's pages over HTTP (no browser), on both databases, against the JSON routes for
-the same account: the Overview's credit grants and low-balance threshold (``/v1/credits``, the
+the same account and, for the amounts that usage moves, against the price oracle
+(tests/oracle.py): the Overview's credit grants and low-balance threshold (``/v1/credits``, the
 grants' own bodies, the account), the Keys page's spend windows and allowed models
 (``/v1/api-keys``), the Notifications page and its forms (``/v1/webhook-endpoints``, audited as
 the portal), the Exports page's credit roll-forward rows (the day's ``credits.csv``), and the
@@ -22,9 +23,11 @@ from sqlalchemy import func, select, update
 
 from metering.models import CreditRollforward, PortalSession, PortalSignInToken
 from metering.scheduler import Scheduler
+from tests import oracle
 from tests.conftest import NOW, Api
 from tests.exports.helpers import exporter
 from tests.factories import (
+    GLM_RATES,
     Key,
     create_account,
     create_key,
@@ -37,6 +40,8 @@ from tests.factories import (
 from tests.portal.test_portal_http import CSRF, _cells, _client, _dollars, _link, _sign_in
 
 PUBLIC = "https://203.0.113.10/hook"  # TEST-NET-3: a public address for §11, never resolved
+# usage_event's default usage (1000 prompt tokens, 100 output) at GLM-5.3's rates.
+CHARGE = oracle.charge(oracle.Tokens(1000, 0, 100), GLM_RATES).total_microcents
 
 
 def _signed_in(api: Api, account: str) -> TestClient:
@@ -117,7 +122,9 @@ class TestOverview:
             assert _dollars(row[4]) == _cents_as_dollars(body["amount_cents"])
             assert row[5] == (listed["expires_at"] or "never")
             assert row[6] == body["status"] == "active"
-        assert _dollars(shown[0][3]) < 5  # the promotional grant paid the usage first
+        # The promotional grant paid the usage first, at the oracle's charges; the rest is whole.
+        remaining = [5_000_000 - 3 * CHARGE, 2_500_000, 10_000_000]
+        assert [_dollars(row[3]) for row in shown] == [Decimal(r).scaleb(-8) for r in remaining]
         past = _rows(page, "past-grants-table")
         assert [(row[0], row[3], row[6]) for row in past] == [(voided["id"], "$0.00", "voided")]
         assert "Low-balance threshold: <strong>$2.505</strong>" in page
@@ -185,7 +192,12 @@ class TestKeys:
             "2026-11-23T00:00:00Z",
             "2026-11-01T00:00:00Z",
         }
-        assert len(spent) == 3 and 0 not in spent  # each window counts a different spend
+        # Each window counts its own spend: the day's event; the week's two (from Monday the
+        # 23rd); the month's three (not last month's), at the oracle's charge each.
+        by_window = {
+            body["spend_limit_window"]: body["spent_microcents"] for body in listed["data"]
+        }
+        assert by_window == {"day": CHARGE, "week": 2 * CHARGE, "month": 3 * CHARGE}
 
 
 def _form(html: str) -> str:
