@@ -1,5 +1,5 @@
 """Usage sent through the real ingest route, and what the export files must say about it,
-computed here from the events themselves (own rounding, never the code under test)."""
+computed here from the events themselves (the price oracle, never the code under test)."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from metering.exports.service import Exporter
 from metering.kit.clock import FrozenClock
 from metering.kit.timeutil import format_timestamp
 from metering.models import ExportDay, ExportRun, UsageEvent
+from tests import oracle
 from tests.conftest import Api
 from tests.factories import Key, create_account, create_key, priced_model, usage_object
 
@@ -53,12 +54,6 @@ def midnight(day: date) -> datetime:
     return datetime.combine(day, time(), UTC)
 
 
-def half_up(tokens: int, rate: int) -> int:
-    """tokens × rate / 10^6, rounded to the nearest microcent, halves up (written anew here)."""
-    exact = Decimal(tokens) * Decimal(rate) / Decimal(1_000_000)
-    return int(exact.to_integral_value(rounding="ROUND_HALF_UP"))
-
-
 def usd(microcents: int) -> str:
     """Exact dollars, plain notation without trailing zeros (e.g. 0.0008746)."""
     text = format(Decimal(microcents).scaleb(-8), "f")
@@ -79,14 +74,11 @@ class Sent:
 
     @property
     def cost(self) -> int:
+        """The price oracle's charge (nothing for an unbilled account)."""
         if not self.billed:
             return 0
-        input_rate, output_rate, cache_rate = self.rates
-        return (
-            half_up(self.prompt - self.cached, input_rate)
-            + half_up(self.cached, cache_rate)
-            + half_up(self.output, output_rate)
-        )
+        tokens = oracle.Tokens(self.prompt, self.cached, self.output, self.reasoning)
+        return oracle.charge(tokens, self.rates).total_microcents
 
 
 @dataclass

@@ -26,8 +26,9 @@ from sqlalchemy import func, select
 from metering.cli import _prepare_embedded
 from metering.db import Database
 from metering.demo import REASONING_MODELS, synthetic_events
-from metering.models import Account
+from metering.models import Account, UsageEvent
 from metering.settings import Settings
+from tests import oracle
 from tests.servers import free_port
 
 
@@ -157,6 +158,32 @@ def test_first_serve_prints_a_demo_whose_curl_commands_return_its_data(tmp_path:
         assert used_models <= listed
     finally:
         _stop(process)
+    # Every event at the oracle's charge: its tokens at the shipped catalog's list price in force
+    # when it occurred (tests/oracle.py reads the catalog file itself).
+    database = Database.from_url(f"sqlite:///{tmp_path / 'data' / 'metering.sqlite3'}")
+    try:
+        with database.reading() as session:
+            stored = session.execute(
+                select(
+                    UsageEvent.model_id,
+                    UsageEvent.occurred_at,
+                    UsageEvent.prompt_tokens,
+                    UsageEvent.cached_tokens,
+                    UsageEvent.output_tokens,
+                    UsageEvent.reasoning_tokens,
+                )
+            ).all()
+    finally:
+        database.dispose()
+    prices = {model: oracle.catalog_prices(model) for model in {row[0] for row in stored}}
+    due = 0
+    for model, at, *tokens in stored:
+        rates = oracle.rates_at(prices[model], at)
+        assert rates is not None, (model, at)
+        due += oracle.charge(oracle.Tokens(*tokens), rates).total_microcents
+    assert len(stored) == requests
+    assert totals["cost_microcents"] == due
+    assert credits["balance_microcents"] == 5_000_000_000 - due
     # The secret went to the terminal only, never to the log.
     assert secret[1] not in log.read_text()
     assert (tmp_path / "data" / "demo.env").read_text() == f"METERING_DEMO_KEY={secret[1]}\n"

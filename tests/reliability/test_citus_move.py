@@ -30,6 +30,7 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
 from metering.models import Base
+from tests import oracle
 from tests.conftest import (
     ADMIN_TOKEN,
     BACKENDS,
@@ -43,6 +44,7 @@ from tests.conftest import (
     running_api,
 )
 from tests.factories import (
+    GLM_RATES,
     Key,
     authorize,
     chat_usage,
@@ -118,8 +120,9 @@ def every_table(url: str) -> dict[str, list[tuple[Any, ...]]]:
 
 def fill(api: Api) -> dict[str, Any]:
     """What an operator and a gateway did over a few days; what to look at afterwards."""
-    model = priced_model(api, NOW - timedelta(days=30))
-    other = priced_model(api, NOW - timedelta(days=30), rates=(1_000_000, 2_000_000, 500_000))
+    rates = {"model": GLM_RATES, "other": (1_000_000, 2_000_000, 500_000)}
+    model = priced_model(api, NOW - timedelta(days=30), rates["model"])
+    other = priced_model(api, NOW - timedelta(days=30), rates=rates["other"])
     prepaid, second, unbilled = (
         create_account(api),
         create_account(api),
@@ -170,9 +173,18 @@ def fill(api: Api) -> dict[str, Any]:
     settling = usage_event(key, model, NOW - timedelta(minutes=3), request_id="req-settled")
     assert ingest(api, *batch, settling)["recorded"] == len(batch) + 1
     assert ingest(api, batch[0])["duplicates"] == 1
-    assert ingest(api, usage_event(keys[second][0], other, NOW))["recorded"] == 1
+    single = usage_event(keys[second][0], other, NOW)
+    assert ingest(api, single)["recorded"] == 1
     stranger = Key("key_unknown0000000000000000", "", prepaid)
     assert ingest(api, usage_event(stranger, model, NOW))["quarantined"] == 1
+    # Each account's balance by the price oracle: its grants less its recorded events' charges.
+    priced = {model: rates["model"], other: rates["other"]}
+    balances = {prepaid: 10_700 * 10**6, second: 2_500 * 10**6}
+    account_of = {key.id: account for account, owned in keys.items() for key in owned}
+    for event in [*batch, settling, single]:
+        account = account_of[event["api_key_id"]]
+        if account in balances:  # the unbilled account is charged nothing
+            balances[account] -= oracle.event_charge(event, priced[event["model"]]).total_microcents
     endpoint = api.admin(
         "POST",
         "/admin/v1/webhook-endpoints",
@@ -183,7 +195,12 @@ def fill(api: Api) -> dict[str, Any]:
         },
     )
     assert endpoint.status_code == 201, endpoint.text
-    return {"accounts": [prepaid, second, unbilled], "keys": keys, "model": model}
+    return {
+        "accounts": [prepaid, second, unbilled],
+        "keys": keys,
+        "model": model,
+        "balances": balances,
+    }
 
 
 def views(api: Api, filled: dict[str, Any]) -> dict[str, Any]:
@@ -264,6 +281,8 @@ def test_a_single_server_database_moved_onto_the_cluster_as_the_readme_says(
         with running_api("postgresql", source, tmp_path / "source") as api:
             filled = fill(api)
             before = views(api, filled)
+        for account, balance in filled["balances"].items():
+            assert before[f"{account} /v1/credits"]["balance_microcents"] == balance
         source_rows = every_table(source)
         assert source_rows["usage_events"] and source_rows["quarantined_events"]
 
@@ -315,8 +334,6 @@ def test_a_single_server_database_moved_onto_the_cluster_as_the_readme_says(
                 )
                 assert status == "settled"
                 credits = moved.as_key(key.secret, "GET", "/v1/credits").json()
-                assert (
-                    credits["balance_microcents"]
-                    < before[f"{account} /v1/credits"]["balance_microcents"]
-                )
+                charge = oracle.event_charge(event, GLM_RATES).total_microcents
+                assert credits["balance_microcents"] == filled["balances"][account] - charge
             metering("verify", target, tmp_path)

@@ -22,8 +22,10 @@ import pytest
 from sqlalchemy import func, select
 
 from metering.models import Account, QuarantinedEvent
+from tests import oracle
 from tests.conftest import NOW, Api
 from tests.factories import (
+    GLM_RATES,
     assert_error,
     authorization_request,
     chat_usage,
@@ -210,8 +212,11 @@ class TestUnstorableText:
             assert len(mine) == 1
             # Kept as sent, escape and all.
             assert "x" + json.loads(f'"{bad}"') in mine[0]["event"].values()
+        # The two recorded events at the oracle's charge each (GLM-5.3's rates).
+        charge = oracle.event_charge(events[3], GLM_RATES).total_microcents
+        assert results[3]["charge"]["total_microcents"] == charge
         charged = credits_of(api, key)["balance_microcents"]
-        assert charged == 10_000 * 1_000_000 - 2 * results[3]["charge"]["total_microcents"]
+        assert charged == 10_000 * 1_000_000 - 2 * charge
 
 
 class TestCursorsAndIds:

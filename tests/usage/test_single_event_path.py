@@ -16,6 +16,7 @@ from sqlalchemy import func, select
 from metering.kit.timeutil import format_timestamp
 from metering.models import CreditAllocationDay, CreditGrant, WebhookEvent
 from metering.usage import endpoints
+from tests import oracle
 from tests.conftest import CITUS, NOW, Api, migrated_database, require_postgresql, running_api
 from tests.factories import (
     GLM_RATES,
@@ -56,18 +57,9 @@ def lean_api(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Api]:
         yield api
 
 
-def _half_up(tokens: int, rate: int) -> int:
-    return (tokens * rate + 500_000) // 1_000_000
-
-
 def _expected_total(prompt: int, completion: int, cached: int) -> int:
-    """The charge in microcents, from the contract's rule (not the code under test)."""
-    input_rate, output_rate, cache_rate = GLM_RATES
-    return (
-        _half_up(prompt - cached, input_rate)
-        + _half_up(cached, cache_rate)
-        + _half_up(completion, output_rate)
-    )
+    """The charge in microcents at GLM-5.3's rates, by the price oracle."""
+    return oracle.charge(oracle.Tokens(prompt, cached, completion), GLM_RATES).total_microcents
 
 
 def _general_path_forbidden(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -155,7 +147,9 @@ def test_one_by_one_books_exactly_what_one_batch_books(lean_api: Api) -> None:
 
     assert seen(singles) == seen(batch)
     assert credits_of(lean_api, singles) == credits_of(lean_api, batch)
-    assert credits_of(lean_api, singles)["balance_microcents"] < 0  # no credit: billed anyway
+    # No credit: billed anyway, each event at the oracle's charge.
+    due = oracle.total(events(singles), GLM_RATES)
+    assert credits_of(lean_api, singles)["balance_microcents"] == -due < 0
     unbilled_totals = seen(unbilled)[0][0]
     assert unbilled_totals["requests"] == 12 and unbilled_totals["cost_microcents"] is None
     assert_books_reconcile(lean_api)
