@@ -55,7 +55,9 @@ def pg_fresh(pg_url: str, tmp_path: Path) -> Iterator[Api]:
 
 
 def _event(key: Key, model: str, request_id: str, n: int) -> dict[str, Any]:
-    return usage_event(key, model, AT, chat_usage(1000 + n, 100 + n % 7), request_id=request_id)
+    """Cache reads of 2n tokens at 17.75 µ¢ each: every odd n's ends in half a microcent."""
+    usage = chat_usage(1000 + n, 100 + n % 7, cached=2 * n)
+    return usage_event(key, model, AT, usage, request_id=request_id)
 
 
 def _waiting_on_a_lock(api: Api, but: int, within: float = 10.0) -> None:
