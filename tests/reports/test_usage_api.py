@@ -78,7 +78,7 @@ def scattered_usage(api: Api, t: Tenant, day: datetime) -> list[Sent]:
     specs = [
         (t.ci, zeta, day - MICRO, 5, 0, 5),  # the previous day's last instant
         (t.ci, zeta, day, 1200, 1000, 37),  # exactly on the boundary: this day
-        (t.prod, zeta, day, 17, 0, 3),
+        (t.prod, zeta, day, 17, 6, 3),  # 6 × 17.75 = 106.5 µ¢: a half, rounded up
         (t.ci, alpha, day + timedelta(hours=1) - MICRO, 999, 998, 1),
         (t.prod, alpha, day + timedelta(hours=1), 4508, 4352, 20),
         (t.prod, beta, day + timedelta(hours=7, minutes=13), 3, 1, 1),

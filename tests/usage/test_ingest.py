@@ -187,6 +187,9 @@ class TestUsageShapes:
         assert (charge["input_microcents"], charge["cache_read_microcents"]) == (22, 36)
         one = charge_of(api, key, model, "chat_completions", chat_usage(1, 0, cached=1))
         assert one["cache_read_microcents"] == 18  # 17.75 → 18
+        # 6 × 17.75 = 106.5 → 107: up, where halves to even would give 106.
+        six = charge_of(api, key, model, "chat_completions", chat_usage(6, 0, cached=6))
+        assert six["cache_read_microcents"] == 107
 
     def test_a_failed_stream_is_charged_for_the_tokens_it_reports(
         self, api: Api, glm: tuple[Key, str, str]
