@@ -7,8 +7,9 @@ PostgreSQL: (a) the gateway process's CPU time per request (``time.process_time`
 thread, the sender's included, from the first authorization to the last event acknowledged),
 and (b) the median time of one ``record`` call, the part that sits on the request's path
 after the model answered. The server's own time is not counted in (a) (another process).
-Every event must be recorded (none left in the spool) and ``metering verify`` clean, else the
-figures are not met.
+Every event must be recorded (none left in the spool), ``metering verify`` clean, and the
+account's balance its grant less the price oracle's charge (``tests/oracle.py``) of every event
+with nothing held, else the figures are not met.
 
 The client measured is the one installed in this virtualenv (this checkout's, editable); with
 ``--code`` only the server comes from the other checkout.
@@ -27,6 +28,7 @@ from pathlib import Path
 from bench.common import (
     GATEWAY_TOKEN,
     Admin,
+    Books,
     CodeUnderTest,
     Result,
     bench_database,
@@ -34,10 +36,13 @@ from bench.common import (
     median,
 )
 from metering_client import MeteringClient, SenderSettings
+from tests import oracle
 
 MODEL = "Bench-Gateway"
 RATES = (22_000_000, 339_000_000, 17_750_000)
 USAGE = {"prompt_tokens": 1200, "completion_tokens": 300, "total_tokens": 1500}
+CHARGE = oracle.event_charge({"api": "chat_completions", "usage": USAGE}, RATES).total_microcents
+GRANT_CENTS = 10**9
 # Targets: the client must not be what a gateway's CPU goes to (a model call is ~100s of ms).
 CPU_TARGET_US = 2000.0
 RECORD_TARGET_US = 500.0
@@ -57,14 +62,19 @@ def run(config: Config) -> list[Result]:
         code.import_catalog(url, workdir, catalog_file(workdir, [MODEL], RATES))
         server = code.server(url, workdir / "server", workers=1).start()
         try:
+            books = Books()
             with Admin(server.base_url) as admin:
                 account = admin.account("bench-gateway")
-                admin.grant(account, 10**9)
-                _, key = admin.key(account)
+                admin.grant(account, GRANT_CENTS)
+                key_id, key = admin.key(account)
+                books.open(account, GRANT_CENTS, [(key_id, key)])
             cpu_us, record_us, left = measure(server.base_url, key, workdir, config.requests)
+            # Every event acknowledged, the warm-up's too, at the oracle's charge.
+            charged = {key_id: (config.requests + 1 - left) * CHARGE}
+            problems = [f"{left} events never acknowledged"] if left else []
+            problems += books.problems(server.base_url, charged)
         finally:
             server.stop()
-        problems = [f"{left} events never acknowledged"] if left else []
         problems += code.verify(url, workdir)
     figure = f"client CPU per request (authorize + record), {config.requests} requests"
     return [
