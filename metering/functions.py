@@ -1,5 +1,5 @@
 """The PostgreSQL functions the service calls, each generated from its program's one definition
-(metering.kit.programs). A migration freezes their text; ``tests/test_functions.py`` holds the
+(metering.programs). A migration freezes their text; ``tests/test_functions.py`` holds the
 functions in a migrated database equal to what these definitions produce now.
 
 Each program has two forms: as written (rows of any accounts, one call for all), and for one
@@ -12,9 +12,9 @@ new migration when a definition changes)."""
 
 from __future__ import annotations
 
-from metering.kit.programs import Program
 from metering.ledger.placement.program import PLACE_HOLDS, PLACE_HOLDS_OF_ACCOUNT
 from metering.ledger.spending import SPEND_CREDIT, SPEND_CREDIT_OF_ACCOUNT
+from metering.programs import Program
 from metering.usage.recording import (
     RECORD_USAGE,
     RECORD_USAGE_OF_ACCOUNT,

@@ -1,5 +1,5 @@
 """Booking charges: ledger debits, balances and hold settlement, as steps of the caller's program
-(metering.kit.programs), inside its one transaction.
+(metering.programs), inside its one transaction.
 
 Usage that happened is always billed: the debit does not depend on the hold (within it, above
 it, expired, voided, settled by another event, or none), and the balance may go negative (new
@@ -27,7 +27,7 @@ from typing import Any
 from sqlalchemy import BigInteger, FromClause, String, and_, cast, func, literal, select, union_all
 from sqlalchemy.sql.elements import BindParameter
 
-from metering.kit import programs as p
+from metering import programs as p
 from metering.ledger import holds
 from metering.ledger.spending import debit_steps, lock_accounts
 from metering.models import Account, Authorization, LedgerEntry, table

@@ -1,5 +1,5 @@
 """Spending credit: the steps every debit of a balance runs (a batch's charges, a negative
-adjustment, and a write of due expiries alone), defined once (metering.kit.programs).
+adjustment, and a write of due expiries alone), defined once (metering.programs).
 
 Under the account's row lock (the balance update takes it), for each account of the debits:
 
@@ -50,9 +50,9 @@ from sqlalchemy import (
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.elements import BindParameter
 
-from metering.citus import of_account, on_citus
-from metering.db import driver_connection, is_postgresql
-from metering.kit import programs as p
+from metering import programs as p
+from metering.citus import of_account
+from metering.db import driver_connection, is_cluster, is_postgresql
 from metering.ledger.grants import live_sql, order_by, pending_sql
 from metering.models import Account, CreditAllocationDay, CreditGrant, LedgerEntry, table
 from metering.models.base import UTCDateTime
@@ -519,7 +519,7 @@ def spend(session: Session, debits: dict[str, int], now: datetime) -> None:
     rows = [{"account_id": a, "total": t} for a, t in sorted(debits.items())]
     if is_postgresql(session):
         driver = driver_connection(session)
-        if not on_citus(driver):
+        if not is_cluster(session):
             driver.execute(
                 SPEND_CREDIT.call_sql,
                 {"p_now": now, "p_debits": p.records_json(DEBITS_IN, rows, p.POSTGRESQL)},

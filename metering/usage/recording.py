@@ -1,5 +1,5 @@
 """Recording usage: the event row, its insert, the rollup upsert and the two programs that book
-a recorded event's charge and aggregates, each defined once (metering.kit.programs) and run on
+a recorded event's charge and aggregates, each defined once (metering.programs) and run on
 both backends.
 
 * ``SETTLE_USAGE`` (the batch path): the charges of events just inserted (settled, debited) and
@@ -27,9 +27,9 @@ from typing import Any
 from sqlalchemy import BigInteger, FromClause, case, cast, func, select, true
 from sqlalchemy.orm import Session
 
-from metering.citus import ACCOUNT, by_account, of_account, on_citus
-from metering.db import driver_connection, is_postgresql
-from metering.kit import programs as p
+from metering import programs as p
+from metering.citus import ACCOUNT, by_account, of_account
+from metering.db import driver_connection, is_cluster, is_postgresql
 from metering.ledger.settlement import CHARGES_IN, ChargeToSettle, settle_steps
 from metering.models import UsageEvent, UsageRollup, table
 from metering.models.base import UTCDateTime
@@ -260,7 +260,7 @@ def settle_usage(
         return
     from metering.usage import rollups  # the encoders of rollup rows
 
-    if account_id is None and is_postgresql(session) and on_citus(driver_connection(session)):
+    if account_id is None and is_cluster(session):
         # Charges of several accounts on a cluster: each account's, as its own call.
         for account, (its_charges, its_rows, its_limits) in by_account(
             charges, rollup_rows, limits

@@ -2,7 +2,7 @@
 stored events a batch collided with.
 
 Each is one statement whatever the batch size, defined once as Core (the rows travel as one JSON
-document, metering.kit.programs.Records). On PostgreSQL they run on the session's driver
+document, metering.programs.Records). On PostgreSQL they run on the session's driver
 connection (``metering.db.driver_connection``) as text built once at import; on SQLite through
 SQLAlchemy Core.
 
@@ -33,11 +33,11 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Session
 
+from metering import programs as p
 from metering.accounts.keys import ACCOUNTS, KEYS
 from metering.catalog.prices import RATE_COLUMNS, price_in_force, price_of
-from metering.citus import ACCOUNT, on_citus, text_of_account
-from metering.db import driver_connection, is_postgresql
-from metering.kit import programs as p
+from metering.citus import ACCOUNT, text_of_account
+from metering.db import driver_connection, is_cluster, is_postgresql
 from metering.models import AccountRate, CatalogModel, PriceVersion, table
 from metering.models.base import UTCDateTime
 from metering.pricing import NormalizedUsage
@@ -193,7 +193,7 @@ def accounts_on_cluster(
 ) -> dict[str, str] | None:
     """On a Citus cluster the pairs' ``key_accounts``, None elsewhere (for callers that have a
     session and not the database: the operators' reprocessing)."""
-    if is_postgresql(session) and on_citus(driver_connection(session)):
+    if is_cluster(session):
         return key_accounts(session, pairs)
     return None
 

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
 
-from metering.kit import programs as p
+from metering import programs as p
 from metering.kit.timeutil import floor_day, floor_hour
 from metering.usage.events import Event
 from metering.usage.recording import (

@@ -9,8 +9,8 @@ import psycopg
 import pytest
 from sqlalchemy import BigInteger, create_engine, literal, select
 
-from metering.kit import programs as p
-from metering.kit.programs import POSTGRESQL, SQLITE, Backend
+from metering import programs as p
+from metering.programs import POSTGRESQL, SQLITE, Backend
 from tests.conftest import BACKENDS
 
 ROWS_IN = p.Records("p_rows", (("id", BigInteger()), ("amount", BigInteger())))

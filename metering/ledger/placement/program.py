@@ -1,4 +1,4 @@
-"""The check-and-hold, the void and the tidy-up, each defined once (metering.kit.programs): the
+"""The check-and-hold, the void and the tidy-up, each defined once (metering.programs): the
 same statements run on SQLite inside the unit of work and, on PostgreSQL, as the function
 ``metering_place_holds`` (one round trip) and plain statements.
 
@@ -49,8 +49,8 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.sql.elements import ColumnElement
 
+from metering import programs as p
 from metering.citus import of_account
-from metering.kit import programs as p
 from metering.kit.ranges import INT64_MAX, INT64_MIN
 from metering.ledger import holds
 from metering.ledger.access import in_flight_limited
