@@ -7,7 +7,9 @@ A program's ``build`` is called with a ``Backend`` and returns its steps for it.
 * ``ONE_SHARD``: PostgreSQL as a Citus cluster's one-account programs run it
   (metering.citus.one_account), each statement meant for the account's shard alone.
 
-The backend's primitives (how rows are read, an upsert, a UTC date) are its methods.
+The backend's primitives (how rows are read, an upsert, a UTC date) are its methods. Where a
+definition itself must differ, it says so with ``Backend.choose``: one value per backend, named
+by backend, each with the reason in a comment beside it, never an ``if`` on a backend's name.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from sqlalchemy import (
     BigInteger,
@@ -44,6 +46,7 @@ from metering.models.base import UTCDateTime
 from metering.programs.plpgsql import pg_type
 from metering.programs.steps import Records, RowColumns, Rows
 
+T = TypeVar("T")
 Form = Literal["postgresql", "sqlite", "one_shard"]
 
 
@@ -58,11 +61,15 @@ class Backend:
         """The SQL dialect of its statements."""
         return "sqlite" if self.form == "sqlite" else "postgresql"
 
-    @property
-    def inserts_from_ctes(self) -> bool:
-        """Whether an ``INSERT … SELECT`` may read a CTE of its own statement, so that one
-        statement writes several tables from rows it computes once."""
-        return self.form == "postgresql"
+    def choose(self, *, postgresql: T, sqlite: T, one_shard: T | None = None) -> T:
+        """The one fork of a program's definition: its value on PostgreSQL, on SQLite, and, where
+        it differs from PostgreSQL's, on a Citus shard (``one_shard``). A value may be a step,
+        steps, an expression, or a function building them (called on what is chosen)."""
+        if self.form == "sqlite":
+            return sqlite
+        if self.form == "one_shard" and one_shard is not None:
+            return one_shard
+        return postgresql
 
     @property
     def time_text(self) -> rows_text.TimeText:
@@ -174,7 +181,7 @@ POSTGRESQL, SQLITE = Backend("postgresql"), Backend("sqlite")
 # every node of the cluster (its planner cannot tell which nodes such an insert will need them
 # on: intermediate_result_pruning.c, ``SUBPLAN_ACCESS_ANYWHERE``), so that statement's
 # transaction spans every node. There, as on SQLite, an insert reads no CTE: it returns what it
-# wrote, and the updates that follow read that (``inserts_from_ctes``).
+# wrote, and the updates that follow read that (``choose(…, one_shard=…)``).
 ONE_SHARD = Backend("one_shard")
 
 
