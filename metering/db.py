@@ -374,6 +374,7 @@ class Database:
         if engine.dialect.name != "sqlite":
             with engine.connect() as connection:
                 kind = probe(connection)
+            engine.dispose()  # the probe's connection is not kept open in the pool
             return cls(engine, _sessions(engine, kind), kind)
         return cls(
             engine,
