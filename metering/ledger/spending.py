@@ -52,7 +52,8 @@ from sqlalchemy.sql.elements import BindParameter
 
 from metering import programs as p
 from metering.citus import of_account
-from metering.db import driver_connection, is_cluster, is_postgresql
+from metering.db import is_cluster
+from metering.forms import Forms
 from metering.ledger.grants import live_sql, order_by, pending_sql
 from metering.models import Account, CreditAllocationDay, CreditGrant, LedgerEntry, table
 from metering.models.base import UTCDateTime
@@ -527,32 +528,26 @@ def _spend_credit(on: p.Backend) -> list[p.Step]:
 
 SPEND_CREDIT = p.Program("metering_spend_credit", params=(NOW, DEBITS_IN), build=_spend_credit)
 SPEND_CREDIT_OF_ACCOUNT = of_account(SPEND_CREDIT)  # on a Citus cluster (metering.citus)
+_SPEND = Forms.of_program(SPEND_CREDIT, SPEND_CREDIT_OF_ACCOUNT)
 
 
 def spend(session: Session, debits: dict[str, int], now: datetime) -> None:
     """Debit accounts (id → amount ≥ 0; 0 only writes their due expiries) in the session's
-    transaction (``SPEND_CREDIT``: one round trip on PostgreSQL)."""
-    rows = [{"account_id": a, "total": t} for a, t in sorted(debits.items())]
-    if is_postgresql(session):
-        driver = driver_connection(session)
-        if not is_cluster(session):
-            driver.execute(
-                SPEND_CREDIT.call_sql,
-                {"p_now": now, "p_debits": p.records_json(DEBITS_IN, rows, p.POSTGRESQL)},
-            )
-            return
-        for row in rows:  # in byte order of account, as every debit locks accounts
-            driver.execute(
-                SPEND_CREDIT_OF_ACCOUNT.call_sql,
-                {
-                    "p_account_id": row["account_id"],
-                    "p_now": now,
-                    "p_debits": p.records_json(DEBITS_IN, [row], p.POSTGRESQL),
-                },
-            )
+    transaction (``SPEND_CREDIT``: one round trip on PostgreSQL; on a Citus cluster one per
+    account, each routed to its shard)."""
+    rows: list[dict[str, Any]] = [{"account_id": a, "total": t} for a, t in sorted(debits.items())]
+    if not is_cluster(session):
+        _debit(session, rows, now)
         return
-    SPEND_CREDIT.run(
-        session.connection(),
-        p_now=now,
-        p_debits=p.records_json(DEBITS_IN, rows, p.SQLITE),
+    for row in rows:  # in byte order of account, as every debit locks accounts
+        _debit(session, [row], now, str(row["account_id"]))
+
+
+def _debit(
+    session: Session, rows: list[dict[str, Any]], now: datetime, account_id: str | None = None
+) -> None:
+    _SPEND.rows(
+        session,
+        lambda on: {NOW.name: now, DEBITS_IN.name: p.records_json(DEBITS_IN, rows, on)},
+        account_id,
     )
