@@ -1,6 +1,6 @@
 """PostgreSQL text of programs and statements.
 
-* ``function_text``: a program's ``CREATE OR REPLACE FUNCTION`` (its steps rendered as PL/pgSQL),
+* ``function_lines``: a program's ``CREATE OR REPLACE FUNCTION`` (its steps rendered as PL/pgSQL),
   its statements compiled by ``PLPGSQL``: parameters and variables as their PL/pgSQL names, every
   other bound value as a literal.
 * ``psycopg_text``: a Core statement as text for the driver, with ``%(name)s`` parameters.
@@ -88,7 +88,7 @@ def param_type(param: Var | Records) -> str:
     return "json" if isinstance(param, Records) else pg_type(param.type)
 
 
-def function_text(
+def function_lines(
     *,
     name: str,
     params: Sequence[Var | Records],
@@ -97,8 +97,9 @@ def function_text(
     initial: Mapping[str, Any],
     steps: Sequence[Step],
     dialect: Any,
-) -> str:
-    """``CREATE OR REPLACE FUNCTION …``: a program as PL/pgSQL."""
+) -> list[tuple[str, Step | None]]:
+    """A program's PL/pgSQL function, line by line, each line with the step it renders (None
+    for the function's own lines: its signature, declarations, ``BEGIN`` and ``END``)."""
     declared: dict[str, str] = {}
     for variable, kind in _declarations(steps):
         declared.setdefault(variable, kind)
@@ -132,10 +133,10 @@ def function_text(
             default = "" if value is None else f" := {_pg_literal(value)}"
             lines.append(f"    {variable} {kind}{default};")
     lines.append("BEGIN")
-    lines += _render(steps, returns, 1, dialect)
-    lines.append("END;")
-    lines.append("$$")
-    return "\n".join(lines) + "\n"
+    owned: list[tuple[str, Step | None]] = [(line, None) for line in lines]
+    owned += _render(steps, returns, 1, dialect)
+    owned += [("END;", None), ("$$", None)]
+    return owned
 
 
 def _pg_literal(value: Any) -> str:
@@ -174,25 +175,33 @@ def _indent(text_: str, depth: int) -> list[str]:
     return [(pad + line).rstrip() for line in text_.splitlines()]
 
 
-def _render(steps: Iterable[Step], returns: Returns, depth: int, dialect: Any) -> list[str]:
+def _owned(step: Step, text_: str, depth: int) -> list[tuple[str, Step]]:
+    return [(line, step) for line in _indent(text_, depth)]
+
+
+def _render(
+    steps: Iterable[Step], returns: Returns, depth: int, dialect: Any
+) -> list[tuple[str, Step]]:
+    """The lines of ``steps``, each with the step it belongs to."""
+
     def _sql(element: ClauseElement) -> str:
         return str(element.compile(dialect=dialect))
 
-    lines: list[str] = []
+    lines: list[tuple[str, Step]] = []
     for step in steps:
         if isinstance(step, Run):
             sql = _sql(step.statement)
             if isinstance(step.statement, Select):
                 assert sql.startswith("SELECT "), sql
                 sql = "PERFORM " + sql[len("SELECT ") :]
-            lines += _indent(sql + ";", depth)
+            lines += _owned(step, sql + ";", depth)
         elif isinstance(step, Fetch):
             into = ", ".join(v.name for v in step.into)
-            lines += _indent(f"{_sql(step.statement)}\nINTO {into};", depth)
+            lines += _owned(step, f"{_sql(step.statement)}\nINTO {into};", depth)
             if step.required is not None:
                 message = step.required.replace("'", "''")
-                lines += _indent(
-                    f"IF NOT FOUND THEN\n    RAISE EXCEPTION '{message}';\nEND IF;", depth
+                lines += _owned(
+                    step, f"IF NOT FOUND THEN\n    RAISE EXCEPTION '{message}';\nEND IF;", depth
                 )
         elif isinstance(step, Sum):
             counted = "" if step.count is None else ", count(*)"
@@ -201,9 +210,9 @@ def _render(steps: Iterable[Step], returns: Returns, depth: int, dialect: Any) -
                 f"WITH summed AS (\n{_sql(step.statement)}\n)\n"
                 f"SELECT coalesce(sum(summed.{step.column}), 0){counted} INTO {into} FROM summed;"
             )
-            lines += _indent(sql, depth)
+            lines += _owned(step, sql, depth)
         elif isinstance(step, Assign):
-            lines += _indent(f"{step.into.name} := {_sql(step.expression)};", depth)
+            lines += _owned(step, f"{step.into.name} := {_sql(step.expression)};", depth)
         elif isinstance(step, Collect):
             kinds = dict(step.into.columns)
             order = ", ".join(
@@ -245,26 +254,26 @@ def _render(steps: Iterable[Step], returns: Returns, depth: int, dialect: Any) -
                     f"WITH collected AS (\n{source}\n)\n"
                     f"SELECT {aggregates} INTO {into} FROM collected;"
                 )
-            lines += _indent(sql, depth)
+            lines += _owned(step, sql, depth)
         elif isinstance(step, When):
-            lines += _indent(f"IF {_sql(step.condition)} THEN", depth)
+            lines += _owned(step, f"IF {_sql(step.condition)} THEN", depth)
             lines += _render(step.then, returns, depth + 1, dialect)
             if step.otherwise:
-                lines += _indent("ELSE", depth)
+                lines += _owned(step, "ELSE", depth)
                 lines += _render(step.otherwise, returns, depth + 1, dialect)
-            lines += _indent("END IF;", depth)
+            lines += _owned(step, "END IF;", depth)
         elif isinstance(step, ForEach):
             into = ", ".join(v.name for v in step.into)
-            lines += _indent(f"FOR {into} IN\n{_sql(step.statement)}\nLOOP", depth)
+            lines += _owned(step, f"FOR {into} IN\n{_sql(step.statement)}\nLOOP", depth)
             lines += _render(step.steps, returns, depth + 1, dialect)
-            lines += _indent("END LOOP;", depth)
+            lines += _owned(step, "END LOOP;", depth)
         elif isinstance(step, Emit):
             assert isinstance(returns, Sequence) and not isinstance(returns, TypeEngine)
             for (name, _), value in zip(returns, step.values, strict=True):
-                lines += _indent(f"{name} := {_sql(value)};", depth)
-            lines += _indent("RETURN NEXT;", depth)
+                lines += _owned(step, f"{name} := {_sql(value)};", depth)
+            lines += _owned(step, "RETURN NEXT;", depth)
         elif isinstance(step, Return):
-            lines += _indent(f"RETURN {_sql(step.value)};", depth)
+            lines += _owned(step, f"RETURN {_sql(step.value)};", depth)
         else:  # pragma: no cover - the Step union is closed
             raise TypeError(step)
     return lines

@@ -48,7 +48,21 @@ class Program:
     @cached_property
     def plpgsql(self) -> str:
         """``CREATE OR REPLACE FUNCTION …``: the program as PL/pgSQL."""
-        return plpgsql.function_text(
+        return "\n".join(line for line, _ in self._plpgsql_lines) + "\n"
+
+    def step_at(self, line: int) -> tuple[str, Step | None]:
+        """The text of line ``line`` of the function's body, as a PL/pgSQL error's ``CONTEXT``
+        counts them (line 1 is the line that ends with ``AS $$``), and the step it renders
+        (None: a line of the function's own, its declarations, ``BEGIN`` or ``END``)."""
+        lines = self._plpgsql_lines
+        first = next(i for i, (text, _) in enumerate(lines) if text.endswith("AS $$"))
+        if not 1 <= line < len(lines) - first:
+            raise IndexError(f"{self.name} has no line {line}")
+        return lines[first + line - 1]
+
+    @cached_property
+    def _plpgsql_lines(self) -> list[tuple[str, Step | None]]:
+        return plpgsql.function_lines(
             name=self.name,
             params=self.params,
             returns=self.returns,

@@ -6,12 +6,17 @@ Names. Parameters are ``p_…``, variables ``v_…``: in a statement they are ``
 the program's environment. Rows travel into a program as one JSON document (``Records``,
 metering.kit.records): PostgreSQL reads it with ``json_to_recordset``, SQLite with ``json_each``;
 rows collected by a step (``Rows``) are arrays in PL/pgSQL and the same JSON on SQLite.
+
+Every step knows where it was built (``origin``: the Python function that made it), so that a
+line of a generated function, named by a PL/pgSQL error, leads back to it
+(``Program.step_at``; docs/architecture.md, "Reading a PL/pgSQL error back to its step").
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import ColumnElement, bindparam
@@ -69,15 +74,32 @@ class Rows:
         return f"{self.name}_{column_name}"
 
 
+_NOT_NAMES = {"<locals>", "<module>", "<lambda>", "<listcomp>", "<genexpr>", "<dictcomp>"}
+
+
+def _built_here() -> str:
+    """The module and function whose code built a step (the caller of the step's
+    ``__init__``, which calls this), e.g. ``metering.ledger.spending.debit_steps``."""
+    frame = sys._getframe(2)
+    parts = [part for part in frame.f_code.co_qualname.split(".") if part not in _NOT_NAMES]
+    return ".".join([frame.f_globals.get("__name__", "?"), *parts])
+
+
 @dataclass(frozen=True)
-class Run:
+class _Built:
+    # Not part of what a step is: two steps alike are equal wherever they were built.
+    origin: str = field(default_factory=_built_here, compare=False, repr=False, kw_only=True)
+
+
+@dataclass(frozen=True)
+class Run(_Built):
     """Execute a statement (a SELECT is run for its locks: PL/pgSQL's PERFORM)."""
 
     statement: ClauseElement
 
 
 @dataclass(frozen=True)
-class Fetch:
+class Fetch(_Built):
     """The statement's first row into variables (NULLs when there is none); with
     ``required``, no row is an error with that message."""
 
@@ -87,7 +109,7 @@ class Fetch:
 
 
 @dataclass(frozen=True)
-class Sum:
+class Sum(_Built):
     """The sum of one column over the rows a statement returns (0 for none): e.g. what an
     ``UPDATE … RETURNING`` released; with ``count``, how many rows it returned as well."""
 
@@ -98,13 +120,13 @@ class Sum:
 
 
 @dataclass(frozen=True)
-class Assign:
+class Assign(_Built):
     into: Var
     expression: ColumnElement[Any]
 
 
 @dataclass(frozen=True)
-class Collect:
+class Collect(_Built):
     """The rows a statement returns (a SELECT or DML with RETURNING), in ``order_by`` order
     (column names of ``into``), kept in ``into`` for later statements (``Backend.rows``); with
     ``largest``, the largest value of that column among them into that variable as well (NULL
@@ -119,14 +141,14 @@ class Collect:
 
 
 @dataclass(frozen=True)
-class When:
+class When(_Built):
     condition: ColumnElement[bool]
     then: tuple[Step, ...]
     otherwise: tuple[Step, ...] = ()
 
 
 @dataclass(frozen=True)
-class ForEach:
+class ForEach(_Built):
     """For each row of a SELECT, its columns into ``into``, then ``steps``."""
 
     statement: Select[Any]
@@ -135,14 +157,14 @@ class ForEach:
 
 
 @dataclass(frozen=True)
-class Emit:
+class Emit(_Built):
     """A result row of a set-returning program (one value per result column)."""
 
     values: tuple[ColumnElement[Any], ...]
 
 
 @dataclass(frozen=True)
-class Return:
+class Return(_Built):
     """The result of a scalar program; ends it."""
 
     value: ColumnElement[Any]
