@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any, Literal, TypeVar
 
 from sqlalchemy import (
@@ -47,7 +48,12 @@ from metering.programs.plpgsql import pg_type
 from metering.programs.steps import Records, RowColumns, Rows
 
 T = TypeVar("T")
-Form = Literal["postgresql", "sqlite", "one_shard"]
+
+
+class Form(Enum):
+    POSTGRESQL = "postgresql"
+    SQLITE = "sqlite"
+    ONE_SHARD = "one_shard"
 
 
 @dataclass(frozen=True)
@@ -59,15 +65,15 @@ class Backend:
     @property
     def name(self) -> Literal["postgresql", "sqlite"]:
         """The SQL dialect of its statements."""
-        return "sqlite" if self.form == "sqlite" else "postgresql"
+        return "sqlite" if self.form is Form.SQLITE else "postgresql"
 
     def choose(self, *, postgresql: T, sqlite: T, one_shard: T | None = None) -> T:
         """The one fork of a program's definition: its value on PostgreSQL, on SQLite, and, where
         it differs from PostgreSQL's, on a Citus shard (``one_shard``). A value may be a step,
         steps, an expression, or a function building them (called on what is chosen)."""
-        if self.form == "sqlite":
+        if self.form is Form.SQLITE:
             return sqlite
-        if self.form == "one_shard" and one_shard is not None:
+        if self.form is Form.ONE_SHARD and one_shard is not None:
             return one_shard
         return postgresql
 
@@ -175,14 +181,14 @@ class Backend:
         ).subquery(alias)
 
 
-POSTGRESQL, SQLITE = Backend("postgresql"), Backend("sqlite")
+POSTGRESQL, SQLITE = Backend(Form.POSTGRESQL), Backend(Form.SQLITE)
 # Citus sends no ``INSERT … SELECT`` that reads a CTE to a shard whole: it runs each CTE (and each
 # subquery it cannot send with the insert) first, as a query of its own, and copies its rows to
 # every node of the cluster (its planner cannot tell which nodes such an insert will need them
 # on: intermediate_result_pruning.c, ``SUBPLAN_ACCESS_ANYWHERE``), so that statement's
 # transaction spans every node. There, as on SQLite, an insert reads no CTE: it returns what it
 # wrote, and the updates that follow read that (``choose(…, one_shard=…)``).
-ONE_SHARD = Backend("one_shard")
+ONE_SHARD = Backend(Form.ONE_SHARD)
 
 
 def backend(name: str) -> Backend:
