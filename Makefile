@@ -5,17 +5,29 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# The LiteLLM proxy of the gateway tests and demo, in a virtualenv of its own: litellm[proxy]
+# pins websockets<16 and rich<14, below the service's (clients/python/README.md, "LiteLLM").
+GATEWAY_VENV := .venv-gateway
+GATEWAY_STAMP := $(GATEWAY_VENV)/.installed
 HOST ?= 127.0.0.1
 PORT ?= 8000
 CITUS_URL ?= postgresql+psycopg://postgres@127.0.0.1:9700/postgres
 
-.PHONY: serve test lint typecheck unit promtool browser citus citus-stop bench bench-compare lock clean
+.PHONY: serve test lint typecheck unit promtool browser citus citus-stop bench bench-compare lock \
+	lock-gateway gateway-demo clean
 
-$(STAMP): pyproject.toml requirements.lock
+# The service, its dev tools, and the gateway's client library (clients/python, editable).
+$(STAMP): pyproject.toml requirements.lock clients/python/pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check \
-		-c requirements.lock -e '.[dev]'
+		-c requirements.lock -e '.[dev]' -e clients/python
 	@touch $(STAMP)
+
+$(GATEWAY_STAMP): clients/python/pyproject.toml clients/python/litellm.lock
+	@test -x $(GATEWAY_VENV)/bin/python || $(PYTHON) -m venv $(GATEWAY_VENV)
+	$(GATEWAY_VENV)/bin/python -m pip install --quiet --disable-pip-version-check \
+		-c clients/python/litellm.lock -e 'clients/python[litellm]'
+	@touch $(GATEWAY_STAMP)
 
 serve: $(STAMP)
 	$(BIN)/metering serve --host $(HOST) --port $(PORT)
@@ -32,15 +44,15 @@ browser:
 	fi
 
 lint: $(STAMP)
-	$(BIN)/ruff check metering tests bench
-	$(BIN)/ruff format --check metering tests bench
+	$(BIN)/ruff check metering tests bench clients/python
+	$(BIN)/ruff format --check metering tests bench clients/python
 
 typecheck: $(STAMP)
-	$(BIN)/mypy metering
+	$(BIN)/mypy metering clients/python/src
 
 # The Citus backend is on unless METERING_TEST_BACKENDS says otherwise (`make test` starts the
 # cluster first; `make unit` alone needs `make citus` once).
-unit: $(STAMP) promtool
+unit: $(STAMP) $(GATEWAY_STAMP) promtool
 	METERING_TEST_BACKENDS="$${METERING_TEST_BACKENDS:-sqlite,postgresql,citus}" \
 	METERING_TEST_CITUS_URL="$${METERING_TEST_CITUS_URL:-$(CITUS_URL)}" \
 		$(BIN)/pytest $(PYTEST_ARGS)
@@ -68,7 +80,7 @@ bench: $(STAMP)
 
 # `make bench-compare BASE=<rev> [BENCH="ledger ingest"]`: those benchmarks on a clean checkout
 # of BASE and on the working tree, alternated three times; one table of medians and ratios,
-# flagging any figure more than 10% worse (see the README's Performance section).
+# flagging any figure more than 10% worse (see docs/performance.md).
 bench-compare: $(STAMP)
 	@test -n "$(BASE)" || { echo 'usage: make bench-compare BASE=<rev> [BENCH="ledger ingest"]' >&2; exit 2; }
 	$(BIN)/python -m bench.compare --base "$(BASE)" $(BENCH)
@@ -78,5 +90,15 @@ lock: $(STAMP)
 	$(BIN)/python -m pip freeze --exclude-editable \
 		| grep -v -i -E '^(metering|yappi|py-spy|pyinstrument)' > requirements.lock
 
+# The same for the LiteLLM proxy's virtualenv.
+lock-gateway: $(GATEWAY_STAMP)
+	$(GATEWAY_VENV)/bin/python -m pip freeze --exclude-editable \
+		| grep -v -i -E '^metering' > clients/python/litellm.lock
+
+# Metering on embedded SQLite, the LiteLLM proxy in front of it (mock models), one request
+# through the proxy that spends credit (scripts/gateway-demo.sh; KEEP=1 leaves both running).
+gateway-demo: $(STAMP) $(GATEWAY_STAMP)
+	@bash scripts/gateway-demo.sh
+
 clean:
-	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(GATEWAY_VENV) .mypy_cache .pytest_cache .ruff_cache

@@ -36,7 +36,7 @@ worker, from which each added worker's throughput is projected:
   statements each worker ran itself inside a delegated function call (``citus.log_local_commands``).
 * **The projection** (labelled as one): each operation runs on the one worker holding its
   account, so an added worker core takes ``1 / (worker CPU per operation)`` operations a second,
-  under the assumptions printed with it (README, "Scaling out on Citus"); and the same without
+  under the assumptions printed with it (docs/citus.md); and the same without
   the CPU of backends started or ended during the load (an upper bound: their work after their
   start is left out with their start).
 
@@ -169,7 +169,7 @@ def _in(url: str, database: str) -> str:
 
 @contextmanager
 def citus_database(coordinator_url: str, shard_count: int) -> Iterator[str]:
-    """A fresh database on every node of the cluster, as the README's "Scaling out on Citus"
+    """A fresh database on every node of the cluster, as docs/citus.md's move onto a cluster
     makes one: the extension in it on each node, the coordinator and the workers registered in
     the coordinator's (Citus keeps its nodes per database). Dropped afterwards; its URL."""
     name = f"metering_bench_{secrets.token_hex(6)}"
@@ -882,7 +882,7 @@ def report(
         "Assumes: load spread over many accounts (one hot account stays on one worker), shards "
         "spread evenly, workers CPU-bound (not disk: these nodes run with fsync off), the API "
         "tier and the coordinator scaled apart (their own ceilings below), the same CPU per "
-        "operation on a server's cores as here. See README, Scaling out on Citus."
+        "operation on a server's cores as here. See docs/citus.md."
     )
     projection = []
     results: list[Result] = []

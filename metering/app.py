@@ -103,6 +103,7 @@ def create_app(
         app.include_router(router, responses=ERROR_RESPONSES)
     app.include_router(docs.router)
     app.include_router(portal.router)
+    portal.install_error_pages(app)
     app.include_router(portal_notifications.router)
     openapi.install(app)
     # The last added is the outermost: the request context applies to the fast lane's answers.

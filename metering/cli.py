@@ -85,20 +85,9 @@ def _iso_date(text: str) -> date:
 
 
 def _schema_is_current(url: str) -> bool:
-    from alembic.runtime.migration import MigrationContext
-    from alembic.script import ScriptDirectory
-    from sqlalchemy import create_engine
+    from metering.migrate import is_current
 
-    from metering.migrate import alembic_config
-
-    heads = set(ScriptDirectory.from_config(alembic_config(url)).get_heads())
-    engine = create_engine(url)
-    try:
-        with engine.connect() as connection:
-            current = set(MigrationContext.configure(connection).get_current_heads())
-    finally:
-        engine.dispose()
-    return current == heads
+    return is_current(url)
 
 
 @command("migrate")
@@ -107,21 +96,30 @@ def migrate(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _migrate_and_load_catalog(settings: Settings) -> int:
-    """The schema by the migrations (saying which ran), then the shipped catalog when the
-    catalog is empty (a first start): the server has models to bill from the start."""
+    """The schema by the migrations and the generated functions (saying which ran and which
+    were installed), then the shipped catalog when the catalog is empty (a first start): the
+    server has models to bill from the start."""
     from metering import migrate as migrations
 
     if settings.is_embedded:
         settings.data_dir.mkdir(parents=True, exist_ok=True)
-    applied = migrations.upgrade(settings.effective_database_url)
+    done = migrations.upgrade(settings.effective_database_url)
     head = migrations.head_revision()
-    if applied:
-        print(f"applied {len(applied)} migrations:")
-        for step in applied:
+    if done.applied:
+        print(f"applied {len(done.applied)} migrations:")
+        for step in done.applied:
             print(f"  {step}")
         print(f"the schema is at the newest migration ({head})")
     else:
         print(f"nothing to apply: the schema is at the newest migration ({head})")
+    if done.installed:
+        print(f"installed {len(done.installed)} of the {done.functions} generated functions:")
+        for name in done.installed:
+            print(f"  {name}")
+    elif done.functions:
+        print(f"the {done.functions} generated functions are current: none installed")
+    for signature in done.dropped:
+        print(f"dropped {signature}: no program generates it any more")
     _say_where_tables_are(settings.effective_database_url)
     return _load_shipped_catalog_if_empty(settings)
 

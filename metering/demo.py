@@ -14,6 +14,7 @@ import math
 import os
 import random
 import shlex
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -173,7 +174,7 @@ def seed(database: Database, now: datetime) -> DemoSummary | None:
     from metering.accounts.service import create_account, create_api_key
     from metering.ledger.service import add_entry
     from metering.usage import quarantine
-    from metering.usage.service import record_events
+    from metering.usage.service import RECORDED, record_events
 
     end = now - timedelta(minutes=1)
     start = end - timedelta(days=DAYS)
@@ -197,23 +198,24 @@ def seed(database: Database, now: datetime) -> DemoSummary | None:
         grant = GRANT_CENTS * MICROCENTS_PER_CENT
         add_entry(session, account.id, "grant", grant, GRANT_IDEMPOTENCY_KEY, "Demo credit", start)
         events = list(synthetic_events([key.id for key, _ in keys], models, start, end))
-        totals = [0] * 6  # requests, failed, input, cache read, output, reasoning
-        cost = 0
+        totals = Counter[str]()  # the summary's counts, by their names
         for first in range(0, len(events), BATCH):
             outcome = record_events(session, events[first : first + BATCH], now)
             quarantine.keep(session, outcome.quarantined, now)
             for result in outcome.results:
                 charge = result.charge
-                if result.status != "recorded" or charge is None:
+                if result.status != RECORDED or charge is None:
                     continue
                 raw = events[first + result.index]
-                totals[0] += 1
-                totals[1] += raw["outcome"] == "failed"
-                totals[2] += charge["uncached_input_tokens"] + charge["cache_read_tokens"]
-                totals[3] += charge["cache_read_tokens"]
-                totals[4] += charge["output_tokens"]
-                totals[5] += charge["reasoning_tokens"]
-                cost += charge["total_microcents"]
+                totals["requests"] += 1
+                totals["failed"] += raw["outcome"] == "failed"
+                totals["input_tokens"] += (
+                    charge["uncached_input_tokens"] + charge["cache_read_tokens"]
+                )
+                totals["cache_read_tokens"] += charge["cache_read_tokens"]
+                totals["output_tokens"] += charge["output_tokens"]
+                totals["reasoning_tokens"] += charge["reasoning_tokens"]
+                totals["cost_microcents"] += charge["total_microcents"]
         session.commit()
         demo_key, secret = keys[0]
         return DemoSummary(
@@ -221,13 +223,13 @@ def seed(database: Database, now: datetime) -> DemoSummary | None:
             key_id=demo_key.id,
             secret=secret,
             starting_date=start.date().isoformat(),
-            requests=totals[0],
-            failed=totals[1],
-            input_tokens=totals[2],
-            cache_read_tokens=totals[3],
-            output_tokens=totals[4],
-            reasoning_tokens=totals[5],
-            cost_microcents=cost,
+            requests=totals["requests"],
+            failed=totals["failed"],
+            input_tokens=totals["input_tokens"],
+            cache_read_tokens=totals["cache_read_tokens"],
+            output_tokens=totals["output_tokens"],
+            reasoning_tokens=totals["reasoning_tokens"],
+            cost_microcents=totals["cost_microcents"],
             grant_microcents=grant,
         )
 

@@ -1,4 +1,4 @@
-"""Screenshots of every portal page for the README (docs/images/portal-*.png), taken with the
+"""Screenshots of every portal page for the docs (docs/images/portal-*.png), taken with the
 test browser (headless chromium) against a real server on a fresh SQLite database with a few
 days of made-up usage. Run: ``.venv/bin/python scripts/screenshots.py``."""
 

@@ -113,6 +113,8 @@ CITUS_MODULES = frozenset(
         "tests/reports/test_params.py",
         "tests/reports/test_usage_api.py",
         "tests/test_citus.py",
+        "tests/test_functions.py",
+        "tests/test_migrations.py",
         "tests/usage/test_answer.py",
         "tests/usage/test_catalog_guard.py",
         "tests/usage/test_crash_and_concurrency.py",

@@ -132,3 +132,25 @@ def running_servers(
         for server in servers:
             server.wait_ready()
         yield servers
+
+
+def run_cli(database_url: str, workdir: Path, *argv: str) -> subprocess.CompletedProcess[str]:
+    """A ``metering`` command on ``database_url``, as an operator runs it."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("METERING_")}
+    env.update(
+        {
+            "METERING_DATABASE_URL": database_url,
+            "METERING_ADMIN_TOKENS": ADMIN_TOKEN,
+            "METERING_GATEWAY_TOKENS": GATEWAY_TOKEN,
+            "METERING_SECRET_KEY": SECRET_KEY,
+            "METERING_DATA_DIR": str(workdir),
+        }
+    )
+    return subprocess.run(
+        [sys.executable, "-m", "metering.cli", *argv],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )

@@ -51,11 +51,16 @@ def test_the_audit_actions_are_the_services() -> None:
     assert rows == list(ACTIONS)
 
 
+def _pages() -> list[Path]:
+    """The README and every document under docs/ (the decision records included)."""
+    return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+
+
 def test_no_reference_to_files_a_clone_does_not_have() -> None:
-    for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+    for path in _pages():
         text = path.read_text()
-        assert "§" not in text, path
-        assert "CONTRACT.md" not in text and "../shared" not in text, path
+        assert "§" not in text and "CONTRACT" not in text, path
+        assert "../shared" not in text, path
 
 
 def test_the_command_points_at_the_projects_docs() -> None:
@@ -79,9 +84,8 @@ def _anchor(heading: str) -> str:
 
 
 def test_links_between_the_docs_lead_somewhere() -> None:
-    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
     checked = 0
-    for page in pages:
+    for page in _pages():
         for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
             if target.startswith(("http://", "https://")):
                 continue
@@ -96,3 +100,13 @@ def test_links_between_the_docs_lead_somewhere() -> None:
                 assert anchor in {_anchor(h) for h in headings}, f"{page.name}: {target}"
             checked += 1
     assert checked > 20
+
+
+def test_the_readme_is_read_in_minutes() -> None:
+    """Under 200 lines, and nothing a newcomer cannot follow: no commit hash, no issue number
+    (history lives in docs/decisions/ and docs/performance.md)."""
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) < 200
+    assert not re.search(r"\bissues? \d+", text, re.IGNORECASE)
+    hashes = re.findall(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{7,40}\b", text)
+    assert not hashes, hashes

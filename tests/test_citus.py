@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from alembic.command import upgrade as alembic_upgrade
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
@@ -164,19 +165,25 @@ class TestPlacement:
             )
 
         before = schema()
-        assert migrate.upgrade(citus_api.url) == []
+        done = migrate.upgrade(citus_api.url)
+        assert (done.applied, done.installed, done.dropped) == ([], [], [])
         assert citus.distribute(citus_api.url) == citus.Distribution()
         assert schema() == before
 
 
 def test_a_table_the_rule_now_puts_elsewhere_is_placed_anew() -> None:
-    """0036 made the webhook outbox's account column NOT NULL: ``migrate`` on a cluster
-    migrated before it takes the two reference tables back and shards them by account, their
-    rows with them (an operator-wide event under ``''``), their keys and foreign keys widened."""
+    """A migration that makes a nullable account column NOT NULL (as the webhook outbox's
+    became) changes the rule's answer: ``migrate`` on a cluster distributed before it takes the
+    two reference tables back and shards them by account, their rows with them (an
+    operator-wide event under ``''``), their keys and foreign keys widened."""
     if not CITUS:
         pytest.fail("this test needs Citus (METERING_TEST_BACKENDS excludes it; `make citus`)")
     with fresh_citus_database() as url:
-        migrate.upgrade(url, "0035")
+        # The outbox as it was: its account column nullable, so the rule made both tables
+        # reference tables.
+        alembic_upgrade(migrate.alembic_config(url), "head")
+        _outbox_account_column(url, nullable=True)
+        citus.distribute(url)
         placed = citus_tables(url)
         assert placed["webhook_events"][0] == placed["webhook_deliveries"][0] == "reference"
         engine = create_engine(url)
@@ -209,9 +216,9 @@ def test_a_table_the_rule_now_puts_elsewhere_is_placed_anew() -> None:
         finally:
             engine.dispose()
 
-        assert migrate.upgrade(url) == [
-            "0036 The webhook outbox is account data: ``webhook_events.account_id`` and"
-        ]
+        # The migration that made it account data (an event of no account under '').
+        _outbox_account_column(url, nullable=False)
+        assert citus.distribute(url).moved == ["webhook_deliveries", "webhook_events"]
         placed = citus_tables(url)
         for name in ("webhook_events", "webhook_deliveries"):
             assert placed[name][:2] == ("distributed", "account_id"), name
@@ -235,6 +242,28 @@ def test_a_table_the_rule_now_puts_elsewhere_is_placed_anew() -> None:
             == "FOREIGN KEY (account_id, event_id) REFERENCES webhook_events(account_id, id)"
         )
         assert citus.distribute(url) == citus.Distribution(), "and migrating again does nothing"
+
+
+def _outbox_account_column(url: str, *, nullable: bool) -> None:
+    """``webhook_events.account_id`` and ``webhook_deliveries.account_id`` made nullable, or
+    NOT NULL again with ``''`` for the rows of no account."""
+    engine = create_engine(url)
+    try:
+        with engine.begin() as connection:
+            for table in ("webhook_events", "webhook_deliveries"):
+                if nullable:
+                    connection.execute(
+                        text(f"ALTER TABLE {table} ALTER COLUMN account_id DROP NOT NULL")
+                    )
+                else:
+                    connection.execute(
+                        text(f"UPDATE {table} SET account_id = '' WHERE account_id IS NULL")
+                    )
+                    connection.execute(
+                        text(f"ALTER TABLE {table} ALTER COLUMN account_id SET NOT NULL")
+                    )
+    finally:
+        engine.dispose()
 
 
 # --- Routing: what the coordinator sends the workers, read from its log ---------------------------

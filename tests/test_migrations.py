@@ -1,5 +1,6 @@
-"""Alembic migrations are the only way the schema is made: they agree with the models, and they go
-down and up again cleanly, on both backends."""
+"""The schema is made only by the migrations (one baseline, then one migration per change) and
+the generated functions by ``metering migrate``: together they make what the models and the
+programs define, and they go down and up again cleanly, on SQLite, PostgreSQL and Citus."""
 
 from __future__ import annotations
 
@@ -7,14 +8,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import create_engine, inspect
+from sqlalchemy import CheckConstraint, create_engine, inspect
 
-from metering import migrate
+from metering import citus, migrate
+from metering.functions import PROGRAMS
 from metering.models import Base
-from tests.conftest import BACKENDS, fresh_database
+from tests.conftest import APP_BACKENDS, BACKENDS, fresh_database
+from tests.test_functions import assert_functions_are_the_programs, database_functions, rows
 
 
 def differences(url: str) -> list[Any]:
@@ -42,7 +46,78 @@ def tables_and_revision(url: str) -> tuple[set[str], set[str]]:
     return tables, heads
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+def checks(url: str) -> dict[tuple[str, str], str]:
+    """Every CHECK constraint of the database, by table and name: its condition (autogenerate
+    does not compare them)."""
+    engine = create_engine(url)
+    try:
+        found = inspect(engine)
+        return {
+            (table, check["name"]): check["sqltext"]
+            for table in found.get_table_names()
+            for check in found.get_check_constraints(table)
+        }
+    finally:
+        engine.dispose()
+
+
+def model_checks(dialect: str) -> dict[tuple[str, str], str]:
+    """The models' CHECK constraints on ``dialect`` (SQLite's integer checks are its own)."""
+    found = {}
+    for table in Base.metadata.tables.values():
+        for constraint in table.constraints:
+            if not isinstance(constraint, CheckConstraint):
+                continue
+            # The dialect a check is for (``ddl_if``: metering.kit.ranges), None for every one.
+            only = None if constraint._ddl_if is None else constraint._ddl_if.dialect
+            if only in (None, dialect):
+                found[(table.name, str(constraint.name))] = str(constraint.sqltext)
+    return found
+
+
+def assert_schema_is_the_models(url: str, backend: str) -> None:
+    """The tables, columns, types, keys, indexes and server defaults of the models
+    (autogenerate's comparison), their checks, and on a server the programs' functions."""
+    assert differences(url) == []
+    dialect = "sqlite" if backend == "sqlite" else "postgresql"
+    if dialect == "sqlite":
+        assert checks(url) == model_checks(dialect), "each check as the model writes it"
+    else:
+        # PostgreSQL stores a check as it parsed it (and keeps some in a compact form of the
+        # same values: the baseline): the names here, what each allows in the modules' tests.
+        assert set(checks(url)) == set(model_checks(dialect))
+        assert_functions_are_the_programs(url)
+
+
+def assert_distributed_by_the_rule(url: str, distribution: citus.Distribution) -> None:
+    """Every table where the rule puts it, the one-account functions sent to the account's
+    node, and the schema the models' but for what the distribution changed for Citus: unique
+    keys widened by the account, foreign keys widened between account tables or dropped."""
+    rule = {placed.table: placed for placed in map(citus.placement, citus.facts_of(Base.metadata))}
+    assert {placed.table: placed for placed in citus.placements(url)} == rule
+    assert sorted(distribution.functions) == sorted(
+        signature
+        for (signature,) in rows(
+            url,
+            "SELECT p.oid::regprocedure::text FROM pg_proc p JOIN pg_dist_object d "
+            "ON d.classid = 'pg_proc'::regclass AND d.objid = p.oid "
+            "WHERE d.distribution_argument_index = 0 AND d.colocationid = (SELECT colocationid "
+            "FROM pg_dist_partition WHERE logicalrelid = 'accounts'::regclass)",
+        )
+    )
+    assert {signature.split("(")[0] for signature in distribution.functions} == {
+        name for name in database_functions(url) if name.endswith("_of_account")
+    }
+    explained = {name.split(".")[1] for name in distribution.widened}
+    explained |= {name.split(".")[1] for name in distribution.dropped_foreign_keys}
+    for difference in differences(url):
+        kind, item = difference[0], difference[1]
+        if kind in ("add_fk", "remove_fk") and rule[item.table.name].kind == "distributed":
+            continue  # between two account tables: widened by the account
+        assert item.name in explained, difference
+
+
+@pytest.mark.parametrize("backend", APP_BACKENDS)
 def test_upgrade_matches_models_then_down_and_up_again(backend: str, tmp_path: Path) -> None:
     head = set(ScriptDirectory.from_config(migrate.alembic_config("sqlite://")).get_heads())
     assert len(head) == 1, "one linear history"
@@ -54,18 +129,32 @@ def test_upgrade_matches_models_then_down_and_up_again(backend: str, tmp_path: P
     with fresh_database(backend, tmp_path) as url:
         assert tables_and_revision(url) == (set(), set())
 
-        migrate.upgrade(url)
+        # The migrations, then the functions: what ``migrate.upgrade`` does before it
+        # distributes the schema on a cluster.
+        command.upgrade(migrate.alembic_config(url), "head")
+        installed = migrate.install_functions(url, migrate.committed_functions())
         assert tables_and_revision(url) == (model_tables | {"alembic_version"}, head)
-        assert differences(url) == []
+        assert_schema_is_the_models(url, backend)
+        assert len(installed.installed) == (0 if backend == "sqlite" else len(PROGRAMS))
+        if backend == "citus":
+            assert_distributed_by_the_rule(url, citus.distribute(url))
 
         migrate.downgrade(url, "base")
         assert tables_and_revision(url) == ({"alembic_version"}, set())
+        if backend != "sqlite":
+            assert database_functions(url) == {}, "the generated functions go with the schema"
 
-        migrate.upgrade(url)
+        done = migrate.upgrade(url)
         assert tables_and_revision(url) == (model_tables | {"alembic_version"}, head)
-        assert differences(url) == []
+        assert len(done.applied) == 1 and done.applied[0].startswith("0001 The baseline")
+        if backend == "citus":
+            assert citus.distribute(url) == citus.Distribution(), "distributed already"
+            assert_functions_are_the_programs(url)
+        else:
+            assert_schema_is_the_models(url, backend)
 
-        migrate.upgrade(url)  # already at head: a no-op
+        again = migrate.upgrade(url)  # already at head: a no-op
+        assert (again.applied, again.installed, again.dropped) == ([], [], [])
         assert tables_and_revision(url)[1] == head
 
 

@@ -1,6 +1,6 @@
 """Ranges (contract §1) in the schema: every integer column of every table refuses, never
 coerces, a value that is not a signed 64-bit integer, on both backends (SQLite by the checks of
-migration 0013, PostgreSQL by its column types), and the ingest recognises that refusal."""
+the baseline migration, PostgreSQL by its column types), and the ingest recognises that refusal."""
 
 from __future__ import annotations
 

@@ -8,6 +8,7 @@ from fastapi import APIRouter
 from sqlalchemy import and_, or_, select
 
 from metering.accounts import service
+from metering.accounts.deps import AccountKeyDep
 from metering.accounts.schemas import (
     AccountCreate,
     AccountUpdate,
@@ -15,11 +16,12 @@ from metering.accounts.schemas import (
     ApiKeyUpdate,
     ModelAccess,
 )
+from metering.audit.deps import AuditDep
 from metering.kit.money import parse_cents
 from metering.kit.pagination import PageParams, decode_cursor, page
 from metering.kit.timeutil import format_timestamp, parse_timestamp
 from metering.models import Account, ApiKey
-from metering.web.deps import AccountKeyDep, AdminDep, AuditDep, NowDep, SessionDep
+from metering.web.deps import AdminDep, NowDep, SessionDep
 from metering.web.jsonio import MeteringRoute
 
 admin_router = APIRouter(

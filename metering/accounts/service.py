@@ -11,13 +11,13 @@ from sqlalchemy import delete, insert, select
 from sqlalchemy.orm import Session
 
 from metering.accounts.keys import hash_secret
+from metering.accounts.spend import key_charges
 from metering.accounts.windows import window_bounds
 from metering.kit.errors import InvalidRequest, NotFound
 from metering.kit.ids import new_id
 from metering.kit.money import cents, parse_cents
 from metering.kit.timeutil import format_timestamp
 from metering.models import Account, AccountModel, ApiKey, ApiKeyModel, CatalogModel, table
-from metering.usage.spend import key_charges
 
 KEY_SECRET_PREFIX = "mk_"
 DISPLAY_PREFIX_LENGTH = 10
@@ -157,7 +157,7 @@ def account_models(session: Session, account: Account) -> list[str] | None:
 
 def set_account_models(session: Session, account: Account, names: list[str] | None) -> None:
     """Replace the account's model list (null: every catalog model). Its keys' lists stay as
-    they are: entries the account no longer sees grant nothing (metering.ledger.access)."""
+    they are: entries the account no longer sees grant nothing (metering.accounts.access)."""
     ids = None if names is None else catalog_ids(session, names, "models")
     session.execute(delete(ACCOUNT_MODELS).where(ACCOUNT_MODELS.c.account_id == account.id))
     if ids:

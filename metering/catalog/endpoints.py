@@ -7,11 +7,13 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path, Response
 from sqlalchemy import select
 
+from metering.accounts.deps import OptionalAccountKeyDep
+from metering.audit.deps import AuditDep
 from metering.catalog import service
 from metering.catalog.schemas import MODEL_ID, AccountRateSpec, ModelSpec, PriceSpec
 from metering.kit.pagination import PageParams, decode_cursor, page
 from metering.models import CatalogModel, PriceVersion
-from metering.web.deps import AdminDep, AuditDep, NowDep, OptionalAccountKeyDep, SessionDep
+from metering.web.deps import AdminDep, NowDep, SessionDep
 from metering.web.jsonio import MeteringRoute
 
 router = APIRouter(prefix="/v1", route_class=MeteringRoute, tags=["catalog"])

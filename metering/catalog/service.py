@@ -9,6 +9,7 @@ from typing import Any
 from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
+from metering.accounts.access import account_sees, key_allows, listed_by_account_or_key
 from metering.accounts.keys import KeyPrincipal
 from metering.accounts.service import get_account
 from metering.catalog.prices import PriceInForce, price_in_force, price_of
@@ -18,7 +19,6 @@ from metering.kit.errors import Conflict, InvalidRequest, NotFound
 from metering.kit.ids import new_id
 from metering.kit.money import is_whole_cents, whole_cents
 from metering.kit.timeutil import format_timestamp, parse_timestamp
-from metering.ledger.access import account_sees, key_allows, listed_by_account_or_key
 from metering.models import (
     Account,
     AccountRate,

@@ -106,7 +106,8 @@ def _distribute(connection: Connection) -> Distribution:
     }
     pending = {name: where for name, where in kinds.items() if placed_already.get(name) != where}
     # Placed before by a rule that now puts them elsewhere (a migration made a nullable account
-    # column NOT NULL: 0036's webhook outbox): taken back to the coordinator, then placed anew.
+    # column NOT NULL, as the webhook outbox's became): taken back to the coordinator, then
+    # placed anew.
     moved = sorted(name for name in pending if name in placed_already)
     done = Distribution()
     if pending:

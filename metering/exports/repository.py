@@ -30,6 +30,7 @@ from metering.models import (
     UsageRollup,
     table,
 )
+from metering.states.exports import ExportStatus
 
 ROLLUPS = table(UsageRollup)
 KEYS = table(ApiKey)
@@ -151,7 +152,8 @@ def ensure_day_rows(session: Session, days: Sequence[date]) -> None:
         return
     dialect = postgresql if session.get_bind().dialect.name == "postgresql" else sqlite
     statement = dialect.insert(DAYS).on_conflict_do_nothing(index_elements=["export_date"])
-    session.execute(statement, [{"export_date": d, "status": "pending"} for d in sorted(days)])
+    pending = ExportStatus.PENDING.value
+    session.execute(statement, [{"export_date": d, "status": pending} for d in sorted(days)])
 
 
 def lock_day(session: Session, day: date, *, wait: bool) -> bool:

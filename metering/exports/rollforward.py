@@ -12,9 +12,8 @@ the grants (``spent``) and what later credit paid off (``granted``) — summed b
 voided, and an account's closing rows sum to its balance at the end of the day (the ledger sum
 by ``effective_at``). The ``deficit`` row carries the deficit as a negative amount.
 
-The roll-forward starts on the day migration 0015 ran (``credit_rollforward.start_date``);
-that day shows as spent what grants made before it had already paid (the allocations the
-migration wrote, summed into their day by migration 0035), and earlier days are not written.
+The roll-forward starts on the day the schema was made (``credit_rollforward.start_date``, written
+by the baseline migration); earlier days are not written.
 """
 
 from __future__ import annotations

@@ -31,6 +31,8 @@ from metering.kit.clock import Clock
 from metering.kit.timeutil import floor_day, start_of_day
 from metering.models import ExportDay, ExportRun, table
 from metering.notifications import outbox
+from metering.states import exports as export_states
+from metering.states.exports import ExportStatus
 
 log = logging.getLogger("metering.exports")
 
@@ -184,7 +186,7 @@ class Exporter:
                 update(DAYS)
                 .where(DAYS.c.export_date == day)
                 .values(
-                    status="succeeded",
+                    status=export_states.target("export"),
                     newest_event_id=mark.newest_event_id,
                     requests=mark.requests,
                     attempts=DAYS.c.attempts + 1,
@@ -194,7 +196,16 @@ class Exporter:
                 )
             )
         self._record_run(
-            session, day, account_id, trigger, started, finished, "succeeded", mark, written, None
+            session,
+            day,
+            account_id,
+            trigger,
+            started,
+            finished,
+            status=ExportStatus.SUCCEEDED,
+            mark=mark,
+            written=written,
+            error=None,
         )
         outbox.emit_export_completed(session, day, manifest, finished)
         return DayResult(day, EXPORTED, len(account_days), written, mark)
@@ -213,7 +224,7 @@ class Exporter:
                 update(DAYS)
                 .where(DAYS.c.export_date == day)
                 .values(
-                    status="failed",
+                    status=export_states.target("fail"),
                     attempts=DAYS.c.attempts + 1,
                     last_error=error,
                     last_attempt_at=started,
@@ -221,7 +232,16 @@ class Exporter:
             )
         finished = self.clock.now()
         self._record_run(
-            session, day, account_id, trigger, started, finished, "failed", None, 0, error
+            session,
+            day,
+            account_id,
+            trigger,
+            started,
+            finished,
+            status=ExportStatus.FAILED,
+            mark=None,
+            written=0,
+            error=error,
         )
 
     def _record_run(
@@ -232,7 +252,7 @@ class Exporter:
         trigger: str,
         started: datetime,
         finished: datetime,
-        status: str,
+        status: ExportStatus,
         mark: DayMark | None,
         written: int,
         error: str | None,
@@ -243,7 +263,7 @@ class Exporter:
                 account_id=account_id,
                 trigger=trigger,
                 runner=self.runner[:200],
-                status=status,
+                status=status.value,
                 started_at=started,
                 finished_at=finished,
                 newest_event_id=None if mark is None else mark.newest_event_id,

@@ -1,13 +1,16 @@
-"""JSON rendering that writes money exactly.
+"""JSON that keeps money exact, both ways: written without floats, read without them.
 
 The standard encoders cannot emit a Decimal as a bare number, and floats are refused here on
-purpose: every amount reaches the wire as ``ExactNumber`` text built from an integer.
+purpose: every amount reaches the wire as ``ExactNumber`` text built from an integer. What is
+read (``loads_exact``) has every non-integer number as a Decimal.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from datetime import date, datetime
+from decimal import Decimal
 from enum import Enum
 from json.encoder import encode_basestring_ascii
 from typing import Any
@@ -91,3 +94,21 @@ def dumps(value: Any) -> bytes:
     out: list[str] = []
     _encode(value, out)
     return "".join(out).encode("ascii")
+
+
+def loads_exact(body: bytes) -> Any:
+    """JSON with every non-integer number as a Decimal; bad UTF-8 and absurd nesting are reported
+    as JSON errors. NaN and ±Infinity become Decimal values, so the field they were sent in refuses
+    them by name (§1: a NaN money input is a 400 whose ``param`` names the field)."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise json.JSONDecodeError("request body is not valid UTF-8", "", exc.start) from None
+    try:
+        return json.loads(text, parse_float=Decimal, parse_constant=Decimal)
+    except json.JSONDecodeError:
+        raise
+    except RecursionError:
+        raise json.JSONDecodeError("JSON nesting is too deep", text, 0) from None
+    except ValueError as exc:
+        raise json.JSONDecodeError(str(exc), text, 0) from None

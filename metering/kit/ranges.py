@@ -5,7 +5,7 @@ The rule has one home, the database's own column type, refused the same way on b
 PostgreSQL's ``BIGINT`` raises ``numeric_value_out_of_range`` (SQLSTATE 22003) on an overflow,
 and SQLite, whose integer arithmetic would silently turn an overflowing value into a REAL,
 refuses any integer column whose value is not an integer (``CHECK (typeof(x) = 'integer')``,
-``integer_checks``, added to every table by migration 0013). So no program or statement needs a
+``add_integer_checks``; the baseline migration makes them). So no program or statement needs a
 hand-written bound, and the caller that can recover does so on one exception
 (``is_out_of_range``): the ingest quarantines the usage event whose charge would leave the range
 (metering.usage.isolation) and the check-and-hold refuses the estimate that would (400, naming

@@ -25,6 +25,7 @@ from sqlalchemy import and_, or_, select, update
 from sqlalchemy.orm import Session
 
 from metering import citus
+from metering.accounts.access import checked_under_lock, not_allowed, unknown_model
 from metering.accounts.keys import hash_secret
 from metering.accounts.windows import window_bounds
 from metering.catalog.rules import is_retired
@@ -42,9 +43,6 @@ from metering.kit.money import cents
 from metering.kit.pagination import decode_cursor, page
 from metering.kit.ranges import INT64_MAX
 from metering.kit.timeutil import format_timestamp, parse_timestamp
-from metering.ledger import holds
-from metering.ledger.access import checked_under_lock, not_allowed, unknown_model
-from metering.ledger.holds import HoldStatus, past_expiry
 from metering.ledger.metrics import AUTHORIZATIONS, VOIDS
 from metering.ledger.placement.postgres import PostgresHolds, Remembered
 from metering.ledger.placement.program import EXPIRE, HOLDS, Outcome, Placement
@@ -59,6 +57,8 @@ from metering.pricing import (
     estimate_cost,
     field_beyond_range,
 )
+from metering.states import holds
+from metering.states.holds import HoldStatus, past_expiry
 
 
 async def authorize(
@@ -413,15 +413,10 @@ def expire_holds(session: Session, now: datetime, account_id: str | None = None)
     return int(result.rowcount)  # type: ignore[attr-defined]
 
 
-def _unnoticed(holds: Any) -> Any:
-    # The partial index's predicate, as written there.
-    return and_(holds.c.status == HoldStatus.EXPIRED.value, ~holds.c.unused_noticed)
-
-
 def tidy_up_accounts(session: Session, now: datetime) -> list[str]:
     """On a Citus cluster, the accounts the tidy-up has work for (``citus.accounts_with``):
     holds past their expiry, or expired and not yet announced."""
-    return citus.accounts_with(session, HOLDS, or_(past_expiry(HOLDS, now), _unnoticed(HOLDS)))
+    return citus.accounts_with(session, HOLDS, or_(past_expiry(HOLDS, now), holds.unnoticed(HOLDS)))
 
 
 def notice_expired_unused(
@@ -435,11 +430,11 @@ def notice_expired_unused(
     from metering.notifications import outbox
 
     if account_id is None and is_cluster(session):
-        accounts = citus.accounts_with(session, HOLDS, _unnoticed(HOLDS))
+        accounts = citus.accounts_with(session, HOLDS, holds.unnoticed(HOLDS))
         return sum(notice_expired_unused(session, now, limit, account) for account in accounts)
     query = (
         select(HOLDS.c.id, HOLDS.c.account_id, HOLDS.c.api_key_id, HOLDS.c.estimate_microcents)
-        .where(_unnoticed(HOLDS))
+        .where(holds.unnoticed(HOLDS))
         .order_by(HOLDS.c.id)
         .limit(limit)
     )

@@ -27,6 +27,8 @@ from metering.ledger.spending import add_allocations, pending_forfeits, spend
 from metering.models import Account, CreditGrant, LedgerEntry, table
 from metering.models.base import UTCDateTime
 from metering.notifications import outbox
+from metering.states import grants as grant_states
+from metering.states.grants import GrantStatus, is_live
 
 ACCOUNTS = table(Account)
 GRANTS = table(CreditGrant)
@@ -69,7 +71,7 @@ def create_grant(
             amount_microcents=amount,
             remaining_microcents=remaining,
             expires_at=expires_at,
-            status="active",
+            status=GrantStatus.ACTIVE.value,
             created_at=now,
             note=note,
         )
@@ -118,7 +120,7 @@ def void_grant(
     grant = session.execute(
         select(GRANTS).where(GRANTS.c.id == grant_id, GRANTS.c.account_id == account_id)
     ).one()
-    if rules.status(grant.status, grant.remaining_microcents, grant.expires_at, now) != "active":
+    if not is_live(grant.status, grant.remaining_microcents, grant.expires_at, now):
         return grant_body(grant._mapping, now), None
     forfeit = int(grant.remaining_microcents)
     entry = {
@@ -133,7 +135,7 @@ def void_grant(
     session.execute(
         update(GRANTS)
         .where(GRANTS.c.account_id == account_id, GRANTS.c.id == grant_id)
-        .values(remaining_microcents=0, status="voided")
+        .values(remaining_microcents=0, status=grant_states.target("void"))
     )
     after = session.execute(
         update(ACCOUNTS)
@@ -150,10 +152,11 @@ def void_grant(
 
 
 def grant_body(grant: Any, now: datetime) -> dict[str, Any]:
-    status = rules.status(
+    status = grant_states.reads_as(
         grant["status"], int(grant["remaining_microcents"]), grant["expires_at"], now
     )
-    remaining = 0 if status in ("expired", "voided") else int(grant["remaining_microcents"])
+    forfeited = status in (GrantStatus.EXPIRED, GrantStatus.VOIDED)
+    remaining = 0 if forfeited else int(grant["remaining_microcents"])
     amount = int(grant["amount_microcents"])
     expires_at = grant["expires_at"]
     return {
@@ -167,7 +170,7 @@ def grant_body(grant: Any, now: datetime) -> dict[str, Any]:
         "remaining_cents": cents(remaining),
         "remaining_microcents": remaining,
         "expires_at": format_timestamp(expires_at) if expires_at is not None else None,
-        "status": status,
+        "status": status.value,
         "created_at": format_timestamp(grant["created_at"]),
         "note": grant["note"],
     }
@@ -213,7 +216,7 @@ _LIVE = (
     select(GRANTS.c.id, GRANTS.c.category, GRANTS.c.remaining_microcents, GRANTS.c.expires_at)
     .where(
         GRANTS.c.account_id == bindparam("account_id"),
-        rules.live_sql(GRANTS, bindparam("now", type_=GRANTS.c.expires_at.type)),
+        grant_states.live_sql(GRANTS, bindparam("now", type_=GRANTS.c.expires_at.type)),
     )
     .order_by(*rules.order_by(GRANTS))
     .limit(100)
@@ -259,7 +262,7 @@ def pending_expiries(session: Session, now: datetime) -> dict[str, int]:
         account_id: int(total)
         for account_id, total in session.execute(
             select(GRANTS.c.account_id, func.sum(GRANTS.c.remaining_microcents))
-            .where(rules.pending_sql(GRANTS, now))
+            .where(grant_states.pending_sql(GRANTS, now))
             .group_by(GRANTS.c.account_id)
         )
     }
@@ -326,7 +329,7 @@ def notice_expiring(
     written = 0
     for row in rows:
         remaining = int(row.remaining_microcents)
-        if rules.status(row.status, remaining, row.expires_at, now) != "active":
+        if not is_live(row.status, remaining, row.expires_at, now):
             continue
         data = {
             "grant_id": row.id,

@@ -10,6 +10,8 @@ from fastapi import APIRouter, Query, Request, Response
 from sqlalchemy.orm import Session
 from starlette.datastructures import State
 
+from metering.accounts.deps import AccountKeyDep
+from metering.audit.deps import AuditDep
 from metering.audit.service import Auditor
 from metering.kit import jsonenc
 from metering.kit.errors import InvalidRequest
@@ -18,16 +20,9 @@ from metering.kit.pagination import PageParams
 from metering.kit.timeutil import parse_timestamp
 from metering.ledger import authorizations, credit_grants, service
 from metering.ledger import grants as grant_rules
-from metering.ledger.holds import HoldStatus
 from metering.ledger.schemas import AdjustmentCreate, AuthorizationCreate, GrantCreate, GrantVoid
-from metering.web.deps import (
-    AccountKeyDep,
-    AdminDep,
-    AuditDep,
-    GatewayDep,
-    NowDep,
-    SessionDep,
-)
+from metering.states.holds import HoldStatus
+from metering.web.deps import AdminDep, GatewayDep, NowDep, SessionDep
 from metering.web.fastlane import fast_lane
 from metering.web.jsonio import MeteringRoute, json_answer
 

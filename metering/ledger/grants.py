@@ -1,10 +1,10 @@
 """The spending order of credit grants (contract §9), defined once.
 
 Every charge and negative adjustment is paid from the account's **live** grants (active, a
-remainder, not expired at the service's clock when it is recorded) in ``SPENDING_ORDER``:
-priority ascending, then ``expires_at`` ascending with never-expiring grants last, then creation
-order (the id of the ledger entry that created the grant). What they cannot cover is the
-account's deficit; a new grant first pays off the deficit.
+remainder, not expired at the service's clock when it is recorded: metering.states.grants) in
+``SPENDING_ORDER``: priority ascending, then ``expires_at`` ascending with never-expiring grants
+last, then creation order (the id of the ledger entry that created the grant). What they cannot
+cover is the account's deficit; a new grant first pays off the deficit.
 
 Here as a pure function (``allocate``, for tests and for reasoning) and as the SQL sort key
 (``order_by``) that settlement's set-based allocation (metering.ledger.spending) runs with: both
@@ -13,13 +13,15 @@ come from ``SPENDING_ORDER``, and tests hold the two equal.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import and_, case, or_
+from sqlalchemy import case
 from sqlalchemy.sql.elements import ColumnElement
+
+from metering.states.grants import GrantStatus, is_live
 
 # (column, nulls last): the sort key of the spending order, in precedence.
 SPENDING_ORDER: tuple[tuple[str, bool], ...] = (
@@ -41,7 +43,7 @@ class Grant:
     expires_at: datetime | None
     entry_id: int
     remaining: int
-    status: str = "active"
+    status: str = GrantStatus.ACTIVE
 
 
 def spending_key(grant: Any) -> tuple[Any, ...]:
@@ -68,34 +70,6 @@ def order_by(grants: Any) -> list[ColumnElement[Any]]:
     return expressions
 
 
-def is_live(grant: Grant, now: datetime) -> bool:
-    return (
-        grant.status == "active"
-        and grant.remaining > 0
-        and (grant.expires_at is None or grant.expires_at > now)
-    )
-
-
-def live_sql(grants: Any, now: Any) -> ColumnElement[bool]:
-    """``is_live`` over ``grants``' columns."""
-    return and_(
-        grants.c.status == "active",
-        grants.c.remaining_microcents > 0,
-        or_(grants.c.expires_at.is_(None), grants.c.expires_at > now),
-    )
-
-
-def pending_sql(grants: Any, now: Any) -> ColumnElement[bool]:
-    """Grants expired at ``now`` whose forfeit is not yet written (``metering verify``'s
-    pending, and what the check-and-hold and credits leave out of the balance)."""
-    return and_(
-        grants.c.status == "active",
-        grants.c.remaining_microcents > 0,
-        grants.c.expires_at.isnot(None),
-        grants.c.expires_at <= now,
-    )
-
-
 @dataclass(frozen=True, slots=True)
 class Allocation:
     """How a debit was paid: ``takes`` (grant id, amount) in spending order, and the part no
@@ -110,7 +84,7 @@ def allocate(grants: Iterable[Grant], amount: int, now: datetime) -> Allocation:
     assert amount >= 0
     takes: list[tuple[str, int]] = []
     left = amount
-    for grant in sorted((g for g in grants if is_live(g, now)), key=spending_key):
+    for grant in spent_in_order(grants, now):
         if left == 0:
             break
         take = min(grant.remaining, left)
@@ -125,17 +99,8 @@ def pay_off(deficit: int, amount: int) -> tuple[int, int]:
     return paid, amount - paid
 
 
-def status(stored: str, remaining: int, expires_at: datetime | None, now: datetime) -> str:
-    """A grant's status as read (precedence: voided, expired, depleted)."""
-    if stored == "voided":
-        return "voided"
-    if stored == "expired" or (expires_at is not None and expires_at <= now):
-        return "expired"
-    if remaining == 0:
-        return "depleted"
-    return "active"
-
-
-def spent_in_order(grants: Sequence[Grant], now: datetime) -> list[Grant]:
+def spent_in_order(grants: Iterable[Grant], now: datetime) -> list[Grant]:
     """The live grants in spending order (``GET /v1/credits``'s list)."""
-    return sorted((g for g in grants if is_live(g, now)), key=spending_key)
+    return sorted(
+        (g for g in grants if is_live(g.status, g.remaining, g.expires_at, now)), key=spending_key
+    )

@@ -10,10 +10,10 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from metering.ledger import holds
-from metering.ledger.holds import HoldStatus
 from metering.metrics import REGISTRY
 from metering.models import Authorization, table
+from metering.states import holds
+from metering.states.holds import HoldStatus
 
 _HOLDS = table(Authorization)
 

@@ -16,9 +16,9 @@ from typing import Any
 
 from sqlalchemy import Date, Select, String, Text, bindparam, cast, select
 
+from metering.accounts.access import account_sees, key_allows
 from metering.accounts.keys import ACCOUNTS, KEYS, live_key
 from metering.catalog.prices import RATE_COLUMNS, price_in_force
-from metering.ledger.access import account_sees, key_allows
 from metering.models import CatalogModel, table
 from metering.models.base import UTCDateTime
 from metering.pricing import ModelLimits, Rates

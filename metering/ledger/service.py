@@ -24,19 +24,19 @@ from metering.kit.errors import Conflict, InvalidRequest, NotFound
 from metering.kit.money import INT64_MAX, cents
 from metering.kit.pagination import newest_first
 from metering.kit.timeutil import format_timestamp
-from metering.ledger import holds
 from metering.ledger.credit_grants import (
     create_grant,
     credit_fields,
     get_grant,
     write_due_expiries,
 )
-from metering.ledger.holds import HoldStatus
 from metering.ledger.spending import (
     spend,
 )
 from metering.models import Account, Authorization, LedgerEntry, table
 from metering.notifications import outbox
+from metering.states import holds
+from metering.states.holds import HoldStatus
 
 ACCOUNTS = table(Account)
 HOLDS = table(Authorization)

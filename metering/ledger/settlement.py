@@ -29,9 +29,9 @@ from sqlalchemy.sql.dml import Insert
 from sqlalchemy.sql.elements import BindParameter
 
 from metering import programs as p
-from metering.ledger import holds
 from metering.ledger.spending import debit_steps, lock_accounts
 from metering.models import Account, Authorization, LedgerEntry, table
+from metering.states import holds
 
 ACCOUNTS = table(Account)
 HOLDS = table(Authorization)

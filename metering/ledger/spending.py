@@ -54,10 +54,12 @@ from metering import programs as p
 from metering.citus import of_account
 from metering.db import is_cluster
 from metering.forms import Forms
-from metering.ledger.grants import live_sql, order_by, pending_sql
+from metering.ledger.grants import order_by
 from metering.models import Account, CreditAllocationDay, CreditGrant, LedgerEntry, table
 from metering.models.base import UTCDateTime
 from metering.notifications import outbox
+from metering.states import grants as grant_states
+from metering.states.grants import live_sql, pending_sql
 
 ACCOUNTS = table(Account)
 GRANTS = table(CreditGrant)
@@ -162,7 +164,7 @@ def expiry_steps(on: p.Backend, debits: p.Rows, now: BindParameter[Any]) -> list
                 ),
                 p.Run(
                     GRANTS.update()
-                    .values(remaining_microcents=0, status="expired")
+                    .values(remaining_microcents=0, status=grant_states.target("expire"))
                     .where(GRANTS.c.id == due.c.grant_id)
                 ),
                 p.Run(outbox.grants_expired(on.rows(_DUE, "de"), now)),

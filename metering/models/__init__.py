@@ -47,6 +47,6 @@ __all__ = [
 ]
 
 # Ranges (metering.kit.ranges): on SQLite every integer column refuses a non-integer value
-# (migration 0013); PostgreSQL's column types refuse by themselves.
+# (the baseline migration makes the checks); PostgreSQL's column types refuse by themselves.
 for _table in Base.metadata.tables.values():
     add_integer_checks(_table)

@@ -39,7 +39,7 @@ class Account(Base):
     # metering.ledger.placement). ``GET /v1/credits`` sums the holds in force instead.
     held_microcents: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     # How many holds ``held_microcents`` counts: the account's requests in flight, kept beside
-    # it by the same check-and-hold (contract §10; metering.ledger.access).
+    # it by the same check-and-hold (contract §10; metering.accounts.access).
     held_count: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     # §10: null = no limit on requests in flight.
     max_concurrent_requests: Mapped[int | None] = mapped_column(Integer)

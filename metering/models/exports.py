@@ -9,6 +9,7 @@ from sqlalchemy import BigInteger, CheckConstraint, Date, Index, Integer, String
 from sqlalchemy.orm import Mapped, mapped_column
 
 from metering.models.base import Base, BigIntPK, UTCDateTime
+from metering.states.exports import DAY_STATUS_CHECK, RUN_STATUS_CHECK
 
 
 class ExportDay(Base):
@@ -20,9 +21,7 @@ class ExportDay(Base):
     a day whose rollups now show other values received late events and is exported again."""
 
     __tablename__ = "export_days"
-    __table_args__ = (
-        CheckConstraint("status IN ('pending', 'succeeded', 'failed')", name="status"),
-    )
+    __table_args__ = (CheckConstraint(DAY_STATUS_CHECK, name="status"),)
 
     export_date: Mapped[date] = mapped_column(Date, primary_key=True)
     status: Mapped[str] = mapped_column(String(16))
@@ -42,7 +41,7 @@ class ExportRun(Base):
 
     __tablename__ = "export_runs"
     __table_args__ = (
-        CheckConstraint("status IN ('succeeded', 'failed')", name="status"),
+        CheckConstraint(RUN_STATUS_CHECK, name="status"),
         CheckConstraint("trigger IN ('scheduled', 'manual')", name="trigger"),
         Index("ix_export_runs_export_date_id", "export_date", "id"),
     )

@@ -20,12 +20,13 @@ from sqlalchemy import (
 from sqlalchemy.orm import Mapped, mapped_column
 
 from metering.models.base import Base, UTCDateTime
+from metering.states.grants import ACTIVE_ROWS, STATUS_CHECK
 
-# Rows a debit may still be paid from are among these (the live test adds "a remainder, not
-# expired at now"). Not on the remainder itself: every debit moves it, and a column an index's
-# predicate reads makes each such update of the grant a non-HOT one in PostgreSQL (a new entry
-# in every index of the table, and dead ones to skip until a vacuum), one per debit.
-ACTIVE_ROWS = "status = 'active'"
+# ACTIVE_ROWS: rows a debit may still be paid from are among these (the live test adds "a
+# remainder, not expired at now"). Not on the remainder itself: every debit moves it, and a
+# column an index's predicate reads makes each such update of the grant a non-HOT one in
+# PostgreSQL (a new entry in every index of the table, and dead ones to skip until a vacuum),
+# one per debit.
 # Grants with an expiry whose credit.grant_expiring (§11) is still to be written or skipped.
 UNNOTICED_EXPIRY_ROWS = "expires_at IS NOT NULL AND NOT expiring_noticed"
 
@@ -34,12 +35,12 @@ class CreditGrant(Base):
     """One grant. ``remaining_microcents`` moves only under the account's row lock, together
     with the ledger entry or the allocation that moves it. ``status`` as stored is ``active``,
     ``expired`` (its forfeit is written) or ``voided``; ``depleted`` and an expiry not yet
-    written are read from the remainder and the clock (metering.ledger.grants)."""
+    written are read from the remainder and the clock (metering.states.grants)."""
 
     __tablename__ = "credit_grants"
     __table_args__ = (
         CheckConstraint("category IN ('paid', 'promotional', 'adjustment')", name="category"),
-        CheckConstraint("status IN ('active', 'expired', 'voided')", name="status"),
+        CheckConstraint(STATUS_CHECK, name="status"),
         CheckConstraint("priority >= 0 AND priority <= 100", name="priority"),
         CheckConstraint("amount_microcents > 0", name="amount_positive"),
         CheckConstraint(
@@ -101,8 +102,8 @@ class CreditAllocationDay(Base):
 
 
 class CreditRollforward(Base):
-    """One row: the first day of the daily credit roll-forward (the day migration 0015 ran;
-    earlier days are not back-filled)."""
+    """One row: the first day of the daily credit roll-forward (the day the baseline migration
+    made the schema; earlier days are not written)."""
 
     __tablename__ = "credit_rollforward"
 

@@ -18,8 +18,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Mapped, mapped_column
 
-from metering.ledger.holds import ACTIVE_ROWS, RELEASED_ROWS, STATUS_CHECK
 from metering.models.base import Base, BigIntPK, UTCDateTime
+from metering.states.holds import ACTIVE_ROWS, RELEASED_ROWS, STATUS_CHECK, UNNOTICED_ROWS
 
 ENTRY_KINDS = "kind IN ('grant', 'adjustment', 'charge', 'expiry', 'void')"
 ENTRY_SIGNS = (
@@ -27,7 +27,6 @@ ENTRY_SIGNS = (
     "amount_microcents <> 0) OR (kind = 'charge' AND amount_microcents <= 0) OR "
     "(kind IN ('expiry', 'void') AND amount_microcents < 0)"
 )
-UNNOTICED_ROWS = "status = 'expired' AND NOT unused_noticed"
 
 
 class LedgerEntry(Base):
@@ -39,7 +38,7 @@ class LedgerEntry(Base):
         CheckConstraint(ENTRY_KINDS, name="kind"),
         CheckConstraint(ENTRY_SIGNS, name="amount_sign"),
         # Grants and adjustments share one idempotency namespace per account. Charges have no
-        # key and stay out of the index (migration 0006): one per usage event, on the hot path.
+        # key and stay out of the index: one per usage event, on the hot path.
         Index(
             "uq_ledger_entries_account_id_idempotency_key",
             "account_id",

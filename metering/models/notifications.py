@@ -19,6 +19,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import Mapped, mapped_column
 
 from metering.models.base import Base, BigIntPK, UTCDateTime
+from metering.states.deliveries import PENDING_ROWS
 
 
 class WebhookEndpoint(Base):
@@ -80,8 +81,8 @@ class WebhookDelivery(Base):
         Index(
             "ix_webhook_deliveries_due",
             "next_attempt_at",
-            postgresql_where=text("status = 'pending'"),
-            sqlite_where=text("status = 'pending'"),
+            postgresql_where=text(PENDING_ROWS),
+            sqlite_where=text(PENDING_ROWS),
         ),
         Index("ix_webhook_deliveries_endpoint", "endpoint_id", "id"),
         Index("uq_webhook_deliveries_event_endpoint", "event_id", "endpoint_id", unique=True),
@@ -91,7 +92,8 @@ class WebhookDelivery(Base):
     event_id: Mapped[int] = mapped_column(BigInteger, ForeignKey("webhook_events.id"))
     endpoint_id: Mapped[str] = mapped_column(ForeignKey("webhook_endpoints.id"))
     account_id: Mapped[str] = mapped_column(String(32))  # its event's
-    # pending → delivered | failed (retries exhausted) | dropped (endpoint deleted)
+    # pending → delivered | failed (retries exhausted) | dropped (endpoint deleted):
+    # metering.states.deliveries
     status: Mapped[str] = mapped_column(String(16))
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     next_attempt_at: Mapped[datetime | None] = mapped_column(UTCDateTime)

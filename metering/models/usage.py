@@ -25,7 +25,7 @@ class UsageEvent(Base):
 
     ``id`` is the ingest order. (account_id, request_id) is unique forever: the dedup key.
 
-    No foreign keys (migration 0006): the ingest writes the account, key and model it read in
+    No foreign keys: the ingest writes the account, key and model it read in
     the same transaction, and none of them is ever deleted; the checks cost half of the insert
     and share-locked the account row that authorizations wait for, once per event.
     ``metering verify`` names any event whose account, key or model is missing."""

@@ -37,8 +37,10 @@ from metering.models import WebhookDelivery, WebhookEndpoint, WebhookEvent, tabl
 from metering.notifications import messages, outbox
 from metering.notifications.addresses import Resolver, system_resolver
 from metering.notifications.secrets import SecretUnreadable
-from metering.notifications.service import DELIVERED, FAILED, PENDING, signing_secrets
+from metering.notifications.service import signing_secrets
 from metering.settings import Settings
+from metering.states import deliveries as delivery_states
+from metering.states.deliveries import DeliveryStatus
 
 log = logging.getLogger("metering.webhooks")
 
@@ -69,6 +71,12 @@ DELIVERIES_TOTAL = REGISTRY.counter(
     "Webhook delivery attempts, by result (delivered, retry, failed).",
     ("result",),
 )
+# Each step's result on that counter: the status it leads to, but "retry" (still pending).
+_RESULTS = {
+    "deliver": DeliveryStatus.DELIVERED.value,
+    "retry": "retry",
+    "fail": DeliveryStatus.FAILED.value,
+}
 
 
 def retry_delay(attempts: int, rng: Callable[[], float] = random.random) -> timedelta:
@@ -187,7 +195,7 @@ class Deliverer:
                     "event_id": event.id,
                     "endpoint_id": endpoint_id,
                     "account_id": event.account_id,
-                    "status": PENDING,
+                    "status": DeliveryStatus.PENDING.value,
                     "attempts": 0,
                     "next_attempt_at": now,
                     "created_at": now,
@@ -214,7 +222,7 @@ class Deliverer:
         shard."""
         now = self.clock.now()
         due = (
-            DELIVERIES.c.status == PENDING,
+            delivery_states.pending(DELIVERIES),
             DELIVERIES.c.next_attempt_at <= now,
         )
         accounts = citus.per_account(
@@ -359,26 +367,25 @@ class Deliverer:
                 "b_account": item.account_id,
                 "b_id": item.delivery_id,
                 "b_attempt": item.attempt,
-                "status": PENDING,
                 "last_status": outcome.status,
                 "last_error": outcome.error,
                 "delivered_at": None,
                 "next_attempt_at": None,
             }
             if outcome.delivered:
-                row.update(status=DELIVERED, delivered_at=now)
-                result = "delivered"
+                step = "deliver"
+                row["delivered_at"] = now
             elif item.attempt >= MAX_ATTEMPTS:
-                row.update(status=FAILED)
-                result = "failed"
+                step = "fail"
             else:
-                row.update(next_attempt_at=now + retry_delay(item.attempt, self.rng))
-                result = "retry"
+                step = "retry"
+                row["next_attempt_at"] = now + retry_delay(item.attempt, self.rng)
+            row["status"] = delivery_states.target(step)
             if outcome.error is None and not outcome.delivered:
                 row["last_error"] = f"HTTP {outcome.status}"
             rows.append(row)
-            DELIVERIES_TOTAL.inc(result)
-            if result != "delivered":
+            DELIVERIES_TOTAL.inc(_RESULTS[step])
+            if not outcome.delivered:
                 log.info(
                     "webhook %s attempt %d (delivery %d): %s",
                     item.public_id,
@@ -406,7 +413,7 @@ _RECORD = (
         DELIVERIES.c.account_id == bindparam("b_account"),
         DELIVERIES.c.id == bindparam("b_id"),
         DELIVERIES.c.attempts == bindparam("b_attempt"),  # still our claim
-        DELIVERIES.c.status == PENDING,
+        delivery_states.pending(DELIVERIES),
     )
     .values(
         status=bindparam("status"),
@@ -435,7 +442,7 @@ def _webhook_gauges(session: Session, now: datetime) -> Iterable[Metric]:
         ).all()
     )
     oldest = session.execute(
-        select(func.min(DELIVERIES.c.created_at)).where(DELIVERIES.c.status == PENDING)
+        select(func.min(DELIVERIES.c.created_at)).where(delivery_states.pending(DELIVERIES))
     ).scalar()
     age = 0.0 if oldest is None else max(0.0, (now - oldest).total_seconds())
     deliveries = GaugeMetricFamily(
@@ -443,8 +450,8 @@ def _webhook_gauges(session: Session, now: datetime) -> Iterable[Metric]:
         "Webhook messages by state (pending, delivered, failed, dropped).",
         labels=["status"],
     )
-    for status in (PENDING, DELIVERED, FAILED, "dropped"):
-        deliveries.add_metric([status], by_status.get(status, 0))
+    for status in DeliveryStatus:
+        deliveries.add_metric([status.value], by_status.get(status.value, 0))
     yield deliveries
     yield GaugeMetricFamily(
         "metering_webhook_oldest_undelivered_seconds",

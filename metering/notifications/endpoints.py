@@ -7,7 +7,9 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
+from metering.accounts.deps import AccountKeyDep
 from metering.accounts.keys import KeyPrincipal
+from metering.audit.deps import AuditDep
 from metering.audit.service import Auditor
 from metering.kit.pagination import PageParams
 from metering.notifications import changes, delivery, service
@@ -19,7 +21,7 @@ from metering.notifications.schemas import (
     Resend,
 )
 from metering.notifications.service import Rules, Scope
-from metering.web.deps import AccountKeyDep, AdminDep, AuditDep, NowDep, SessionDep, get_settings
+from metering.web.deps import AdminDep, NowDep, SessionDep, get_settings
 from metering.web.jsonio import MeteringRoute
 from metering.web.middleware import request_id_of
 

@@ -20,14 +20,16 @@ from metering.kit.ids import new_id
 from metering.kit.money import INT64_MAX
 from metering.kit.pagination import decode_cursor, page
 from metering.kit.timeutil import format_timestamp, parse_timestamp
-from metering.models import Account, WebhookDelivery, WebhookEndpoint, WebhookEvent
+from metering.models import Account, WebhookDelivery, WebhookEndpoint, WebhookEvent, table
 from metering.notifications import outbox, secrets
 from metering.notifications.addresses import Resolver, check_url
+from metering.states import deliveries as delivery_states
+from metering.states.deliveries import DeliveryStatus
+
+DELIVERIES = table(WebhookDelivery)
 
 # §11: after a rotation, the previous secret signs too for this long.
 ROTATION_OVERLAP = timedelta(hours=24)
-
-PENDING, DELIVERED, FAILED, DROPPED = "pending", "delivered", "failed", "dropped"
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,11 +173,13 @@ def delete_endpoint(session: Session, scope: Scope, endpoint_id: str, now: datet
     endpoint = get_endpoint(session, scope, endpoint_id)
     endpoint.deleted_at = now
     dropped = update(WebhookDelivery).where(
-        WebhookDelivery.endpoint_id == endpoint.id, WebhookDelivery.status == PENDING
+        WebhookDelivery.endpoint_id == endpoint.id, delivery_states.pending(DELIVERIES)
     )
     if endpoint.account_id is not None:  # its account's only (on Citus, that account's shard)
         dropped = dropped.where(WebhookDelivery.account_id == endpoint.account_id)
-    result = session.execute(dropped.values(status=DROPPED, next_attempt_at=None))
+    result = session.execute(
+        dropped.values(status=delivery_states.target("drop"), next_attempt_at=None)
+    )
     session.flush()
     return int(result.rowcount)  # type: ignore[attr-defined]
 
@@ -239,7 +243,12 @@ def _schedule(
             WebhookDelivery.event_id == event.id,
             WebhookDelivery.endpoint_id == endpoint.id,
         )
-        .values(status=PENDING, attempts=0, next_attempt_at=now, delivered_at=None)
+        .values(
+            status=delivery_states.target("resend"),
+            attempts=0,
+            next_attempt_at=now,
+            delivered_at=None,
+        )
     )
     if again.rowcount == 0:  # type: ignore[attr-defined]
         session.add(
@@ -247,7 +256,7 @@ def _schedule(
                 event_id=event.id,
                 endpoint_id=endpoint.id,
                 account_id=event.account_id,
-                status=PENDING,
+                status=DeliveryStatus.PENDING.value,
                 attempts=0,
                 next_attempt_at=now,
                 created_at=now,
@@ -316,7 +325,11 @@ def delivery_body(delivery: Any) -> dict[str, Any]:
         "last_status": delivery.last_status,
         "last_error": delivery.last_error,
         "last_attempt_at": _stamp(delivery.last_attempt_at),
-        "next_attempt_at": _stamp(delivery.next_attempt_at) if delivery.status == PENDING else None,
+        "next_attempt_at": (
+            _stamp(delivery.next_attempt_at)
+            if delivery_states.is_pending(delivery.status)
+            else None
+        ),
         "delivered_at": _stamp(delivery.delivered_at),
         "created_at": format_timestamp(delivery.created_at),
     }

@@ -5,7 +5,7 @@ One step list (``threshold_steps``), run at the end of the usage programs
 (metering.usage.recording) after the batch's rollup rows are added, so on both backends, in
 the transaction that records the charges:
 
-* **What a key has spent** is the spend-limit check's own rule (metering.usage.spend
+* **What a key has spent** is the spend-limit check's own rule (metering.accounts.spend
   ``key_charges``: its charges with ``occurred_at`` in the window), over the window that
   contains the clock's now (metering.accounts.windows, as the check and ``GET /v1/api-keys``);
   charges of an earlier window (late usage) move nothing in the current one.
@@ -33,12 +33,12 @@ from sqlalchemy import BigInteger, Integer, String, and_, insert, literal, selec
 from sqlalchemy.sql.elements import BindParameter
 
 from metering import programs as p
+from metering.accounts.spend import key_charges
 from metering.accounts.windows import window_bounds
 from metering.kit.timeutil import format_timestamp
 from metering.models import SpendLimitNotice, table
 from metering.models.base import UTCDateTime
 from metering.notifications.outbox import EVENTS, SPEND_LIMIT_REACHED, event_id, json_object_text
-from metering.usage.spend import key_charges
 
 NOTICES = table(SpendLimitNotice)
 

@@ -10,11 +10,12 @@ from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import parse_qs
 
-from fastapi import APIRouter, Depends, Query, Request, Response
+from fastapi import APIRouter, Depends, FastAPI, Query, Request, Response
 from fastapi.responses import HTMLResponse
 from sqlalchemy.orm import Session
 
 from metering.accounts.keys import resolve_key
+from metering.audit.deps import AuditDep
 from metering.kit.errors import AuthenticationFailed, InvalidRequest, MeteringError, NotFound
 from metering.kit.timeutil import format_timestamp
 from metering.portal import pages, sessions, views
@@ -23,8 +24,10 @@ from metering.portal.signing import Signer
 from metering.reports import render as report_render
 from metering.runtime import EMBEDDED_BASE_URL
 from metering.settings import Settings
-from metering.web.deps import AdminDep, AuditDep, NowDep, SessionDep, get_clock, get_settings
+from metering.web.deps import AdminDep, NowDep, SessionDep, get_clock, get_settings
+from metering.web.errors import add_error_pages
 from metering.web.jsonio import MeteringRoute
+from metering.web.middleware import request_id_of
 
 SESSION_COOKIE = "metering_portal"
 NONCE_COOKIE = "metering_portal_nonce"  # binds the sign-in forms' CSRF tokens to a browser
@@ -240,6 +243,30 @@ def sign_out(
     response = pages.see_other(f"{pages.PREFIX}/sign-in")
     response.delete_cookie(SESSION_COOKIE, path=pages.PREFIX)
     return response
+
+
+# -- errors are pages too -----------------------------------------------------------------------
+
+
+def error_page(request: Request, error: MeteringError) -> Response:
+    """The HTML form of an error under /billing (a sign-in page when the session is missing)."""
+    if isinstance(error, SignInRequired):
+        return sign_in_page(request, status_code=401, problem=error.message)
+    request_id = request_id_of(request.scope)
+    return pages.render(
+        request,
+        "error.html",
+        status_code=error.status,
+        headers={"x-request-id": request_id},
+        status=error.status,
+        message=error.message,
+        code=error.code,
+    )
+
+
+def install_error_pages(app: FastAPI) -> None:
+    """Errors under /billing are answered as pages, not as the API's JSON error body."""
+    add_error_pages(app, pages.PREFIX, error_page)
 
 
 # -- pages ---------------------------------------------------------------------------------------

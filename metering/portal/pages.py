@@ -1,5 +1,5 @@
-"""Rendering the portal's HTML: the Jinja2 templates, the headers every page carries, the
-exact money filters, and the HTML error page (errors under /billing are pages, not JSON)."""
+"""Rendering the portal's HTML: the Jinja2 templates, the headers every page carries and the
+exact money filters."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from fastapi.responses import HTMLResponse
 from jinja2 import Environment, PackageLoader, select_autoescape
 from markupsafe import Markup, escape
 
-from metering.kit.errors import MeteringError
 from metering.kit.money import scaled_text, usd_text
 from metering.kit.timeutil import format_timestamp
 from metering.reports.service import Report
@@ -35,10 +34,6 @@ SECURITY_HEADERS = {
     "x-frame-options": "DENY",
     "cache-control": "no-store",
 }
-
-
-def is_portal_path(path: str) -> bool:
-    return path == PREFIX or path.startswith(PREFIX + "/")
 
 
 def money(microcents: int | None) -> str:
@@ -82,7 +77,9 @@ def report_rows(report: Report) -> Markup:
     parts = []
     for bucket in report.buckets:
         start = f'<tr class="result"><td>{format_timestamp(bucket.starting_at)}</td><td>'
-        for key, (requests, input_tokens, cache_read, output_tokens, cost) in bucket.results:
+        for key, requests, input_tokens, cache_read, output_tokens, cost in bucket.rows(
+            "requests", "input_tokens", "cache_read_tokens", "output_tokens", "cost_microcents"
+        ):
             label = labels.get(key)
             if label is None:
                 if by_key:
@@ -129,21 +126,3 @@ def render(
 def see_other(location: str) -> Response:
     """The 303 after a form's POST (the browser then GETs ``location``)."""
     return Response(status_code=303, headers={"location": location, **SECURITY_HEADERS})
-
-
-def error_page(request: Request, error: MeteringError) -> Response:
-    """The HTML form of an error under /billing (a sign-in page when the session is missing)."""
-    from metering.portal import endpoints
-
-    if isinstance(error, endpoints.SignInRequired):
-        return endpoints.sign_in_page(request, status_code=401, problem=error.message)
-    request_id = request_id_of(request.scope)
-    return render(
-        request,
-        "error.html",
-        status_code=error.status,
-        headers={"x-request-id": request_id},
-        status=error.status,
-        message=error.message,
-        code=error.code,
-    )

@@ -25,6 +25,7 @@ from metering.notifications.service import Scope
 from metering.reports import params, service
 from metering.reports.params import ReportQuery
 from metering.reports.service import Report
+from metering.states.grants import GrantStatus
 
 if TYPE_CHECKING:
     from metering.exports.files import AccountFile
@@ -62,15 +63,14 @@ def grants(session: Session, account_id: str, credit: dict[str, Any], now: datet
     account = accounts.account_body(session, accounts.get_account(session, account_id))
     return Grants(
         live=[bodies[grant_id] for grant_id in live_ids],
-        past=[grant for grant in newest if grant["status"] != "active"],
+        past=[grant for grant in newest if grant["status"] != GrantStatus.ACTIVE],
         low_balance_threshold_microcents=account["low_balance_threshold_microcents"],
     )
 
 
 def report(session: Session, account_id: str, billing: str, query: ReportQuery) -> Report:
     """Exactly ``GET /v1/usage``'s report for the same query."""
-    with service.cyclic_gc_paused():
-        return service.usage_report(session, account_id, billing, query)
+    return service.usage_report(session, account_id, billing, query)
 
 
 def usage_query(
@@ -198,16 +198,13 @@ def account_event_types() -> list[str]:
 def chart_of(report: Report) -> dict[str, Any]:
     """What the chart draws: per group, per bucket, the cost in microcents (requests for an
     unbilled account). The table shows each of these numbers."""
-    measure = 4 if report.billed else 0
-    groups = sorted({key for bucket in report.buckets for key, _ in bucket.results})
+    measure = "cost_microcents" if report.billed else "requests"
+    groups = sorted({key for bucket in report.buckets for key in bucket.groups})
     by_key = report.query.group_by == "api_key"
-    per_bucket = [dict(bucket.results) for bucket in report.buckets]
+    per_bucket = [dict(zip(b.groups, b.columns[measure], strict=True)) for b in report.buckets]
     datasets = []
     for group in groups:
-        values = []
-        for results in per_bucket:
-            found = results.get(group)
-            values.append(found[measure] if found is not None else 0)
+        values = [measured.get(group, 0) for measured in per_bucket]
         label = f"{report.key_names.get(group, '')} ({group})" if by_key else group
         datasets.append({"label": label, "data": values})
     return {

@@ -7,9 +7,10 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response
 
+from metering.accounts.deps import AccountKeyDep
 from metering.kit.timeutil import TIMESTAMP_OR_DATE_SCHEMA
 from metering.reports import params, render, service
-from metering.web.deps import AccountKeyDep, NowDep, SessionDep
+from metering.web.deps import NowDep, SessionDep
 from metering.web.jsonio import MeteringRoute
 
 router = APIRouter(prefix="/v1", route_class=MeteringRoute, tags=["usage reports"])
@@ -73,17 +74,12 @@ def usage_report(
         output_format=output_format,
         now=now,
     )
-    with service.cyclic_gc_paused():
-        report = service.usage_report(session, key.account_id, key.billing, query)
-        if query.output_format == "csv":
-            body = render.report_csv(report).encode()
-        else:
-            body = render.report_json(report)
+    report = service.usage_report(session, key.account_id, key.billing, query)
     if query.output_format == "csv":
         span = "_".join(f"{t:%Y%m%dT%H%MZ}" for t in (query.starting_at, query.ending_at))
         return Response(
-            body,
+            render.report_csv(report).encode(),
             media_type="text/csv; charset=utf-8",
             headers={"content-disposition": f'attachment; filename="usage_{span}.csv"'},
         )
-    return Response(body, media_type="application/json")
+    return Response(render.report_json(report), media_type="application/json")

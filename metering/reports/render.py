@@ -6,13 +6,15 @@ import csv
 import io
 from collections.abc import Callable
 from json.encoder import encode_basestring_ascii
+from typing import Any
 
 from metering.kit.money import usd, usd_text
 from metering.kit.timeutil import format_timestamp
-from metering.reports.service import Report
+from metering.reports.service import Bucket, Measures, Report
 
 # The CSV columns (documented in the README): one row per bucket and group.
 CSV_MEASURES = ("requests", "input_tokens", "cache_read_tokens", "output_tokens")
+_NO_GROUP: tuple[Any, ...] = ("", *(0 for _ in CSV_MEASURES), 0)
 CSV_COLUMNS = {
     "model": ("starting_at", "ending_at", "model", *CSV_MEASURES, "cost_usd", "cost_microcents"),
     "api_key": (
@@ -36,12 +38,36 @@ def _cost_members(billed: bool, with_usd: bool) -> Callable[[int], str]:
     return lambda cost: f'"cost_usd":null,"cost_microcents":{cost}'
 
 
-def _measures(values: tuple[int, ...], cost_members: Callable[[int], str]) -> str:
-    requests, input_tokens, cache_read_tokens, output_tokens, cost = values
+def _members(
+    requests: int, input_tokens: int, cache_read_tokens: int, output_tokens: int, cost: str
+) -> str:
+    """The measures' members of a JSON object (``cost``: its cost members)."""
     return (
         f'"requests":{requests},"input_tokens":{input_tokens},'
-        f'"cache_read_tokens":{cache_read_tokens},"output_tokens":{output_tokens},'
-        f"{cost_members(cost)}"
+        f'"cache_read_tokens":{cache_read_tokens},"output_tokens":{output_tokens},{cost}'
+    )
+
+
+def _sums(sums: Measures, cost_members: Callable[[int], str]) -> str:
+    return _members(
+        sums["requests"],
+        sums["input_tokens"],
+        sums["cache_read_tokens"],
+        sums["output_tokens"],
+        cost_members(sums["cost_microcents"]),
+    )
+
+
+def _results(bucket: Bucket, opening: _Prefixes, cost_members: Callable[[int], str]) -> str:
+    """A bucket's ``results`` objects, one per group."""
+    rows = bucket.rows(
+        "requests", "input_tokens", "cache_read_tokens", "output_tokens", "cost_microcents"
+    )
+    return ",".join(
+        [
+            f"{opening[key]}{_members(requests, inputs, cached, outputs, cost_members(cost))}}}"
+            for key, requests, inputs, cached, outputs, cost in rows
+        ]
     )
 
 
@@ -75,19 +101,16 @@ def report_json(report: Report) -> bytes:
     cost = _cost_members(billed, with_usd=True)
     buckets = []
     for bucket in report.buckets:
-        results = ",".join(
-            [f"{prefixes[key]}{_measures(values, result_cost)}}}" for key, values in bucket.results]
-        )
         buckets.append(
             f'{{"starting_at":"{format_timestamp(bucket.starting_at)}",'
             f'"ending_at":"{format_timestamp(bucket.ending_at)}",'
-            f'{_measures(bucket.sums, cost)},"results":[{results}]}}'
+            f'{_sums(bucket.sums, cost)},"results":[{_results(bucket, prefixes, result_cost)}]}}'
         )
     head = (
         f'{{"object":"usage_report","bucket_width":{_string(query.bucket_width)},'
         f'"group_by":{_string(query.group_by)},'
         f'"cost_status":"{"billed" if billed else "not_applicable"}","currency":"usd",'
-        f'"totals":{{{_measures(report.totals, cost)}}},"data":['
+        f'"totals":{{{_sums(report.totals, cost)}}},"data":['
     )
     return (head + ",".join(buckets) + "]}").encode("ascii")
 
@@ -111,9 +134,9 @@ def report_csv(report: Report) -> str:
     writer.writerow(CSV_COLUMNS[query.group_by])
     for bucket in report.buckets:
         span = (format_timestamp(bucket.starting_at), format_timestamp(bucket.ending_at))
-        groups = bucket.results or [("", (0,) * 5)]
-        for key, values in groups:
-            *counts, cost = values
+        # An empty bucket's one row: no group, every measure zero.
+        rows = bucket.rows(*CSV_MEASURES, "cost_microcents") if bucket.groups else [_NO_GROUP]
+        for key, *counts, cost in rows:
             label = (key, report.key_names.get(key, "") if key else "") if by_key else (key,)
             cost_usd = usd_text(cost) if billed and not by_key else ""
             writer.writerow((*span, *label, *counts, cost_usd, cost if billed else ""))

@@ -11,19 +11,14 @@ from fastapi import APIRouter, Body, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import State
 
+from metering.audit.deps import AuditDep
 from metering.db import Database, Kind, retry_transient
 from metering.kit.pagination import PageParams
 from metering.metrics import REGISTRY
 from metering.usage import isolation, quarantine, service, sharded, single, support
 from metering.usage.events import CHARGE_FIELDS, ChargeValues
 from metering.usage.schemas import EventBatch, QuarantineCode, ReprocessRequest
-from metering.web.deps import (
-    AdminDep,
-    AuditDep,
-    GatewayDep,
-    NowDep,
-    SessionDep,
-)
+from metering.web.deps import AdminDep, GatewayDep, NowDep, SessionDep
 from metering.web.fastlane import fast_lane
 from metering.web.jsonio import MeteringRoute, json_answer
 

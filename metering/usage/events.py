@@ -22,7 +22,7 @@ _REQUEST_ID_MATCH = REQUEST_ID.fullmatch
 OUTCOMES = ("completed", "failed")
 # occurred_at later than now + this is refused (clock skew between gateway and metering is fine).
 FUTURE_TOLERANCE = timedelta(minutes=5)
-# Longest authorization id stored (metering.ledger.holds.new_hold_id: under 50 characters).
+# Longest authorization id stored (metering.states.holds.new_hold_id: under 50 characters).
 MAX_AUTHORIZATION_ID = 64
 
 

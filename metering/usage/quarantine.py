@@ -16,7 +16,7 @@ from typing import Any
 from sqlalchemy import bindparam, delete, select, update
 from sqlalchemy.orm import Session
 
-from metering.kit.jsonenc import RawJSON
+from metering.kit.jsonenc import RawJSON, loads_exact
 from metering.kit.money import INT64_MAX
 from metering.kit.pagination import decode_cursor, page
 from metering.kit.ranges import DATABASE_ERRORS, is_out_of_range
@@ -37,7 +37,6 @@ from metering.usage.service import (
     record_events,
 )
 from metering.usage.sql import Update, Upsert
-from metering.web.jsonio import loads_exact
 
 QUARANTINE = table(QuarantinedEvent)
 MAX_API_KEY_ID = 64

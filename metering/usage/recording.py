@@ -12,10 +12,9 @@ metering.notifications.spend_limits): no statement when no key of the batch has 
 
 The columns come from the tables: an event row is every column of ``usage_events`` but its id
 and ``recorded_at`` (the statement's ``now``); a rollup row is every column of
-``usage_rollups``, whose primary key is the rollup key and whose other columns are added up.
-The programs take the usage summed per account, key, model and hour (``HOURLY_IN``) and spread
-it over the six rows each hour counts in (``rollup_upsert``: bucket width {1h, 1d} × grouping
-{key_model, key, model}).
+``usage_rollups`` (metering.usage.rollups). The programs take the usage summed per account,
+key, model and hour (``HOURLY_IN``) and spread it over the six rows each hour counts in
+(``rollup_upsert``: bucket width {1h, 1d} × grouping {key_model, key, model}).
 """
 
 from __future__ import annotations
@@ -32,39 +31,27 @@ from metering.citus import by_account, of_account
 from metering.db import is_cluster
 from metering.forms import Forms
 from metering.ledger.settlement import CHARGES_IN, ChargeToSettle, settle_steps
-from metering.models import UsageEvent, UsageRollup, table
+from metering.models import UsageEvent, table
 from metering.models.base import UTCDateTime
 from metering.notifications import spend_limits
 from metering.notifications.spend_limits import KeyLimit
+from metering.usage import rollups
+from metering.usage.rollups import (
+    COUNTERS,
+    GROUPINGS,
+    HOURLY_IN,
+    LAST_EVENT,
+    ROLLUP_KEY,
+    ROLLUPS,
+    WIDTHS,
+)
 
 EVENTS = table(UsageEvent)
-ROLLUPS = table(UsageRollup)
 
 EVENT_COLUMNS = tuple(c.name for c in EVENTS.columns if c.name not in ("id", "recorded_at"))
 EVENTS_IN = p.Records("p_events", tuple((name, EVENTS.c[name].type) for name in EVENT_COLUMNS))
 # The dedup key (contract §5): unique forever.
 EVENT_KEY = ("account_id", "request_id")
-
-ROLLUP_KEY = tuple(c.name for c in ROLLUPS.primary_key.columns)
-LAST_EVENT = "last_event_id"
-COUNTERS = tuple(
-    c.name for c in ROLLUPS.columns if c.name not in ROLLUP_KEY and c.name != LAST_EVENT
-)
-GROUPINGS = ("key_model", "key", "model")
-WIDTHS = ("1h", "1d")
-# The usage of one account, key and model in one (UTC) hour: its hour and the day that hour is
-# in, its counters and its newest event's id (metering.usage.rollups).
-HOURLY_IN = p.Records(
-    "p_rollups",
-    (
-        ("account_id", ROLLUPS.c.account_id.type),
-        ("api_key_id", ROLLUPS.c.api_key_id.type),
-        ("model_id", ROLLUPS.c.model_id.type),
-        ("hour", ROLLUPS.c.bucket_start.type),
-        ("day", ROLLUPS.c.bucket_start.type),
-        *((name, ROLLUPS.c[name].type) for name in (*COUNTERS, LAST_EVENT)),
-    ),
-)
 
 NOW = p.Var("p_now", UTCDateTime())
 PREPAID = p.Var("p_prepaid", p.Boolean())
@@ -260,8 +247,6 @@ def settle_usage(
     each statement routed to its shard)."""
     if not charges and not rollup_rows:
         return
-    from metering.usage import rollups  # the encoders of rollup rows
-
     if account_id is None and is_cluster(session):
         # Charges of several accounts on a cluster: each account's, as its own call.
         for account, (its_charges, its_rows, its_limits) in by_account(

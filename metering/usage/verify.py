@@ -5,7 +5,7 @@
 * every ``usage_rollups`` row equals the sum of its events, recomputed here in SQL from
   ``usage_events`` for all six row kinds, both ways (a row missing, a row that should not exist);
 * every usage event's account, API key (of that account) and model exist (usage_events has no
-  foreign keys: see migration 0006);
+  foreign keys: see metering.models.usage);
 * every account's held counter equals the sum of the holds it counts (metering.ledger);
 * every account's credit grants (§9): the remainders of its active grants less its deficit
   equal its balance; remainders of grants already expired at the clock whose ``expiry`` entry
@@ -29,7 +29,6 @@ from sqlalchemy.orm import Session
 from metering import citus
 from metering.db import is_postgresql
 from metering.kit.timeutil import format_timestamp
-from metering.ledger.grants import pending_sql
 from metering.ledger.service import held_counter_mismatches
 from metering.models import (
     Account,
@@ -43,11 +42,12 @@ from metering.models import (
     table,
 )
 from metering.models.base import UTCDateTime
-from metering.usage.rollups import COUNTERS, GROUPINGS, WIDTHS, RollupKey
+from metering.states.grants import pending_sql, stored_active
+from metering.usage.rollups import COUNTERS, GROUPINGS, LAST_EVENT, WIDTHS, RollupKey
 
 EVENTS = table(UsageEvent)
 ROLLUPS = table(UsageRollup)
-_FIELDS = (*COUNTERS, "last_event_id")
+_FIELDS = (*COUNTERS, LAST_EVENT)
 
 
 @dataclass
@@ -74,19 +74,21 @@ def _bucket(session: Session, width: str) -> ColumnElement[Any]:
     return type_coerce(expr, UTCDateTime)
 
 
-def _expected_rollups(session: Session) -> dict[RollupKey, tuple[int, ...]]:
-    expected: dict[RollupKey, tuple[int, ...]] = {}
-    sums = (
-        func.count(),
-        func.sum(EVENTS.c.prompt_tokens),
-        func.sum(EVENTS.c.cached_tokens),
-        func.sum(EVENTS.c.output_tokens),
-        func.sum(EVENTS.c.reasoning_tokens),
-        func.sum(EVENTS.c.total_microcents),
-        func.max(EVENTS.c.id),
-    )
+def _expected_rollups(session: Session) -> dict[RollupKey, dict[str, int]]:
+    """Every rollup row as the events add up to: its counters and newest event's id, by name."""
+    expected: dict[RollupKey, dict[str, int]] = {}
+    sums = {
+        "requests": func.count(),
+        "input_tokens": func.sum(EVENTS.c.prompt_tokens),
+        "cache_read_tokens": func.sum(EVENTS.c.cached_tokens),
+        "output_tokens": func.sum(EVENTS.c.output_tokens),
+        "reasoning_tokens": func.sum(EVENTS.c.reasoning_tokens),
+        "cost_microcents": func.sum(EVENTS.c.total_microcents),
+        LAST_EVENT: func.max(EVENTS.c.id),
+    }
+    assert tuple(sums) == _FIELDS
     for width in WIDTHS:
-        bucket = _bucket(session, width).label("bucket")
+        bucket = _bucket(session, width).label("bucket_start")
         for grouping in GROUPINGS:
             key_column = EVENTS.c.api_key_id if grouping != "model" else None
             model_column = EVENTS.c.model_id if grouping != "key" else None
@@ -95,52 +97,51 @@ def _expected_rollups(session: Session) -> dict[RollupKey, tuple[int, ...]]:
             query = select(
                 EVENTS.c.account_id,
                 bucket,
-                key_column if key_column is not None else literal(""),
-                model_column if model_column is not None else literal(""),
-                *sums,
+                (key_column if key_column is not None else literal("")).label("api_key_id"),
+                (model_column if model_column is not None else literal("")).label("model_id"),
+                *(value.label(name) for name, value in sums.items()),
             ).group_by(*group)
-            for row in session.execute(query):
-                account_id, start, key_id, model_id, *values = row
-                expected[(account_id, width, grouping, start, key_id, model_id)] = tuple(
-                    int(v) for v in values
+            for row in session.execute(query).mappings():
+                key = RollupKey(
+                    account_id=row["account_id"],
+                    bucket_width=width,
+                    grouping=grouping,
+                    bucket_start=row["bucket_start"],
+                    api_key_id=row["api_key_id"],
+                    model_id=row["model_id"],
                 )
+                expected[key] = {name: int(row[name]) for name in _FIELDS}
     return expected
 
 
 def _describe(key: RollupKey) -> str:
-    account_id, width, grouping, start, key_id, model_id = key
     return (
-        f"rollup {account_id} {width} {grouping} {format_timestamp(start)} "
-        f"key={key_id or '-'} model={model_id or '-'}"
+        f"rollup {key.account_id} {key.bucket_width} {key.grouping} "
+        f"{format_timestamp(key.bucket_start)} "
+        f"key={key.api_key_id or '-'} model={key.model_id or '-'}"
     )
 
 
 def _check_rollups(session: Session, mismatches: list[str]) -> int:
     expected = _expected_rollups(session)
     seen = 0
-    for row in session.execute(select(ROLLUPS)):
+    for row in session.execute(select(ROLLUPS)).mappings():
         seen += 1
-        key: RollupKey = (
-            row.account_id,
-            row.bucket_width,
-            row.grouping,
-            row.bucket_start,
-            row.api_key_id,
-            row.model_id,
-        )
-        stored = tuple(int(getattr(row, name)) for name in _FIELDS)
+        key = RollupKey(**{name: row[name] for name in RollupKey._fields})
+        stored = {name: int(row[name]) for name in _FIELDS}
         wanted = expected.pop(key, None)
         if wanted is None:
             mismatches.append(f"{_describe(key)}: stored, but no event counts in it")
         elif stored != wanted:
             diffs = ", ".join(
-                f"{name} {have} (events say {want})"
-                for name, have, want in zip(_FIELDS, stored, wanted, strict=True)
-                if have != want
+                f"{name} {stored[name]} (events say {wanted[name]})"
+                for name in _FIELDS
+                if stored[name] != wanted[name]
             )
             mismatches.append(f"{_describe(key)}: {diffs}")
-    for key, wanted in sorted(expected.items()):
-        mismatches.append(f"{_describe(key)}: missing ({wanted[0]} events count in it)")
+    for key in sorted(expected):
+        count = expected[key]["requests"]
+        mismatches.append(f"{_describe(key)}: missing ({count} events count in it)")
     return seen
 
 
@@ -230,7 +231,7 @@ def _check_grants(session: Session, now: datetime, mismatches: list[str], report
             grants.c.account_id,
             func.sum(grants.c.remaining_microcents).label("held"),
         )
-        .where(grants.c.status == "active")
+        .where(stored_active(grants))
         .group_by(grants.c.account_id)
         .subquery()
     )

@@ -1,4 +1,5 @@
-"""Request-scoped dependencies: the unit of work, the clock, settings and credentials."""
+"""Request-scoped dependencies: the unit of work, the clock, settings and credentials (an
+account key's, ``metering.accounts.deps``; the audit of a request, ``metering.audit.deps``)."""
 
 from __future__ import annotations
 
@@ -10,14 +11,11 @@ from typing import Annotated
 from fastapi import Depends, Request
 from sqlalchemy.orm import Session
 
-from metering.accounts.keys import KeyPrincipal, resolve_key
-from metering.audit.service import Auditor
 from metering.db import Database
 from metering.kit.clock import Clock
 from metering.kit.errors import AuthenticationFailed, MeteringError
 from metering.kit.tokens import Token, matching, parse_tokens
 from metering.settings import Settings
-from metering.web.middleware import request_id_of
 
 
 def get_database(request: Request) -> Database:
@@ -176,34 +174,5 @@ def actor_of(request: Request) -> str:
     return actor
 
 
-async def _auditor(request: Request) -> Auditor:
-    return Auditor(actor_of(request), request_id_of(request.scope))
-
-
-# Records an admin route's changes in the audit log, as the caller's token and this request.
-AuditDep = Annotated[Auditor, Depends(_auditor)]
-
-
-def account_key(request: Request, session: SessionDep) -> KeyPrincipal:
-    return resolve_key(session, presented_credential(request), param=None)
-
-
-def optional_account_key(request: Request, session: SessionDep) -> KeyPrincipal | None:
-    """The caller's key, or None when no credential header was sent at all. A header that is
-    there but holds no usable key (``Bearer`` with nothing after it, another scheme) is an
-    invalid key, not an anonymous caller: the client meant to send one."""
-    credential = presented_credential(request)
-    if credential is not None:
-        return resolve_key(session, credential, param=None)
-    if "authorization" in request.headers or "x-api-key" in request.headers:
-        raise AuthenticationFailed(
-            "the credential sent is no API key: send Authorization: Bearer <key>",
-            code="invalid_api_key",
-        )
-    return None
-
-
-AccountKeyDep = Annotated[KeyPrincipal, Depends(account_key)]
-OptionalAccountKeyDep = Annotated[KeyPrincipal | None, Depends(optional_account_key)]
 AdminDep = Depends(require_operator)
 GatewayDep = Depends(require_gateway)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI, Request, Response
@@ -57,12 +58,31 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 
 
-def error_response(request: Request, error: MeteringError) -> Response:
-    """The contract's JSON error body; under /billing (the portal) an HTML page instead."""
-    from metering.portal import pages
+# What answers an error in a part of the site that speaks HTML (the portal's pages).
+ErrorPage = Callable[[Request, MeteringError], Response]
 
-    if pages.is_portal_path(request.url.path):
-        return pages.error_page(request, error)
+
+def add_error_pages(app: FastAPI, prefix: str, page: ErrorPage) -> None:
+    """The errors of requests under ``prefix`` are answered by ``page`` instead of the JSON
+    error body (the part of the site that serves ``prefix`` registers its own)."""
+    app.state.error_pages = {**app.state.error_pages, prefix: page}
+
+
+def _error_page_of(request: Request) -> ErrorPage | None:
+    path = request.url.path
+    pages: dict[str, ErrorPage] = request.app.state.error_pages
+    for prefix, page in pages.items():
+        if path == prefix or path.startswith(prefix + "/"):
+            return page
+    return None
+
+
+def error_response(request: Request, error: MeteringError) -> Response:
+    """The contract's JSON error body; under a prefix with error pages of its own (the portal's
+    /billing), its HTML page instead."""
+    page = _error_page_of(request)
+    if page is not None:
+        return page(request, error)
     request_id = request_id_of(request.scope)
     return ExactJSONResponse(
         error.body(request_id),
@@ -142,6 +162,8 @@ def validation_error(exc: RequestValidationError) -> MeteringError:
 
 
 def install_error_handlers(app: FastAPI) -> None:
+    app.state.error_pages = {}
+
     async def on_metering_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, MeteringError)
         return error_response(request, exc)

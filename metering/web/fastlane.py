@@ -34,10 +34,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from metering.kit import jsonenc
 from metering.kit.errors import MeteringError
+from metering.kit.jsonenc import loads_exact
 from metering.kit.text import check_url_text
 from metering.kit.tokens import Token
 from metering.web.deps import bearer_of, require_gateway, token_matches
-from metering.web.jsonio import loads_exact
 from metering.web.middleware import request_id_of
 
 # The handler of a lane: the app's state, the validated body (None for a route without one) and

@@ -1,10 +1,9 @@
-"""Request bodies parsed without floats, responses written with exact decimals."""
+"""Request bodies parsed without floats (``metering.kit.jsonenc.loads_exact``), responses
+written with exact decimals."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Coroutine
-from decimal import Decimal
 from typing import Any
 
 from fastapi import Request, Response
@@ -14,6 +13,7 @@ from fastapi.routing import APIRoute
 
 from metering.kit import jsonenc
 from metering.kit.errors import InvalidRequest
+from metering.kit.jsonenc import loads_exact
 from metering.kit.text import check_url_text
 from metering.web.deps import refuse_read_only_change, require_operator
 
@@ -28,24 +28,6 @@ class ExactJSONResponse(JSONResponse):
 def json_answer(content: bytes) -> Response:
     """A 200 answer of JSON already written (the hot routes write their own)."""
     return Response(content, media_type="application/json")
-
-
-def loads_exact(body: bytes) -> Any:
-    """JSON with every non-integer number as a Decimal; bad UTF-8 and absurd nesting are reported
-    as JSON errors. NaN and ±Infinity become Decimal values, so the field they were sent in refuses
-    them by name (§1: a NaN money input is a 400 whose ``param`` names the field)."""
-    try:
-        text = body.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise json.JSONDecodeError("request body is not valid UTF-8", "", exc.start) from None
-    try:
-        return json.loads(text, parse_float=Decimal, parse_constant=Decimal)
-    except json.JSONDecodeError:
-        raise
-    except RecursionError:
-        raise json.JSONDecodeError("JSON nesting is too deep", text, 0) from None
-    except ValueError as exc:
-        raise json.JSONDecodeError(str(exc), text, 0) from None
 
 
 class ExactJSONRequest(Request):

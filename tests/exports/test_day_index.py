@@ -1,6 +1,7 @@
 """The cross-account day queries of exports and the scheduler can use the partial index on the
-rollups' day rows (migration 0008) even as prepared statements, whose generic plans see only
-parameters: the index's condition is written into the queries as constants."""
+rollups' day rows (``ix_usage_rollups_day_key_model``) even as prepared statements, whose
+generic plans see only parameters: the index's condition is written into the queries as
+constants."""
 
 from __future__ import annotations
 

@@ -14,9 +14,10 @@ from hypothesis import strategies as st
 from sqlalchemy import select
 
 from metering.kit.timeutil import format_timestamp
-from metering.ledger.grants import Grant, allocate, pay_off, spending_key, status
+from metering.ledger.grants import Grant, allocate, pay_off, spending_key
 from metering.ledger.settlement import ChargeToSettle
 from metering.models import Account, CreditAllocationDay, CreditGrant, LedgerEntry
+from metering.states.grants import reads_as
 from metering.usage.recording import settle_usage
 from metering.usage.verify import verify
 from tests.conftest import NOW, Api
@@ -106,11 +107,11 @@ def test_a_later_grant_pays_off_the_deficit_first() -> None:
 
 
 def test_status_precedence() -> None:
-    assert status("voided", 0, NOW - HOUR, NOW) == "voided"
-    assert status("active", 0, NOW, NOW) == "expired"  # at expires_at exactly
-    assert status("active", 5, NOW + timedelta(microseconds=1), NOW) == "active"
-    assert status("active", 0, None, NOW) == "depleted"
-    assert status("expired", 0, NOW - HOUR, NOW) == "expired"
+    assert reads_as("voided", 0, NOW - HOUR, NOW) == "voided"
+    assert reads_as("active", 0, NOW, NOW) == "expired"  # at expires_at exactly
+    assert reads_as("active", 5, NOW + timedelta(microseconds=1), NOW) == "active"
+    assert reads_as("active", 0, None, NOW) == "depleted"
+    assert reads_as("expired", 0, NOW - HOUR, NOW) == "expired"
 
 
 grant_lists = st.lists(

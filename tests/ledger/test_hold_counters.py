@@ -8,20 +8,17 @@ from __future__ import annotations
 import threading
 from datetime import timedelta
 from decimal import Decimal
-from pathlib import Path
 from typing import Any
 
-import pytest
 from sqlalchemy import create_engine, select, text, update
 
-from metering import migrate
 from metering.ledger.authorizations import expire_holds
 from metering.ledger.service import held_counter_mismatches
 from metering.ledger.settlement import ChargeToSettle
 from metering.models import Account, Authorization
 from metering.usage.recording import settle_usage
 from metering.usage.verify import verify
-from tests.conftest import BACKENDS, NOW, Api, fresh_database
+from tests.conftest import NOW, Api
 from tests.factories import GLM_RATES, assert_error, authorize, credits_of
 from tests.ledger.helpers import Setup, expected_estimate, holds, prepaid
 
@@ -314,78 +311,3 @@ class TestLocks:
             assert statuses == {locked["id"]: "active", free["id"]: "expired"}
         finally:
             engine.dispose()
-
-
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_the_migration_counts_the_holds_already_placed(backend: str, tmp_path: Path) -> None:
-    """Upgrading a database with holds in flight: the active holds of prepaid accounts are
-    counted and each counter is their sum; nothing else is."""
-    with fresh_database(backend, tmp_path) as url:
-        migrate.upgrade(url, "0004")
-        engine = create_engine(url)
-        try:
-            with engine.begin() as connection:
-                when = {"at": NOW, "until": NOW + TTL}
-                for account, billing in (("acct_p", "prepaid"), ("acct_u", "unbilled")):
-                    connection.execute(
-                        text(
-                            "INSERT INTO accounts (id, name, billing, balance_microcents, "
-                            "created_at) VALUES (:id, :id, :billing, 0, :at)"
-                        ),
-                        {"id": account, "billing": billing, "at": NOW},
-                    )
-                    connection.execute(
-                        text(
-                            "INSERT INTO api_keys (id, account_id, name, prefix, secret_hash, "
-                            "created_at) VALUES (:key, :id, 'k', 'p', :key, :at)"
-                        ),
-                        {"key": f"key_{account}", "id": account, "at": NOW},
-                    )
-                connection.execute(
-                    text(
-                        "INSERT INTO catalog_models (id, id_key, display_name, owned_by, "
-                        "context_length, reasoning_headroom_tokens, hidden, created_at, "
-                        "updated_at) VALUES ('M', 'm', 'M', 'o', 1000, 0, false, :at, :at)"
-                    ),
-                    when,
-                )
-                for hold_id, account, status, estimate in (
-                    ("auth_1", "acct_p", "active", 100),
-                    ("auth_2", "acct_p", "active", 20),
-                    ("auth_3", "acct_p", "voided", 3000),
-                    ("auth_4", "acct_u", "active", 400),
-                ):
-                    connection.execute(
-                        text(
-                            "INSERT INTO authorizations (id, account_id, api_key_id, "
-                            "request_fingerprint, model_id, api, prompt_tokens, n, reasoning, "
-                            "max_tokens, estimate_microcents, status, created_at, expires_at) "
-                            "VALUES (:id, :account, :key, 'f', 'M', 'chat_completions', 1, 1, "
-                            "false, 1, :estimate, :status, :at, :until)"
-                        ),
-                        {
-                            "id": hold_id,
-                            "account": account,
-                            "key": f"key_{account}",
-                            "estimate": estimate,
-                            "status": status,
-                            **when,
-                        },
-                    )
-            migrate.upgrade(url)
-            with engine.connect() as connection:
-                flags = dict(
-                    connection.execute(text("SELECT id, counted FROM authorizations")).all()
-                )
-                counters = dict(
-                    connection.execute(text("SELECT id, held_microcents FROM accounts")).all()
-                )
-        finally:
-            engine.dispose()
-    assert {k: bool(v) for k, v in flags.items()} == {
-        "auth_1": True,
-        "auth_2": True,
-        "auth_3": False,
-        "auth_4": False,
-    }
-    assert counters == {"acct_p": 120, "acct_u": 0}

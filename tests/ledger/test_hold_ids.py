@@ -1,4 +1,4 @@
-"""A hold's id names its account (metering.ledger.holds), so a cluster can find a hold on its
+"""A hold's id names its account (metering.states.holds), so a cluster can find a hold on its
 account's shard from the id alone (CONTRACT §13); ids of the earlier form name none."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from metering.kit.ids import new_id
-from metering.ledger import holds
+from metering.states import holds
 from metering.usage.events import MAX_AUTHORIZATION_ID
 from tests.conftest import NOW, Api
 from tests.factories import authorize, create_account, create_key, grant, priced_model

@@ -1,9 +1,9 @@
-"""The README's move of a single-server database onto a Citus cluster ("Scaling out on Citus",
-"Moving an existing database onto a cluster"), run as written (CONTRACT §13).
+"""The move of a single-server database onto a Citus cluster (docs/citus.md, "Moving an existing
+database onto a cluster"), run as written.
 
 A plain PostgreSQL database is made by ``metering migrate`` and filled through the real app:
 accounts, keys, credit grants, holds (active, voided, settled), usage events (a batch, a single
-one, a resent one, a quarantined one), a webhook endpoint, reports. Then the README's two blocks
+one, a resent one, a quarantined one), a webhook endpoint, reports. Then the document's two blocks
 run in bash, substituting only what is the reader's own: the source's URL, the cluster's nodes
 (the local cluster's), a database name of the test's own, ``PGUSER``, and the virtualenv's path.
 Afterwards every table of the schema holds on the cluster exactly the rows of the source,
@@ -57,14 +57,14 @@ from tests.test_citus import rows
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
-README = (ROOT / "README.md").read_text()
+CITUS_DOC = (ROOT / "docs" / "citus.md").read_text()
 
 
 def move_blocks() -> tuple[str, str]:
-    """The README's two blocks of the move: where from and to, then the steps."""
-    start = README.index("**Moving an existing database onto a cluster**")
-    end = README.index("**Adding a worker, online.**", start)
-    blocks = re.findall(r"```sh\n(.*?)```", README[start:end], re.DOTALL)
+    """docs/citus.md's two blocks of the move: where from and to, then the steps."""
+    start = CITUS_DOC.index("\n## Moving an existing database onto a cluster\n")
+    end = CITUS_DOC.index("\n## ", start + 1)
+    blocks = re.findall(r"```sh\n(.*?)```", CITUS_DOC[start:end], re.DOTALL)
     assert len(blocks) == 2, blocks
     return blocks[0], blocks[1]
 

@@ -10,7 +10,18 @@ from typing import Any
 
 from metering.reports.params import ReportQuery
 from metering.reports.render import report_csv, report_json
-from metering.reports.service import Report, assemble, column_sums
+from metering.reports.service import (
+    MEASURES,
+    Bucket,
+    Measures,
+    Report,
+    RollupRows,
+    assemble,
+    totals,
+)
+
+# (bucket index, group key, requests, input, cache read and output tokens, cost)
+Row = tuple[int, str, int, int, int, int, int]
 
 
 def utc(*parts: int) -> datetime:
@@ -23,14 +34,42 @@ def query(group_by: str = "model", width: str = "1d", days: int = 3) -> ReportQu
     return ReportQuery(start, start + days * step, width, group_by, None, None, "json")
 
 
+def read(rows: list[Row]) -> RollupRows:
+    """The rows as the report reads them: by bucket, by group, the values of MEASURES."""
+    found: dict[int, dict[str, tuple[int, ...]]] = {}
+    for bucket, group, *values in rows:
+        found.setdefault(bucket, {})[group] = tuple(values)
+    return found
+
+
 def report(
     q: ReportQuery,
-    rows: list[Any],
+    rows: list[Row],
     billed: bool = True,
     key_names: dict[str, str] | None = None,
 ) -> Report:
-    buckets = assemble(q, rows)
-    return Report(q, billed, column_sums([b.sums for b in buckets]), buckets, key_names or {})
+    buckets = assemble(q, read(rows))
+    return Report(q, billed, totals(buckets), buckets, key_names or {})
+
+
+def m(
+    requests: int, input_tokens: int, cache_read_tokens: int, output_tokens: int, cost: int
+) -> Measures:
+    return Measures(
+        requests=requests,
+        input_tokens=input_tokens,
+        cache_read_tokens=cache_read_tokens,
+        output_tokens=output_tokens,
+        cost_microcents=cost,
+    )
+
+
+def results(bucket: Bucket) -> dict[str, dict[str, int]]:
+    """Each group's measures, by name, from the bucket's columns."""
+    return {
+        key: {name: bucket.columns[name][index] for name in MEASURES}
+        for index, key in enumerate(bucket.groups)
+    }
 
 
 def body_of(r: Report) -> Any:
@@ -40,42 +79,41 @@ def body_of(r: Report) -> Any:
 
 ROWS = [
     # out of order on purpose: assembly orders buckets by time and groups by key
-    # (bucket index, group key, measures)
-    (2, "glm-5.3", (1, 10, 2, 5, 7)),
-    (0, "b-model", (2, 200, 100, 20, 123_456_789)),
-    (0, "B-model", (1, 100, 0, 10, 1)),
-    (0, "GLM-5.3", (3, 300, 30, 3, 100_000_000)),
+    (2, "glm-5.3", 1, 10, 2, 5, 7),
+    (0, "b-model", 2, 200, 100, 20, 123_456_789),
+    (0, "B-model", 1, 100, 0, 10, 1),
+    (0, "GLM-5.3", 3, 300, 30, 3, 100_000_000),
 ]
 
 
 class TestAssemble:
     def test_every_bucket_in_time_order_with_groups_in_byte_order(self) -> None:
-        buckets = assemble(query(), ROWS)
+        buckets = assemble(query(), read(ROWS))
         assert [b.starting_at for b in buckets] == [utc(2026, 11, d) for d in (1, 2, 3)]
         assert [b.ending_at for b in buckets] == [utc(2026, 11, d) for d in (2, 3, 4)]
         # upper case before lower case, as COLLATE "C"
-        assert [k for k, _ in buckets[0].results] == ["B-model", "GLM-5.3", "b-model"]
-        assert buckets[0].sums == (6, 600, 130, 33, 223_456_790)
-        assert buckets[1].results == [] and buckets[1].sums == (0, 0, 0, 0, 0)
-        assert buckets[2].results == [("glm-5.3", (1, 10, 2, 5, 7))]
+        assert buckets[0].groups == ("B-model", "GLM-5.3", "b-model")
+        assert buckets[0].sums == m(6, 600, 130, 33, 223_456_790)
+        assert results(buckets[1]) == {} and buckets[1].sums == m(0, 0, 0, 0, 0)
+        assert results(buckets[2]) == {"glm-5.3": m(1, 10, 2, 5, 7)}
 
     def test_non_ascii_keys_sort_by_utf8_bytes(self) -> None:
         names = ["é", "z", "\u4e2d", "Z", "~", "\U0001f600"]
-        rows = [(0, name, (1, 0, 0, 0, 0)) for name in names]
-        keys = [k for k, _ in assemble(query(days=1), rows)[0].results]
-        assert keys == sorted(names, key=str.encode)
+        rows: list[Row] = [(0, name, 1, 0, 0, 0, 0) for name in names]
+        keys = assemble(query(days=1), read(rows))[0].groups
+        assert list(keys) == sorted(names, key=str.encode)
 
     def test_a_label_merges_groups(self) -> None:
         hidden = {"b-model", "GLM-5.3"}
-        buckets = assemble(query(), ROWS, lambda m: "unavailable" if m in hidden else m)
-        assert buckets[0].results == [
-            ("B-model", (1, 100, 0, 10, 1)),
-            ("unavailable", (5, 500, 130, 23, 223_456_789)),
+        buckets = assemble(query(), read(ROWS), lambda m: "unavailable" if m in hidden else m)
+        assert list(results(buckets[0]).items()) == [
+            ("B-model", m(1, 100, 0, 10, 1)),
+            ("unavailable", m(5, 500, 130, 23, 223_456_789)),
         ]
 
     def test_totals(self) -> None:
         r = report(query(), ROWS)
-        assert r.totals == (7, 610, 132, 38, 223_456_797)
+        assert r.totals == m(7, 610, 132, 38, 223_456_797)
 
 
 class TestJsonBody:
@@ -154,10 +192,10 @@ class TestJsonBody:
         assert '"cost_usd":1.23456789,"cost_microcents":123456789' in raw
 
     def test_group_by_api_key(self) -> None:
-        rows = [
-            (1, "key_b", (1, 5, 1, 2, 30)),
-            (0, "key_a", (2, 7, 0, 1, 12)),
-            (1, "key_a", (1, 1, 1, 1, 1)),
+        rows: list[Row] = [
+            (1, "key_b", 1, 5, 1, 2, 30),
+            (0, "key_a", 2, 7, 0, 1, 12),
+            (1, "key_a", 1, 1, 1, 1, 1),
         ]
         q = query("api_key", "1h", 2)
         body = body_of(report(q, rows, key_names={"key_a": "ci", "key_b": "prod"}))
@@ -273,7 +311,7 @@ class TestCsv:
         ]
 
     def test_group_by_api_key(self) -> None:
-        rows = [(0, "key_a", (2, 7, 0, 1, 12))]
+        rows: list[Row] = [(0, "key_a", 2, 7, 0, 1, 12)]
         text = report_csv(report(query("api_key", days=2), rows, key_names={"key_a": 'a, "b"'}))
         assert csv_rows(text) == [
             [

@@ -61,7 +61,7 @@ def test_the_rollup_rows_are_written_as_the_generic_encoder_writes_them() -> Non
 
     from metering.programs import POSTGRESQL, SQLITE, records_json
     from metering.usage import rollups
-    from metering.usage.recording import HOURLY_IN
+    from metering.usage.rollups import HOURLY_IN
 
     hour = datetime(2026, 11, 29, 13, tzinfo=UTC)
     day = datetime(2026, 11, 29, tzinfo=UTC)

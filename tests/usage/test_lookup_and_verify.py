@@ -202,7 +202,7 @@ class TestVerify:
     def test_an_event_whose_key_or_model_does_not_exist(
         self, fresh_api: Api, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
     ) -> None:
-        # usage_events has no foreign keys (migration 0006): verify checks the references.
+        # usage_events has no foreign keys (metering.models.usage): verify checks the references.
         api = fresh_api
         key = create_key(api, create_account(api))
         other = create_key(api, create_account(api))

@@ -8,7 +8,7 @@ On a Citus cluster (CONTRACT §13) the same statements run for one account's row
 ``text_of_account`` forms): the key is read first (``api_keys`` is on every node), then its
 account's resolution; the check-and-hold is ``metering_place_holds_of_account``, one call per
 account, sent whole to the account's node; a void finds its hold by the account its id names
-(metering.ledger.holds)."""
+(metering.states.holds)."""
 
 from __future__ import annotations
 
@@ -22,10 +22,9 @@ from typing import Any
 import psycopg
 from sqlalchemy import String, bindparam, exists, select
 
+from metering.accounts.access import checked_under_lock
 from metering.accounts.keys import KEYS, live_key
 from metering.citus import text_of_account
-from metering.ledger import holds
-from metering.ledger.access import checked_under_lock
 from metering.ledger.metrics import RESOLUTIONS
 from metering.ledger.placement.program import (
     BODY_COLUMNS,
@@ -42,6 +41,7 @@ from metering.ledger.placement.program import (
 )
 from metering.ledger.resolution import AT, MODEL_KEY, SECRET_HASH, Resolution, as_text, resolution
 from metering.programs import psycopg_text
+from metering.states import holds
 
 # The resolution as JSON text, and whether the key's account has a hold with this request id, in
 # one round trip, without locks; no row for a secret that names no live key.

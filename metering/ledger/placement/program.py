@@ -4,7 +4,7 @@ same statements run on SQLite inside the unit of work and, on PostgreSQL, as the
 
 **The held counter.** Each account row keeps ``held_microcents``, the sum of its *counted* holds,
 so the check is O(1) whatever the number of holds in flight. Placing a hold counts it; releasing
-one (void, settlement, tidy-up) only changes its status (metering.ledger.holds) and never waits
+one (void, settlement, tidy-up) only changes its status (metering.states.holds) and never waits
 for the account's lock. The account's next check-and-hold, holding that lock, first stops
 counting the holds released since and those past their ``expires_at`` (which become 'expired':
 lazy expiry), then decides. So an active hold always counts, a released one never does by the
@@ -50,16 +50,16 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.sql.elements import ColumnElement
 
 from metering import programs as p
+from metering.accounts.access import in_flight_limited
+from metering.accounts.spend import key_charges
 from metering.citus import of_account
 from metering.kit.ranges import INT64_MAX, INT64_MIN
-from metering.ledger import holds
-from metering.ledger.access import in_flight_limited
-from metering.ledger.holds import HoldStatus
 from metering.ledger.resolution import resolution_text
 from metering.ledger.spending import without_pending_expiries
 from metering.models import Account, Authorization, table
 from metering.models.base import UTCDateTime
-from metering.usage.spend import key_charges
+from metering.states import holds
+from metering.states.holds import HoldStatus
 
 HOLDS = table(Authorization)
 ACCOUNTS = table(Account)
@@ -147,7 +147,7 @@ def adopt_unbilled(
 ) -> p.When:
     """An unbilled account's active holds placed without the lock (while it had no concurrency
     limit) start being counted, so its requests in flight are all counted from now on
-    (metering.ledger.access). Locked ones are skipped, as every release skips them."""
+    (metering.accounts.access). Locked ones are skipped, as every release skips them."""
     chosen = HOLDS.alias("uncounted")
     adopt = (
         update(HOLDS)
@@ -182,7 +182,7 @@ def _place_holds(on: p.Backend) -> list[p.Step]:
     account = p.Var("v_account_id", String())
     balance, held = p.Var("v_balance", BigInteger()), p.Var("v_held", BigInteger())
     released, expired = p.Var("v_released", BigInteger()), p.Var("v_expired", BigInteger())
-    # §10 (metering.ledger.access): the holds counted, the account's limit and billing.
+    # §10 (metering.accounts.access): the holds counted, the account's limit and billing.
     count, limit = p.Var("v_count", BigInteger()), p.Var("v_limit", Integer())
     billing = p.Var("v_billing", String())
     released_count = p.Var("v_released_count", BigInteger())
