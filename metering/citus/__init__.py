@@ -28,7 +28,7 @@ from metering.citus.operations import (
     one_snapshot,
     per_account,
 )
-from metering.citus.placement import SCOPE, Placement, TableFacts, placement
+from metering.citus.placement import SCOPE, Placement, TableFacts, facts_of, placement
 
 __all__ = [
     "ACCOUNT",
@@ -43,6 +43,7 @@ __all__ = [
     "by_account",
     "distribute",
     "execute_of_account",
+    "facts_of",
     "lock",
     "of_account",
     "one_snapshot",
