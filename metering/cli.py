@@ -127,8 +127,14 @@ def _migrate_and_load_catalog(settings: Settings) -> int:
 def _say_where_tables_are(url: str) -> None:
     """On a Citus coordinator: how the schema is placed (metering.citus)."""
     from metering import citus
+    from metering.db import Database, Kind
 
-    if not citus.is_citus(url):
+    database = Database.from_url(url, pool_size=1)
+    try:
+        cluster = database.kind is Kind.CITUS
+    finally:
+        database.dispose()
+    if not cluster:
         return
     kinds = [placed.kind for placed in citus.placements(url)]
     print(

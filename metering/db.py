@@ -8,6 +8,10 @@
 * ``run(steps, …)``: a unit of work written as steps (a generator of calls on a backend
   adapter: see metering.ledger.authorizations), for the gateway's hot paths.
 
+Which database it is (``Kind``: SQLite, PostgreSQL, or a Citus coordinator) is decided once, when
+the ``Database`` is made (``Database.kind``), and every session it opens carries it
+(``kind_of``): nothing asks the database again, least of all on a request's path.
+
 SQLite (the embedded default) has one writer at a time. Writers take turns here, in the process
 (a lock) and across processes (a file lock beside the database), before ``BEGIN IMMEDIATE``, so
 they queue in the kernel instead of polling SQLite's busy handler; readers use plain ``BEGIN``
@@ -28,12 +32,13 @@ import time
 from collections.abc import AsyncIterator, Callable, Generator, Iterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, TypeVar
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
@@ -132,8 +137,46 @@ def retry_transient(work: Callable[[], T], what: str, attempts: int = TRANSIENT_
     raise AssertionError("unreachable")
 
 
+class Kind(StrEnum):
+    """Which database a ``Database`` works on: what decides the form of its statements and
+    programs (metering.programs; a cluster's one-account forms: metering.citus)."""
+
+    SQLITE = "sqlite"
+    POSTGRESQL = "postgresql"
+    CITUS = "citus"  # a Citus coordinator: account data sharded by account
+
+
+# Whether a PostgreSQL database is a Citus coordinator (has the extension).
+_CITUS_PROBE = "SELECT count(*) > 0 FROM pg_extension WHERE extname = 'citus'"
+
+
+def probe(connection: Connection) -> Kind:
+    """The kind of the database ``connection`` is to: the one place that asks (one query on
+    PostgreSQL). ``Database.from_url`` asks it once; ``metering migrate`` asks it of the
+    database it distributes (metering.citus.distribution)."""
+    if connection.dialect.name == "sqlite":
+        return Kind.SQLITE
+    return Kind.CITUS if connection.execute(text(_CITUS_PROBE)).scalar() else Kind.POSTGRESQL
+
+
+# Where a session of a ``Database`` carries its kind (``Session.info``).
+_KIND = "metering.kind"
+
+
+def kind_of(session: Session) -> Kind:
+    """The kind of a session's database, as decided when its ``Database`` was made."""
+    kind: Kind = session.info[_KIND]
+    return kind
+
+
 def is_postgresql(session: Session) -> bool:
-    return session.get_bind().dialect.name == "postgresql"
+    """Whether a session's database is PostgreSQL (a Citus coordinator included)."""
+    return kind_of(session) is not Kind.SQLITE
+
+
+def is_cluster(session: Session) -> bool:
+    """Whether a session's database is a Citus coordinator."""
+    return kind_of(session) is Kind.CITUS
 
 
 def driver_connection(session: Session) -> psycopg.Connection[Any]:
@@ -305,10 +348,17 @@ class AsyncDriverPool:
 _Sessions = sessionmaker[Session]
 
 
+def _sessions(engine: Engine, kind: Kind) -> _Sessions:
+    """Sessions of ``engine`` that carry the database's ``kind``."""
+    return sessionmaker(engine, expire_on_commit=False, autoflush=False, info={_KIND: kind})
+
+
 @dataclass
 class Database:
     engine: Engine
     sessionmaker: sessionmaker[Session]
+    # Decided when it is made (``from_url``): every session it opens carries it (``kind_of``).
+    kind: Kind
     # SQLite: the engine whose transactions only read (plain BEGIN); on PostgreSQL ``engine``.
     read_engine: Engine | None = None
     _writers: _Writers | None = field(default=None, repr=False)
@@ -318,12 +368,18 @@ class Database:
 
     @classmethod
     def from_url(cls, url: str, *, pool_size: int = 10) -> Database:
+        """The database at ``url``; on PostgreSQL, whether it is a Citus coordinator is asked
+        here, once (``probe``)."""
         engine = make_engine(url, pool_size=pool_size)
         if engine.dialect.name != "sqlite":
-            return cls(engine, sessionmaker(engine, expire_on_commit=False, autoflush=False))
+            with engine.connect() as connection:
+                kind = probe(connection)
+            engine.dispose()  # the probe's connection is not kept open in the pool
+            return cls(engine, _sessions(engine, kind), kind)
         return cls(
             engine,
-            sessionmaker(engine, expire_on_commit=False, autoflush=False),
+            _sessions(engine, Kind.SQLITE),
+            Kind.SQLITE,
             read_engine=make_engine(url, writer=False),
             _writers=_Writers(_sqlite_path(url)),
         )
@@ -346,7 +402,7 @@ class Database:
     def reading(self) -> Iterator[Session]:
         """A read-only transaction, rolled back when the block ends."""
         if self._readers is None:
-            self._readers = sessionmaker(self.reader, expire_on_commit=False, autoflush=False)
+            self._readers = _sessions(self.reader, self.kind)
         with self._readers() as session:
             yield session
 

@@ -31,7 +31,7 @@ from types import FrameType
 from typing import Any, TypeVar
 
 from metering import citus
-from metering.db import Database
+from metering.db import Database, Kind
 from metering.exports.service import FAILED, DayResult, Exporter
 from metering.kit.clock import Clock
 from metering.kit.timeutil import format_timestamp
@@ -178,7 +178,7 @@ class Scheduler:
             with self.database.reading() as session:
                 accounts = accounts_with_due_expiries(session, now)
             # On a cluster, one account per transaction (each on its own shard).
-            batch_size = 1 if citus.is_cluster(self.database) else EXPIRY_BATCH
+            batch_size = 1 if self.database.kind is Kind.CITUS else EXPIRY_BATCH
             for start in range(0, len(accounts), batch_size):
                 batch = accounts[start : start + batch_size]
                 with self.database.unit_of_work() as session:

@@ -34,10 +34,11 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("metering.kit",),  # helpers that are no domain's rules
     ("metering.states", "metering.pricing"),  # the state machines; the pure money rules
     ("metering.models",),  # the tables
-    ("metering.kit.programs",),  # the programs compiler (its types are the tables')
+    ("metering.programs",),  # the programs compiler (its types are the tables')
     ("metering.settings", "metering.db"),
     ("metering.runtime", "metering.citus"),
-    ("metering.metrics", "metering.migrate"),
+    # metering.forms: each statement and program in the form of the database's kind
+    ("metering.metrics", "metering.migrate", "metering.forms"),
     ("metering.web",),  # the HTTP plumbing every route uses
     ("metering.audit", "metering.health"),
     ("metering.accounts",),

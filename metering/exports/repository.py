@@ -17,6 +17,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from metering import citus
+from metering.db import is_cluster
 from metering.exports import rollforward
 from metering.exports.files import AccountDay, Line, ordered
 from metering.kit.timeutil import start_of_day
@@ -160,7 +161,7 @@ def lock_day(session: Session, day: date, *, wait: bool) -> bool:
     ``wait`` is False. (SQLite has no row locks: its BEGIN IMMEDIATE already serialises.)
     On a Citus cluster, where ``export_days`` is a reference table, the day's advisory lock on
     the coordinator instead (``citus.lock``)."""
-    if citus.on_cluster(session):
+    if is_cluster(session):
         return citus.lock(session, citus.EXPORT_DAY_LOCK, day.toordinal(), wait=wait)
     statement = (
         select(DAYS.c.export_date)

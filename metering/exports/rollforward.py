@@ -43,7 +43,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Session
 
-from metering import citus
+from metering.db import is_cluster
 from metering.exports.files import day_directories, read_manifest_entries
 from metering.kit.timeutil import start_of_day
 from metering.models import CreditAllocationDay, CreditGrant, LedgerEntry, table
@@ -143,7 +143,7 @@ def _movements(start: datetime, colocated: bool = False) -> object:
 
 def rows_of_day(session: Session, day: date) -> list[Row]:
     """The day's roll-forward rows, ordered by account then category (byte order)."""
-    moves = _movements(start_of_day(day), citus.on_cluster(session))
+    moves = _movements(start_of_day(day), is_cluster(session))
     m = moves.c  # type: ignore[attr-defined]
     signed = case((m.movement == "granted", m.amount), else_=-m.amount)
     within = m.opening == 0

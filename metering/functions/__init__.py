@@ -1,5 +1,5 @@
 """The PostgreSQL functions the service calls, each generated from its program's one definition
-(metering.kit.programs) and committed beside this module as ``<name>.sql``, so that a change of a
+(metering.programs) and committed beside this module as ``<name>.sql``, so that a change of a
 rule shows in review as the lines of generated text it changes. ``metering migrate`` installs
 each one whose text the database does not hold yet (metering.migrate); ``tests/test_functions.py``
 holds the files equal to what these definitions generate now, and a migrated database's
@@ -11,16 +11,19 @@ shard, the call sent to the node holding it; metering.citus). Every PostgreSQL d
 both, so a database made on one server can move onto a cluster.
 
 ``python -m metering.functions --write`` writes the files anew after a definition changed;
-without ``--write`` it names the files that differ from their definitions."""
+without ``--write`` it names the files that differ from their definitions.
+``python -m metering.functions --step NAME LINE`` says which step a line of a function renders,
+and where that step was built (a PL/pgSQL error's ``CONTEXT`` names the function and the
+line)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from metering.kit.programs import Program
 from metering.ledger.placement.program import PLACE_HOLDS, PLACE_HOLDS_OF_ACCOUNT
 from metering.ledger.spending import SPEND_CREDIT, SPEND_CREDIT_OF_ACCOUNT
 from metering.migrate import FUNCTIONS_DIR, committed_functions
+from metering.programs import Program
 from metering.usage.recording import (
     RECORD_USAGE,
     RECORD_USAGE_OF_ACCOUNT,
@@ -74,3 +77,22 @@ def write() -> list[Path]:
         else:
             path.unlink()
     return written
+
+
+def step_at(name: str, line: int) -> str:
+    """Line ``line`` of the function ``name`` (counted as a PL/pgSQL error's ``CONTEXT`` counts
+    them), the step it renders and the Python function that built that step."""
+    found = {program.name: program for program in PROGRAMS}
+    if name not in found:
+        raise SystemExit(f"no program {name}; the programs: {', '.join(sorted(found))}")
+    try:
+        text, step = found[name].step_at(line)
+    except IndexError as error:
+        raise SystemExit(str(error)) from None
+    said = f"{name} line {line}: {text.strip()}"
+    if step is None:
+        return f"{said}\n  the function's own line (its declarations, BEGIN or END)"
+    into = getattr(step, "into", None)
+    writes = [] if into is None else list(into) if isinstance(into, tuple) else [into]
+    kind = type(step).__name__ + (" into " + ", ".join(v.name for v in writes) if writes else "")
+    return f"{said}\n  step: {kind}\n  built by: {step.origin}"

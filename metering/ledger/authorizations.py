@@ -16,8 +16,9 @@ of work commits.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
+from functools import partial
 from typing import Any
 
 from sqlalchemy import and_, or_, select, update
@@ -28,7 +29,7 @@ from metering.accounts.access import checked_under_lock, not_allowed, unknown_mo
 from metering.accounts.keys import hash_secret
 from metering.accounts.windows import window_bounds
 from metering.catalog.rules import is_retired
-from metering.db import Database, Steps
+from metering.db import Database, Kind, Steps, is_cluster
 from metering.kit.errors import (
     AuthenticationFailed,
     Conflict,
@@ -67,7 +68,7 @@ async def authorize(
     try:
         body, result = await database.run(
             _authorize_steps(request, now, ttl_seconds),
-            postgresql=PostgresHolds,
+            postgresql=_postgres_holds(database),
             sqlite=SqliteHolds,
         )
     except MeteringError as error:
@@ -75,6 +76,11 @@ async def authorize(
         raise
     AUTHORIZATIONS.inc(result)
     return body
+
+
+def _postgres_holds(database: Database) -> Callable[[Any], PostgresHolds]:
+    """The hold statements on a connection of ``database`` (PostgreSQL, or a Citus cluster)."""
+    return partial(PostgresHolds, cluster=database.kind is Kind.CITUS)
 
 
 def _authorize_steps(
@@ -346,7 +352,7 @@ async def void(database: Database, hold_id: str, now: datetime) -> dict[str, Any
     held counter is not touched here (no wait for the account's lock): its next check-and-hold
     stops counting the hold."""
     row, voided = await database.run(
-        _void_steps(hold_id, now), postgresql=PostgresHolds, sqlite=SqliteHolds
+        _void_steps(hold_id, now), postgresql=_postgres_holds(database), sqlite=SqliteHolds
     )
     if row is None:
         raise NotFound(f"no authorization {hold_id}", param="authorization_id")
@@ -398,7 +404,7 @@ def expire_holds(session: Session, now: datetime, account_id: str | None = None)
     Citus cluster, ``tidy_up_accounts``): that account's holds only; without it on a cluster,
     each account's in turn, in the session's transaction."""
     if account_id is None:
-        if citus.on_cluster(session):  # every account's, each statement on its shard
+        if is_cluster(session):  # every account's, each statement on its shard
             overdue = citus.accounts_with(session, HOLDS, past_expiry(HOLDS, now))
             return sum(expire_holds(session, now, account) for account in overdue)
         result = session.execute(EXPIRE, {"now": now})
@@ -423,7 +429,7 @@ def notice_expired_unused(
     account's holds only."""
     from metering.notifications import outbox
 
-    if account_id is None and citus.on_cluster(session):
+    if account_id is None and is_cluster(session):
         accounts = citus.accounts_with(session, HOLDS, holds.unnoticed(HOLDS))
         return sum(notice_expired_unused(session, now, limit, account) for account in accounts)
     query = (

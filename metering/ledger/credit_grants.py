@@ -15,7 +15,8 @@ from sqlalchemy import and_, bindparam, func, insert, literal, select, update
 from sqlalchemy.orm import Session
 
 from metering import citus
-from metering.kit import programs as p
+from metering import programs as p
+from metering.db import is_cluster
 from metering.kit.errors import NotFound
 from metering.kit.ids import new_id
 from metering.kit.money import cents
@@ -303,7 +304,7 @@ def notice_expiring(
     were written. On PostgreSQL, grants locked meanwhile (being spent) wait for the next tick.
     ``account_id`` (a Citus cluster, ``expiring_accounts``): that account's grants only;
     without it on a cluster, each account's in turn, in the session's transaction."""
-    if account_id is None and citus.on_cluster(session):
+    if account_id is None and is_cluster(session):
         accounts = expiring_accounts(session, now, notice)
         return sum(notice_expiring(session, now, notice, limit, account) for account in accounts)
     query = (

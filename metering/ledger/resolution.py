@@ -19,10 +19,10 @@ from sqlalchemy import Date, Select, String, Text, bindparam, cast, select
 from metering.accounts.access import account_sees, key_allows
 from metering.accounts.keys import ACCOUNTS, KEYS, live_key
 from metering.catalog.prices import RATE_COLUMNS, price_in_force
-from metering.kit.programs import json_row
 from metering.models import CatalogModel, table
 from metering.models.base import UTCDateTime
 from metering.pricing import ModelLimits, Rates
+from metering.programs import json_row
 
 MODELS = table(CatalogModel)
 

@@ -1,5 +1,5 @@
 """Booking charges: ledger debits, balances and hold settlement, as steps of the caller's program
-(metering.kit.programs), inside its one transaction.
+(metering.programs), inside its one transaction.
 
 Usage that happened is always billed: the debit does not depend on the hold (within it, above
 it, expired, voided, settled by another event, or none), and the balance may go negative (new
@@ -25,9 +25,10 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from sqlalchemy import BigInteger, FromClause, String, and_, cast, func, literal, select, union_all
+from sqlalchemy.sql.dml import Insert
 from sqlalchemy.sql.elements import BindParameter
 
-from metering.kit import programs as p
+from metering import programs as p
 from metering.ledger.spending import debit_steps, lock_accounts
 from metering.models import Account, Authorization, LedgerEntry, table
 from metering.states import holds
@@ -154,7 +155,8 @@ def _charge_steps(on: p.Backend, charges: FromClause, now: BindParameter[Any]) -
     """The ledger's charge entries of the prepaid charges (in event order), and each account's
     total into ``_DEBITS`` (one row per account, in no particular order: every statement that
     locks accounts orders them itself). On PostgreSQL one statement: the insert is a CTE and
-    the totals are summed from what it returns."""
+    the totals are summed from what it returns; SQLite has no such CTE: the insert, then the
+    totals summed from the charges."""
     entries = ENTRIES.insert().from_select(
         ["account_id", "kind", "amount_microcents", "usage_event_id", "api_key_id", "created_at"],
         select(
@@ -168,15 +170,19 @@ def _charge_steps(on: p.Backend, charges: FromClause, now: BindParameter[Any]) -
         .where(charges.c.prepaid)
         .order_by(charges.c.usage_event_id),
     )
-    if on.name == "postgresql":
-        charged = entries.returning(ENTRIES.c.account_id, ENTRIES.c.amount_microcents).cte(
-            "charged"
-        )
-        totals = select(
-            charged.c.account_id,
-            cast(-func.sum(charged.c.amount_microcents), BigInteger).label("total"),
-        ).group_by(charged.c.account_id)
-        return [p.Collect(totals, into=_DEBITS)]
+    return on.choose(postgresql=_charged_in_one, sqlite=_charged_in_two)(entries, charges)
+
+
+def _charged_in_one(entries: Insert, charges: FromClause) -> list[p.Step]:
+    charged = entries.returning(ENTRIES.c.account_id, ENTRIES.c.amount_microcents).cte("charged")
+    totals = select(
+        charged.c.account_id,
+        cast(-func.sum(charged.c.amount_microcents), BigInteger).label("total"),
+    ).group_by(charged.c.account_id)
+    return [p.Collect(totals, into=_DEBITS)]
+
+
+def _charged_in_two(entries: Insert, charges: FromClause) -> list[p.Step]:
     totals = (
         select(
             charges.c.account_id,

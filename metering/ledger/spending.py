@@ -1,5 +1,5 @@
 """Spending credit: the steps every debit of a balance runs (a batch's charges, a negative
-adjustment, and a write of due expiries alone), defined once (metering.kit.programs).
+adjustment, and a write of due expiries alone), defined once (metering.programs).
 
 Under the account's row lock (the balance update takes it), for each account of the debits:
 
@@ -50,9 +50,10 @@ from sqlalchemy import (
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.elements import BindParameter
 
-from metering.citus import of_account, on_citus
-from metering.db import driver_connection, is_postgresql
-from metering.kit import programs as p
+from metering import programs as p
+from metering.citus import of_account
+from metering.db import is_cluster
+from metering.forms import Forms
 from metering.ledger.grants import order_by
 from metering.models import Account, CreditAllocationDay, CreditGrant, LedgerEntry, table
 from metering.models.base import UTCDateTime
@@ -233,10 +234,10 @@ def debit_steps(on: p.Backend, debits: p.Rows, now: BindParameter[Any]) -> list[
     due = ACCOUNTS.c.next_expiry_at <= now
     # The account's debit, in what the update returns (SQLite's RETURNING may name only the
     # updated table: there, the same row read by a subquery).
-    debited: Any = d.c.total
-    if on.name == "sqlite":
-        debited = select(totals.c.total).where(totals.c.account_id == ACCOUNTS.c.id)
-        debited = debited.scalar_subquery()
+    debited = on.choose(
+        postgresql=d.c.total,
+        sqlite=select(totals.c.total).where(totals.c.account_id == ACCOUNTS.c.id).scalar_subquery(),
+    )
     may_cross = or_(
         due, outbox.crosses(after + debited, after, ACCOUNTS.c.low_balance_threshold_microcents)
     )
@@ -301,7 +302,11 @@ def _parts(on: p.Backend, d: FromClause, totals: FromClause, now: BindParameter[
     ).where(d.c.total > held)
     parts = union_all(takes, shortfalls)
     # PostgreSQL: a CTE of the one statement that writes the parts (_allocation_steps).
-    return parts.cte("found") if on.inserts_from_ctes else parts.subquery("found")
+    return on.choose(
+        postgresql=parts.cte("found"),
+        sqlite=parts.subquery("found"),
+        one_shard=parts.subquery("found"),
+    )
 
 
 _WHOLE = p.Rows("v_whole", (("account_id", ACCOUNTS.c.id.type),))
@@ -321,19 +326,24 @@ _UNPAID = p.Rows("v_unpaid", (("account_id", ACCOUNTS.c.id.type), ("total", BigI
 def _spending_steps(on: p.Backend, debits: p.Rows, now: BindParameter[Any]) -> list[p.Step]:
     """The allocation of ``debits`` over their accounts' live grants (``_parts``).
 
-    On PostgreSQL the most frequent case first: a debit paid whole by the account's first live
-    grant in spending order (its remainder covers the debit, so by ``_parts`` it is the one
-    part), found by one lookup of that grant per account (``ORDER BY`` the spending order,
-    ``LIMIT 1``), spent and written as its allocation in one statement; on a Citus shard
-    (``ONE_SHARD``), where that statement's insert would read the lookup as a CTE, in two: the
-    grant's update returns what it paid, and that is added to the allocation days. The
-    debits it did not pay (a take over several grants, a shortfall, or a total of 0) go through
-    the general allocation. SQLite, which has no lateral joins, runs the general one for every
-    debit."""
-    if on.name != "postgresql":
-        return _allocation_steps(
-            on, _parts(on, on.rows(debits, "d"), on.rows(debits, "dt"), now), now
-        )
+    On PostgreSQL the most frequent case first (``_first_grant_first``). SQLite, which has no
+    lateral joins, runs the general allocation for every debit."""
+    return on.choose(postgresql=_first_grant_first, sqlite=_allocated)(on, debits, now)
+
+
+def _allocated(on: p.Backend, debits: p.Rows, now: BindParameter[Any]) -> list[p.Step]:
+    """Every debit by the general allocation."""
+    return _allocation_steps(on, _parts(on, on.rows(debits, "d"), on.rows(debits, "dt"), now), now)
+
+
+def _first_grant_first(on: p.Backend, debits: p.Rows, now: BindParameter[Any]) -> list[p.Step]:
+    """A debit paid whole by the account's first live grant in spending order (its remainder
+    covers the debit, so by ``_parts`` it is the one part), found by one lookup of that grant
+    per account (``ORDER BY`` the spending order, ``LIMIT 1``), spent and written as its
+    allocation in one statement; on a Citus shard (``ONE_SHARD``), where that statement's insert
+    would read the lookup as a CTE, in two: the grant's update returns what it paid, and that is
+    added to the allocation days. The debits it did not pay (a take over several grants, a
+    shortfall, or a total of 0) go through the general allocation."""
     w = on.rows(debits, "w")
     first = (
         select(GRANTS.c.id, GRANTS.c.remaining_microcents)
@@ -370,20 +380,21 @@ def _spending_steps(on: p.Backend, debits: p.Rows, now: BindParameter[Any]) -> l
             .where(GRANTS.c.id == whole.c.grant_id)
         )
 
-    pay: list[p.Step]
-    done: p.Rows
-    if on.inserts_from_ctes:
-        whole: FromClause = found.cte("whole")
+    def paid_in_one() -> tuple[list[p.Step], p.Rows]:
+        whole = found.cte("whole")
         paid = spend(whole).add_cte(spent(whole).cte("spent"))
-        pay, done = [p.Collect(paid.returning(ALLOCATIONS.c.account_id), into=_WHOLE)], _WHOLE
-    else:
+        return [p.Collect(paid.returning(ALLOCATIONS.c.account_id), into=_WHOLE)], _WHOLE
+
+    def paid_in_two() -> tuple[list[p.Step], p.Rows]:
         whole = found.subquery("whole")
         returned = (whole.c.account_id, whole.c.grant_id, whole.c.amount)
-        pay = [
+        return [
             p.Collect(spent(whole).returning(*returned), into=_PAID),
             p.When(on.count(_PAID) > 0, (p.Run(spend(on.rows(_PAID, "pd"))),)),
-        ]
-        done = _PAID
+        ], _PAID
+
+    # The steps that pay, and the rows of the debits they paid.
+    pay, done = on.choose(postgresql=paid_in_one, sqlite=paid_in_two, one_shard=paid_in_two)()
 
     def unpaid(alias: str) -> FromClause:
         rows, paid_rows = on.rows(debits, f"{alias}r"), on.rows(done, f"{alias}w")
@@ -393,20 +404,22 @@ def _spending_steps(on: p.Backend, debits: p.Rows, now: BindParameter[Any]) -> l
             .subquery(alias)
         )
 
-    rest: list[p.Step] = []
-    if on.inserts_from_ctes:
-        rest += _allocation_steps(on, _parts(on, unpaid("d"), unpaid("dt"), now), now)
-    else:
+    def rest_read() -> list[p.Step]:
+        return _allocation_steps(on, _parts(on, unpaid("d"), unpaid("dt"), now), now)
+
+    def rest_collected() -> list[p.Step]:
         # On a Citus shard the debits left are collected first, by a statement of no table
         # (PostgreSQL's alone): as a subquery of the allocation's insert, Citus would compute
         # them first and copy them to every node, as it does a CTE.
         left = unpaid("u")
-        rest += [
+        return [
             p.Collect(select(left.c.account_id, left.c.total), into=_UNPAID),
             *_allocation_steps(
                 on, _parts(on, on.rows(_UNPAID, "d"), on.rows(_UNPAID, "dt"), now), now
             ),
         ]
+
+    rest = on.choose(postgresql=rest_read, sqlite=rest_collected, one_shard=rest_collected)()
     return [*pay, p.When(on.count(done) < on.count(debits), tuple(rest))]
 
 
@@ -451,25 +464,29 @@ def _allocation_steps(on: p.Backend, found: FromClause, now: BindParameter[Any])
             .where(ACCOUNTS.c.id == parts.c.account_id, parts.c.grant_id.is_(None))
         )
 
-    if on.inserts_from_ctes:
+    def in_one() -> list[p.Step]:
         return [
             p.Run(allocation(found).add_cte(spent(found).cte("spent"), owed(found).cte("owed")))
         ]
-    parts = on.rows(_PARTS, "pt")
-    collected = select(
-        found.c.grant_id,
-        found.c.account_id,
-        found.c.amount,
-        _kind(found).label("kind"),
-    )
-    return [
-        p.Collect(collected, into=_PARTS),
-        p.When(
-            on.count(_PARTS) > 0,
-            (p.Run(allocation(on.rows(_PARTS, "pa"))), p.Run(spent(parts))),
-        ),
-        p.When(on.holds_any(_PARTS, "kind", DEFICIT), (p.Run(owed(parts)),)),
-    ]
+
+    def collected_first() -> list[p.Step]:
+        parts = on.rows(_PARTS, "pt")
+        collected = select(
+            found.c.grant_id,
+            found.c.account_id,
+            found.c.amount,
+            _kind(found).label("kind"),
+        )
+        return [
+            p.Collect(collected, into=_PARTS),
+            p.When(
+                on.count(_PARTS) > 0,
+                (p.Run(allocation(on.rows(_PARTS, "pa"))), p.Run(spent(parts))),
+            ),
+            p.When(on.holds_any(_PARTS, "kind", DEFICIT), (p.Run(owed(parts)),)),
+        ]
+
+    return on.choose(postgresql=in_one, sqlite=collected_first, one_shard=collected_first)()
 
 
 def _moves(on: p.Backend, debits: p.Rows) -> Any:
@@ -513,32 +530,26 @@ def _spend_credit(on: p.Backend) -> list[p.Step]:
 
 SPEND_CREDIT = p.Program("metering_spend_credit", params=(NOW, DEBITS_IN), build=_spend_credit)
 SPEND_CREDIT_OF_ACCOUNT = of_account(SPEND_CREDIT)  # on a Citus cluster (metering.citus)
+_SPEND = Forms.of_program(SPEND_CREDIT, SPEND_CREDIT_OF_ACCOUNT)
 
 
 def spend(session: Session, debits: dict[str, int], now: datetime) -> None:
     """Debit accounts (id → amount ≥ 0; 0 only writes their due expiries) in the session's
-    transaction (``SPEND_CREDIT``: one round trip on PostgreSQL)."""
-    rows = [{"account_id": a, "total": t} for a, t in sorted(debits.items())]
-    if is_postgresql(session):
-        driver = driver_connection(session)
-        if not on_citus(driver):
-            driver.execute(
-                SPEND_CREDIT.call_sql,
-                {"p_now": now, "p_debits": p.records_json(DEBITS_IN, rows, p.POSTGRESQL)},
-            )
-            return
-        for row in rows:  # in byte order of account, as every debit locks accounts
-            driver.execute(
-                SPEND_CREDIT_OF_ACCOUNT.call_sql,
-                {
-                    "p_account_id": row["account_id"],
-                    "p_now": now,
-                    "p_debits": p.records_json(DEBITS_IN, [row], p.POSTGRESQL),
-                },
-            )
+    transaction (``SPEND_CREDIT``: one round trip on PostgreSQL; on a Citus cluster one per
+    account, each routed to its shard)."""
+    rows: list[dict[str, Any]] = [{"account_id": a, "total": t} for a, t in sorted(debits.items())]
+    if not is_cluster(session):
+        _debit(session, rows, now)
         return
-    SPEND_CREDIT.run(
-        session.connection(),
-        p_now=now,
-        p_debits=p.records_json(DEBITS_IN, rows, p.SQLITE),
+    for row in rows:  # in byte order of account, as every debit locks accounts
+        _debit(session, [row], now, str(row["account_id"]))
+
+
+def _debit(
+    session: Session, rows: list[dict[str, Any]], now: datetime, account_id: str | None = None
+) -> None:
+    _SPEND.rows(
+        session,
+        lambda on: {NOW.name: now, DEBITS_IN.name: p.records_json(DEBITS_IN, rows, on)},
+        account_id,
     )

@@ -30,7 +30,7 @@ from sqlalchemy import and_, bindparam, func, select, update
 from sqlalchemy.orm import Session
 
 from metering import citus
-from metering.db import Database, is_postgresql
+from metering.db import Database, Kind, is_postgresql
 from metering.kit.clock import Clock
 from metering.metrics import REGISTRY
 from metering.models import WebhookDelivery, WebhookEndpoint, WebhookEvent, table
@@ -396,7 +396,7 @@ class Deliverer:
         # On a Citus cluster each account's in a transaction on its shard (one commit per
         # worker touched would otherwise be two-phase); elsewhere the batch's in one.
         parts = [rows]
-        if citus.is_cluster(self.database):
+        if self.database.kind is Kind.CITUS:
             accounts: dict[str, list[dict[str, Any]]] = {}
             for row in rows:
                 accounts.setdefault(row["b_account"], []).append(row)

@@ -32,9 +32,9 @@ from typing import Any, NamedTuple
 from sqlalchemy import BigInteger, Integer, String, and_, insert, literal, select
 from sqlalchemy.sql.elements import BindParameter
 
+from metering import programs as p
 from metering.accounts.spend import key_charges
 from metering.accounts.windows import window_bounds
-from metering.kit import programs as p
 from metering.kit.timeutil import format_timestamp
 from metering.models import SpendLimitNotice, table
 from metering.models.base import UTCDateTime

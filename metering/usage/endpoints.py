@@ -11,9 +11,8 @@ from fastapi import APIRouter, Body, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import State
 
-from metering import citus
 from metering.audit.deps import AuditDep
-from metering.db import Database, retry_transient
+from metering.db import Database, Kind, retry_transient
 from metering.kit.pagination import PageParams
 from metering.metrics import REGISTRY
 from metering.usage import isolation, quarantine, service, sharded, single, support
@@ -95,11 +94,10 @@ async def _ingest(state: State, body: EventBatch, _params: Mapping[str, str]) ->
     database: Database = state.database
     now = state.clock.now()
     outcome = None
-    cluster = False  # a Citus coordinator (metering.citus; then metering.usage.sharded)
-    if database.dialect == "postgresql":
-        cluster = await citus.probe_cluster(database)
-        if len(body.events) == 1:
-            outcome = await single.record_one(database, body.events[0], now, cluster)
+    # A Citus coordinator (metering.citus; then metering.usage.sharded).
+    cluster = database.kind is Kind.CITUS
+    if database.kind is not Kind.SQLITE and len(body.events) == 1:
+        outcome = await single.record_one(database, body.events[0], now, cluster)
     if outcome is None:
         outcome = await run_in_threadpool(_record_batch, database, body.events, now, cluster)
     counts = outcome.counts()

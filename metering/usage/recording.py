@@ -1,5 +1,5 @@
 """Recording usage: the event row, its insert, the rollup upsert and the two programs that book
-a recorded event's charge and aggregates, each defined once (metering.kit.programs) and run on
+a recorded event's charge and aggregates, each defined once (metering.programs) and run on
 both backends.
 
 * ``SETTLE_USAGE`` (the batch path): the charges of events just inserted (settled, debited) and
@@ -26,9 +26,10 @@ from typing import Any
 from sqlalchemy import BigInteger, FromClause, case, cast, func, select, true
 from sqlalchemy.orm import Session
 
-from metering.citus import ACCOUNT, by_account, of_account, on_citus
-from metering.db import driver_connection, is_postgresql
-from metering.kit import programs as p
+from metering import programs as p
+from metering.citus import by_account, of_account
+from metering.db import is_cluster
+from metering.forms import Forms
 from metering.ledger.settlement import CHARGES_IN, ChargeToSettle, settle_steps
 from metering.models import UsageEvent, table
 from metering.models.base import UTCDateTime
@@ -227,6 +228,7 @@ _ENCODE_CHARGES = {
     on.name: p.records_encoder(CHARGES_IN, on, verbatim=("request_id",))
     for on in (p.POSTGRESQL, p.SQLITE)
 }
+_SETTLE = Forms.of_program(SETTLE_USAGE, SETTLE_USAGE_OF_ACCOUNT)
 
 
 def settle_usage(
@@ -245,7 +247,7 @@ def settle_usage(
     each statement routed to its shard)."""
     if not charges and not rollup_rows:
         return
-    if account_id is None and is_postgresql(session) and on_citus(driver_connection(session)):
+    if account_id is None and is_cluster(session):
         # Charges of several accounts on a cluster: each account's, as its own call.
         for account, (its_charges, its_rows, its_limits) in by_account(
             charges, rollup_rows, limits
@@ -253,25 +255,15 @@ def settle_usage(
             settle_usage(session, its_charges, its_rows, now, its_limits, account)
         return
     ordered = [c.row() for c in sorted(charges, key=lambda c: c.usage_event_id)]
-    if is_postgresql(session):
-        params = {
+
+    def params(on: p.Backend) -> dict[str, Any]:
+        return {
             "p_now": now,
-            "p_charges": _ENCODE_CHARGES["postgresql"](ordered),
-            "p_rollups": rollups.ENCODE(rollup_rows),
-            **spend_limits.limit_params(limits, now, p.POSTGRESQL),
+            "p_charges": _ENCODE_CHARGES[on.name](ordered),
+            "p_rollups": on.choose(postgresql=rollups.ENCODE, sqlite=rollups.ENCODE_SQLITE)(
+                rollup_rows
+            ),
+            **spend_limits.limit_params(limits, now, on),
         }
-        if account_id is None:
-            driver_connection(session).execute(SETTLE_USAGE.call_sql, params)
-        else:
-            driver_connection(session).execute(
-                SETTLE_USAGE_OF_ACCOUNT.call_sql, {ACCOUNT.name: account_id, **params}
-            )
-        return
-    assert account_id is None, "one account's program is a Citus cluster's"
-    SETTLE_USAGE.run(
-        session.connection(),
-        p_now=now,
-        p_charges=_ENCODE_CHARGES["sqlite"](ordered),
-        p_rollups=rollups.ENCODE_SQLITE(rollup_rows),
-        **spend_limits.limit_params(limits, now, p.SQLITE),
-    )
+
+    _SETTLE.rows(session, params, account_id)

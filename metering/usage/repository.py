@@ -2,8 +2,8 @@
 stored events a batch collided with.
 
 Each is one statement whatever the batch size, defined once as Core (the rows travel as one JSON
-document, metering.kit.programs.Records). On PostgreSQL they run on the session's driver
-connection (``metering.db.driver_connection``) as text built once at import; on SQLite through
+document, metering.programs.Records), in the form the session's database runs (metering.forms):
+on PostgreSQL text built once at import, on the session's driver connection; on SQLite through
 SQLAlchemy Core.
 
 On a Citus cluster (CONTRACT §13) each runs for one account's rows (``account_id``): the same
@@ -33,11 +33,12 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Session
 
+from metering import programs as p
 from metering.accounts.keys import ACCOUNTS, KEYS
 from metering.catalog.prices import RATE_COLUMNS, price_in_force, price_of
-from metering.citus import ACCOUNT, on_citus, text_of_account
-from metering.db import driver_connection, is_postgresql
-from metering.kit import programs as p
+from metering.citus import ACCOUNT
+from metering.db import driver_connection, is_cluster
+from metering.forms import Forms
 from metering.models import AccountRate, CatalogModel, PriceVersion, table
 from metering.models.base import UTCDateTime
 from metering.pricing import NormalizedUsage
@@ -152,10 +153,10 @@ def _lookup(on: p.Backend) -> Any:
     return union_all(keys, models, prices)
 
 
-PG_LOOKUP = p.psycopg_text(_lookup(p.POSTGRESQL))
-_SQLITE_LOOKUP = _lookup(p.SQLITE)
+_LOOKUP = Forms.of_statement(_lookup)
+PG_LOOKUP = _LOOKUP.postgresql
 # One account's part of it on a Citus cluster: its pairs, its billing and its rate overrides.
-CITUS_LOOKUP = text_of_account(_lookup(p.POSTGRESQL))
+CITUS_LOOKUP = _LOOKUP.citus
 
 
 def _key_accounts(on: p.Backend) -> Any:
@@ -193,7 +194,7 @@ def accounts_on_cluster(
 ) -> dict[str, str] | None:
     """On a Citus cluster the pairs' ``key_accounts``, None elsewhere (for callers that have a
     session and not the database: the operators' reprocessing)."""
-    if is_postgresql(session) and on_citus(driver_connection(session)):
+    if is_cluster(session):
         return key_accounts(session, pairs)
     return None
 
@@ -204,17 +205,7 @@ def lookup(
     """The batch's keys (``KeyInfo``) and a price book of the models its (key, model) pairs
     name. ``account_id`` (a Citus cluster): the pairs' keys are that account's, and a key of
     another account is not found."""
-    if is_postgresql(session):
-        params = lookup_params(pairs, p.POSTGRESQL)
-        driver = driver_connection(session)
-        if account_id is None:
-            rows: Sequence[Any] = driver.execute(PG_LOOKUP, params).fetchall()
-        else:
-            rows = driver.execute(CITUS_LOOKUP, of_account(params, account_id)).fetchall()
-    else:
-        assert account_id is None, "one account's statements are a Citus cluster's"
-        rows = session.connection().execute(_SQLITE_LOOKUP, lookup_params(pairs, p.SQLITE)).all()
-    return read_lookup(rows)
+    return read_lookup(_LOOKUP.rows(session, lambda on: lookup_params(pairs, on), account_id))
 
 
 def read_lookup(rows: Sequence[Any]) -> tuple[dict[str, KeyInfo], PriceBook]:
@@ -238,9 +229,7 @@ def read_lookup(rows: Sequence[Any]) -> tuple[dict[str, KeyInfo], PriceBook]:
 
 # -- Recording events (first of each key, sorted by key). ---------------------------------------
 
-_PG_RECORD = p.psycopg_text(insert_events(p.POSTGRESQL, p.POSTGRESQL.records(EVENTS_IN, "e")))
-_CITUS_RECORD = text_of_account(insert_events(p.POSTGRESQL, p.POSTGRESQL.records(EVENTS_IN, "e")))
-_SQLITE_RECORD = insert_events(p.SQLITE, p.SQLITE.records(EVENTS_IN, "e"))
+_RECORD = Forms.of_statement(lambda on: insert_events(on, on.records(EVENTS_IN, "e")))
 # request_id matched its pattern, api and outcome their lists: no escaping needed.
 _VERBATIM = ("request_id", "api", "outcome")
 ENCODE_EVENTS = p.records_encoder(EVENTS_IN, p.POSTGRESQL, verbatim=_VERBATIM)
@@ -256,18 +245,12 @@ def record(
     if not events:
         return {}
     rows = [event.row() for event in events]
-    inserted: Sequence[Any]
-    if is_postgresql(session):
-        params = {"p_events": ENCODE_EVENTS(rows), "p_now": now}
-        if account_id is None:
-            inserted = driver_connection(session).execute(_PG_RECORD, params).fetchall()
-        else:
-            params = of_account(params, account_id)
-            inserted = driver_connection(session).execute(_CITUS_RECORD, params).fetchall()
-    else:
-        assert account_id is None, "one account's statements are a Citus cluster's"
-        params = {"p_events": _ENCODE_SQLITE_EVENTS(rows), NOW.name: now}
-        inserted = session.connection().execute(_SQLITE_RECORD, params).all()
+
+    def params(on: p.Backend) -> dict[str, Any]:
+        encode = on.choose(postgresql=ENCODE_EVENTS, sqlite=_ENCODE_SQLITE_EVENTS)
+        return {EVENTS_IN.name: encode(rows), NOW.name: now}
+
+    inserted = _RECORD.rows(session, params, account_id)
     return {(row[1], row[2]): row[0] for row in inserted}
 
 
@@ -291,9 +274,7 @@ def _stored(on: p.Backend) -> Any:
     )
 
 
-_PG_STORED = p.psycopg_text(_stored(p.POSTGRESQL))
-_SQLITE_STORED = _stored(p.SQLITE)
-_CITUS_STORED = text_of_account(_stored(p.POSTGRESQL))
+_STORED = Forms.of_statement(_stored)
 
 
 def stored(
@@ -304,18 +285,9 @@ def stored(
     if not keys:
         return {}
     wanted = [{"account_id": a, "request_id": r} for a, r in keys]
-    rows: Sequence[Any]
-    if is_postgresql(session):
-        params = {"p_keys": p.records_json(_KEYS_IN, wanted, p.POSTGRESQL)}
-        if account_id is None:
-            rows = driver_connection(session).execute(_PG_STORED, params).fetchall()
-        else:
-            params = of_account(params, account_id)
-            rows = driver_connection(session).execute(_CITUS_STORED, params).fetchall()
-    else:
-        assert account_id is None, "one account's statements are a Citus cluster's"
-        params = {"p_keys": p.records_json(_KEYS_IN, wanted, p.SQLITE)}
-        rows = session.connection().execute(_SQLITE_STORED, params).all()
+    rows = _STORED.rows(
+        session, lambda on: {_KEYS_IN.name: p.records_json(_KEYS_IN, wanted, on)}, account_id
+    )
     found: dict[EventKey, tuple[Content, ChargeValues]] = {}
     for row in rows:
         e = dict(zip(_STORED_COLUMNS, row, strict=True))

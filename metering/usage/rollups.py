@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
-from metering.kit import programs as p
+from metering import programs as p
 from metering.kit.timeutil import floor_day, floor_hour
 from metering.models import UsageRollup, table
 from metering.pricing import Charge, NormalizedUsage

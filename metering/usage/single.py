@@ -27,8 +27,8 @@ from typing import Any
 import psycopg
 
 from metering.db import Database, Steps
-from metering.kit.programs import POSTGRESQL
 from metering.notifications import spend_limits
+from metering.programs import POSTGRESQL
 from metering.usage import recording, repository, rollups, service
 from metering.usage.events import Event, is_keyed, parse_event
 

@@ -3,14 +3,15 @@ once gives the same answer interpreted on SQLite and as its generated PL/pgSQL f
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import psycopg
 import pytest
 from sqlalchemy import BigInteger, create_engine, literal, select
 
-from metering.kit import programs as p
-from metering.kit.programs import POSTGRESQL, SQLITE, Backend
+from metering import programs as p
+from metering.programs import POSTGRESQL, SQLITE, Backend
 from tests.conftest import BACKENDS
 
 ROWS_IN = p.Records("p_rows", (("id", BigInteger()), ("amount", BigInteger())))
@@ -102,3 +103,39 @@ def test_holds_any_finds_a_value_among_the_collected_rows_on_both_backends(
 def test_holds_any_is_an_expression_of_the_collected_array_on_postgresql() -> None:
     # PL/pgSQL evaluates it on its fast path: no statement of its own.
     assert "IF 5 = ANY (v_kept_amount) THEN" in KEPT_FIVE.plpgsql
+
+
+def _divide(on: Backend) -> list[p.Step]:
+    rows = on.records(ROWS_IN, "r")
+    return [
+        p.Collect(select(rows.c.id, rows.c.amount), into=KEPT),
+        _quotient(on),
+        p.Return(literal(1)),
+    ]
+
+
+def _quotient(on: Backend) -> p.Step:
+    """A step built by a function of its own: a statement that divides by the kept amount."""
+    kept = on.rows(KEPT, "k")
+    return p.Run(select((literal(1) / kept.c.amount).label("q")))
+
+
+DIVIDE = p.Program("metering_test_divide", params=(ROWS_IN,), build=_divide, returns=BigInteger())
+
+
+def test_a_plpgsql_error_leads_back_to_the_step_and_where_it_was_built(plain_pg_url: str) -> None:
+    """The line a PL/pgSQL error's CONTEXT names is the failing step's line of the generated
+    text, and the step knows the function that built it."""
+    with psycopg.connect(plain_pg_url.replace("+psycopg", "")) as connection:
+        connection.execute(DIVIDE.plpgsql)
+        records = p.records_json(ROWS_IN, [{"id": 1, "amount": 0}], POSTGRESQL)
+        with pytest.raises(psycopg.errors.DivisionByZero) as raised:
+            connection.execute(DIVIDE.call_sql, {"p_rows": records})
+        connection.rollback()  # the test's function goes with it
+    context = raised.value.diag.context or ""
+    match = re.search(r"function metering_test_divide\(json\) line (\d+)", context)
+    assert match is not None, context
+    text, step = DIVIDE.step_at(int(match.group(1)))
+    assert isinstance(step, p.Run) and text.strip().startswith("PERFORM")
+    assert step.origin == f"{__name__}._quotient"
+    assert DIVIDE.steps(POSTGRESQL)[0].origin == f"{__name__}._divide"

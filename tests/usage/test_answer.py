@@ -59,7 +59,7 @@ def test_the_rollup_rows_are_written_as_the_generic_encoder_writes_them() -> Non
     """The rollups' hourly document (a template on the hot path) against ``Upsert.json``."""
     from datetime import UTC, datetime
 
-    from metering.kit.programs import POSTGRESQL, SQLITE, records_json
+    from metering.programs import POSTGRESQL, SQLITE, records_json
     from metering.usage import rollups
     from metering.usage.rollups import HOURLY_IN
 

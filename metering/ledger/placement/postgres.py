@@ -24,8 +24,7 @@ from sqlalchemy import String, bindparam, exists, select
 
 from metering.accounts.access import checked_under_lock
 from metering.accounts.keys import KEYS, live_key
-from metering.citus import on_citus_async, text_of_account
-from metering.kit.programs import psycopg_text
+from metering.citus import text_of_account
 from metering.ledger.metrics import RESOLUTIONS
 from metering.ledger.placement.program import (
     BODY_COLUMNS,
@@ -41,6 +40,7 @@ from metering.ledger.placement.program import (
     Placement,
 )
 from metering.ledger.resolution import AT, MODEL_KEY, SECRET_HASH, Resolution, as_text, resolution
+from metering.programs import psycopg_text
 from metering.states import holds
 
 # The resolution as JSON text, and whether the key's account has a hold with this request id, in
@@ -81,10 +81,11 @@ _BY_REQUEST_ID_COLUMNS = tuple(c.name for c in BY_REQUEST_ID.selected_columns)
 class PostgresHolds:
     """The statements on one pooled connection in autocommit, awaited on the event loop: each
     statement is its own transaction (one server-side unit of work), so no BEGIN or COMMIT
-    round trips."""
+    round trips. ``cluster``: the database is a Citus coordinator (its ``Database.kind``)."""
 
-    def __init__(self, connection: psycopg.AsyncConnection[Any]) -> None:
+    def __init__(self, connection: psycopg.AsyncConnection[Any], cluster: bool) -> None:
         self._connection = connection
+        self._cluster = cluster
 
     async def _one(self, sql: str, params: Mapping[str, Any]) -> tuple[Any, ...] | None:
         cursor = await self._connection.execute(sql, params)
@@ -103,7 +104,7 @@ class PostgresHolds:
             "now": now,
         }
         row: tuple[Any, ...] | None
-        if not await self.on_citus():
+        if not self._cluster:
             row = await self._one(_RESOLVE, params)
         else:
             key = await self._one(_OnCitus.KEY_ACCOUNT, params)
@@ -138,13 +139,9 @@ class PostgresHolds:
         account only, so that no call is a transaction across shards (CONTRACT §13)."""
         return await _QUEUE.place(self, hold)
 
-    async def on_citus(self) -> bool:
-        """Whether the database is a Citus coordinator (asked once per process and database)."""
-        return await on_citus_async(self._connection)
-
-    async def group_of(self, hold: Mapping[str, Any]) -> str | None:
+    def group_of(self, hold: Mapping[str, Any]) -> str | None:
         """Which holds may share a call with this one: any (None), or on Citus its account's."""
-        return str(hold["account_id"]) if await self.on_citus() else None
+        return str(hold["account_id"]) if self._cluster else None
 
     async def place_all(self, batch: list[Mapping[str, Any]]) -> list[Placement]:
         """One call of ``metering_place_holds`` for the holds, in order (on Citus, holds of one
@@ -153,7 +150,7 @@ class PostgresHolds:
             "p_now": max(hold["created_at"] for hold in batch),
             "p_holds": json.dumps(batch, default=datetime.isoformat),
         }
-        if await self.on_citus():
+        if self._cluster:
             cursor = await self._connection.execute(
                 _OnCitus.PLACE, {**params, "p_account_id": batch[0]["account_id"]}
             )
@@ -168,7 +165,7 @@ class PostgresHolds:
         return [outcomes[hold["id"]] for hold in batch]
 
     async def insert_unbilled(self, values: Mapping[str, Any]) -> bool:
-        if await self.on_citus():
+        if self._cluster:
             scoped = {**values, "p_account_id": values["account_id"]}
             return await self._one(_OnCitus.INSERT_UNBILLED, scoped) is not None
         return await self._one(_INSERT_UNBILLED, values) is not None
@@ -184,7 +181,7 @@ class PostgresHolds:
         account = holds.account_of(hold_id)
         # On Citus, on the shard of the account the id names (an id of the earlier form, which
         # names none, is looked for on every shard).
-        if account is not None and await self.on_citus():
+        if account is not None and self._cluster:
             void, by_id = _OnCitus.VOID, _OnCitus.BY_ID
             params["p_account_id"] = account
         row = await self._one(void, params)
@@ -263,7 +260,7 @@ class _Queue:
 
     async def place(self, holds: PostgresHolds, hold: Mapping[str, Any]) -> Placement:
         loop = asyncio.get_running_loop()
-        key = (loop, await holds.group_of(hold))
+        key = (loop, holds.group_of(hold))
         queue = self._waiting.get(key)
         mine = _Waiting(hold, loop.create_future())
         if queue is None:

@@ -1,4 +1,4 @@
-"""The check-and-hold, the void and the tidy-up, each defined once (metering.kit.programs): the
+"""The check-and-hold, the void and the tidy-up, each defined once (metering.programs): the
 same statements run on SQLite inside the unit of work and, on PostgreSQL, as the function
 ``metering_place_holds`` (one round trip) and plain statements.
 
@@ -49,10 +49,10 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.sql.elements import ColumnElement
 
+from metering import programs as p
 from metering.accounts.access import in_flight_limited
 from metering.accounts.spend import key_charges
 from metering.citus import of_account
-from metering.kit import programs as p
 from metering.kit.ranges import INT64_MAX, INT64_MIN
 from metering.ledger.resolution import resolution_text
 from metering.ledger.spending import without_pending_expiries
@@ -310,22 +310,24 @@ def _place_holds(on: p.Backend) -> list[p.Step]:
         spent + estimate > h["spend_limit"].ref,
     )
     limited = (over_spend_limit, Outcome.MEMBER_SPEND_LIMIT.value)
-    # On PostgreSQL the spend limit is checked in a step of its own, for a key that has one and
-    # a hold that passed every other check: PL/pgSQL starts every subquery of an expression it
-    # runs as a query (index scans opened and all) whether its branch is taken or not, so in
-    # the CASE the spend-limit sums cost every hold, limited or not. On SQLite the CASE is the
-    # cheaper form (each step there is a statement of its own).
-    spend_check: tuple[p.Step, ...] = ()
-    if on.name == "postgresql":
-        decide = case(*decide_checks, else_=Outcome.GRANTED.value)
-        spend_check = (
-            p.When(
-                and_(outcome.ref == Outcome.GRANTED.value, h["spend_limit"].ref.isnot(None)),
-                (p.Assign(outcome, case(limited, else_=Outcome.GRANTED.value)),),
+    # The decision, then the spend limit's check. On PostgreSQL the spend limit is checked in a
+    # step of its own, for a key that has one and a hold that passed every other check: PL/pgSQL
+    # starts every subquery of an expression it runs as a query (index scans opened and all)
+    # whether its branch is taken or not, so in the CASE the spend-limit sums cost every hold,
+    # limited or not. On SQLite the CASE is the cheaper form (each step there is a statement of
+    # its own).
+    decide, spend_check = on.choose(
+        postgresql=(
+            case(*decide_checks, else_=Outcome.GRANTED.value),
+            (
+                p.When(
+                    and_(outcome.ref == Outcome.GRANTED.value, h["spend_limit"].ref.isnot(None)),
+                    (p.Assign(outcome, case(limited, else_=Outcome.GRANTED.value)),),
+                ),
             ),
-        )
-    else:
-        decide = case(*decide_checks, limited, else_=Outcome.GRANTED.value)
+        ),
+        sqlite=(case(*decide_checks, limited, else_=Outcome.GRANTED.value), ()),
+    )
     grant = p.When(
         outcome.ref == Outcome.GRANTED.value,
         (
@@ -343,24 +345,25 @@ def _place_holds(on: p.Backend) -> list[p.Step]:
             p.Assign(changed, true()),
         ),
     )
-    # What a refused key spent in its window (its 402 says it). On PostgreSQL a step of its own,
-    # not a CASE in the result row: PL/pgSQL runs an expression holding a subquery as a query
-    # (executor start-up and all) even when that branch is not taken, so every hold paid for it;
-    # an IF on the outcome (a simple expression) costs the others nothing. On SQLite the CASE is
-    # the cheaper form: each step there is a statement of its own.
-    report_spent: tuple[p.Step, ...] = ()
-    emitted_spent: ColumnElement[Any] = case(
-        (outcome.ref == Outcome.MEMBER_SPEND_LIMIT.value, spent), else_=None
-    )
-    if on.name == "postgresql":
-        report_spent = (
-            p.When(
-                outcome.ref == Outcome.MEMBER_SPEND_LIMIT.value,
-                (p.Assign(refused_spent, spent),),
-                (p.Assign(refused_spent, _NO_AMOUNT),),
+    # What a refused key spent in its window (its 402 says it), and the value emitted. On
+    # PostgreSQL a step of its own, not a CASE in the result row: PL/pgSQL runs an expression
+    # holding a subquery as a query (executor start-up and all) even when that branch is not
+    # taken, so every hold paid for it; an IF on the outcome (a simple expression) costs the
+    # others nothing. On SQLite the CASE is the cheaper form: each step there is a statement of
+    # its own.
+    report_spent, emitted_spent = on.choose(
+        postgresql=(
+            (
+                p.When(
+                    outcome.ref == Outcome.MEMBER_SPEND_LIMIT.value,
+                    (p.Assign(refused_spent, spent),),
+                    (p.Assign(refused_spent, _NO_AMOUNT),),
+                ),
             ),
-        )
-        emitted_spent = refused_spent.ref
+            refused_spent.ref,
+        ),
+        sqlite=((), case((outcome.ref == Outcome.MEMBER_SPEND_LIMIT.value, spent), else_=None)),
+    )
     return [
         p.ForEach(
             select(*(given.c[name] for name in HOLDS_IN.names)).order_by(

@@ -10,7 +10,6 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from metering.kit.programs import SQLITE, records_json
 from metering.ledger.placement.program import (
     BY_ID,
     BY_REQUEST_ID,
@@ -23,6 +22,7 @@ from metering.ledger.placement.program import (
     Placement,
 )
 from metering.ledger.resolution import AT, MODEL_KEY, SECRET_HASH, Resolution, resolution
+from metering.programs import SQLITE, records_json
 
 # The resolving statement, built once (building it costs ~6 ms of Python, and a statement built
 # afresh with its values as literals is compiled afresh too): its values are parameters.
