@@ -10,7 +10,9 @@
 
 Which database it is (``Kind``: SQLite, PostgreSQL, or a Citus coordinator) is decided once, when
 the ``Database`` is made (``Database.kind``), and every session it opens carries it
-(``kind_of``): nothing asks the database again, least of all on a request's path.
+(``kind_of``): nothing asks the database again, least of all on a request's path. A server may
+start before its database answers (``/healthz`` up, ``/readyz`` 503): then the first connection
+that reaches it decides, once.
 
 SQLite (the embedded default) has one writer at a time. Writers take turns here, in the process
 (a lock) and across processes (a file lock beside the database), before ``BEGIN IMMEDIATE``, so
@@ -159,14 +161,30 @@ def probe(connection: Connection) -> Kind:
     return Kind.CITUS if connection.execute(text(_CITUS_PROBE)).scalar() else Kind.POSTGRESQL
 
 
+class _Decided:
+    """A database's kind, once decided: at start-up when the database answers then, else by the
+    first connection that reaches it."""
+
+    __slots__ = ("kind",)
+
+    def __init__(self, kind: Kind | None) -> None:
+        self.kind = kind
+
+    def on(self, connection: Connection) -> Kind:
+        if self.kind is None:
+            self.kind = probe(connection)
+        return self.kind
+
+
 # Where a session of a ``Database`` carries its kind (``Session.info``).
 _KIND = "metering.kind"
 
 
 def kind_of(session: Session) -> Kind:
-    """The kind of a session's database, as decided when its ``Database`` was made."""
-    kind: Kind = session.info[_KIND]
-    return kind
+    """The kind of a session's database, as decided when its ``Database`` was made (or by its
+    first connection, when the database did not answer then)."""
+    decided: _Decided = session.info[_KIND]
+    return decided.kind or decided.on(session.connection())
 
 
 def is_postgresql(session: Session) -> bool:
@@ -348,17 +366,18 @@ class AsyncDriverPool:
 _Sessions = sessionmaker[Session]
 
 
-def _sessions(engine: Engine, kind: Kind) -> _Sessions:
-    """Sessions of ``engine`` that carry the database's ``kind``."""
-    return sessionmaker(engine, expire_on_commit=False, autoflush=False, info={_KIND: kind})
+def _sessions(engine: Engine, decided: _Decided) -> _Sessions:
+    """Sessions of ``engine`` that carry the database's kind."""
+    return sessionmaker(engine, expire_on_commit=False, autoflush=False, info={_KIND: decided})
 
 
 @dataclass
 class Database:
     engine: Engine
     sessionmaker: sessionmaker[Session]
-    # Decided when it is made (``from_url``): every session it opens carries it (``kind_of``).
-    kind: Kind
+    # Decided when it is made (``from_url``), or by its first connection when the database did
+    # not answer then: every session it opens carries it (``kind_of``).
+    decided: _Decided
     # SQLite: the engine whose transactions only read (plain BEGIN); on PostgreSQL ``engine``.
     read_engine: Engine | None = None
     _writers: _Writers | None = field(default=None, repr=False)
@@ -372,17 +391,33 @@ class Database:
         here, once (``probe``)."""
         engine = make_engine(url, pool_size=pool_size)
         if engine.dialect.name != "sqlite":
-            with engine.connect() as connection:
-                kind = probe(connection)
+            decided = _Decided(None)
+            try:
+                with engine.connect() as connection:
+                    decided.on(connection)
+            except DBAPIError as exc:
+                if not unreachable(exc):
+                    raise
+                log.warning("the database does not answer yet: its kind is decided on first use")
             engine.dispose()  # the probe's connection is not kept open in the pool
-            return cls(engine, _sessions(engine, kind), kind)
+            return cls(engine, _sessions(engine, decided), decided)
+        sqlite = _Decided(Kind.SQLITE)
         return cls(
             engine,
-            _sessions(engine, Kind.SQLITE),
-            Kind.SQLITE,
+            _sessions(engine, sqlite),
+            sqlite,
             read_engine=make_engine(url, writer=False),
             _writers=_Writers(_sqlite_path(url)),
         )
+
+    @property
+    def kind(self) -> Kind:
+        """SQLite, PostgreSQL or a Citus coordinator (asked of the database at most once)."""
+        decided = self.decided
+        if decided.kind is None:
+            with self.engine.connect() as connection:
+                return decided.on(connection)
+        return decided.kind
 
     @property
     def dialect(self) -> str:
@@ -402,7 +437,7 @@ class Database:
     def reading(self) -> Iterator[Session]:
         """A read-only transaction, rolled back when the block ends."""
         if self._readers is None:
-            self._readers = _sessions(self.reader, self.kind)
+            self._readers = _sessions(self.reader, self.decided)
         with self._readers() as session:
             yield session
 

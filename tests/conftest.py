@@ -113,6 +113,7 @@ CITUS_MODULES = frozenset(
         "tests/reports/test_params.py",
         "tests/reports/test_usage_api.py",
         "tests/test_citus.py",
+        "tests/test_database_kind.py",
         "tests/test_functions.py",
         "tests/test_migrations.py",
         "tests/usage/test_answer.py",
