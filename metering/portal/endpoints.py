@@ -18,7 +18,7 @@ from metering.accounts.keys import resolve_key
 from metering.audit.deps import AuditDep
 from metering.kit.errors import AuthenticationFailed, InvalidRequest, MeteringError, NotFound
 from metering.kit.timeutil import format_timestamp
-from metering.portal import pages, sessions, views
+from metering.portal import pages, roles, sessions, views
 from metering.portal.sessions import PortalUser
 from metering.portal.signing import Signer
 from metering.reports import render as report_render
@@ -126,6 +126,18 @@ def current_user(request: Request, session: SessionDep, now: NowDep) -> PortalUs
 UserDep = Annotated[PortalUser, Depends(current_user)]
 
 
+class NotPermitted(MeteringError):
+    status = 403
+    type = "permission_error"
+    default_code = "permission_denied"
+
+
+def require(user: PortalUser, permission: roles.Permission) -> None:
+    """A 403 page unless this session may do ``permission`` (roles.py holds who may)."""
+    if not user.can(permission):
+        raise NotPermitted("your role does not allow this here")
+
+
 def csrf_token(request: Request, user: PortalUser) -> str:
     return signer_of(request).token("csrf", user.session_id)
 
@@ -207,7 +219,8 @@ def sign_in_with_key(request: Request, form: FormDep, session: SessionDep) -> Re
         key = resolve_key(session, form.get("api_key", "").strip() or None, param=None)
     except AuthenticationFailed:
         return sign_in_page(request, 401, "That API key is not valid (or was revoked).")
-    return _signed_in(request, session, key.account_id, f"api_key:{key.api_key_id}")
+    method = roles.method_of(roles.SessionKind.API_KEY, key.api_key_id)
+    return _signed_in(request, session, key.account_id, method)
 
 
 @router.get("/sign-in/{token}")
@@ -229,7 +242,7 @@ def sign_in_with_link(
     account_id = sessions.spend_link(session, token, now)
     if account_id is None:
         return pages.render(request, "link_refused.html", status_code=410)
-    return _signed_in(request, session, account_id, "link")
+    return _signed_in(request, session, account_id, roles.method_of(roles.SessionKind.LINK))
 
 
 @router.post("/sign-out")

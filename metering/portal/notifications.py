@@ -24,7 +24,8 @@ from metering.notifications.endpoints import rules_of
 from metering.notifications.schemas import EndpointCreate
 from metering.notifications.service import Scope
 from metering.portal import pages, views
-from metering.portal.endpoints import FormDep, UserDep, check_csrf, page_of
+from metering.portal.endpoints import FormDep, UserDep, check_csrf, page_of, require
+from metering.portal.roles import Permission
 from metering.portal.sessions import PortalUser
 from metering.web.deps import NowDep, SessionDep
 from metering.web.middleware import request_id_of
@@ -79,6 +80,7 @@ def add_endpoint(
     request: Request, form: FormDep, user: UserDep, session: SessionDep, now: NowDep
 ) -> Response:
     check_csrf(request, user, form)
+    require(user, Permission.MANAGE_WEBHOOKS)
     chosen = [t for t in views.account_event_types() if form.get(TYPE_FIELD + t)]
     fields = {
         "url": form.get("url", "").strip(),
@@ -107,6 +109,7 @@ def add_endpoint(
 
 def _change(request: Request, user: PortalUser, form: dict[str, str]) -> tuple[Scope, str]:
     check_csrf(request, user, form)
+    require(user, Permission.MANAGE_WEBHOOKS)
     check_url_text(request.path_params, b"")
     return Scope(user.account_id), str(request.path_params["endpoint_id"])
 

@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 from metering.accounts.service import get_account
 from metering.kit.ids import new_id
 from metering.models import Account, PortalSession, PortalSignInToken, table
+from metering.portal.roles import Permission, kind_of, permissions_of
 
 LINK_LIFETIME = timedelta(minutes=15)
 SESSION_LIFETIME = timedelta(hours=12)
@@ -86,13 +87,17 @@ def spend_link(session: Session, token: str, now: datetime) -> str | None:
 
 @dataclass(frozen=True, slots=True)
 class PortalUser:
-    """A signed-in session: whose account it shows."""
+    """A signed-in session: whose account it shows, and what it may do there."""
 
     session_id: str
     account_id: str
     account_name: str
     billing: str
     expires_at: datetime
+    permissions: frozenset[Permission]
+
+    def can(self, permission: Permission) -> bool:
+        return permission in self.permissions
 
 
 def start_session(session: Session, account_id: str, method: str, now: datetime) -> str:
@@ -119,6 +124,7 @@ def user_of(session: Session, secret: str, now: datetime) -> PortalUser | None:
             SESSIONS.c.id,
             SESSIONS.c.account_id,
             SESSIONS.c.expires_at,
+            SESSIONS.c.method,
             ACCOUNTS.c.name,
             ACCOUNTS.c.billing,
         )
@@ -131,7 +137,10 @@ def user_of(session: Session, secret: str, now: datetime) -> PortalUser | None:
     ).first()
     if row is None:
         return None
-    return PortalUser(row.id, row.account_id, row.name, row.billing, row.expires_at)
+    kind, _ = kind_of(row.method)
+    return PortalUser(
+        row.id, row.account_id, row.name, row.billing, row.expires_at, permissions_of(kind)
+    )
 
 
 def end_session(session: Session, secret: str, now: datetime) -> None:
