@@ -71,6 +71,7 @@ def create_app(
 
     from metering import health
     from metering.accounts import endpoints as accounts
+    from metering.accounts import team_endpoints as teams
     from metering.audit import endpoints as audit
     from metering.catalog import endpoints as catalog
     from metering.ledger import endpoints as ledger
@@ -90,6 +91,8 @@ def create_app(
         catalog.admin_router,
         accounts.admin_router,
         accounts.router,
+        teams.admin_router,
+        teams.router,
         ledger.router,
         ledger.admin_router,
         usage.admin_router,

@@ -57,6 +57,10 @@ class ApiKeyCreate(BaseModel):
     monthly_spend_limit_cents: LimitCentsInput | None = None
     # null: every model of the key's account.
     allowed_models: ModelList | None = None
+    # Fixed for the key's life. Omitted: the account's ``Default`` project; no member: a
+    # service key.
+    project_id: Reference | None = None
+    member_id: Reference | None = None
 
 
 class ApiKeyUpdate(BaseModel):
@@ -68,3 +72,53 @@ class ApiKeyUpdate(BaseModel):
     spend_limit_window: SpendWindow = "month"
     monthly_spend_limit_cents: LimitCentsInput | None = None
     allowed_models: ModelList | None = None
+
+
+# An id of the service named in a body (checked against the account by the service).
+Reference = Annotated[Text, Field(min_length=1, max_length=64)]
+# An email address as people write one: something, an @, a domain; compared case-insensitively.
+Email = Annotated[Text, Field(min_length=3, max_length=320, pattern=r"^[^@\s]+@[^@\s]+$")]
+Role = Literal["viewer", "developer", "admin"]
+
+
+class ProjectCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: Text = Name
+    spend_limit_cents: LimitCentsInput | None = None
+    spend_limit_window: SpendWindow = "month"
+    # null: every model of the project's account.
+    allowed_models: ModelList | None = None
+
+
+class ProjectUpdate(BaseModel):
+    """``PATCH /admin/v1/projects/{id}``: omitted fields are unchanged."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: Text = Field(default=None, min_length=1, max_length=200)  # type: ignore[assignment]
+    spend_limit_cents: LimitCentsInput | None = None
+    spend_limit_window: SpendWindow = "month"
+    allowed_models: ModelList | None = None
+
+
+class MemberCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    email: Email
+    name: Text = Field(default="", max_length=200)
+    role: Role = "developer"
+    spend_limit_cents: LimitCentsInput | None = None
+    spend_limit_window: SpendWindow = "month"
+
+
+class MemberUpdate(BaseModel):
+    """``PATCH /admin/v1/members/{id}``: omitted fields are unchanged."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    email: Email = None  # type: ignore[assignment]
+    name: Text = Field(default=None, max_length=200)  # type: ignore[assignment]
+    role: Role = None  # type: ignore[assignment]
+    spend_limit_cents: LimitCentsInput | None = None
+    spend_limit_window: SpendWindow = "month"
