@@ -1,4 +1,5 @@
-"""The report as the contract's JSON body (§6) and as CSV; amounts exact, never through float."""
+"""The report as the JSON body of docs/api.md#get-v1usage and as CSV; amounts exact, never through
+float."""
 
 from __future__ import annotations
 
@@ -84,7 +85,7 @@ class _Prefixes(dict[str, str]):
 
 
 def report_json(report: Report) -> bytes:
-    """The §6 body, written directly as JSON text: a week of hours by 50 keys is 8,400 results,
+    """The JSON body, written directly as JSON text: a week of hours by 50 keys is 8,400 results,
     and this costs a fraction of building and encoding the equivalent dicts. Strings are escaped
     by the standard library's encoder, amounts are exact (``usd``), the text is ASCII."""
     query, billed = report.query, report.billed
