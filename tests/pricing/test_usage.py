@@ -1,4 +1,5 @@
-"""Normalising each API's usage object into the four billing counts (contract §5)."""
+"""Normalising each API's usage object into the four billing counts
+(docs/api.md#post-v1usageevents)."""
 
 from __future__ import annotations
 

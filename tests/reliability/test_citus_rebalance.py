@@ -1,5 +1,5 @@
 """A worker added to a Citus cluster and the shards rebalanced onto it while the gateway's traffic
-runs (CONTRACT §13, issue 18): nothing lost, nothing counted twice.
+runs (docs/citus.md#adding-a-worker-online): nothing lost, nothing counted twice.
 
 A database of its own on the cluster (``make citus``) and on its spare node, migrated with
 ``metering migrate``; a real server process; many prepaid accounts. Load threads send what a
