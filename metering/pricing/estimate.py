@@ -13,7 +13,7 @@ DEFAULT_OUTPUT_CAP = 65_536
 
 
 class EstimateError(ValueError):
-    """A request that cannot be estimated; ``code`` and ``param`` are the contract's."""
+    """A request that cannot be estimated; ``code`` and ``param`` are the API's."""
 
     def __init__(self, message: str, code: str, param: str | None, **extra: Any) -> None:
         super().__init__(message)

@@ -78,8 +78,8 @@ def _error_page_of(request: Request) -> ErrorPage | None:
 
 
 def error_response(request: Request, error: MeteringError) -> Response:
-    """The contract's JSON error body; under a prefix with error pages of its own (the portal's
-    /billing), its HTML page instead."""
+    """The JSON error body of docs/api.md#conventions; under a prefix with error pages of its own
+    (the portal's /billing), its HTML page instead."""
     page = _error_page_of(request)
     if page is not None:
         return page(request, error)

@@ -418,7 +418,7 @@ class TestEstimateCoversTheCharge:
     def test_split_prompt_at_sub_microcent_rates_can_exceed_the_hold_by_rounding(self) -> None:
         """The estimate rounds the prompt once; the charge rounds its uncached and cached
         parts separately. At sub-microcent-per-token rates a split prompt can therefore cost
-        1 µ¢ more than the hold. That is by contract: usage is always billed in full."""
+        1 µ¢ more than the hold. That is by design: usage is always billed in full."""
         rates = Rates(700_000, 1_000_000, 690_000)  # 0.7 and 0.69 µ¢ per token
         estimate = estimate_cost(request(prompt=2, max_tokens=1), SMALL, rates)
         charge = price_usage(NormalizedUsage(2, 1, 1, 0), rates)

@@ -1,5 +1,5 @@
 """The database goes away under a running server and comes back: while it is
-away every request fails cleanly (503 ``database_unavailable`` in the contract's error body,
+away every request fails cleanly (503 ``database_unavailable`` in the error body of docs/api.md,
 promptly, never a 500), and within seconds of its return every route answers again, with no
 restart of the server.
 

@@ -63,7 +63,7 @@ def seen(what: str) -> None:
     SEEN[what] += 1
 
 
-# -- the model: plain integers, written from the contract ------------------------------------
+# -- the model: plain integers, written from docs/api.md ------------------------------------
 
 
 def half_up(numerator: int, denominator: int) -> int:

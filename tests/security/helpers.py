@@ -12,7 +12,7 @@ from tests.factories import ERROR_TYPES, REQUEST_ID
 
 
 def contract_problems(response: Any) -> list[str]:
-    """Why ``response`` breaks the contract's conventions (empty when it keeps them): never a
+    """Why ``response`` breaks the conventions of docs/api.md (empty when it keeps them): never a
     5xx; always an ``x-request-id``; every non-2xx body the error object, typed by its status,
     with a code and the same request id as the header."""
     problems: list[str] = []

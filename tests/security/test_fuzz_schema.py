@@ -317,7 +317,7 @@ def test_every_route_keeps_the_contract_under_fuzzing(target: Target) -> None:
     schema = schemathesis.openapi.from_asgi("/openapi.json", target.api.client.app)
     operations = [result.ok() for result in schema.get_all_operations()]
     routes = {(op.method.upper(), op.path) for op in operations}
-    # Every route of the contract is in the schema, so every one of them is fuzzed.
+    # Every route of docs/api.md is in the schema, so every one of them is fuzzed.
     assert {
         ("POST", "/v1/authorizations"),
         ("POST", "/v1/usage/events"),
