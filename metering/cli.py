@@ -27,7 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="metering",
         description="Billing, metering and usage reporting for an LLM inference API.",
-        epilog="Configuration: METERING_* environment variables (README.md, Configuration). "
+        epilog="Configuration: METERING_* variables (docs/operations.md#configuration). "
         "The HTTP API: docs/api.md in the repository, or /docs on a running server. "
         "Operations: docs/operations.md.",
     )

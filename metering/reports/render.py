@@ -13,7 +13,7 @@ from metering.kit.money import usd, usd_text
 from metering.kit.timeutil import format_timestamp
 from metering.reports.service import Bucket, Measures, Report
 
-# The CSV columns (documented in the README): one row per bucket and group.
+# The CSV columns (docs/architecture.md#usage-reports): one row per bucket and group.
 CSV_MEASURES = ("requests", "input_tokens", "cache_read_tokens", "output_tokens")
 _NO_GROUP: tuple[Any, ...] = ("", *(0 for _ in CSV_MEASURES), 0)
 CSV_COLUMNS = {
