@@ -208,6 +208,8 @@ def test_effective_models_are_account_and_project_and_key(api: Api, team: Team) 
     )
     assert response.status_code == 200, response.text
     assert authorize(api, both, team.model, prompt_tokens=10, max_tokens=10).status_code == 200
+    listed = api.as_key(both.secret, "GET", "/v1/models").json()["data"]
+    assert [card["id"] for card in listed] == [team.model]
     assert_error(
         authorize(api, both, other, prompt_tokens=10, max_tokens=10),
         403,
@@ -217,6 +219,8 @@ def test_effective_models_are_account_and_project_and_key(api: Api, team: Team) 
     # The project's list widened: the key's own list still narrows it.
     api.admin("PATCH", f"/admin/v1/projects/{narrowed['id']}", json={"allowed_models": None})
     assert authorize(api, both, other, prompt_tokens=10, max_tokens=10).status_code == 200
+    listed = api.as_key(both.secret, "GET", "/v1/models").json()["data"]
+    assert sorted(card["id"] for card in listed) == sorted([team.model, other])
     api.admin("PATCH", f"/admin/v1/api-keys/{both.id}", json={"allowed_models": [other]})
     assert_error(
         authorize(api, both, team.model, prompt_tokens=10, max_tokens=10),
