@@ -78,7 +78,9 @@ def create_app(
     from metering.ledger import endpoints as ledger
     from metering.notifications import endpoints as webhooks
     from metering.portal import endpoints as portal
+    from metering.portal import keys as portal_keys
     from metering.portal import notifications as portal_notifications
+    from metering.portal import team as portal_team
     from metering.reports import endpoints as reports
     from metering.usage import endpoints as usage
     from metering.web import docs, openapi
@@ -109,6 +111,8 @@ def create_app(
     app.include_router(portal.router)
     portal.install_error_pages(app)
     app.include_router(portal_notifications.router)
+    app.include_router(portal_keys.router)
+    app.include_router(portal_team.router)
     openapi.install(app)
     # The last added is the outermost: the request context applies to the fast lane's answers.
     app.add_middleware(FastLane, lanes=lanes_of(r for router in routers for r in router.routes))

@@ -207,3 +207,21 @@ def test_bad_input_is_refused_and_changes_nothing(api: Api) -> None:
     )
     assert_error(unknown, 400, "invalid_parameter", param="project_id")
     assert api.admin("GET", f"/admin/v1/accounts/{account}/api-keys").json()["data"] == []
+
+
+def test_a_sign_in_link_names_a_current_member_of_the_account(api: Api) -> None:
+    account = create_account(api)
+    other = create_account(api)
+    member = make_member(api, account, role="viewer")
+    path = f"/admin/v1/accounts/{account}/portal-sessions"
+    made = api.admin("POST", path, json={"member_id": member["id"]})
+    assert made.status_code == 201, made.text
+    assert made.json()["member_id"] == member["id"]
+    assert api.admin("POST", path).json()["member_id"] is None
+    foreign = api.admin(
+        "POST", f"/admin/v1/accounts/{other}/portal-sessions", json={"member_id": member["id"]}
+    )
+    assert_error(foreign, 400, "invalid_parameter", param="member_id")
+    api.admin("DELETE", f"/admin/v1/members/{member['id']}")
+    removed = api.admin("POST", path, json={"member_id": member["id"]})
+    assert_error(removed, 400, "invalid_parameter", param="member_id")

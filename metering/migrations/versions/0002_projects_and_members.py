@@ -172,6 +172,10 @@ def upgrade() -> None:
     op.add_column("api_keys", sa.Column("member_id", sa.String(length=32), nullable=True))
     op.create_index("ix_api_keys_project_id", "api_keys", ["project_id"])
     op.create_index("ix_api_keys_member_id", "api_keys", ["member_id"])
+    # A sign-in link may sign in as a member of the account.
+    op.add_column(
+        "portal_sign_in_tokens", sa.Column("member_id", sa.String(length=32), nullable=True)
+    )
     # Every account's Default project, made when the account was; every key into it.
     op.execute(
         "INSERT INTO projects (id, account_id, name, spend_limit_window, restricts_models, "
@@ -182,6 +186,7 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    op.drop_column("portal_sign_in_tokens", "member_id")
     op.drop_index("ix_api_keys_member_id", table_name="api_keys")
     op.drop_index("ix_api_keys_project_id", table_name="api_keys")
     op.drop_column("api_keys", "member_id")
