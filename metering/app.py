@@ -99,6 +99,7 @@ def create_app(
         ledger.router,
         ledger.admin_router,
         usage.admin_router,
+        usage.requests_router,
         audit.admin_router,
         portal.admin_router,
         reports.router,

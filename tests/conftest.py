@@ -129,6 +129,7 @@ CITUS_MODULES = frozenset(
         "tests/usage/test_lookup_and_verify.py",
         "tests/usage/test_prices_in_force.py",
         "tests/usage/test_quarantine.py",
+        "tests/usage/test_request_lookup.py",
         "tests/usage/test_ranges.py",
         "tests/usage/test_single_event_path.py",
     }
