@@ -8,12 +8,15 @@ from __future__ import annotations
 from typing import Any
 
 import httpx2 as httpx
+from selenium.webdriver.common.action_chains import ActionChains
 from selenium.webdriver.common.by import By
+from selenium.webdriver.common.keys import Keys
 
 from tests.conftest import Api
 from tests.factories import Key, authorize, create_account, grant, priced_model, unique
 from tests.ledger.helpers import DAY_BEFORE
 from tests.portal.browser import Browser
+from tests.portal.test_accessibility import _press, _tab_to
 
 
 def _member(api: Api, account: str, role: str) -> dict[str, Any]:
@@ -169,3 +172,24 @@ def test_the_owner_adds_a_member_and_a_project_and_a_viewer_sees_neither_page(
     assert "Members" not in nav and "Projects" not in nav
     browser.open("/billing/members")
     assert "403" in browser.driver.page_source or "not allow" in browser.driver.page_source
+
+
+def test_a_developer_makes_and_revokes_a_key_with_the_keyboard_alone(
+    browser: Browser, portal: Api
+) -> None:
+    account = create_account(portal)
+    developer = _member(portal, account, "developer")
+    _sign_in(browser, _member_link(portal, account, developer["id"]))
+    link = _tab_to(browser, 'nav a[href="/billing/keys"]')
+    _press(browser, Keys.ENTER)
+    assert browser.driver.current_url.endswith("/billing/keys"), link
+    _tab_to(browser, "#key-name")
+    ActionChains(browser.driver).send_keys("typed").perform()
+    _press(browser, Keys.ENTER)
+    assert browser.driver.find_element(By.ID, "created-secret").get_attribute("value")
+    (made,) = portal.admin("GET", f"/admin/v1/accounts/{account}/api-keys").json()["data"]
+    assert made["name"] == "typed"
+    _tab_to(browser, f'tr[data-key="{made["id"]}"] form.revoke button')
+    _press(browser, Keys.ENTER)
+    (revoked,) = portal.admin("GET", f"/admin/v1/accounts/{account}/api-keys").json()["data"]
+    assert revoked["revoked_at"] is not None
