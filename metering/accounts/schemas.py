@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, Strict
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict
 
 from metering.accounts.windows import SpendWindow
 from metering.kit.money import LimitCentsInput
-from metering.kit.text import Text
+from metering.kit.text import PROBLEM, Text, storable
 
 Name = Field(min_length=1, max_length=200)
 # A model id as given (case-insensitive; checked against the catalog by the service).
@@ -74,10 +74,23 @@ class ApiKeyUpdate(BaseModel):
     allowed_models: ModelList | None = None
 
 
+def _storable(value: str) -> str:
+    if not storable(value):
+        raise ValueError(PROBLEM)
+    return value
+
+
 # An id of the service named in a body (checked against the account by the service).
 Reference = Annotated[Text, Field(min_length=1, max_length=64)]
-# An email address as people write one: something, an @, a domain; compared case-insensitively.
-Email = Annotated[Text, Field(min_length=3, max_length=320, pattern=r"^[^@\s]+@[^@\s]+$")]
+# An email address as people write one: something, an @, a domain (no space or control
+# character: an explicit range, read alike by every regex engine); compared case-insensitively.
+# (Its own pattern excludes NUL, as Text's does: one pattern, in the schema and the check.)
+Email = Annotated[
+    str,
+    # The constraints before the validator, so that the schema states them.
+    Field(min_length=3, max_length=320, pattern=r"^[^@\x00-\x20]+@[^@\x00-\x20]+$"),
+    AfterValidator(_storable),
+]
 Role = Literal["viewer", "developer", "admin"]
 
 

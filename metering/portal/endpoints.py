@@ -451,6 +451,9 @@ class PortalSessionCreate(BaseModel):
     member_id: Annotated[Text, Field(min_length=1, max_length=64)] | None = None
 
 
+_NO_MEMBER = PortalSessionCreate()
+
+
 @admin_router.post("/accounts/{account_id}/portal-sessions", status_code=201)
 def create_portal_session(
     account_id: str,
@@ -458,11 +461,12 @@ def create_portal_session(
     session: SessionDep,
     now: NowDep,
     audit: AuditDep,
-    body: PortalSessionCreate | None = None,
+    # Optional: no body (or ``{}``) signs in as the account's owner.
+    body: PortalSessionCreate = _NO_MEMBER,
 ) -> dict[str, Any]:
     """A single-use sign-in link to the account's billing portal, valid for 15 minutes: as
     the member ``member_id`` (with its role), or without one as the account's owner."""
-    member_id = body.member_id if body is not None else None
+    member_id = body.member_id
     link = sessions.create_link(
         session, account_id, public_base_url(get_settings(request)), now, member_id
     )
