@@ -27,7 +27,9 @@ def create_app(
 ) -> FastAPI:
     owns_database = database is None
     db = database or Database.from_url(
-        settings.effective_database_url, pool_size=settings.db_pool_size
+        settings.effective_database_url,
+        pool_size=settings.db_pool_size,
+        wait_seconds=settings.db_wait_seconds,
     )
 
     @asynccontextmanager

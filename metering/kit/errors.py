@@ -93,6 +93,7 @@ class DatabaseUnavailable(MeteringError):
     status = 503
     type = "api_error"
     default_code = "database_unavailable"
+    headers: ClassVar[dict[str, str]] = {"retry-after": "1"}
 
 
 class RateLimited(MeteringError):

@@ -270,7 +270,7 @@ def error_page(request: Request, error: MeteringError) -> Response:
         request,
         "error.html",
         status_code=error.status,
-        headers={"x-request-id": request_id},
+        headers={**error.headers, "x-request-id": request_id},
         status=error.status,
         message=error.message,
         code=error.code,

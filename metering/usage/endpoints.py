@@ -8,7 +8,6 @@ from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Query, Request, Response
-from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import State
 
 from metering.audit.deps import AuditDep
@@ -99,7 +98,10 @@ async def _ingest(state: State, body: EventBatch, _params: Mapping[str, str]) ->
     if database.kind is not Kind.SQLITE and len(body.events) == 1:
         outcome = await single.record_one(database, body.events[0], now, cluster)
     if outcome is None:
-        outcome = await run_in_threadpool(_record_batch, database, body.events, now, cluster)
+        # SQLite: in a writer thread, which waits for the writer's turn apart from the pool.
+        outcome = await database.in_writer_thread(
+            _record_batch, database, body.events, now, cluster
+        )
     counts = outcome.counts()
     for status, count in counts.items():
         if count:
