@@ -46,6 +46,7 @@ from psycopg_pool import AsyncConnectionPool
 from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
@@ -56,8 +57,8 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 # How long a request waits for one of the async pool's connections before it fails (503).
 POOL_TIMEOUT_SECONDS = 3.0
-# How long a unit of work waits for SQLite's writer's turn before it is refused 503
-# ``database_unavailable`` (METERING_DB_WAIT_SECONDS).
+# How long a unit of work waits for the database (a connection of the engine's pool; on SQLite
+# the writer's turn) before it is refused 503 ``database_unavailable`` (METERING_DB_WAIT_SECONDS).
 WAIT_SECONDS = 10.0
 # SQLite: the threads that run a request's blocking writes which take the writer's turn
 # themselves (``Database.in_writer_thread``), apart from the request pool.
@@ -70,11 +71,14 @@ Steps = Generator[Step, Any, T]
 
 def unreachable(exc: BaseException) -> bool:
     """Whether an error means the database could not be reached or dropped the connection (a
-    restart, a failover, refused connections): answered 503 ``database_unavailable``, not 500.
-    A serialization failure or deadlock is not one (those are retried where they can occur)."""
+    restart, a failover, refused connections), or no connection of the pool became free in
+    time (``WAIT_SECONDS``): answered 503 ``database_unavailable``, not 500. A serialization
+    failure or deadlock is not one (those are retried where they can occur)."""
     seen = 0
     current: BaseException | None = exc
     while current is not None and seen < 5:
+        if isinstance(current, PoolTimeout):
+            return True
         if isinstance(current, psycopg.OperationalError) and not isinstance(
             current, psycopg.errors.TransactionRollback
         ):
@@ -217,9 +221,13 @@ def driver_connection(session: Session) -> psycopg.Connection[Any]:
     return connection
 
 
-def make_engine(url: str, *, pool_size: int = 10, writer: bool = True) -> Engine:
+def make_engine(
+    url: str, *, pool_size: int = 10, writer: bool = True, wait_seconds: float = WAIT_SECONDS
+) -> Engine:
     """An engine; on SQLite, ``writer`` picks the one whose transactions take the write lock
-    (``BEGIN IMMEDIATE``) or the one that reads (``BEGIN``)."""
+    (``BEGIN IMMEDIATE``) or the one that reads (``BEGIN``). Elsewhere a checkout waits at
+    most ``wait_seconds`` for a connection of the pool, then fails (answered 503
+    ``database_unavailable``: ``unreachable``)."""
     if url.startswith("sqlite"):
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
         _configure_sqlite(engine, immediate=writer)
@@ -230,6 +238,7 @@ def make_engine(url: str, *, pool_size: int = 10, writer: bool = True) -> Engine
         # many for the gateway's async routes), so several processes fit max_connections.
         pool_size=pool_size,
         max_overflow=0,
+        pool_timeout=wait_seconds,
         pool_recycle=1800,
         # psycopg prepares a statement server-side after its 5th use (its default), which saves
         # PostgreSQL the parse and plan of every hot-path query.
@@ -544,9 +553,9 @@ class Database:
         cls, url: str, *, pool_size: int = 10, wait_seconds: float = WAIT_SECONDS
     ) -> Database:
         """The database at ``url``; on PostgreSQL, whether it is a Citus coordinator is asked
-        here, once (``probe``). ``wait_seconds``: how long a unit of work waits for SQLite's
-        writer's turn before it is refused (503)."""
-        engine = make_engine(url, pool_size=pool_size)
+        here, once (``probe``). ``wait_seconds``: how long a unit of work waits for a
+        connection of the pool, or for SQLite's writer's turn, before it is refused (503)."""
+        engine = make_engine(url, pool_size=pool_size, wait_seconds=wait_seconds)
         if engine.dialect.name != "sqlite":
             decided = _Decided(None)
             try:

@@ -43,8 +43,9 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(default=DEFAULT_BODY_LIMIT, ge=1024)
     # Connections per process: this many for the thread-pool routes, as many for the gateway's.
     db_pool_size: int = Field(default=10, ge=1, le=100)
-    # How long a request waits for the embedded database's writer's turn before it is refused
-    # 503 database_unavailable (with Retry-After): a burst is queued this long, never a hang.
+    # How long a request waits for the database (a connection of the pool; the embedded
+    # database's writer's turn) before it is refused 503 database_unavailable (Retry-After): a
+    # burst is queued this long, never left hanging.
     db_wait_seconds: float = Field(default=10.0, gt=0, le=300)
     log_level: str = "INFO"
     # One line per request on the "metering.access" logger (method, path, status, duration).

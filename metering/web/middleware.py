@@ -174,6 +174,7 @@ async def _send_error(error: Any, request_id: str, send: Send, *, close: bool = 
                 (b"content-type", b"application/json"),
                 (b"content-length", str(len(body)).encode()),
                 (REQUEST_ID_HEADER, request_id.encode()),
+                *((name.encode(), value.encode()) for name, value in error.headers.items()),
                 *([(b"connection", b"close")] if close else []),
             ],
         }
