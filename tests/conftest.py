@@ -126,6 +126,7 @@ CITUS_MODULES = frozenset(
         "tests/usage/test_prices_in_force.py",
         "tests/usage/test_quarantine.py",
         "tests/usage/test_ranges.py",
+        "tests/usage/test_reprocess_races.py",
         "tests/usage/test_single_event_path.py",
     }
 )

@@ -16,6 +16,8 @@ from typing import Any
 from sqlalchemy import bindparam, delete, select, update
 from sqlalchemy.orm import Session
 
+from metering import citus
+from metering.db import is_postgresql
 from metering.kit.jsonenc import RawJSON, loads_exact
 from metering.kit.money import INT64_MAX
 from metering.kit.pagination import decode_cursor, page
@@ -216,7 +218,14 @@ def _chunks(session: Session, ids: Sequence[int] | None) -> Iterator[Sequence[Qu
 def reprocess(session: Session, ids: Sequence[int] | None, now: datetime) -> dict[str, Any]:
     """Retry entries (``ids``, or every entry; unknown ids are skipped): those billable now are
     recorded exactly once and leave the quarantine (so do those recorded meanwhile by a resend,
-    as duplicates); the others stay with their current reason, one more attempt counted."""
+    as duplicates); the others stay with their current reason, one more attempt counted.
+
+    One reprocess at a time owns the quarantine, until its transaction ends (PostgreSQL and a
+    Citus cluster: a transaction's advisory lock on the coordinator; SQLite has one writer):
+    concurrent ones took the same entries', events' and accounts' rows in different orders and
+    deadlocked. The next one then reads the entries as the first left them."""
+    if is_postgresql(session):
+        citus.lock(session, citus.QUARANTINE_REPROCESS_LOCK, 0, wait=True)
     data: list[dict[str, Any]] = []
     counts = dict.fromkeys(STATUSES, 0)
     for entries in _chunks(session, ids):
