@@ -174,7 +174,7 @@ def list_quarantine(
     code: QuarantineCode | None = None,
     account_id: str | None = None,
 ) -> dict[str, Any]:
-    """Quarantined events, oldest first, optionally of one code or account."""
+    """Quarantined events, newest first, optionally of one code or account."""
     limit, after = paging
     return quarantine.list_entries(session, code, account_id, limit, after)
 

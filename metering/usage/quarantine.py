@@ -164,17 +164,17 @@ def entry_body(entry: QuarantinedEvent) -> dict[str, Any]:
 def list_entries(
     session: Session, code: str | None, account_id: str | None, limit: int, after: str | None
 ) -> dict[str, Any]:
-    """Entries oldest first, optionally of one code and one account."""
-    query = select(QuarantinedEvent).order_by(QuarantinedEvent.id).limit(limit + 1)
+    """Entries newest first (as every admin list: by id, the same order on every backend),
+    optionally of one code and one account."""
+    query = select(QuarantinedEvent).order_by(QuarantinedEvent.id.desc()).limit(limit + 1)
     if code is not None:
         query = query.where(QuarantinedEvent.code == code)
     if account_id is not None:
         query = query.where(QuarantinedEvent.account_id == account_id)
     if after:
         (last_id,) = decode_cursor(after, 1)
-        if not isinstance(last_id, int):
-            last_id = 0
-        query = query.where(QuarantinedEvent.id > last_id)
+        if isinstance(last_id, int) and -INT64_MAX - 1 <= last_id <= INT64_MAX:
+            query = query.where(QuarantinedEvent.id < last_id)
     rows = session.execute(query).scalars().all()
     return page(rows, limit, entry_body, lambda entry: (entry.id,))
 
