@@ -25,7 +25,7 @@ from metering.kit.ranges import DATABASE_ERRORS, is_out_of_range
 from metering.kit.timeutil import format_timestamp
 from metering.models import QuarantinedEvent, table
 from metering.notifications import outbox
-from metering.usage import repository
+from metering.usage import repository, sums
 from metering.usage.events import OUT_OF_RANGE, Event
 from metering.usage.schemas import MAX_BATCH
 from metering.usage.service import (
@@ -246,10 +246,12 @@ def _reprocess_chunk(
     now: datetime,
     data: list[dict[str, Any]],
     counts: dict[str, int],
+    guided: bool = False,
 ) -> None:
     """Retry ``entries`` together, in a savepoint; when the database refuses them (an event
-    beyond the range, metering.kit.ranges), each on its own: the one beyond it stays, as
-    ``invalid_usage``, one more attempt counted, and the others are retried all the same."""
+    beyond the range, metering.kit.ranges), those that cannot fit the sums (found in a few
+    queries: metering.usage.sums) stay, as ``invalid_usage``, one more attempt counted, and the
+    others are retried together; when they are refused again (``guided``), each on its own."""
     shown, counted = len(data), dict(counts)
     savepoint = session.begin_nested()
     try:
@@ -260,33 +262,63 @@ def _reprocess_chunk(
         savepoint.rollback()
         del data[shown:]
         counts.update(counted)
+        if not is_out_of_range(error) and len(entries) == 1:
+            raise
+        beyond: set[int] = set()
+        if not guided and is_out_of_range(error):
+            beyond = _beyond_range(session, entries, now)
+        if beyond:
+            rest = [entry for index, entry in enumerate(entries) if index not in beyond]
+            if rest:
+                _reprocess_chunk(session, rest, now, data, counts, guided=True)
+            _keep_beyond(session, [entries[i] for i in sorted(beyond)], now, data, counts)
+            data[shown:] = sorted(data[shown:], key=lambda item: item["id"])
+            return
         if len(entries) > 1:
             for entry in entries:
-                _reprocess_chunk(session, [entry], now, data, counts)
+                _reprocess_chunk(session, [entry], now, data, counts, guided=True)
             return
-        if not is_out_of_range(error):
-            raise
-    (entry,) = entries
-    session.execute(
+    _keep_beyond(session, entries, now, data, counts)
+
+
+def _beyond_range(session: Session, entries: Sequence[QuarantinedEvent], now: datetime) -> set[int]:
+    """The positions of the entries whose events cannot fit the sums (metering.usage.sums)."""
+    raws = [loads_exact(e.raw_event.encode()) for e in entries]
+    _, events = parse(raws, now)
+    accounts = repository.accounts_on_cluster(session, lookup_pairs(events))
+    return sums.refused(session, raws, now, accounts)
+
+
+def _keep_beyond(
+    session: Session,
+    entries: Sequence[QuarantinedEvent],
+    now: datetime,
+    data: list[dict[str, Any]],
+    counts: dict[str, int],
+) -> None:
+    """The entries stay, as ``invalid_usage`` (beyond the range), one more attempt counted."""
+    session.connection().execute(
         update(QUARANTINE)
-        .where(QUARANTINE.c.id == entry.id)
+        .where(QUARANTINE.c.id == bindparam("b_id"))
         .values(
             code=OUT_OF_RANGE.code,
             message=OUT_OF_RANGE.message,
             attempts=QUARANTINE.c.attempts + 1,
             last_attempt_at=now,
+        ),
+        [{"b_id": entry.id} for entry in entries],
+    )
+    for entry in entries:
+        counts[QUARANTINED] += 1
+        data.append(
+            {
+                "id": entry.id,
+                "request_id": entry.request_id,
+                "status": QUARANTINED,
+                "charge": None,
+                "error": OUT_OF_RANGE.body(),
+            }
         )
-    )
-    counts[QUARANTINED] += 1
-    data.append(
-        {
-            "id": entry.id,
-            "request_id": entry.request_id,
-            "status": QUARANTINED,
-            "charge": None,
-            "error": OUT_OF_RANGE.body(),
-        }
-    )
 
 
 def _retry(
