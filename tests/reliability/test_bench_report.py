@@ -354,6 +354,7 @@ CITUS_SMALL: dict[str, Any] = {
     "batch": 20,
     "shard_count": 4,
     "counted": 3,
+    "refusals": False,  # bench_refusals' own figures, measured by make bench BENCH=citus
 }
 CITUS_FIGURES = [
     "citus.authorizations",
