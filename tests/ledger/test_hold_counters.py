@@ -5,7 +5,6 @@ Both backends, unless noted; expected figures are computed here from the rules."
 
 from __future__ import annotations
 
-import threading
 from datetime import timedelta
 from decimal import Decimal
 from typing import Any
@@ -21,6 +20,7 @@ from metering.usage.verify import verify
 from tests.conftest import NOW, Api
 from tests.factories import GLM_RATES, assert_error, authorize, credits_of
 from tests.ledger.helpers import Setup, expected_estimate, holds, prepaid
+from tests.threads import Workers
 
 ESTIMATE = expected_estimate(1000, 100, GLM_RATES)
 ESTIMATE_CENTS = Decimal(ESTIMATE) / 10**6
@@ -238,10 +238,14 @@ class TestVerify:
 def _call_in_thread(call: Any, timeout: float = 10.0) -> Any:
     """Run ``call`` in a thread; fail (instead of hanging the suite) if it blocks."""
     outcome: list[Any] = []
-    worker = threading.Thread(target=lambda: outcome.append(call()), daemon=True)
-    worker.start()
-    worker.join(timeout)
-    assert not worker.is_alive(), "blocked: it waited for a lock it should have skipped"
+    worker = Workers()
+    worker.start(lambda: outcome.append(call()), daemon=True)
+    try:
+        worker.join(timeout)  # raises what the call raised
+    except AssertionError as error:
+        if "still running" in str(error):
+            raise AssertionError("blocked: it waited for a lock it should have skipped") from error
+        raise
     return outcome[0]
 
 

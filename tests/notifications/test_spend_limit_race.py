@@ -5,7 +5,6 @@ exactly one more."""
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
@@ -20,6 +19,7 @@ from tests.conftest import SERVER_BACKENDS
 from tests.factories import Key, chat_usage, usage_event
 from tests.ledger.test_concurrency import GATEWAY, Cluster, _start
 from tests.servers import ServerProcess
+from tests.threads import workers
 
 pytestmark = pytest.mark.usefixtures("needs_postgresql")
 
@@ -34,30 +34,23 @@ def cluster(
     yield from _start(tmp_path_factory.mktemp("race-spend"), request.param)
 
 
-def _send(server: ServerProcess, events: list[dict[str, Any]], errors: list[BaseException]) -> None:
-    try:
-        response = httpx.post(
-            f"{server.base_url}/v1/usage/events",
-            json={"events": events},
-            headers=GATEWAY,
-            timeout=60,
-        )
-        assert response.status_code == 200, response.text
-        results = response.json()["data"]
-        assert [r["status"] for r in results] == ["recorded"] * len(events), results
-        assert all(r["charge"]["total_microcents"] == CHARGE for r in results), results
-    except BaseException as exc:
-        errors.append(exc)
+def _send(server: ServerProcess, events: list[dict[str, Any]]) -> None:
+    response = httpx.post(
+        f"{server.base_url}/v1/usage/events",
+        json={"events": events},
+        headers=GATEWAY,
+        timeout=60,
+    )
+    assert response.status_code == 200, response.text
+    results = response.json()["data"]
+    assert [r["status"] for r in results] == ["recorded"] * len(events), results
+    assert all(r["charge"]["total_microcents"] == CHARGE for r in results), results
 
 
 def _at_once(sends: list[tuple[ServerProcess, list[dict[str, Any]]]]) -> None:
-    errors: list[BaseException] = []
-    threads = [threading.Thread(target=_send, args=(*send, errors)) for send in sends]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert not errors, errors
+    with workers() as pool:
+        for send in sends:
+            pool.start(_send, *send)
 
 
 def _reached(cluster: Cluster, account: str) -> list[dict[str, Any]]:
