@@ -6,7 +6,6 @@ exactly one more."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import UTC, datetime
 from typing import Any
 
 import httpx2 as httpx
@@ -73,7 +72,7 @@ def test_batches_and_single_events_that_together_cross_fire_each_threshold_once(
     for _ in range(ACCOUNTS):
         account, key_id, secret = cluster.seed(10**12, limit_microcents=10 * CHARGE)
         keys.append(Key(key_id, secret, account))
-    now = datetime.now(UTC)
+    now = cluster.clock.now()
 
     def events(key: Key, count: int) -> list[dict[str, Any]]:
         return [usage_event(key, cluster.model, now, chat_usage(1000, 0)) for _ in range(count)]
