@@ -71,7 +71,7 @@ class ServerProcess:
 
     @property
     def log_path(self) -> Path:
-        return self.workdir / "server.log"
+        return self.workdir / f"server-{self.port}.log"
 
     def launch(self) -> ServerProcess:
         """Start the process without waiting for it to answer (``wait_ready``)."""
