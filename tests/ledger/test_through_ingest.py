@@ -165,7 +165,7 @@ def test_a_deficit_from_events_is_paid_off_by_the_next_grant(api: Api) -> None:
     grant(api, account, 1)
     big = chat_usage(100_000, 10_000)  # 5.59 cents at GLM's rates
     charges = [
-        send_at(api, NOW + timedelta(minutes=m), usage_event(key, model, NOW, big)) for m in (0, 7)
+        send_at(api, NOW + timedelta(minutes=m), usage_event(key, model, NOW, big)) for m in (1, 8)
     ]
     deficit = sum(charges) - 1_000_000
     credits = credits_of(api, key)
@@ -186,9 +186,22 @@ def test_a_deficit_from_events_is_paid_off_by_the_next_grant(api: Api) -> None:
         20_000_000 - deficit,
         0,
     )
-    after = send_at(api, api.clock.now(), usage_event(key, model, api.clock.now()))
+    later = api.clock.now() + timedelta(minutes=1)
+    after = send_at(api, later, usage_event(key, model, later))
     assert grant_of(api, made["id"])["remaining_microcents"] == 20_000_000 - deficit - after
     listed = api.admin("GET", f"/admin/v1/accounts/{account}/ledger")
     assert listed.status_code == 200, listed.text
-    kinds = [entry["kind"] for entry in reversed(listed.json()["data"])]
+    # In the order they were recorded (each at its own instant of the test clock). The list is
+    # newest first by row id, which on a Citus cluster is not the order of recording (a charge
+    # written on a worker takes its id from that worker's range).
+    recorded = sorted(listed.json()["data"], key=lambda entry: entry["created_at"])
+    kinds = [entry["kind"] for entry in recorded]
     assert kinds == ["grant", "charge", "charge", "grant", "grant", "charge"], json.dumps(kinds)
+    assert [e["amount_microcents"] for e in recorded] == [
+        1_000_000,
+        -charges[0],
+        -charges[1],
+        5_000_000,
+        20_000_000,
+        -after,
+    ]

@@ -20,7 +20,7 @@ from metering.kit.tokens import parse_token
 from metering.models import Account, AuditEvent
 from metering.settings import Settings
 from metering.web.routes import http_routes
-from tests.conftest import BACKENDS, GATEWAY_TOKEN, Api, migrated_database, running_api
+from tests.conftest import APP_BACKENDS, GATEWAY_TOKEN, Api, migrated_database, running_api
 from tests.factories import assert_error, create_account, create_key, unique
 
 ADMIN_SECRET = "alice-secret-0123456789"
@@ -115,7 +115,7 @@ class TestEachSecretOnce:
         assert err.startswith(f"configuration error: {says}: "), err
 
 
-@pytest.fixture(params=BACKENDS)
+@pytest.fixture(params=APP_BACKENDS)
 def operators(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Api]:
     """An app with a named admin token, an unnamed one, a read-only token and a metrics token."""
     with (
