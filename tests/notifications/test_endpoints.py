@@ -15,7 +15,7 @@ from tests.conftest import Api, citus_nodes
 from tests.factories import assert_error, create_account, create_key
 from tests.notifications.conftest import Hooks
 
-PUBLIC = "https://203.0.113.10/hook"  # TEST-NET-3: public for these rules, never resolved
+PUBLIC = "https://11.22.33.44/hook"  # public for the address rules (TEST-NETs are reserved)
 
 
 def _create(api: Api, **body: object) -> object:
@@ -84,7 +84,7 @@ class TestLifecycle:
             param="account_id",
         )
         assert_error(
-            _create(api, url="ftp://203.0.113.10/", event_types=["webhook.test"]),
+            _create(api, url="ftp://11.22.33.44/", event_types=["webhook.test"]),
             400,
             "invalid_parameter",
             param="url",
@@ -141,7 +141,7 @@ class TestAddresses:
     @pytest.mark.parametrize(
         "url",
         [
-            "http://203.0.113.10/hook",
+            "http://11.22.33.44/hook",
             "https://127.0.0.1/hook",
             "https://localhost:8443/hook",  # a name that resolves to loopback
             "https://10.1.2.3/",
@@ -155,7 +155,7 @@ class TestAddresses:
             "https://[fd00::1]/",
             "https://[fe80::1]/",
             "https://[::ffff:127.0.0.1]/",
-            "https://user:pw@203.0.113.10/",
+            "https://user:pw@11.22.33.44/",
         ],
     )
     def test_refused_at_save(self, api: Api, url: str) -> None:

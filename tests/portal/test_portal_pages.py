@@ -39,7 +39,7 @@ from tests.factories import (
 )
 from tests.portal.test_portal_http import CSRF, _cells, _client, _dollars, _link, _sign_in
 
-PUBLIC = "https://203.0.113.10/hook"  # TEST-NET-3: a public address for §11, never resolved
+PUBLIC = "https://11.22.33.44/hook"  # public for the address rules (TEST-NETs are reserved)
 # usage_event's default usage (1000 prompt tokens, 100 output) at GLM-5.3's rates.
 CHARGE = oracle.charge(oracle.Tokens(1000, 0, 100), GLM_RATES).total_microcents
 
@@ -316,7 +316,7 @@ class TestNotifications:
                 assert client.post(path, data=data).status_code == 403
         for data, problem in (
             ({"url": PUBLIC}, "Choose at least one event type."),
-            ({"url": "http://203.0.113.10/hook", "type:webhook.test": "on"}, "must be https://"),
+            ({"url": "http://11.22.33.44/hook", "type:webhook.test": "on"}, "must be https://"),
             ({"url": "https://127.0.0.1/hook", "type:webhook.test": "on"}, "private"),
             ({"url": "", "type:webhook.test": "on"}, "Give the endpoint"),
             ({**good, "description": "x" * 501}, "at most 500 characters"),
