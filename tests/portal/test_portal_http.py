@@ -113,6 +113,25 @@ def test_errors_are_html_pages_with_the_request_id(api: Api) -> None:
         assert response.status_code == status
         assert response.headers["content-type"].startswith("text/html")
         assert response.headers["x-request-id"] in response.text
+    # A body over the limit: refused from its Content-Length, or when a chunked one passes it.
+    page = client.get("/billing/notifications")
+    csrf = CSRF.search(page.text)
+    assert csrf
+    too_big = (
+        b"csrf_token=" + csrf.group(1).encode() + b"&url=" + b"x" * api.settings.max_body_bytes
+    )
+    form = {"Content-Type": "application/x-www-form-urlencoded"}
+    for content in (too_big, iter([too_big[:1000], too_big[1000:]])):
+        response = client.post("/billing/notifications", content=content, headers=form)
+        assert response.status_code == 413
+        assert response.headers["content-type"].startswith("text/html"), response.text
+        assert response.headers["x-request-id"] in response.text
+    json_route = api.client.post(
+        "/v1/webhook-endpoints", content=too_big, headers={"Content-Type": "application/json"}
+    )
+    assert json_route.status_code == 413 and json_route.json()["error"]["limit_bytes"] == (
+        api.settings.max_body_bytes
+    )
     anonymous = _client(api).get("/billing/keys")
     assert anonymous.status_code == 401 and "Sign in" in anonymous.text
     assert "script-src 'self'" in anonymous.headers["content-security-policy"]
