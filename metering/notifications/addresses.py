@@ -1,5 +1,6 @@
-"""Which addresses a webhook may reach (§11), checked when an endpoint is saved and again when
-connecting (the address actually connected to, so DNS cannot be used to rebind past the check).
+"""Which addresses a webhook may reach (docs/api.md#endpoints), checked when an endpoint is saved
+and again when connecting (the address actually connected to, so DNS cannot be used to rebind past
+the check).
 
 One rule, ``is_private``: an address that is not globally routable is private, and so is an IPv6
 address whose embedded IPv4 address (NAT64, 6to4, IPv4-mapped, -compatible or -translated) is.
