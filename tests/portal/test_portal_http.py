@@ -342,3 +342,27 @@ def test_without_a_secret_key_the_portal_says_so_and_signs_no_one_in(
         assert page.status_code == 503 and "METERING_SECRET_KEY" in page.text
         assert page.headers["content-type"].startswith("text/html")
         assert "set-cookie" not in page.headers
+
+
+def _sign_in_with_key(client: TestClient, secret: str) -> None:
+    page = client.get("/billing/sign-in")
+    match = CSRF.search(page.text)
+    assert match
+    data = {"csrf_token": match.group(1), "api_key": secret}
+    response = client.post("/billing/sign-in", data=data, follow_redirects=False)
+    assert response.status_code == 303, response.text
+
+
+def test_a_session_signed_in_with_a_key_ends_when_the_key_is_revoked(api: Api) -> None:
+    account = create_account(api)
+    revoked, kept = create_key(api, account), create_key(api, account)
+    by_revoked, by_kept, by_link = _client(api), _client(api), _client(api)
+    _sign_in_with_key(by_revoked, revoked.secret)
+    _sign_in_with_key(by_kept, kept.secret)
+    _sign_in(by_link, _link(api, account))
+    assert [c.get("/billing").status_code for c in (by_revoked, by_kept, by_link)] == [200] * 3
+    assert api.admin("DELETE", f"/admin/v1/api-keys/{revoked.id}").status_code == 200
+    ended = by_revoked.get("/billing/notifications")
+    assert ended.status_code == 401 and "Sign in" in ended.text
+    assert by_revoked.post("/billing/notifications", data={}).status_code in (401, 403)
+    assert [c.get("/billing").status_code for c in (by_kept, by_link)] == [200, 200]
