@@ -366,3 +366,49 @@ def test_a_session_signed_in_with_a_key_ends_when_the_key_is_revoked(api: Api) -
     assert ended.status_code == 401 and "Sign in" in ended.text
     assert by_revoked.post("/billing/notifications", data={}).status_code in (401, 403)
     assert [c.get("/billing").status_code for c in (by_kept, by_link)] == [200, 200]
+
+
+def test_a_form_sent_from_another_origin_is_refused(api: Api) -> None:
+    account = create_account(api)
+    key = create_key(api, account)
+    client = _client(api)
+    _sign_in(client, _link(api, account))
+    csrf = CSRF.search(client.get("/billing/notifications").text)
+    assert csrf
+    form = {"csrf_token": csrf.group(1), "url": "https://11.22.33.44/hook"}
+    form["type:webhook.test"] = "on"
+    for origin in (
+        "https://evil.example",
+        "http://testserver.evil.example",
+        "null",
+        "http://testserver:8080",
+        "https://testserver",
+    ):
+        refused = client.post("/billing/notifications", data=form, headers={"Origin": origin})
+        assert refused.status_code == 403, origin
+        assert refused.headers["content-type"].startswith("text/html")
+        assert "another site" in refused.text and refused.headers["x-request-id"] in refused.text
+    assert api.as_key(key.secret, "GET", "/v1/webhook-endpoints").json()["data"] == []
+    # Signing in from another site is refused too.
+    stranger = _client(api)
+    page = stranger.get("/billing/sign-in")
+    token = CSRF.search(page.text)
+    assert token
+    signing_in = {"csrf_token": token.group(1), "api_key": key.secret}
+    headers = {"Origin": "https://evil.example"}
+    assert stranger.post("/billing/sign-in", data=signing_in, headers=headers).status_code == 403
+    # The portal's own origin and no Origin at all are accepted.
+    for headers in ({"Origin": "http://testserver"}, {"Origin": "HTTP://TESTSERVER:80"}, {}):
+        made = client.post("/billing/notifications", data=form, headers=headers)
+        assert made.status_code in (200, 303), made.text
+    # Behind a proxy the request comes to another address: the published one is the portal's.
+    proxied = _client(api, "http://10.0.0.5:8000")
+    _sign_in(proxied, _link(api, account))
+    csrf = CSRF.search(proxied.get("/billing/notifications").text)
+    assert csrf
+    form["csrf_token"] = csrf.group(1)
+    published = proxied.post(
+        "/billing/notifications", data=form, headers={"Origin": "http://testserver"}
+    )
+    assert published.status_code in (200, 303), published.text
+    assert len(api.as_key(key.secret, "GET", "/v1/webhook-endpoints").json()["data"]) == 4
