@@ -90,6 +90,37 @@ class TestLifecycle:
             param="url",
         )
 
+    def test_an_event_type_listed_twice_is_refused_on_every_route(self, hooks: Hooks) -> None:
+        api = hooks.api
+        account = create_account(api)
+        key = create_key(api, account)
+        twice = ["webhook.test", "credit.balance_low", "webhook.test"]
+        made = _create(api, url=PUBLIC, event_types=["webhook.test"], account_id=account)
+        assert made.status_code == 201, made.text
+        endpoint = made.json()["id"]
+        for response in (
+            _create(api, url=PUBLIC, event_types=twice, account_id=account),
+            api.as_key(
+                key.secret,
+                "POST",
+                "/v1/webhook-endpoints",
+                json={"url": PUBLIC, "event_types": twice},
+            ),
+            api.admin(
+                "PATCH", f"/admin/v1/webhook-endpoints/{endpoint}", json={"event_types": twice}
+            ),
+            api.as_key(
+                key.secret,
+                "PATCH",
+                f"/v1/webhook-endpoints/{endpoint}",
+                json={"event_types": twice},
+            ),
+        ):
+            error = assert_error(response, 400, "invalid_parameter", param="event_types")
+            assert "'webhook.test' is listed more than once" in error["message"]
+        listed = api.as_key(key.secret, "GET", "/v1/webhook-endpoints").json()["data"]
+        assert [(e["id"], e["event_types"]) for e in listed] == [(endpoint, ["webhook.test"])]
+
     def test_an_account_key_sees_and_manages_its_own_endpoints_only(self, hooks: Hooks) -> None:
         api = hooks.api
         account, other = create_account(api), create_account(api)

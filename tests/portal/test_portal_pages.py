@@ -319,6 +319,15 @@ class TestNotifications:
             ({"url": "http://11.22.33.44/hook", "type:webhook.test": "on"}, "must be https://"),
             ({"url": "https://127.0.0.1/hook", "type:webhook.test": "on"}, "private"),
             ({"url": "", "type:webhook.test": "on"}, "Give the endpoint"),
+            (
+                {**good, "type:usage.quarantined": "on"},
+                "&#39;usage.quarantined&#39; is for operators only",
+            ),
+            (
+                {**good, "type:export.completed": "on"},
+                "&#39;export.completed&#39; is for operators only",
+            ),
+            ({**good, "type:credit.nope": "on"}, "unknown event type &#39;credit.nope&#39;"),
             ({**good, "description": "x" * 501}, "at most 500 characters"),
             ({**good, "description": "a\x00b"}, "without NUL characters"),
         ):
