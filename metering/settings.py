@@ -26,7 +26,8 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="METERING_", extra="ignore")
 
     data_dir: Path = Path("./data")
-    # Empty means the embedded SQLite file ``<data_dir>/metering.sqlite3``.
+    # Empty means the embedded SQLite file ``<data_dir>/metering.sqlite3``; a sqlite:/// URL
+    # names another file for the embedded database.
     database_url: str = ""
     gateway_tokens: Annotated[list[str], NoDecode] = Field(default_factory=list)
     admin_tokens: Annotated[list[str], NoDecode] = Field(default_factory=list)
@@ -102,7 +103,10 @@ class Settings(BaseSettings):
 
     @property
     def is_embedded(self) -> bool:
-        return not self.database_url
+        """SQLite, however it is named: the quick start's file or one METERING_DATABASE_URL
+        names (``sqlite:///…``, ``sqlite+pysqlite:///…``) is the embedded database."""
+        scheme = self.database_url.partition(":")[0].partition("+")[0]
+        return not self.database_url or scheme.strip().lower() == "sqlite"
 
     @property
     def webhooks_may_reach_private(self) -> bool:
