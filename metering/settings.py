@@ -42,6 +42,10 @@ class Settings(BaseSettings):
     # The embedded quick start seeds a demo account with 7 days of usage on its first start.
     demo: bool = True
     max_body_bytes: int = Field(default=DEFAULT_BODY_LIMIT, ge=1024)
+    # Slow clients: a request's headers must arrive within this many seconds of its first byte
+    # (of the connection, for a new one), and its body within this many of the request's start.
+    header_timeout_seconds: float = Field(default=10.0, gt=0, le=600)
+    body_timeout_seconds: float = Field(default=60.0, gt=0, le=3600)
     # Connections per process: this many for the thread-pool routes, as many for the gateway's.
     db_pool_size: int = Field(default=10, ge=1, le=100)
     log_level: str = "INFO"

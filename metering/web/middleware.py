@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import sys
 import time
@@ -10,7 +11,13 @@ from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from metering.db import unreachable
-from metering.kit.errors import BodyTooLarge, DatabaseUnavailable, InternalError, MeteringError
+from metering.kit.errors import (
+    BodyTooLarge,
+    DatabaseUnavailable,
+    InternalError,
+    MeteringError,
+    RequestTimeout,
+)
 from metering.kit.ids import new_request_id
 from metering.metrics import REQUEST_LATENCY
 
@@ -55,9 +62,16 @@ class RequestContextMiddleware:
     soon as the running count passes the limit.
     """
 
-    def __init__(self, app: ASGIApp, max_body_bytes: int, access_log: bool = True) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        max_body_bytes: int,
+        body_timeout_seconds: float = 60.0,
+        access_log: bool = True,
+    ) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
+        self.body_timeout_seconds = body_timeout_seconds
         self.access_log = access_log
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -89,14 +103,27 @@ class RequestContextMiddleware:
             return
 
         received = 0
+        body_done = False
+        deadline = asyncio.get_running_loop().time() + self.body_timeout_seconds
 
         async def limited_receive() -> Message:
-            nonlocal received
-            message = await receive()
+            nonlocal received, body_done
+            if body_done:  # waiting for a disconnect, as a streamed answer does: no deadline
+                return await receive()
+            try:
+                async with asyncio.timeout_at(deadline):  # a timer, not a task: cheap
+                    message = await receive()
+            except TimeoutError:
+                raise RequestTimeout(
+                    f"the request body did not arrive within {self.body_timeout_seconds:g} s"
+                ) from None
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > limit:
                     raise BodyTooLarge(_too_large(limit), limit_bytes=limit)
+                body_done = not message.get("more_body", False)
+            else:
+                body_done = True
             return message
 
         try:
