@@ -167,7 +167,7 @@ class TestLifecycle:
 
 
 class TestAddresses:
-    """The shared app has a server database: private addresses are refused by default."""
+    """The shared app refuses private addresses (METERING_WEBHOOK_ALLOW_PRIVATE=false)."""
 
     @pytest.mark.parametrize(
         "url",

@@ -81,14 +81,14 @@ def test_slow_headers_and_slow_bodies_are_cut_off(tmp_path: Path) -> None:
             # Meanwhile the server answers everyone else at once.
             asked = time.monotonic()
             assert _get(server.port, "/healthz")[0] == 200
-            assert time.monotonic() - asked < 1
+            assert time.monotonic() - asked < 1.5
             for future in slow_heads + idle:
                 elapsed, answer = future.result(timeout=30)
-                assert HEADER_TIMEOUT - 0.2 <= elapsed < HEADER_TIMEOUT + 2, elapsed
+                assert HEADER_TIMEOUT - 0.2 <= elapsed < HEADER_TIMEOUT + 4, elapsed
                 assert answer.startswith(b"HTTP/1.1 408 "), answer
             for future in slow_bodies:
                 elapsed, answer = future.result(timeout=30)
-                assert BODY_TIMEOUT - 0.2 <= elapsed < BODY_TIMEOUT + 2, elapsed
+                assert BODY_TIMEOUT - 0.2 <= elapsed < BODY_TIMEOUT + 4, elapsed
                 assert answer.startswith(b"HTTP/1.1 408 "), answer
                 assert b'"code":"request_timeout"' in answer, answer
         # A request sent at a normal pace on a kept-alive connection is not cut off.
