@@ -228,7 +228,6 @@ class TestNotifications:
                 "description": "finance",
                 "type:credit.balance_low": "on",
                 "type:webhook.test": "on",
-                "type:usage.quarantined": "on",  # not offered to accounts: ignored
             },
         )
         assert added.status_code == 200, added.text

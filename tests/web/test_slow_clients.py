@@ -5,6 +5,7 @@ body deadline has passed, while other requests are answered as usual."""
 
 from __future__ import annotations
 
+import http.client
 import re
 import socket
 import time
@@ -92,11 +93,18 @@ def test_slow_headers_and_slow_bodies_are_cut_off(tmp_path: Path) -> None:
                 assert answer.startswith(b"HTTP/1.1 408 "), answer
                 assert b'"code":"request_timeout"' in answer, answer
         # A request sent at a normal pace on a kept-alive connection is not cut off.
-        with socket.create_connection(("127.0.0.1", server.port)) as sock:
-            for _ in range(2):
-                sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
-                assert sock.recv(65536).startswith(b"HTTP/1.1 200 ")
-                time.sleep(HEADER_TIMEOUT / 2)
+        kept = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+        try:
+            sockets = []
+            for _ in range(3):
+                kept.request("GET", "/healthz")
+                answer = kept.getresponse()
+                assert (answer.status, answer.read()) == (200, b'{"status":"ok"}')
+                sockets.append(kept.sock)
+                time.sleep(HEADER_TIMEOUT * 0.75)
+            assert sockets[0] is not None and sockets == [sockets[0]] * 3  # one connection
+        finally:
+            kept.close()
     finally:
         server.stop()
     assert "Traceback" not in server.output()
