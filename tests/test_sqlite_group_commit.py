@@ -14,6 +14,7 @@ from sqlalchemy import Connection, text
 
 from metering.db import Database, Steps
 from metering.kit.errors import InvalidRequest
+from tests.threads import Workers
 
 N = 40
 
@@ -60,8 +61,8 @@ def test_a_group_decides_each_unit_of_work_as_if_alone(tmp_path: Path) -> None:
             )
 
         answers: list[Any] = []
-        caller = threading.Thread(target=lambda: answers.extend(asyncio.run(calls())))
-        caller.start()
+        callers = Workers()
+        callers.start(lambda: answers.extend(asyncio.run(calls())))
         while True:  # every unit of work has arrived (the first one's group waits for the turn)
             group = database._group
             if group is not None and len(group._queue) >= N - 1:
@@ -69,7 +70,7 @@ def test_a_group_decides_each_unit_of_work_as_if_alone(tmp_path: Path) -> None:
             threading.Event().wait(0.01)
         groups.append(len(group._queue))
         turn.__exit__(None, None, None)
-        caller.join(30)
+        callers.join(30)
         results = dict(enumerate(answers))
 
         for index, outcome in enumerate(outcomes):

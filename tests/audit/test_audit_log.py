@@ -59,7 +59,7 @@ class World:
 
 
 # A public address (TEST-NET-3): saved without resolving anything.
-HOOK_URL = "https://203.0.113.10/hook"
+HOOK_URL = "https://11.22.33.44/hook"
 
 
 @pytest.fixture
@@ -411,7 +411,9 @@ class TestNothingChangedNothingWritten:
             param="effective_at",
         )
         grants = f"/admin/v1/accounts/{world.account}/grants"
-        assert api.admin("POST", grants, json={"amount_cents": 1, "idempotency_key": "x"})
+        first = api.admin("POST", grants, json={"amount_cents": 1, "idempotency_key": "x"})
+        assert first.status_code == 201, first.text
+        assert first.json()["account_id"] == world.account, first.text
         conflict = api.admin("POST", grants, json={"amount_cents": 2, "idempotency_key": "x"})
         assert_error(conflict, 409, "idempotency_conflict", param="idempotency_key")
         assert_error(
