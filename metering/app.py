@@ -13,7 +13,7 @@ from metering.kit.clock import Clock, SystemClock
 from metering.metrics import REGISTRY
 from metering.settings import Settings
 from metering.web.deps import Credentials
-from metering.web.errors import ERROR_RESPONSES, install_error_handlers
+from metering.web.errors import ERROR_RESPONSES, error_response, install_error_handlers
 from metering.web.fastlane import FastLane, lanes_of
 from metering.web.jsonio import ExactJSONResponse
 from metering.web.middleware import RequestContextMiddleware
@@ -114,6 +114,7 @@ def create_app(
     app.add_middleware(
         RequestContextMiddleware,
         max_body_bytes=settings.max_body_bytes,
+        render_error=error_response,
         body_timeout_seconds=settings.body_timeout_seconds,
         access_log=settings.access_log,
     )

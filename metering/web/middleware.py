@@ -6,8 +6,10 @@ import asyncio
 import logging
 import sys
 import time
+from collections.abc import Callable
 
 from starlette.requests import Request
+from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from metering.db import unreachable
@@ -22,6 +24,8 @@ from metering.kit.ids import new_request_id
 from metering.metrics import REQUEST_LATENCY
 
 REQUEST_ID_HEADER = b"x-request-id"
+# How the app answers an error (metering.web.errors.error_response).
+ErrorRenderer = Callable[[Request, MeteringError], Response]
 log = logging.getLogger("metering.errors")
 # One line per request: method, path (as sent, without the query string: it may carry a
 # secret), status, duration and request id. Never a header, so never a credential.
@@ -59,17 +63,21 @@ class RequestContextMiddleware:
     writes the access log (``access_log``).
 
     An oversized body is refused from its Content-Length before it is read, and a chunked one as
-    soon as the running count passes the limit.
+    soon as the running count passes the limit. Its own errors are answered as the app answers
+    them (``render_error``: the JSON body, or the page of a part of the site with pages of its
+    own, the portal's), handed in by the app so that this layer imports none of them.
     """
 
     def __init__(
         self,
         app: ASGIApp,
         max_body_bytes: int,
+        render_error: ErrorRenderer,
         body_timeout_seconds: float = 60.0,
         access_log: bool = True,
     ) -> None:
         self.app = app
+        self.render_error = render_error
         self.max_body_bytes = max_body_bytes
         self.body_timeout_seconds = body_timeout_seconds
         self.access_log = access_log
@@ -97,7 +105,7 @@ class RequestContextMiddleware:
         declared = _content_length(scope)
         if declared is not None and declared > limit:
             too_large = BodyTooLarge(_too_large(limit), limit_bytes=limit)
-            await _send_error(too_large, scope, send)
+            await _send_error(self.render_error, too_large, scope, send)
             if self.access_log:
                 _log_access(scope, 413, started, request_id)
             return
@@ -133,7 +141,9 @@ class RequestContextMiddleware:
                 raise
             # Answered here: Starlette's outermost middleware would answer too, then re-raise,
             # and uvicorn closes the connection on that, failing the client's next request on it.
-            await _send_error(_unexpected(scope, request_id), scope, send_with_id, close=False)
+            await _send_error(
+                self.render_error, _unexpected(scope, request_id), scope, send_with_id, close=False
+            )
         finally:
             route = scope.get("route")
             # The route template (not the raw path) keeps the label set small.
@@ -191,13 +201,15 @@ def _content_length(scope: Scope) -> int | None:
 
 
 async def _send_error(
-    error: MeteringError, scope: Scope, send: Send, *, close: bool = True
+    render_error: ErrorRenderer,
+    error: MeteringError,
+    scope: Scope,
+    send: Send,
+    *,
+    close: bool = True,
 ) -> None:
-    """The error as the app answers it (the JSON body, or the page of a part of the site with
-    pages of its own: the portal's), sent from here where the app's handlers are not around."""
-    from metering.web.errors import error_response  # it imports this module
-
-    response = error_response(Request(scope), error)
+    """The error as the app answers it, sent from here where the app's handlers are not around."""
+    response = render_error(Request(scope), error)
     if close:
         response.headers["connection"] = "close"
 
