@@ -75,6 +75,7 @@ def create_app(
     from metering.catalog import endpoints as catalog
     from metering.ledger import endpoints as ledger
     from metering.notifications import endpoints as webhooks
+    from metering.payments import endpoints as payments
     from metering.portal import endpoints as portal
     from metering.portal import notifications as portal_notifications
     from metering.reports import endpoints as reports
@@ -98,6 +99,8 @@ def create_app(
         reports.router,
         webhooks.router,
         webhooks.admin_router,
+        payments.router,
+        payments.admin_router,
     )
     for router in routers:
         app.include_router(router, responses=ERROR_RESPONSES)
