@@ -1,5 +1,5 @@
 """The ledger and ingest loads on a local Citus cluster beside one PostgreSQL server (issue 18's
-benchmark, CONTRACT §13).
+benchmark; docs/citus.md).
 
 Two databases made in the same run — a fresh one on the single PostgreSQL server
 (``METERING_TEST_PG_URL``) and a fresh one on the local Citus cluster (a coordinator and two

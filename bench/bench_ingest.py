@@ -162,7 +162,7 @@ class Bodies:
         return self.charges[self._template(client, iteration)]
 
 
-# The answer's counts (§5), read without decoding its 1000 results: each must appear once.
+# The answer's counts, read without decoding its 1000 results: each must appear once.
 _COUNT = re.compile(rb'"(recorded|duplicates|quarantined|rejected)":\s*(-?\d+)')
 
 

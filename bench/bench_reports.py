@@ -58,7 +58,7 @@ from tests import oracle
 MODELS = [f"Bench-Model-{index:02d}" for index in range(20)]
 KEYS = 50
 DAYS = 93
-BATCH = 1000  # the most one request may carry (§5)
+BATCH = 1000  # the most one request may carry
 TARGET_MS = 50.0
 # The billing portal's Usage page for the 93 days by key (a browser's request, session cookie).
 PORTAL_TARGET_MS = 300.0

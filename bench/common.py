@@ -324,7 +324,7 @@ class Admin:
     def access_rules(
         self, account_id: str, models: Sequence[str], max_concurrent_requests: int
     ) -> bool:
-        """§10's limits on the account (a model list, a limit on requests in flight), so the
+        """The access limits on the account (a model list, a limit on requests in flight), so the
         checks are on the measured path; False on code that has no such routes (a commit from
         before them, in a before/after comparison), which then measures without them."""
         limited = self.client.patch(

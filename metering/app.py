@@ -51,8 +51,9 @@ def create_app(
         default_response_class=ExactJSONResponse,
         lifespan=lifespan,
         strict_content_type=False,
-        # No redirects (§14): a trailing slash is an unknown path, never a 307 whose Location
-        # comes from the Host header and invites the client to resend its body elsewhere.
+        # No redirects (docs/api.md#conventions): a trailing slash is an unknown path, never a 307
+        # whose Location comes from the Host header and invites the client to resend its body
+        # elsewhere.
         redirect_slashes=False,
         # /docs and /redoc are served by metering.web.docs, assets included (no CDN).
         docs_url=None,

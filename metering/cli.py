@@ -27,7 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="metering",
         description="Billing, metering and usage reporting for an LLM inference API.",
-        epilog="Configuration: METERING_* environment variables (README.md, Configuration). "
+        epilog="Configuration: METERING_* variables (docs/operations.md#configuration). "
         "The HTTP API: docs/api.md in the repository, or /docs on a running server. "
         "Operations: docs/operations.md.",
     )
@@ -316,7 +316,7 @@ def serve(args: argparse.Namespace, settings: Settings) -> int:
     from metering.runtime import MULTIPROC_ENV, prepare_metrics_directory, remove_metrics_directory
 
     # Before anything imports prometheus_client (its mode is chosen then): the directory where
-    # every worker's metrics go, so that one scrape sums them all (contract §8).
+    # every worker's metrics go, so that one scrape sums them all (docs/operations.md#metrics).
     # (tests/reliability/test_metrics_workers.py fails should anything import it earlier.)
     created = not os.environ.get(MULTIPROC_ENV)
     directory = prepare_metrics_directory()

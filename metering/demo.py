@@ -99,7 +99,7 @@ def _usage(api: str, prompt: int, cached: int, output: int, reasoning: int) -> d
             "output_tokens_details": {"reasoning_tokens": reasoning},
             "total_tokens": prompt + output,
         }
-    # Messages: input_tokens already includes the cache reads (contract §5); no reasoning field.
+    # Messages: input_tokens already includes the cache reads; no reasoning field.
     return {"input_tokens": prompt, "cache_read_input_tokens": cached, "output_tokens": output}
 
 

@@ -63,7 +63,7 @@ def ensure_dev_tokens(settings: Settings) -> DevTokens:
 
 def ensure_secret_key(settings: Settings) -> str:
     """The embedded quick start's ``METERING_SECRET_KEY`` (one home: the portal's cookies and
-    §11's webhook secrets), generated on first start and kept (mode 0600) in the data
+    the webhook signing secrets), generated on first start and kept (mode 0600) in the data
     directory, so sessions survive a restart; never printed or logged."""
     path = settings.data_dir / SECRET_KEY_FILE
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -43,7 +43,7 @@ log = logging.getLogger("metering.scheduler")
 
 DEFAULT_INTERVAL_SECONDS = 60.0
 EXPIRY_BATCH = 100  # accounts per transaction when the scheduler writes due grant expiries
-WEBHOOK_INTERVAL_SECONDS = 1.0  # §11: due messages are looked for every second
+WEBHOOK_INTERVAL_SECONDS = 1.0  # due messages are looked for every second
 
 
 @dataclass
@@ -51,7 +51,7 @@ class TickReport:
     at: datetime
     expired_holds: int | None = None  # None: the tidy-up failed (logged)
     expiry_accounts: int | None = None  # accounts whose due grant expiries were written
-    expiring_grants: int | None = None  # credit.grant_expiring events written (§11)
+    expiring_grants: int | None = None  # credit.grant_expiring events written
     portal_deleted: tuple[int, int] | None = None  # (portal sessions, sign-in links) deleted
     payments_moved: int | None = None  # pending payments Stripe's answer moved (payments on)
     exports: list[DayResult] = field(default_factory=list)
@@ -105,7 +105,7 @@ class Scheduler:
             log.error("METERING_SECRET_KEY is not set: webhooks are not delivered")
 
     def deliver(self) -> PassReport | None:
-        """One pass of the webhook delivery loop (§11: every second)."""
+        """One pass of the webhook delivery loop (every second)."""
         if self.deliverer is None:
             return None
         failure = "webhook delivery pass failed (retried in a second)"
@@ -296,9 +296,10 @@ def run(scheduler: Scheduler, interval_seconds: float = DEFAULT_INTERVAL_SECONDS
 
 
 class EmbeddedScheduler:
-    """The scheduler's jobs inside ``metering serve`` on the embedded database (§8): one
-    thread in the command's own process, which is the server with one worker and the
-    workers' supervisor with several, so the jobs run once whatever ``--workers`` says."""
+    """The scheduler's jobs inside ``metering serve`` on the embedded database
+    (docs/operations.md#scheduler-and-exports): one thread in the command's own process, which is
+    the server with one worker and the workers' supervisor with several, so the jobs run once
+    whatever ``--workers`` says."""
 
     def __init__(self, settings: Settings, interval_seconds: float) -> None:
         from apscheduler.schedulers.background import BackgroundScheduler

@@ -46,7 +46,7 @@ class Settings(BaseSettings):
     log_level: str = "INFO"
     # One line per request on the "metering.access" logger (method, path, status, duration).
     access_log: bool = True
-    # One home for the service's secret key (§11 and the portal): one or more comma-separated
+    # One home for the service's secret key (webhooks and the portal): one or more comma-separated
     # strings of at least 32 characters; the first signs the portal's cookies and CSRF tokens
     # and encrypts the webhook signing secrets, every one verifies/decrypts (rotation).
     # Generated for the embedded quick start; required with a server database
@@ -55,12 +55,12 @@ class Settings(BaseSettings):
     # The address customers reach the service at: the portal's sign-in links start with it.
     # Defaults to the embedded server's own address; required with a server database.
     public_base_url: str = ""
-    # Webhook delivery (§11): the timeout of one attempt, extra CA certificates (a PEM file), and
+    # Webhook delivery: the timeout of one attempt, extra CA certificates (a PEM file), and
     # whether private and loopback addresses (and http://) are allowed (None: only embedded).
     webhook_timeout_seconds: float = Field(default=10.0, gt=0, le=60)
     webhook_ca_bundle: Path | None = None
     webhook_allow_private: bool | None = None
-    # §11 credit.grant_expiring: written by the scheduler this many days before a grant expires.
+    # credit.grant_expiring: written by the scheduler this many days before a grant expires.
     grant_notice_days: int = Field(default=7, ge=0, le=366)
     # Payments (Stripe, metering.payments): off unless the secret key is set. The API base is
     # Stripe's own unless pointed elsewhere (the tests' localstripe); the script is Stripe.js,

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A local Citus cluster for development and the test suite: a coordinator and two workers on
 # loopback, each its own PostgreSQL 15 data directory and port, Citus preloaded, the workers
-# registered with the coordinator (CONTRACT §13); and a spare fourth node, a worker-to-be that
+# registered with the coordinator (docs/citus.md#a-local-cluster); and a spare fourth node, a worker-to-be that
 # is started but registered nowhere, for the test that adds a worker and rebalances under load
 # (tests/reliability/test_citus_rebalance.py registers it in its own database only).
 #

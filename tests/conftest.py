@@ -68,7 +68,7 @@ CITUS_SPARE_URL = os.environ.get(
     .set(port=(make_url(CITUS_MAINTENANCE_URL).port or 5432) + 3)
     .render_as_string(hide_password=False),
 )
-# Service-level modules whose tests run on Citus too (CONTRACT §13): every case of a fixture
+# Service-level modules whose tests run on Citus too (docs/citus.md): every case of a fixture
 # parametrized by backend (``api``, ``fresh_api``, ``pg_api``, ``pg_url``, the race clusters, the
 # webhook and model-based apps). The PostgreSQL suite's service level: ledger, usage, reports,
 # exports, webhooks, the races, the crash and model-based tests (tests/test_citus.py proves

@@ -90,7 +90,8 @@ def priced_model(
 
 
 REQUEST_ID = re.compile(r"[0-9a-f]{12}")
-# §1: the HTTP status carries the category, and each status has exactly one error type.
+# docs/api.md#conventions: the HTTP status carries the category, and each status has exactly one
+# error type.
 ERROR_TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
@@ -109,7 +110,7 @@ ERROR_TYPES = {
 def assert_error(
     response: Any, status: int, code: str, *, param: str | None = None
 ) -> dict[str, Any]:
-    """The §1 error body with this status, type, code and param, and the matching request id."""
+    """The error body with this status, type, code and param, and the matching request id."""
     assert response.status_code == status, response.text
     body = response.json()
     assert set(body) == {"error"}, body
@@ -137,10 +138,11 @@ def card_of(api: Api, model_id: str, secret: str | None = None) -> dict[str, Any
 
 
 def usage_object(api: str, prompt: int, cached: int, output: int, reasoning: int) -> dict[str, Any]:
-    """A ``usage`` object as ``api`` returns it (§5's normalisation table read backwards, written
-    by hand, not by the code under test): ``prompt`` counts every input token, cache reads
-    included (on ``messages`` too: its ``input_tokens`` already includes them), ``output``
-    counts reasoning (not reported by ``messages``)."""
+    """A ``usage`` object as ``api`` returns it (the normalisation table of
+    docs/api.md#post-v1usageevents read backwards, written by hand, not by the code under test):
+    ``prompt`` counts every input token, cache reads included (on ``messages`` too: its
+    ``input_tokens`` already includes them), ``output`` counts reasoning (not reported by
+    ``messages``)."""
     if api == "chat_completions":
         return {
             "prompt_tokens": prompt,

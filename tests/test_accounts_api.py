@@ -1,4 +1,5 @@
-"""§3 accounts and API keys through the real admin API, on both backends."""
+"""Accounts and API keys (docs/api.md#accounts-and-keys) through the real admin API, on both
+backends."""
 
 from __future__ import annotations
 

@@ -51,6 +51,17 @@ def test_the_audit_actions_are_the_services() -> None:
     assert rows == list(ACTIONS)
 
 
+# What only a document outside this repository would explain: a section sign, or that document's
+# name. Spelt so that this file does not hold them itself.
+SECTION_SIGN = "\N{SECTION SIGN}"
+OUTSIDE_DOCUMENT = re.compile(rf"{SECTION_SIGN}|\b{'contract'.upper()}\b")
+# Where the project's own code and configuration live; vendored third-party files (their licences
+# may say "contract" as loudly as they like) and what tools leave behind are not the project's.
+SOURCES = ("metering", "tests", "bench", "scripts", "clients", "dashboards", ".ci")
+TOP_FILES = ("Makefile", "Dockerfile", "docker-compose.yml", "pyproject.toml", "alembic.ini")
+NOT_OURS = {"vendor", "__pycache__", "node_modules"}
+
+
 def _pages() -> list[Path]:
     """The README and every document under docs/ (the decision records included)."""
     return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
@@ -59,7 +70,7 @@ def _pages() -> list[Path]:
 def test_no_reference_to_files_a_clone_does_not_have() -> None:
     for path in _pages():
         text = path.read_text()
-        assert "§" not in text and "CONTRACT" not in text, path
+        assert not OUTSIDE_DOCUMENT.search(text), path
         assert "../shared" not in text, path
 
 
@@ -70,9 +81,39 @@ def test_the_command_points_at_the_projects_docs() -> None:
     metering = Path(sys.executable).with_name("metering")
     shown = subprocess.run([str(metering), "--help"], capture_output=True, text=True, check=True)
     assert "docs/api.md" in shown.stdout and "/docs" in shown.stdout
-    assert "§" not in shown.stdout and "CONTRACT" not in shown.stdout
+    assert not OUTSIDE_DOCUMENT.search(shown.stdout)
     for path in ("docs/api.md", "docs/operations.md", "README.md"):
         assert (ROOT / path).is_file(), path
+
+
+def _sources() -> list[Path]:
+    """Every text file of the project's code, tests, benchmarks, scripts, clients and build."""
+    found = [ROOT / name for name in TOP_FILES if (ROOT / name).is_file()]
+    for top in SOURCES:
+        for path in sorted((ROOT / top).rglob("*")):
+            parts = set(path.relative_to(ROOT).parts)
+            if not path.is_file() or parts & NOT_OURS:
+                continue
+            if any(part.endswith(".egg-info") or part.startswith(".venv") for part in parts):
+                continue
+            found.append(path)
+    return found
+
+
+def test_code_cites_the_projects_docs_never_a_document_outside_it() -> None:
+    """A reference in code names a file of this repository (``docs/api.md#ranges``), never a
+    section of a document a clone does not have."""
+    citing = []
+    for path in _sources():
+        try:
+            text = path.read_text()
+        except UnicodeDecodeError:  # not text: an image, a font, a Parquet file
+            continue
+        for number, line in enumerate(text.splitlines(), 1):
+            if OUTSIDE_DOCUMENT.search(line):
+                citing.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
+    assert not citing, "\n".join(citing)
+    assert len(_sources()) > 300
 
 
 # Created by the metrics work, which lands beside this one.

@@ -1,5 +1,5 @@
-"""§2 catalog and prices through the real app, on both backends: the public model list, model
-metadata, effective-dated list prices and account rate overrides."""
+"""The catalog and prices (docs/api.md#catalog) through the real app, on both backends: the public
+model list, model metadata, effective-dated list prices and account rate overrides."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The service on a Citus cluster (CONTRACT §13). ``metering migrate`` on a coordinator places
+"""The service on a Citus cluster (docs/citus.md). ``metering migrate`` on a coordinator places
 every table by the one rule (account data sharded by account and colocated, the rest reference
 tables, the audit log on the coordinator) and migrating again changes nothing; each gateway and
 account-key request sends the workers statements that touch its account's shard only. Needs
@@ -910,10 +910,10 @@ def events_in(url: str, account: str) -> int:
 
 class TestIngestPerAccount:
     def test_each_account_commits_while_the_next_one_waits(self, citus_api: Api) -> None:
-        """A batch over two accounts commits per account (CONTRACT §13): while the second
-        account's row is locked elsewhere, the first account's events are already committed
-        and visible, the second's are not; once the lock goes, the answer says each event was
-        recorded. (One transaction for the batch, as on one server, would show neither.)"""
+        """A batch over two accounts commits per account (docs/citus.md#what-runs-on-a-cluster):
+        while the second account's row is locked elsewhere, the first account's events are already
+        committed and visible, the second's are not; once the lock goes, the answer says each event
+        was recorded. (One transaction for the batch, as on one server, would show neither.)"""
         api = citus_api
         model = priced_model(api, NOW - timedelta(days=1))
         first, second = accounts_on_two_workers(api)

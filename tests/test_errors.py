@@ -1,5 +1,5 @@
-"""§1 plumbing through the real app: the error body, request ids, JSON parsing, the body limit,
-validation as 400, internal errors, credentials, and the health probes."""
+"""The conventions (docs/api.md#conventions) through the real app: the error body, request ids, JSON
+parsing, the body limit, validation as 400, internal errors, credentials, and the health probes."""
 
 from __future__ import annotations
 
@@ -324,7 +324,7 @@ class TestHealth:
 
 class TestOpenAPIErrors:
     """The published schema tells clients the truth about errors: FastAPI's 422 is never
-    answered (validation errors are 400), and every error has the §1 body."""
+    answered (validation errors are 400), and every error has the error body."""
 
     def test_every_operation_declares_the_error_body_and_no_422(self, api: Api) -> None:
         spec = api.client.get("/openapi.json").json()

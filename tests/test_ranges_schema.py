@@ -1,4 +1,4 @@
-"""Ranges (contract §1) in the schema: every integer column of every table refuses, never
+"""Ranges (docs/api.md#ranges) in the schema: every integer column of every table refuses, never
 coerces, a value that is not a signed 64-bit integer, on both backends (SQLite by the checks of
 the baseline migration, PostgreSQL by its column types), and the ingest recognises that refusal."""
 

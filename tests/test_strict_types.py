@@ -1,6 +1,6 @@
-"""Strict types (§1): a date or timestamp is a string in its format (a number never is one),
-an integer is a JSON integer (a float is not), and a body is a JSON object where one is
-expected. Each case is a 400 naming the field, and changes nothing."""
+"""Strict types (docs/api.md#conventions): a date or timestamp is a string in its format (a number
+never is one), an integer is a JSON integer (a float is not), and a body is a JSON object where one
+is expected. Each case is a 400 naming the field, and changes nothing."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Model access and requests in flight (contract §10), the rules the check-and-hold adds.
+"""Model access and requests in flight (docs/api.md#accounts-and-keys), the rules the check-and-hold
+adds.
 
 **Model access.** An account sees every catalog model (``restricts_models`` false; hidden ones are
 served but not listed) or exactly the models of its list (``account_models``, hidden ones

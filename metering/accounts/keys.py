@@ -1,8 +1,8 @@
 """API keys as credentials: the secret's hash, and which key a secret names.
 
-Only a hash of a key's secret is stored (contract §0); a key is live until it is revoked. Every
-reader of a key by its secret (the account-key routes, the authorization's resolution) uses
-``live_key`` here.
+Only a hash of a key's secret is stored (docs/api.md#credentials); a key is live until it is
+revoked. Every reader of a key by its secret (the account-key routes, the authorization's
+resolution) uses ``live_key`` here.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ class KeyPrincipal:
 
 
 # Two statements, each of one table: the key by its secret's hash, then its account by id (on
-# Citus the keys are on every node and the account on one shard: no read fans out, §13).
+# Citus the keys are on every node and the account on one shard: no read fans out).
 _BY_SECRET = select(KEYS.c.id, KEYS.c.account_id)
 _BILLING = select(ACCOUNTS.c.billing)
 

@@ -13,7 +13,7 @@ from metering.kit.text import Text
 Name = Field(min_length=1, max_length=200)
 # A model id as given (case-insensitive; checked against the catalog by the service).
 ModelName = Annotated[Text, Field(min_length=1, max_length=200)]
-# §10: at most this many models in one list; requests in flight at most this many.
+# At most this many models in one list; requests in flight at most this many.
 ModelList = Annotated[list[ModelName], Field(max_length=1000)]
 ConcurrencyLimit = Annotated[int, Strict(), Field(ge=1, le=1_000_000)]
 
@@ -34,7 +34,7 @@ class AccountUpdate(BaseModel):
     name: Text = Field(default=None, min_length=1, max_length=200)  # type: ignore[assignment]
     # null: no limit on requests in flight.
     max_concurrent_requests: ConcurrencyLimit | None = None
-    # §11: null clears it (no credit.balance_low).
+    # Null clears it (no credit.balance_low).
     low_balance_threshold_cents: LimitCentsInput | None = None
 
 

@@ -121,7 +121,7 @@ def api_key_bodies(session: Session, keys: list[ApiKey]) -> list[dict[str, Any]]
     return [api_key_body(key, lists[key.id]) for key in keys]
 
 
-# -- §10: model access, requests in flight, spend windows ----------------------------------------
+# -- model access, requests in flight, spend windows ---------------------------------------------
 
 ACCOUNT_MODELS = table(AccountModel)
 KEY_MODELS = table(ApiKeyModel)

@@ -1,6 +1,6 @@
-"""A key's spend window (contract §10): the UTC calendar day, week (from Monday 00:00) or month
-that contains an instant, as one pure function. Every reader of a window — the check-and-hold,
-``GET /v1/api-keys`` (``window_starts_at`` and ``spent``) — asks here."""
+"""A key's spend window (docs/api.md#accounts-and-keys): the UTC calendar day, week (from Monday
+00:00) or month that contains an instant, as one pure function. Every reader of a window — the
+check-and-hold, ``GET /v1/api-keys`` (``window_starts_at`` and ``spent``) — asks here."""
 
 from __future__ import annotations
 

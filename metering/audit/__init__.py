@@ -1,1 +1,1 @@
-"""The audit log of operators' changes (§14)."""
+"""The audit log of operators' changes (docs/api.md#get-adminv1audit-events)."""

@@ -56,7 +56,7 @@ def listed_models(
 ) -> list[dict[str, Any]]:
     """The cards of the models in service now (not retired, with a price in force: the
     account's rates, or list prices without a key), by id in byte order. Without a key, the
-    models not hidden; with one, the models that key may use (§10), leaving out hidden ones
+    models not hidden; with one, the models that key may use, leaving out hidden ones
     that no list of its own or its account's names; with ``account_id`` instead (the portal's
     view of an account), the models the account may use, the same way without a key's list."""
     if key is not None:

@@ -47,7 +47,7 @@ class Distribution:
     moved: list[str] = field(default_factory=list)  # placed anew (the rule's answer changed)
 
 
-# How a worker is added while the service runs (README, "Adding a worker, online"): the shards
+# How a worker is added while the service runs (docs/citus.md#adding-a-worker-online): the shards
 # rebalanced by Citus' default, logical replication, the shards taking writes while they are
 # copied; every node with ``synchronous_commit`` on (PostgreSQL's default). A move ends when the
 # target has replayed the source's WAL up to the position Citus reads after blocking writes,

@@ -1,6 +1,7 @@
-"""The daily credit roll-forward (contract §9): finance's deferred-revenue report of one UTC day,
-one row per account × category (``paid``, ``promotional``, ``adjustment``, ``deficit``) with
-integer columns ``opening, granted, spent, expired, voided, closing`` (microcents).
+"""The daily credit roll-forward (of the grants of docs/api.md#credit-ledger): finance's
+deferred-revenue report of one UTC day, one row per account × category (``paid``,
+``promotional``, ``adjustment``, ``deficit``) with integer columns
+``opening, granted, spent, expired, voided, closing`` (microcents).
 
 Computed from the books in one statement: every movement of credit as a (account, category,
 before the day or within it, column, amount) row — a grant's full amount (``granted``), what

@@ -1,4 +1,5 @@
-"""The one error hierarchy; a single handler turns it into the contract's error body."""
+"""The one error hierarchy; a single handler turns it into the error body of
+docs/api.md#conventions."""
 
 from __future__ import annotations
 
@@ -96,7 +97,7 @@ class DatabaseUnavailable(MeteringError):
 
 
 class RateLimited(MeteringError):
-    """429: come back in a second (the contract's two headers say so)."""
+    """429: come back in a second (its two headers say so)."""
 
     status = 429
     type = "rate_limit_error"

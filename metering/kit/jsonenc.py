@@ -99,7 +99,7 @@ def dumps(value: Any) -> bytes:
 def loads_exact(body: bytes) -> Any:
     """JSON with every non-integer number as a Decimal; bad UTF-8 and absurd nesting are reported
     as JSON errors. NaN and ±Infinity become Decimal values, so the field they were sent in refuses
-    them by name (§1: a NaN money input is a 400 whose ``param`` names the field)."""
+    them by name (docs/api.md#conventions: a NaN money input is a 400 naming the field)."""
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError as exc:

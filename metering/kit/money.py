@@ -16,7 +16,7 @@ MICROCENTS_PER_CENT = 1_000_000
 MICROCENTS_PER_USD = 100_000_000
 CENTS_DECIMALS = 6
 USD_DECIMALS = 8
-# Money inputs beyond ±9×10^12 cents are refused (the contract's bound; 9×10^18 microcents still
+# Money inputs beyond ±9×10^12 cents are refused (docs/api.md#conventions; 9×10^18 microcents still
 # fits a signed 64-bit column).
 MAX_INPUT_CENTS = 9 * 10**12
 INT64_MAX = 2**63 - 1

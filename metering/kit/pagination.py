@@ -1,4 +1,5 @@
-"""Cursor pagination for admin lists (§1): ``?limit=`` 1–1000 (default 100), ``?after=``."""
+"""Cursor pagination for admin lists: ``?limit=`` 1–1000 (default 100), ``?after=``
+(docs/api.md#conventions)."""
 
 from __future__ import annotations
 
@@ -55,7 +56,7 @@ def _digits(value: object) -> object:
 
 
 def page_request(
-    # An integer query parameter is digits only (§1 strict types).
+    # An integer query parameter is digits only (docs/api.md#conventions, strict types).
     limit: Annotated[int, Query(ge=1, le=1000), BeforeValidator(_digits)] = 100,
     after: Annotated[str | None, Query(max_length=500)] = None,
 ) -> tuple[int, str | None]:

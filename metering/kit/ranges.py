@@ -1,5 +1,5 @@
-"""Ranges (contract §1): every stored amount and every sum stays within a signed 64-bit integer,
-on both backends, and is never coerced to a float.
+"""Ranges (docs/api.md#ranges): every stored amount and every sum stays within a signed 64-bit
+integer, on both backends, and is never coerced to a float.
 
 The rule has one home, the database's own column type, refused the same way on both backends:
 PostgreSQL's ``BIGINT`` raises ``numeric_value_out_of_range`` (SQLSTATE 22003) on an overflow,

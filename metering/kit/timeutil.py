@@ -68,8 +68,9 @@ def _timestamp_text(value: object) -> str:
     return value
 
 
-# Request fields (§1 strict types). A timestamp stays text for ``parse_timestamp``, which the
-# service calls to name the field with ``invalid_timestamp``; the schema says its format.
+# Request fields (strict types: docs/api.md#conventions). A timestamp stays text for
+# ``parse_timestamp``, which the service calls to name the field with ``invalid_timestamp``;
+# the schema says its format.
 DateText = Annotated[
     date, PlainValidator(_date_text), WithJsonSchema({"type": "string", "format": "date"})
 ]

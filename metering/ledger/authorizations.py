@@ -1,4 +1,5 @@
-"""Pre-flight authorizations (contract §4): the check-and-hold of an LLM request's maximum cost.
+"""Pre-flight authorizations (docs/api.md#post-v1authorizations): the check-and-hold of an LLM
+request's maximum cost.
 
 An authorization is a resolving read (the client's key, its account, the model, the price in
 force, any earlier hold with the same request id; no lock), the estimate in Python (the pure
@@ -231,7 +232,7 @@ def _hold_steps(
             spend_limit_cents=cents(found.spend_limit_microcents),
             spend_limit_window=window,
             spent_cents=cents(placement.spent),
-            # As before windows (§10): the limit's amount under its first name.
+            # As before windows: the limit's amount under its first name.
             monthly_spend_limit_cents=cents(found.spend_limit_microcents),
             credits_required_cents_estimate=cents(estimate.total_microcents),
         )
@@ -422,7 +423,7 @@ def tidy_up_accounts(session: Session, now: datetime) -> list[str]:
 def notice_expired_unused(
     session: Session, now: datetime, limit: int = 1000, account_id: str | None = None
 ) -> int:
-    """§11 ``authorization.expired_unused``: one event per hold that expired with no usage
+    """``authorization.expired_unused``: one event per hold that expired with no usage
     (marked by the tidy-up or by a check-and-hold of its account), in the tidy-up's
     transaction; returns how many. Holds locked by a settlement meanwhile are skipped: they are
     getting their usage, or are seen by the next tick. ``account_id`` (a Citus cluster): that

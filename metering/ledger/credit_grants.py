@@ -1,5 +1,5 @@
-"""Credit grants (contract §9): creating them (a grant, or a positive adjustment), voiding
-them, reading them, and the balance as the clock sees it.
+"""Credit grants (docs/api.md#credit-ledger): creating them (a grant, or a positive adjustment),
+voiding them, reading them, and the balance as the clock sees it.
 
 Every write here takes the account's row lock first and writes the account's due expiries
 (metering.ledger.spending, the program every debit runs), so the books move in one order.
@@ -143,7 +143,7 @@ def void_grant(
         .values(balance_microcents=ACCOUNTS.c.balance_microcents - forfeit)
         .returning(ACCOUNTS.c.balance_microcents)
     ).scalar_one()
-    # §11: the thresholds the void crosses, under the account's row lock (taken above).
+    # The balance thresholds the void crosses, under the account's row lock (taken above).
     outbox.note_balance_move(session, account_id, int(after) + forfeit, int(after), now)
     grant = session.execute(
         select(GRANTS).where(GRANTS.c.account_id == account_id, GRANTS.c.id == grant_id)
@@ -224,7 +224,7 @@ _LIVE = (
 
 
 def credit_fields(session: Session, account_id: str, now: datetime) -> tuple[int, dict[str, Any]]:
-    """What ``GET /v1/credits`` adds (§9): the pending forfeits to leave out of the written
+    """What ``GET /v1/credits`` adds: the pending forfeits to leave out of the written
     balance, and the fields ``grants``, ``deficit_cents`` and ``deficit_microcents``."""
     row = session.execute(
         select(
@@ -298,7 +298,7 @@ def notice_expiring(
     limit: int = 1000,
     account_id: str | None = None,
 ) -> int:
-    """§11 ``credit.grant_expiring`` {grant_id, remaining_microcents, expires_at}: once per grant
+    """``credit.grant_expiring`` {grant_id, remaining_microcents, expires_at}: once per grant
     with a remainder that expires within ``notice`` (the scheduler's, in its transaction);
     grants due with nothing left, voided or expired are marked without one. Returns how many
     were written. On PostgreSQL, grants locked meanwhile (being spent) wait for the next tick.

@@ -1,4 +1,4 @@
-"""The spending order of credit grants (contract §9), defined once.
+"""The spending order of credit grants (docs/api.md#credit-ledger), defined once.
 
 Every charge and negative adjustment is paid from the account's **live** grants (active, a
 remainder, not expired at the service's clock when it is recorded: metering.states.grants) in

@@ -42,7 +42,7 @@ EXPIRED_WITHOUT_USAGE = "metering_authorizations_expired_without_usage"
 
 @REGISTRY.database_collector
 def expired_without_usage(session: Session, now: datetime) -> Iterable[Metric]:
-    """Holds that expired with no usage event: each is a sign of lost usage (contract §4).
+    """Holds that expired with no usage event: each is a sign of lost usage.
 
     Read from the database, so every process reports the same figure."""
     count = session.execute(

@@ -44,8 +44,8 @@ class Resolution:
     reasoning_headroom_tokens: int | None
     deprecation_date: date | None
     price_version_id: str | None
-    account_sees: bool  # §10: the account may use the model (else: as if unknown)
-    key_allows: bool  # §10: the key's own list lets it use the model
+    account_sees: bool  # the account may use the model (else: as if unknown)
+    key_allows: bool  # the key's own list lets it use the model
     rates: Rates | None  # the price's RATE_COLUMNS, when one is in force
 
     @property

@@ -11,11 +11,12 @@ from metering.kit.text import Text
 from metering.kit.timeutil import TimestampText
 from metering.pricing import MAX_TOKEN_COUNT
 
-# The characters of a request id (contract §5), so a hold and its usage event can name each other.
+# The characters of a request id (docs/api.md#post-v1authorizations), so a hold and its usage event
+# can name each other.
 REQUEST_ID_PATTERN = r"^[A-Za-z0-9._:\-]{1,64}$"
 # The inference API's own ceiling on ``n``; far enough below any overflow of an estimate.
 MAX_CHOICES = 128
-# §10: a hold lives at most a week.
+# A hold lives at most a week.
 MAX_HOLD_TTL_SECONDS = 604_800
 
 IdempotencyKey = Annotated[Text, Field(min_length=1, max_length=200)]
@@ -32,7 +33,7 @@ class GrantCreate(BaseModel):
     amount_cents: PositiveCentsInput
     idempotency_key: IdempotencyKey
     note: Text | None = Field(default=None, max_length=2000)
-    # §9: paid (default) or promotional; priority 0–100, lower spent first (default 10 for
+    # Paid (default) or promotional; priority 0–100, lower spent first (default 10 for
     # promotional, 50 for paid); expires_at later than now (checked by the route), or never.
     category: Literal["paid", "promotional"] = "paid"
     priority: Annotated[int, Strict(), Field(ge=0, le=100)] | None = None
@@ -58,8 +59,8 @@ class AdjustmentCreate(BaseModel):
 
 
 class AuthorizationCreate(BaseModel):
-    """``POST /v1/authorizations`` (contract §4). ``api_key`` is optional here so that a missing
-    key is the contract's 401 ``missing_api_key``, not a 400."""
+    """``POST /v1/authorizations`` (docs/api.md#post-v1authorizations). ``api_key`` is optional
+    here so that a missing key is a 401 ``missing_api_key``, not a 400."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -72,5 +73,5 @@ class AuthorizationCreate(BaseModel):
     max_tokens: Annotated[BoundedCount, Field(json_schema_extra={"minimum": 1})] | None = None
     n: Annotated[int, Strict(), Field(le=MAX_CHOICES, json_schema_extra={"minimum": 1})] = 1
     reasoning: Annotated[bool, Strict()] = False
-    # §10: the hold's lifetime (default METERING_HOLD_TTL_SECONDS); compared for idempotency.
+    # The hold's lifetime (default METERING_HOLD_TTL_SECONDS); compared for idempotency.
     hold_ttl_seconds: Annotated[int, Strict(), Field(ge=1, le=MAX_HOLD_TTL_SECONDS)] | None = None

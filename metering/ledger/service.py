@@ -174,15 +174,15 @@ _MOVE_BALANCE = (
 
 @dataclass(frozen=True, slots=True)
 class GrantTerms:
-    """A grant's terms (§9), defaults applied."""
+    """A grant's terms (category, priority, expiry), defaults applied."""
 
     category: str
     priority: int
     expires_at: datetime | None
 
     def fingerprinted(self) -> dict[str, Any]:
-        """What the fingerprint adds: nothing for the terms every grant had before §9 (so a
-        retry of a grant made then still replays it)."""
+        """What the fingerprint adds: nothing for the terms every grant had before categories,
+        priorities and expiries (so a retry of a grant made then still replays it)."""
         if (self.category, self.priority, self.expires_at) == ("paid", 50, None):
             return {}
         return {
@@ -206,7 +206,7 @@ def add_entry(
     terms: GrantTerms | None = None,
 ) -> tuple[dict[str, Any], bool]:
     """Append a grant or an adjustment and move the books with it; returns the entry's body
-    (for a grant: the grant's, §9) and whether it was created (False: the same request was
+    (for a grant: the grant's) and whether it was created (False: the same request was
     made before, nothing changed).
 
     A grant, or a positive adjustment, creates a credit grant, which first pays off the
@@ -271,7 +271,7 @@ def add_entry(
     if amount_microcents > 0:
         assert terms is not None
         session.execute(_MOVE_BALANCE, {"account_id": account_id, "amount": amount_microcents})
-        # §11: the thresholds this move crosses, under the account's row lock (taken above);
+        # The balance thresholds this move crosses, under the account's row lock (taken above);
         # a rise crosses none downward, so it only keeps the one rule in one place.
         outbox.note_balance_move(session, account_id, account.balance_microcents, new_balance, now)
         grant_id = create_grant(

@@ -146,7 +146,7 @@ def settle_steps(on: p.Backend, charges: FromClause, now: BindParameter[Any]) ->
         *_charge_steps(on, charges, now),
         lock_accounts(on, _DEBITS, "d"),
         # The balances, due expiries, the allocation over the grants and the balance crossings
-        # (§11) of the move (metering.ledger.spending).
+        # of the move (metering.ledger.spending).
         p.When(on.count(_DEBITS) > 0, tuple(debit_steps(on, _DEBITS, now))),
     ]
 

@@ -17,7 +17,7 @@ Under the account's row lock (the balance update takes it), for each account of 
    cluster's one-account forms, ``programs.ONE_SHARD``). On PostgreSQL a debit that the first
    live grant pays whole (the one part the window would find) is paid first by a lookup of that
    grant alone (``_spending_steps``); only the others take the window.
-3. **Events (§11).** Each expiry entry's ``credit.grant_expired``, and the balance thresholds
+3. **Events.** Each expiry entry's ``credit.grant_expired``, and the balance thresholds
    the whole move crosses (``credit.balance_low`` / ``_depleted``: before = the balance the
    debit's update returned plus the debit, after = the balance at the end, both under the row
    lock), in the same transaction (metering.notifications.outbox).
@@ -114,7 +114,7 @@ _MOVED = p.Rows(
     (
         ("account_id", ACCOUNTS.c.id.type),
         ("after_microcents", BigInteger()),
-        # 1: the account has due expiries to write; 1: the move may cross a threshold (§11).
+        # 1: the account has due expiries to write; 1: the move may cross a threshold.
         ("expiring", BigInteger()),
         ("crossing", BigInteger()),
     ),
@@ -256,7 +256,7 @@ def debit_steps(on: p.Backend, debits: p.Rows, now: BindParameter[Any]) -> list[
         ),
         p.When(on.holds_any(_MOVED, "expiring", 1), tuple(expiry_steps(on, debits, now))),
         *_spending_steps(on, debits, now),
-        # §11: the thresholds the whole move (debit and due expiries) crosses, once.
+        # The balance thresholds the whole move (debit and due expiries) crosses, once.
         p.When(
             on.holds_any(_MOVED, "crossing", 1),
             (p.Run(outbox.balance_crossings(_moves(on, debits), now)),),

@@ -39,19 +39,19 @@ class Account(Base):
     # metering.ledger.placement). ``GET /v1/credits`` sums the holds in force instead.
     held_microcents: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     # How many holds ``held_microcents`` counts: the account's requests in flight, kept beside
-    # it by the same check-and-hold (contract §10; metering.accounts.access).
+    # it by the same check-and-hold (metering.accounts.access).
     held_count: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
-    # §10: null = no limit on requests in flight.
+    # Null = no limit on requests in flight.
     max_concurrent_requests: Mapped[int | None] = mapped_column(Integer)
-    # §10: false = every catalog model; true = exactly the models of ``account_models``.
+    # False = every catalog model; true = exactly the models of ``account_models``.
     restricts_models: Mapped[bool] = mapped_column(Boolean, default=False, server_default="0")
-    # What charges ran beyond the live grants (contract §9): balance = Σ remainders − deficit.
+    # What charges ran beyond the live grants: balance = Σ remainders − deficit.
     deficit_microcents: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     # No grant of the account with a remainder expires before this instant (null: none
     # expires), so the check-and-hold looks for expired remainders only once it has passed.
     next_expiry_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
-    # §11: ``credit.balance_low`` fires when a transaction takes the balance below it.
+    # ``credit.balance_low`` fires when a transaction takes the balance below it.
     low_balance_threshold_microcents: Mapped[int | None] = mapped_column(BigInteger)
 
 
@@ -68,12 +68,12 @@ class ApiKey(Base):
     name: Mapped[str] = mapped_column(String(200))
     prefix: Mapped[str] = mapped_column(String(16))
     secret_hash: Mapped[str] = mapped_column(String(64), unique=True)  # hex SHA-256 of the secret
-    # The key's spend limit (§10: per ``spend_limit_window``; the column keeps its first name).
+    # The key's spend limit (per ``spend_limit_window``; the column keeps its first name).
     monthly_spend_limit_microcents: Mapped[int | None] = mapped_column(BigInteger)
     spend_limit_window: Mapped[str] = mapped_column(
         String(8), default="month", server_default="month"
     )
-    # §10: false = every model of its account; true = the models of ``api_key_models`` (∩ the
+    # False = every model of its account; true = the models of ``api_key_models`` (∩ the
     # account's).
     restricts_models: Mapped[bool] = mapped_column(Boolean, default=False, server_default="0")
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)

@@ -1,5 +1,5 @@
-"""Credit grants (contract §9): prepaid credit held in grants, each with its own remainder, and
-the record of which grants (or the deficit) paid each debit."""
+"""Credit grants (docs/api.md#credit-ledger): prepaid credit held in grants, each with its own
+remainder, and the record of which grants (or the deficit) paid each debit."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from metering.states.grants import ACTIVE_ROWS, STATUS_CHECK
 # column an index's predicate reads makes each such update of the grant a non-HOT one in
 # PostgreSQL (a new entry in every index of the table, and dead ones to skip until a vacuum),
 # one per debit.
-# Grants with an expiry whose credit.grant_expiring (§11) is still to be written or skipped.
+# Grants with an expiry whose credit.grant_expiring is still to be written or skipped.
 UNNOTICED_EXPIRY_ROWS = "expires_at IS NOT NULL AND NOT expiring_noticed"
 
 
@@ -75,7 +75,7 @@ class CreditGrant(Base):
     status: Mapped[str] = mapped_column(String(16))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
     note: Mapped[str | None] = mapped_column(Text)
-    # §11: its credit.grant_expiring is written (or was not due: no remainder, voided, expired).
+    # Its credit.grant_expiring is written (or was not due: no remainder, voided, expired).
     expiring_noticed: Mapped[bool] = mapped_column(Boolean, server_default="0")
 
 

@@ -62,9 +62,9 @@ class LedgerEntry(Base):
     usage_event_id: Mapped[int | None] = mapped_column(BigInteger)
     api_key_id: Mapped[str | None] = mapped_column(String(32))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
-    # The grant a grant, positive adjustment, expiry or void entry is about (§9).
+    # The grant a grant, positive adjustment, expiry or void entry is about.
     grant_id: Mapped[str | None] = mapped_column(String(32))
-    # When it counts (§9): an expiry's is its grant's expires_at; null means created_at.
+    # When it counts: an expiry's is its grant's expires_at; null means created_at.
     effective_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
 
@@ -136,5 +136,5 @@ class Authorization(Base):
     closed_at: Mapped[datetime | None] = mapped_column(UTCDateTime)  # settled or voided
     usage_event_id: Mapped[int | None] = mapped_column(BigInteger)  # the event that settled it
     counted: Mapped[bool] = mapped_column(Boolean, default=False, server_default="0")
-    # §11: its ``authorization.expired_unused`` event is written (by the scheduler's tidy-up).
+    # Its ``authorization.expired_unused`` event is written (by the scheduler's tidy-up).
     unused_noticed: Mapped[bool] = mapped_column(Boolean, server_default="0")

@@ -1,4 +1,4 @@
-"""Webhook endpoints, the outbox of events, and their deliveries (§11)."""
+"""Webhook endpoints, the outbox of events, and their deliveries (docs/api.md#webhooks)."""
 
 from __future__ import annotations
 
@@ -105,8 +105,8 @@ class WebhookDelivery(Base):
 
 
 class SpendLimitNotice(Base):
-    """A key's spend-limit threshold reached in one window (§11
-    ``spend_limit.threshold_reached``), written with its event in the transaction whose charges
+    """A key's spend-limit threshold reached in one window
+    (``spend_limit.threshold_reached``), written with its event in the transaction whose charges
     reached it: its key makes the event fire once per key, window and percent, whatever the
     concurrency (metering.notifications.spend_limits)."""
 

@@ -53,7 +53,8 @@ class UsageEvent(Base):
     occurred_at: Mapped[datetime] = mapped_column(UTCDateTime)
     recorded_at: Mapped[datetime] = mapped_column(UTCDateTime)
     authorization_id: Mapped[str | None] = mapped_column(String(64))
-    # Normalised counts (contract §5): prompt includes cached, output includes reasoning.
+    # Normalised counts (docs/api.md#post-v1usageevents): prompt includes cached, output includes
+    # reasoning.
     prompt_tokens: Mapped[int] = mapped_column(Integer)
     cached_tokens: Mapped[int] = mapped_column(Integer)
     output_tokens: Mapped[int] = mapped_column(Integer)

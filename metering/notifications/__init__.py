@@ -1,4 +1,4 @@
-"""Notifications (§11): signed webhooks from a transactional outbox.
+"""Notifications: signed webhooks from a transactional outbox (docs/api.md#webhooks).
 
 * ``outbox``: the event types and the one way to write an event (``emit``, and the balance
   crossings as steps of the settlement programs), inside the transaction that causes it;

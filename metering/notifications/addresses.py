@@ -1,5 +1,6 @@
-"""Which addresses a webhook may reach (§11), checked when an endpoint is saved and again when
-connecting (the address actually connected to, so DNS cannot be used to rebind past the check).
+"""Which addresses a webhook may reach (docs/api.md#endpoints), checked when an endpoint is saved
+and again when connecting (the address actually connected to, so DNS cannot be used to rebind past
+the check).
 
 A ``Resolver`` maps a host and port to addresses; tests inject their own.
 """

@@ -1,4 +1,4 @@
-"""Every change to a webhook endpoint, with its audit event in the same transaction (§14).
+"""Every change to a webhook endpoint, with its audit event in the same transaction.
 
 Operators (``/admin/v1/``), account keys (``/v1/webhook-endpoints``) and the portal's forms all
 change endpoints through these functions, so each change is recorded once, the same way,

@@ -1,4 +1,4 @@
-"""The delivery loop (§11), run by the scheduler every second.
+"""The delivery loop, run by the scheduler every second (docs/api.md#messages-and-delivery).
 
 One pass:
 
@@ -48,7 +48,7 @@ DELIVERIES = table(WebhookDelivery)
 EVENTS = table(WebhookEvent)
 ENDPOINTS = table(WebhookEndpoint)
 
-# §11: retried after about these delays, then failed (10 attempts in all).
+# Retried after about these delays, then failed (10 attempts in all).
 RETRY_SCHEDULE = (
     timedelta(seconds=5),
     timedelta(seconds=30),

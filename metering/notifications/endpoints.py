@@ -1,5 +1,5 @@
-"""Webhook routes (§11): operators under /admin/v1/, account keys under /v1/ (their account's
-endpoints only, with the same bodies less ``account_id``)."""
+"""Webhook routes (docs/api.md#endpoints): operators under /admin/v1/, account keys under /v1/
+(their account's endpoints only, with the same bodies less ``account_id``)."""
 
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ def _created(endpoint: Any, secret: str) -> dict[str, Any]:
 
 
 def key_auditor(request: Request, key: KeyPrincipal) -> Auditor:
-    """An account key's changes are recorded as made by that key (§14's ``key_…`` actor)."""
+    """An account key's changes are recorded as made by that key (the ``key_…`` actor)."""
     return Auditor(key.api_key_id, request_id_of(request.scope))
 
 
@@ -144,7 +144,7 @@ def admin_resend_event(
     return changes.resend(session, audit, event_id, body.endpoint_id, now)
 
 
-# -- account keys (their changes audited as the key, §14) ---------------------------------------
+# -- account keys (their changes audited as the key) -------------------------------------------
 
 
 @router.post("/webhook-endpoints", status_code=201)

@@ -1,4 +1,4 @@
-"""The outbox: events written in the very transaction that causes them (§11).
+"""The outbox: events written in the very transaction that causes them.
 
 An event is a row of ``webhook_events``; the delivery loop later makes one delivery per matching
 endpoint. So a crash loses no event, and a rolled-back change sends none.
@@ -60,7 +60,8 @@ TEST = "webhook.test"
 PAYMENT_SUCCEEDED = "payment.succeeded"
 PAYMENT_FAILED = "payment.failed"
 
-# Every type an endpoint may subscribe to; those an account key may not (§11).
+# Every type an endpoint may subscribe to (docs/api.md#event-types); those an account key may
+# not (the operator-only ones).
 EVENT_TYPES = frozenset(
     {
         BALANCE_LOW,

@@ -1,4 +1,4 @@
-"""Request bodies of the webhook routes (§11)."""
+"""Request bodies of the webhook routes (docs/api.md#endpoints)."""
 
 from __future__ import annotations
 

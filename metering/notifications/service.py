@@ -28,7 +28,7 @@ from metering.states.deliveries import DeliveryStatus
 
 DELIVERIES = table(WebhookDelivery)
 
-# §11: after a rotation, the previous secret signs too for this long.
+# After a rotation, the previous secret signs too for this long.
 ROTATION_OVERLAP = timedelta(hours=24)
 
 

@@ -1,5 +1,6 @@
-"""``spend_limit.threshold_reached`` (§11): a key's charges in its spend window (§10) reach 80%,
-and 100%, of its limit; a jump past both fires 80 then 100; once per key, window and percent.
+"""``spend_limit.threshold_reached`` (docs/api.md#event-types): a key's charges in its spend window
+reach 80%, and 100%, of its limit; a jump past both fires 80 then 100; once per key, window and
+percent.
 
 One step list (``threshold_steps``), run at the end of the usage programs
 (metering.usage.recording) after the batch's rollup rows are added, so on both backends, in
@@ -12,7 +13,7 @@ the transaction that records the charges:
 * **Once**: a reached threshold is a row of ``spend_limit_notices``, keyed by (account, key,
   window kind, window start, percent), inserted ``ON CONFLICT DO NOTHING``; only the rows that
   insert returns become events. A new window has a new start: re-armed.
-* **Exact under concurrency**: only prepaid accounts' keys are limited (the check of §4 leaves
+* **Exact under concurrency**: only prepaid accounts' keys are limited (the check-and-hold leaves
   unbilled accounts alone), and a prepaid batch has taken its account's row lock (the balance
   update) before these steps, so of two batches that together reach a threshold the second
   waits for the first's commit and then sees both batches' charges (READ COMMITTED: a fresh

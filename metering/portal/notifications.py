@@ -1,9 +1,9 @@
-"""The Notifications page (§12): the account's webhook endpoints of §11 with their recent
+"""The Notifications page: the account's webhook endpoints (docs/api.md#webhooks) with their recent
 deliveries, and its forms: add an endpoint, disable or enable it, remove it, send it a test.
 
 Every form carries the session's CSRF token; every change goes through the same service as
 ``/v1/webhook-endpoints`` (with the account's scope, so another account's endpoint is not
-found) and is audited as ``portal:<acct_…>`` (§14). A new endpoint's signing secret is shown
+found) and is audited as ``portal:<acct_…>``. A new endpoint's signing secret is shown
 once, on the page the form's POST answers.
 """
 
@@ -102,7 +102,7 @@ def add_endpoint(
         )
     except ValidationError as error:
         return _show(request, user, session, 400, form=fields, problem=_problem(error))
-    except MeteringError as error:  # the URL or the types refused by §11's rules
+    except MeteringError as error:  # the URL or the types refused by the endpoints' rules
         return _show(request, user, session, 400, form=fields, problem=error.message)
     return _show(request, user, session, form={}, created={"id": endpoint.id, "secret": secret})
 

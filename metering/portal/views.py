@@ -35,7 +35,7 @@ OVERVIEW_DAYS = 30
 ACTIVITY_DAYS = 31
 ROLLFORWARD_DAYS = 31  # the Exports page's days of credit roll-forward rows
 PAST_GRANTS = 100  # the newest grants read for the Overview's spent, expired and voided ones
-ENDPOINTS_SHOWN = 100  # §11's page size; an account with more sees the first 100
+ENDPOINTS_SHOWN = 100  # a page of webhook endpoints; an account with more sees the first 100
 DELIVERIES_SHOWN = 10  # recent deliveries per endpoint
 
 
@@ -191,7 +191,7 @@ def notifications(session: Session, account_id: str) -> list[EndpointRow]:
 
 
 def account_event_types() -> list[str]:
-    """The event types an account's endpoint may receive (§11: not the operator-only ones)."""
+    """The event types an account's endpoint may receive (not the operator-only ones)."""
     return sorted(outbox.EVENT_TYPES - outbox.OPERATOR_ONLY, key=str.encode)
 
 

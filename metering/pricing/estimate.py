@@ -1,4 +1,5 @@
-"""The pre-flight estimate: the maximum possible cost of a request (contract §4)."""
+"""The pre-flight estimate: the maximum possible cost of a request
+(docs/api.md#post-v1authorizations)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ DEFAULT_OUTPUT_CAP = 65_536
 
 
 class EstimateError(ValueError):
-    """A request that cannot be estimated; ``code`` and ``param`` are the contract's."""
+    """A request that cannot be estimated; ``code`` and ``param`` are the API's."""
 
     def __init__(self, message: str, code: str, param: str | None, **extra: Any) -> None:
         super().__init__(message)
@@ -125,9 +126,10 @@ def estimate_cost(request: EstimateRequest, limits: ModelLimits, rates: Rates) -
 
 
 def field_beyond_range(request: EstimateRequest, estimate: Estimate, room: int) -> str:
-    """The field that makes ``estimate`` too large for the ``room`` left in range (contract §1
-    Ranges: the account's held sum stays within a signed 64-bit integer): ``prompt_tokens`` when
-    the prompt alone does not fit, else ``n`` when one choice would, else ``max_tokens``."""
+    """The field that makes ``estimate`` too large for the ``room`` left in range
+    (docs/api.md#ranges: the account's held sum stays within a signed 64-bit integer):
+    ``prompt_tokens`` when the prompt alone does not fit, else ``n`` when one choice would, else
+    ``max_tokens``."""
     if estimate.input_microcents > room:
         return "prompt_tokens"
     if (

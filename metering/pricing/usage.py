@@ -1,4 +1,5 @@
-"""Normalising the usage object each API returns into four token counts (contract §5)."""
+"""Normalising the usage object each API returns into four token counts
+(docs/api.md#post-v1usageevents)."""
 
 from __future__ import annotations
 

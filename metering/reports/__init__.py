@@ -1,1 +1,2 @@
-"""The account usage report (contract §6): ``GET /v1/usage``, read from the usage rollups only."""
+"""The account usage report (docs/api.md#get-v1usage): ``GET /v1/usage``, read from the usage
+rollups only."""

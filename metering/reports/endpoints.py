@@ -1,4 +1,4 @@
-"""``GET /v1/usage``: the caller's account usage per time bucket (contract §6)."""
+"""``GET /v1/usage``: the caller's account usage per time bucket (docs/api.md#get-v1usage)."""
 
 from __future__ import annotations
 

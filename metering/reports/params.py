@@ -1,4 +1,4 @@
-"""The report's query parameters (contract §6) checked into one immutable query.
+"""The report's query parameters (docs/api.md#get-v1usage) checked into one immutable query.
 
 Pure: "now" is passed in (the default ``ending_at`` depends on it), nothing else is read.
 """

@@ -1,4 +1,5 @@
-"""The report as the contract's JSON body (§6) and as CSV; amounts exact, never through float."""
+"""The report as the JSON body of docs/api.md#get-v1usage and as CSV; amounts exact, never through
+float."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from metering.kit.money import usd, usd_text
 from metering.kit.timeutil import format_timestamp
 from metering.reports.service import Bucket, Measures, Report
 
-# The CSV columns (documented in the README): one row per bucket and group.
+# The CSV columns (docs/architecture.md#usage-reports): one row per bucket and group.
 CSV_MEASURES = ("requests", "input_tokens", "cache_read_tokens", "output_tokens")
 _NO_GROUP: tuple[Any, ...] = ("", *(0 for _ in CSV_MEASURES), 0)
 CSV_COLUMNS = {
@@ -84,7 +85,7 @@ class _Prefixes(dict[str, str]):
 
 
 def report_json(report: Report) -> bytes:
-    """The §6 body, written directly as JSON text: a week of hours by 50 keys is 8,400 results,
+    """The JSON body, written directly as JSON text: a week of hours by 50 keys is 8,400 results,
     and this costs a fraction of building and encoding the equivalent dicts. Strings are escaped
     by the standard library's encoder, amounts are exact (``usd``), the text is ASCII."""
     query, billed = report.query, report.billed

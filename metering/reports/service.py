@@ -198,7 +198,7 @@ def usage_report(session: Session, account_id: str, billing: str, query: ReportQ
     """The report of ``account_id``'s usage for ``query``."""
     catalog: Sequence[tuple[str, str, bool]] = ()
     if query.group_by == "model" or query.models is not None:
-        # Hidden as this account sees it (§10): a hidden model its own list names (a private
+        # Hidden as this account sees it: a hidden model its own list names (a private
         # model) is shown by its id.
         named = exists().where(
             ACCOUNT_MODELS.c.account_id == account_id,

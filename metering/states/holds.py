@@ -27,8 +27,8 @@ from metering.kit.ids import random_text
 # -- A hold's id names its account ----------------------------------------------------------------
 # ``auth_<its account's id after "acct_">_<16 random characters>``: whoever holds a hold's id (the
 # gateway, voiding it) names its account too, so a Citus cluster finds the hold on that account's
-# shard without asking every shard (CONTRACT §13). Ids of holds placed before name none
-# (``auth_<20 random characters>``).
+# shard without asking every shard (docs/citus.md#what-runs-on-a-cluster). Ids of holds placed
+# before name none (``auth_<20 random characters>``).
 _HOLD, _ACCOUNT = "auth_", "acct_"
 HOLD_RANDOM = 16  # 80 bits per account
 

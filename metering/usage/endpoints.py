@@ -59,7 +59,7 @@ def _dumps(value: Any) -> str:
 
 
 def render_answer(outcome: service.BatchOutcome, counts: dict[str, int]) -> bytes:
-    """``{"object": "list", "data": [result, ...], "recorded": n, ...}`` (§5)."""
+    """``{"object": "list", "data": [result, ...], "recorded": n, ...}``."""
     quoted: dict[str | None, str] = {None: "null"}
     parts = []
     for result in outcome.results:
@@ -113,7 +113,7 @@ def _record_batch(
     # The one commit point of the batch's unit of work, before the answer is built. The events
     # are parsed before it begins (SQLite: before this process takes the writer's turn).
     parsed = service.parse(events, now)
-    if cluster:  # one unit of work per account (CONTRACT §13)
+    if cluster:  # one unit of work per account (docs/citus.md)
         return sharded.record_batch(database, events, now, parsed)
     # A transient refusal (a deadlock, a serialization failure) tries the whole batch again,
     # never in parts (metering.db.retry_transient), from events parsed anew (recording fills

@@ -38,7 +38,7 @@ class Problem:
         return {"code": self.code, "message": self.message, "param": self.param}
 
 
-# Contract §1 Ranges: billable, but its charge would take the account's balance or a report
+# Ranges (docs/api.md#ranges): billable, but its charge would take the account's balance or a report
 # aggregate beyond a signed 64-bit integer (metering.kit.ranges).
 OUT_OF_RANGE = Problem(
     "invalid_usage",
@@ -50,7 +50,7 @@ OUT_OF_RANGE = Problem(
 
 @dataclass(frozen=True, slots=True)
 class Content:
-    """What "same content" compares (§5): the billing fields after normalisation — not the raw
+    """What "same content" compares: the billing fields after normalisation — not the raw
     bytes and not ``authorization_id``. ``model_id`` is in catalog spelling."""
 
     api_key_id: str
@@ -62,7 +62,7 @@ class Content:
 
 
 class ChargeValues(NamedTuple):
-    """A result's ``charge`` (§5)."""
+    """A result's ``charge`` (docs/api.md#post-v1usageevents)."""
 
     uncached_input_tokens: int
     cache_read_tokens: int
@@ -112,7 +112,7 @@ class Event:
     # Resolved against the database by the batch pipeline:
     account_id: str | None = None
     prepaid: bool = False  # the account is prepaid (unbilled: a zero charge)
-    # The key's spend limit (§10; None: none), for its thresholds (§11).
+    # The key's spend limit (None: none), for its thresholds (spend_limit.threshold_reached).
     spend_limit_microcents: int | None = None
     spend_limit_window: str = "month"
     model_id: str | None = None  # catalog spelling

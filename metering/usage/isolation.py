@@ -1,5 +1,5 @@
 """A batch whose transaction failed, recorded again in parts, so that one account's trouble never
-refuses the other accounts' events (contract §1 Ranges, §5).
+refuses the other accounts' events (docs/api.md#ranges).
 
 The normal path pays nothing for this: the batch is one transaction (metering.usage.service),
 and only when the database refuses it does the ingest come here. The batch is then split in

@@ -1,6 +1,6 @@
 """The quarantine: keyed events that cannot be billed now, kept verbatim for an operator.
 
-Usage is never dropped: an unbillable event is stored with its §5 code, once per distinct raw
+Usage is never dropped: an unbillable event is stored with its code, once per distinct raw
 event (``raw_sha256``), and ``reprocess`` retries entries after the catalog or prices are fixed.
 """
 
@@ -134,7 +134,7 @@ def keep(session: Session, events: Sequence[Event], now: datetime) -> None:
             now,
         ]
     _KEEP.run(session, [rows[sha] for sha in sorted(rows)])
-    # §11: with the batch's commit, so a batch rolled back announces nothing.
+    # With the batch's commit, so a batch rolled back announces nothing (usage.quarantined).
     outbox.emit_quarantined(
         session, [(e.account_id, e.problem.code) for e in events if e.problem is not None], now
     )

@@ -50,7 +50,7 @@ EVENTS = table(UsageEvent)
 
 EVENT_COLUMNS = tuple(c.name for c in EVENTS.columns if c.name not in ("id", "recorded_at"))
 EVENTS_IN = p.Records("p_events", tuple((name, EVENTS.c[name].type) for name in EVENT_COLUMNS))
-# The dedup key (contract §5): unique forever.
+# The dedup key (docs/api.md#post-v1usageevents): unique forever.
 EVENT_KEY = ("account_id", "request_id")
 
 NOW = p.Var("p_now", UTCDateTime())

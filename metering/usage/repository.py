@@ -6,11 +6,11 @@ document, metering.programs.Records), in the form the session's database runs (m
 on PostgreSQL text built once at import, on the session's driver connection; on SQLite through
 SQLAlchemy Core.
 
-On a Citus cluster (CONTRACT §13) each runs for one account's rows (``account_id``): the same
-statement compiled by ``metering.citus.text_of_account``, every sharded table it reads or writes
-limited to the account, so the coordinator sends it whole to the shard that holds the account.
-Which account a key belongs to is asked first, of ``api_keys`` alone (a reference table, on every
-node): ``key_accounts``.
+On a Citus cluster (docs/citus.md#what-stays-exact) each runs for one account's rows
+(``account_id``): the same statement compiled by ``metering.citus.text_of_account``, every sharded
+table it reads or writes limited to the account, so the coordinator sends it whole to the shard that
+holds the account. Which account a key belongs to is asked first, of ``api_keys`` alone (a reference
+table, on every node): ``key_accounts``.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ EventKey = tuple[str, str]  # (account_id, request_id): the dedup key
 
 class KeyInfo(NamedTuple):
     """What the lookup tells of a key id: its account, whether it is prepaid, and its spend
-    limit (§10; None: none) and window."""
+    limit (None: none) and window."""
 
     account_id: str
     prepaid: bool

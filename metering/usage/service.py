@@ -55,7 +55,7 @@ _CONFLICT = Problem(
 
 
 def charge_body(values: ChargeValues) -> dict[str, Any]:
-    """A result's ``charge`` (§5)."""
+    """A result's ``charge`` (docs/api.md#post-v1usageevents)."""
     return dict(zip(CHARGE_FIELDS, values, strict=True))
 
 
@@ -344,7 +344,7 @@ def _to_settle(event: Event, event_id: int) -> ChargeToSettle:
 
 def spend_limited(events: Iterable[Event]) -> list[KeyLimit]:
     """The keys of recorded ``events`` whose spend-limit thresholds their charges may reach:
-    those with a limit, of prepaid accounts (the only ones the limit applies to, §10)."""
+    those with a limit, of prepaid accounts (the only ones the limit applies to)."""
     return [
         KeyLimit(
             e.account_id or "", e.api_key_id or "", e.spend_limit_microcents, e.spend_limit_window

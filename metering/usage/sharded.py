@@ -1,4 +1,4 @@
-"""A usage batch on a Citus cluster (CONTRACT §13): committed per account.
+"""A usage batch on a Citus cluster: committed per account (docs/citus.md#what-runs-on-a-cluster).
 
 On one server a batch is one transaction (``service.record_events``). On a cluster each
 account's events live on the worker that holds the account, and one transaction over several
@@ -17,7 +17,7 @@ accounts would be a commit across nodes. So the batch is split by account:
 
 Each event is then wholly there or wholly absent, and the answer says what happened to each. A
 crash between two accounts leaves the first recorded and the second absent: the gateway's retry
-of the batch finds the first as duplicates and records the second (§5). An account whose
+of the batch finds the first as duplicates and records the second. An account whose
 transaction the database refuses is recorded again in parts (metering.usage.isolation), the
 other accounts' being committed as they are; one refused for a transient reason (a deadlock) is
 tried again whole (metering.db.retry_transient).

@@ -7,10 +7,10 @@ lookup (the batch path's statement), then the program ``RECORD_USAGE``
 adds it to its rollups, as one transaction. The checks, the pricing and the rollup rows are
 the batch path's own functions.
 
-On a Citus cluster (CONTRACT §13), three: the key's account (``api_keys``, a reference table),
-then that account's lookup (routed to its shard), then ``RECORD_USAGE_OF_ACCOUNT``, which the
-coordinator delegates whole to the worker holding the account (a call outside a transaction
-block): the event's transaction is that worker's alone.
+On a Citus cluster (docs/citus.md#what-runs-on-a-cluster), three: the key's account (``api_keys``, a
+reference table), then that account's lookup (routed to its shard), then
+``RECORD_USAGE_OF_ACCOUNT``, which the coordinator delegates whole to the worker holding the account
+(a call outside a transaction block): the event's transaction is that worker's alone.
 
 Anything else (an event not billable now, a request_id already taken, an event the database
 refuses) answers None, and the

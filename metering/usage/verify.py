@@ -7,7 +7,7 @@
 * every usage event's account, API key (of that account) and model exist (usage_events has no
   foreign keys: see metering.models.usage);
 * every account's held counter equals the sum of the holds it counts (metering.ledger);
-* every account's credit grants (§9): the remainders of its active grants less its deficit
+* every account's credit grants: the remainders of its active grants less its deficit
   equal its balance; remainders of grants already expired at the clock whose ``expiry`` entry
   is not yet written are **pending** (counted and reported, not a mismatch): the balance as the
   clock sees it is the written balance less them; its deficit equals its allocation days'

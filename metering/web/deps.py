@@ -111,7 +111,7 @@ def get_credentials(request: Request) -> Credentials:
     return credentials
 
 
-# What a read-only operator token may call under /admin/v1/ (§14: every GET).
+# What a read-only operator token may call under /admin/v1/: every GET (docs/api.md#credentials).
 READ_METHODS = frozenset({"GET", "HEAD"})
 
 

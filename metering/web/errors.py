@@ -1,4 +1,4 @@
-"""The one place errors become the contract's error body (§1)."""
+"""The one place errors become the error body of docs/api.md#conventions."""
 
 from __future__ import annotations
 
@@ -36,8 +36,8 @@ class ErrorObject(BaseModel):
 
 
 class ErrorBody(BaseModel):
-    """Every error's body (§1); some codes add fields to ``error`` (for instance
-    ``credits_available_cents`` on a 402, ``limit_bytes`` on a 413)."""
+    """Every error's body (docs/api.md#conventions); some codes add fields to ``error`` (for
+    instance ``credits_available_cents`` on a 402, ``limit_bytes`` on a 413)."""
 
     error: ErrorObject
 
@@ -78,8 +78,8 @@ def _error_page_of(request: Request) -> ErrorPage | None:
 
 
 def error_response(request: Request, error: MeteringError) -> Response:
-    """The contract's JSON error body; under a prefix with error pages of its own (the portal's
-    /billing), its HTML page instead."""
+    """The JSON error body of docs/api.md#conventions; under a prefix with error pages of its own
+    (the portal's /billing), its HTML page instead."""
     page = _error_page_of(request)
     if page is not None:
         return page(request, error)

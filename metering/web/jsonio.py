@@ -33,7 +33,7 @@ def json_answer(content: bytes) -> Response:
 class ExactJSONRequest(Request):
     async def json(self) -> Any:
         """The body, which must be a JSON object: every body of the API is one, and a bare
-        scalar, array or null is never read as "no body" or as a default (§1, strict types)."""
+        scalar, array or null is never read as "no body" or as a default (strict types)."""
         if not hasattr(self, "_json"):
             value = loads_exact(await self.body())
             if not isinstance(value, dict):
@@ -63,7 +63,7 @@ class MeteringRoute(APIRoute):
 
         async def exact_handler(request: Request) -> Response:
             if operator_route:
-                refuse_read_only_change(request)  # before any validation (§14)
+                refuse_read_only_change(request)  # before any validation
             check_url_text(request.path_params, request.scope["query_string"])
             return await handler(ExactJSONRequest(request.scope, request.receive))
 

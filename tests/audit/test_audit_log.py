@@ -1,7 +1,7 @@
-"""The audit log (§14): every admin mutation writes exactly one event, in its own transaction
-(a change rolled back leaves none), replays and no-ops write nothing, secrets are redacted, and
-the log is append-only. The list of mutations is the app's own routes, so a new admin route
-without a case here fails the test."""
+"""The audit log (docs/api.md#get-adminv1audit-events): every admin mutation writes exactly one
+event, in its own transaction (a change rolled back leaves none), replays and no-ops write nothing,
+secrets are redacted, and the log is append-only. The list of mutations is the app's own routes, so
+a new admin route without a case here fails the test."""
 
 from __future__ import annotations
 
@@ -300,7 +300,7 @@ def _as_key(method: str, path: str, body: Any = None) -> Callable[[Api, World], 
 
 
 TEST_ONLY = ["webhook.test"]
-# An account key's changes to its webhook endpoints (§14: audited like the operators', as the key).
+# An account key's changes to its webhook endpoints (audited like the operators', as the key).
 KEY_MUTATIONS: dict[tuple[str, str], Mutation] = {
     ("POST", "/v1/webhook-endpoints"): Mutation(
         "webhook_endpoint.create",

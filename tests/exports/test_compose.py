@@ -1,8 +1,9 @@
-"""``docker-compose.yml`` (no Docker engine runs here): every ``metering …`` command it runs is
-one the CLI accepts, every path it builds or mounts from the repository exists, and the services,
-healthchecks, volumes and start order are those of the deployment the README describes; every
-image is pinned; the ``citus`` profile is a coordinator and two workers on the official Citus
-13.2 / PostgreSQL 15 image, the workers registered, the service pointed at the coordinator."""
+"""``docker-compose.yml`` (no Docker engine runs here): every ``metering …`` command it runs is one
+the CLI accepts, every path it builds or mounts from the repository exists, and the services,
+healthchecks, volumes and start order are those of the deployment docs/operations.md#docker-compose
+describes; every image is pinned; the ``citus`` profile is a coordinator and two workers on the
+official Citus 13.2 / PostgreSQL 15 image, the workers registered, the service pointed at the
+coordinator."""
 
 from __future__ import annotations
 
@@ -178,8 +179,8 @@ def database_target(url: str) -> tuple[str, str, str]:
 
 
 def citus_problems(spec: dict[str, Any]) -> list[str]:
-    """What keeps the ``citus`` profile from being the cluster the README describes, or keeps
-    the default profile from being untouched by it."""
+    """What keeps the ``citus`` profile from being the cluster docs/citus.md#on-docker-compose
+    describes, or keeps the default profile from being untouched by it."""
     problems = []
     services = spec["services"]
     citus = citus_services(spec)

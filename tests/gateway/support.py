@@ -1,10 +1,9 @@
 """The gateway tests' parts: a real metering server process with the shipped catalog, accounts
-made through the admin API, and the charge a usage object should cost, computed here from the
-catalog file's rates (never by metering's own pricing code)."""
+made through the admin API, and the charge a usage object should cost, computed by the tests'
+oracle from the catalog file's rates (never by metering's own pricing code)."""
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -15,66 +14,22 @@ from typing import Any
 
 import httpx2 as httpx
 
+from tests import oracle
 from tests.conftest import ADMIN_TOKEN, GATEWAY_TOKEN, migrated_database
 from tests.servers import ServerProcess, free_port, run_cli
 
-ROOT = Path(__file__).resolve().parents[2]
-CATALOG = ROOT / "metering" / "data" / "catalog.json"
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
-MILLION = 1_000_000
 
 
 # -- the expected charge --------------------------------------------------------------------------
-# TODO(lead): switch to the shared oracle (tests/oracle.py, branch `oracle`) once it lands.
-
-
-def _rates_in_force(model: str, at: datetime) -> tuple[int, int, int]:
-    """(input, output, cache read) microcents per million tokens of ``model``'s list price
-    version in force at ``at``, read from the shipped catalog file."""
-    for entry in json.loads(CATALOG.read_text())["models"]:
-        if entry["id"].lower() != model.lower():
-            continue
-        versions = sorted(
-            (datetime.fromisoformat(p["effective_at"].replace("Z", "+00:00")), p)
-            for p in entry["prices"]
-        )
-        in_force = [p for effective_at, p in versions if effective_at <= at]
-        assert in_force, f"no price of {model} in force at {at}"
-        price = in_force[-1]
-        return (
-            price["input_microcents_per_million"],
-            price["output_microcents_per_million"],
-            price["cache_read_microcents_per_million"],
-        )
-    raise AssertionError(f"{model} is not in {CATALOG}")
-
-
-def _half_up(tokens: int, rate: int) -> int:
-    """tokens × rate / 10⁶ microcents, rounded to the nearest microcent, halves up."""
-    whole, rest = divmod(tokens * rate, MILLION)
-    return whole + (1 if 2 * rest >= MILLION else 0)
 
 
 def expected_charge(model: str, api: str, usage: dict[str, Any], at: datetime) -> int:
-    """The total microcents ``usage`` (as the SDK received it) costs at list prices."""
-    if api == "messages":
-        prompt = usage["input_tokens"]
-        cached = usage.get("cache_read_input_tokens") or 0
-        output = usage["output_tokens"]
-    elif api == "responses":
-        prompt = usage["input_tokens"]
-        cached = (usage.get("input_tokens_details") or {}).get("cached_tokens") or 0
-        output = usage["output_tokens"]
-    else:
-        prompt = usage["prompt_tokens"]
-        cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
-        output = usage["completion_tokens"]
-    input_rate, output_rate, cache_rate = _rates_in_force(model, at)
-    return (
-        _half_up(prompt - cached, input_rate)
-        + _half_up(cached, cache_rate)
-        + _half_up(output, output_rate)
-    )
+    """The total microcents ``usage`` (as the SDK received it) costs at the list price in force
+    at ``at`` in the shipped catalog file, by the tests' oracle (tests/oracle.py)."""
+    rates = oracle.rates_at(oracle.catalog_prices(model), at)
+    assert rates is not None, f"no price of {model} in force at {at}"
+    return oracle.charge(oracle.tokens_of(api, usage), rates).total_microcents
 
 
 # -- metering -------------------------------------------------------------------------------------

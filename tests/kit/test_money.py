@@ -1,4 +1,4 @@
-"""Integer microcents and their exact decimal renderings (contract §1 Money)."""
+"""Integer microcents and their exact decimal renderings (docs/api.md#conventions)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Timestamps: RFC 3339 with an offset in, UTC with Z out (contract §1 Time)."""
+"""Timestamps: RFC 3339 with an offset in, UTC with Z out (docs/api.md#conventions)."""
 
 from __future__ import annotations
 

@@ -27,7 +27,7 @@ def half_up(numerator: int, denominator: int) -> int:
 
 
 def expected_estimate(prompt: int, reserved: int, rates: tuple[int, int, int]) -> int:
-    """§4: round_half_up(prompt × input rate) + round_half_up(reserved × output rate)."""
+    """The estimate: round_half_up(prompt × input rate) + round_half_up(reserved × output rate)."""
     return half_up(prompt * rates[0], 10**6) + half_up(reserved * rates[1], 10**6)
 
 

@@ -1,4 +1,4 @@
-"""§10's concurrency limit as deployed: two uvicorn processes on one PostgreSQL. 200
+"""The limit on requests in flight as deployed: two uvicorn processes on one PostgreSQL. 200
 authorizations at once against max_concurrent_requests = 10 with ample credit grant exactly 10
 (190 × 429 with Retry-After); voiding 3 frees exactly 3; holds expiring (hold_ttl_seconds=1)
 and holds settled by usage events free their slots exactly; an unbilled account is limited the

@@ -1,4 +1,4 @@
-"""Contract §10 on both backends through the real app: requests in flight (429), model access
+"""The access rules on both backends through the real app: requests in flight (429), model access
 (404 vs 403), spend windows at their boundaries, GET /v1/api-keys and GET /v1/models per key,
 and the order of the checks as a table. (The races on PostgreSQL with two server processes are
 in test_access_races.py.)"""
@@ -324,7 +324,7 @@ def test_get_api_keys_lists_the_callers_account_only(api: Api) -> None:
     assert_error(api.client.get("/v1/api-keys"), 401, "missing_api_key")
 
 
-# -- the order of the checks (§10) -------------------------------------------------------------
+# -- the order of the checks (docs/api.md#post-v1authorizations) -------------------------------
 
 
 def _order_case(api: Api, failing: set[str]) -> tuple[Any, Key, str]:

@@ -1,5 +1,5 @@
-"""§4 holds: 402s, spend limits, idempotency, voids, expiry, the admin list and /metrics, on both
-backends. Expected figures are computed here from the rules."""
+"""Holds (docs/api.md#post-v1authorizations): 402s, spend limits, idempotency, voids, expiry, the
+admin list and /metrics, on both backends. Expected figures are computed here from the rules."""
 
 from __future__ import annotations
 

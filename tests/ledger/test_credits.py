@@ -1,4 +1,4 @@
-"""§3 credits: grants, adjustments, the ledger and ``GET /v1/credits``, on both backends."""
+"""Credits: grants, adjustments, the ledger and ``GET /v1/credits``, on both backends."""
 
 from __future__ import annotations
 

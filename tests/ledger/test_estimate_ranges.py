@@ -1,5 +1,5 @@
-"""Ranges (contract §1): an authorization whose estimate would take the account's held sum beyond
-a signed 64-bit integer is 400 ``invalid_parameter`` naming the field that makes it too large
+"""Ranges (docs/api.md#ranges): an authorization whose estimate would take the account's held sum
+beyond a signed 64-bit integer is 400 ``invalid_parameter`` naming the field that makes it too large
 (``n``, ``max_tokens`` or ``prompt_tokens``), on both backends, unbilled accounts included; and
 ``GET /v1/credits`` then answers, its held sum within range."""
 

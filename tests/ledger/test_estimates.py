@@ -1,5 +1,6 @@
-"""§4 through ``POST /v1/authorizations``: every branch of the estimate, the validation 400s, key
-and model resolution, on both backends. Expected figures are computed here from the rules."""
+"""The estimate through ``POST /v1/authorizations``: every branch of the estimate, the validation
+400s, key and model resolution, on both backends. Expected figures are computed here from the
+rules."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""§9 under concurrency, as deployed (two uvicorn processes on one PostgreSQL): credit made of a
+"""Grants under concurrency, as deployed (two uvicorn processes, one PostgreSQL): credit made of a
 promotional grant that expires mid-run and a paid grant. Before the expiry the two together
 cover exactly 80 holds: 100 simultaneous authorizations get exactly 80. At the expiry instant
 the promotional credit stops counting with no sweeper and no write: the next 100 get none (the

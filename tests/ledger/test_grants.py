@@ -1,4 +1,4 @@
-"""§9 credit grants: the spending order as a pure function (tables and properties), the same
+"""Credit grants: the spending order as a pure function (tables and properties), the same
 order as settlement's set-based SQL on both backends (against the pure function), and the
 routes, deficit, adjustments, voids, expiry at the instant and ``metering verify``'s pending."""
 

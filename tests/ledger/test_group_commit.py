@@ -144,8 +144,8 @@ def test_a_failed_call_fails_its_requests_and_the_next_ones_proceed(
 def test_holds_of_several_accounts_go_together_each_account_decided_alone(
     plain_pg_api: Api, arrivals: Arrivals
 ) -> None:
-    # One server's group commit; on a cluster holds go together per account only (CONTRACT
-    # §13: no call spans shards), as tests/test_citus.py proves.
+    # One server's group commit; on a cluster holds go together per account only (no
+    # call spans shards), as tests/test_citus.py proves.
     # Each account has credit for two holds and is asked for three; one retry rides along.
     setups = [prepaid(plain_pg_api, Decimal(2 * ESTIMATE) / 10**6) for _ in range(4)]
     requests = [request(setup, f"spread-{i}") for i in range(3) for setup in setups]

@@ -1,5 +1,5 @@
 """A hold's id names its account (metering.states.holds), so a cluster can find a hold on its
-account's shard from the id alone (CONTRACT §13); ids of the earlier form name none."""
+account's shard from the id alone (docs/citus.md); ids of the earlier form name none."""
 
 from __future__ import annotations
 

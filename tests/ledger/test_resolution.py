@@ -1,6 +1,6 @@
 """The hot path resolves the price in force in its one SQL statement: list prices, an account's
 effective-dated rates and the end of an override, each from its instant on (rates written out
-here, per instant, from §2)."""
+here, per instant, from docs/api.md#catalog)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""METERING_SECRET_KEY (§11): required with a server database, generated for the embedded
-default (kept 0600 in the data directory), at least 32 characters, several for rotation."""
+"""METERING_SECRET_KEY (docs/operations.md#configuration): required with a server database,
+generated for the embedded default (kept 0600 in the data directory), at least 32 characters,
+several for rotation."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
-"""§11 delivery: a real receiver on loopback, messages verified by the ``standardwebhooks``
-library; retries on the schedule with the one clock moved, timeouts, no redirects, https with
-a test CA, addresses refused when connecting, rotation's two signatures, resend, delete."""
+"""Webhook delivery (docs/api.md#messages-and-delivery): a real receiver on loopback, messages
+verified by the ``standardwebhooks`` library; retries on the schedule with the one clock moved,
+timeouts, no redirects, https with a test CA, addresses refused when connecting, rotation's two
+signatures, resend, delete."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""§11 endpoint management: bodies, validation, who sees what, the address rules at save time,
-and no signing secret in clear in the database, a dump or the logs."""
+"""Webhook endpoint management (docs/api.md#endpoints): bodies, validation, who sees what, the
+address rules at save time, and no signing secret in clear in the database, a dump or the logs."""
 
 from __future__ import annotations
 

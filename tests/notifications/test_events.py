@@ -1,5 +1,6 @@
-"""§11 event types: each fires once per crossing, in the transaction that crosses, with the
-right ``data``; re-armed after recovery; exact under concurrency; nothing from a rollback."""
+"""Webhook event types (docs/api.md#event-types): each fires once per crossing, in the transaction
+that crosses, with the right ``data``; re-armed after recovery; exact under concurrency; nothing
+from a rollback."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""§11 with credit grants (issue 14): every balance move of the grants' ledger (a charge that
+"""Webhook events with credit grants: every balance move of the grants' ledger (a charge that
 also writes due expiries, a void, the scheduler's due expiries) writes its balance crossings
 once, in its transaction, and each expiry entry its ``credit.grant_expired``."""
 

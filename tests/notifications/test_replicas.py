@@ -1,4 +1,4 @@
-"""§11 on PostgreSQL: several delivery loops at once never send the same attempt twice at once,
+"""Webhooks on PostgreSQL: several delivery loops at once never send the same attempt twice at once,
 and a delivery process SIGKILLed mid-send loses nothing (every event delivered at least once
 after a restart)."""
 

@@ -1,7 +1,7 @@
-"""§11 ``spend_limit.threshold_reached``: a key's charges in its window reach 80%, and 100%, of
-its limit; a jump past both fires 80 then 100; once per key, window and percent; nothing for a
-key without a limit; a new window re-arms; a replay fires nothing; delivered and signed like
-every event. (The race between two server processes: ``test_spend_limit_race``.)"""
+"""``spend_limit.threshold_reached`` (docs/api.md#event-types): a key's charges in its window reach
+80%, and 100%, of its limit; a jump past both fires 80 then 100; once per key, window and percent;
+nothing for a key without a limit; a new window re-arms; a replay fires nothing; delivered and
+signed like every event. (The race between two server processes: ``test_spend_limit_race``.)"""
 
 from __future__ import annotations
 

@@ -60,8 +60,8 @@ class Usage:
         return GRANT_CENTS * 10**6 - sum(s.cost_microcents for s in self.sent)
 
     def report(self, query: dict[str, str]) -> dict[str, Any]:
-        """The §6 report of ``query`` computed from the events sent (``ending_at`` defaults to
-        the end of the clock's day, as it stands here)."""
+        """The ``GET /v1/usage`` report of ``query`` computed from the events sent (``ending_at``
+        defaults to the end of the clock's day, as it stands here)."""
         return expected_report(
             self.sent,
             _instant(query["starting_at"]),

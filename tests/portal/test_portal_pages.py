@@ -39,7 +39,7 @@ from tests.factories import (
 )
 from tests.portal.test_portal_http import CSRF, _cells, _client, _dollars, _link, _sign_in
 
-PUBLIC = "https://203.0.113.10/hook"  # TEST-NET-3: a public address for §11, never resolved
+PUBLIC = "https://203.0.113.10/hook"  # TEST-NET-3: a public address for a webhook, never resolved
 # usage_event's default usage (1000 prompt tokens, 100 output) at GLM-5.3's rates.
 CHARGE = oracle.charge(oracle.Tokens(1000, 0, 100), GLM_RATES).total_microcents
 

@@ -1,4 +1,5 @@
-"""Pricing one request: three components, each rounded half up to a microcent (contract §5)."""
+"""Pricing one request: three components, each rounded half up to a microcent
+(docs/api.md#post-v1usageevents)."""
 
 from __future__ import annotations
 

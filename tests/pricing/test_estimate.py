@@ -1,4 +1,5 @@
-"""The pre-flight estimate: the maximum possible cost of a request (contract §4)."""
+"""The pre-flight estimate: the maximum possible cost of a request
+(docs/api.md#post-v1authorizations)."""
 
 from __future__ import annotations
 
@@ -266,7 +267,8 @@ class TestAmounts:
 
 
 def contract_limit(req: EstimateRequest, limits: ModelLimits) -> int | str:
-    """§4 written out again, step by step: the limit, or the error code it calls for."""
+    """The estimate's output limit written out again, step by step: the limit, or the error code it
+    calls for."""
     if req.api == "messages" and req.max_tokens is None:
         return "missing_parameter"
     context = limits.context_length
@@ -414,9 +416,9 @@ class TestEstimateCoversTheCharge:
         assert price_usage(usage, rates).output_microcents <= estimate.output_microcents
 
     def test_split_prompt_at_sub_microcent_rates_can_exceed_the_hold_by_rounding(self) -> None:
-        """Contract §4 rounds the prompt once; the §5 charge rounds its uncached and cached
+        """The estimate rounds the prompt once; the charge rounds its uncached and cached
         parts separately. At sub-microcent-per-token rates a split prompt can therefore cost
-        1 µ¢ more than the hold. That is by contract: usage is always billed in full."""
+        1 µ¢ more than the hold. That is by design: usage is always billed in full."""
         rates = Rates(700_000, 1_000_000, 690_000)  # 0.7 and 0.69 µ¢ per token
         estimate = estimate_cost(request(prompt=2, max_tokens=1), SMALL, rates)
         charge = price_usage(NormalizedUsage(2, 1, 1, 0), rates)

@@ -1,4 +1,5 @@
-"""Normalising each API's usage object into the four billing counts (contract §5)."""
+"""Normalising each API's usage object into the four billing counts
+(docs/api.md#post-v1usageevents)."""
 
 from __future__ import annotations
 
@@ -271,7 +272,7 @@ INVALID_COUNTS = [
     pytest.param({"value": 5}, id="object"),
 ]
 
-# Every count of every API, by the path the contract's table gives it.
+# Every count of every API, by the path docs/api.md#post-v1usageevents' table gives it.
 COUNT_PATHS = [
     ("chat_completions", ("prompt_tokens",)),
     ("chat_completions", ("prompt_tokens_details", "cached_tokens")),

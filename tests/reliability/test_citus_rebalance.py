@@ -1,5 +1,5 @@
 """A worker added to a Citus cluster and the shards rebalanced onto it while the gateway's traffic
-runs (CONTRACT §13, issue 18): nothing lost, nothing counted twice.
+runs (docs/citus.md#adding-a-worker-online): nothing lost, nothing counted twice.
 
 A database of its own on the cluster (``make citus``) and on its spare node, migrated with
 ``metering migrate``; a real server process; many prepaid accounts. Load threads send what a
@@ -36,6 +36,7 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
 from metering.citus import ASYNCHRONOUS_COMMITS, REBALANCE
+from tests import oracle
 from tests.conftest import (
     ADMIN_TOKEN,
     CITUS,
@@ -53,6 +54,7 @@ MODEL = "Rebalance-1"
 # Microcents per token: input, output, cache reads (the catalog's rates per million tokens are
 # these times a million), so every charge and estimate is exact.
 IN, OUT, CACHED = 3, 7, 1
+RATES = oracle.Rates(IN * 1_000_000, OUT * 1_000_000, CACHED * 1_000_000)
 ACCOUNTS = 40
 GRANT_CENTS = 10_000_000
 THREADS = 6
@@ -135,9 +137,9 @@ class Seen:
 
 
 def charge(usage: dict[str, Any]) -> int:
-    cached = usage["prompt_tokens_details"]["cached_tokens"]
-    uncached, output = usage["prompt_tokens"] - cached, usage["completion_tokens"]
-    return uncached * IN + cached * CACHED + output * OUT
+    """What a chat completion's ``usage`` costs at the model's rates, by the tests' oracle."""
+    tokens = oracle.tokens_of("chat_completions", usage)
+    return oracle.charge(tokens, RATES).total_microcents
 
 
 def test_rebalancing_onto_a_new_worker_under_load_loses_and_doubles_nothing(

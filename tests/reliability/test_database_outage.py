@@ -1,5 +1,5 @@
 """The database goes away under a running server and comes back: while it is
-away every request fails cleanly (503 ``database_unavailable`` in the contract's error body,
+away every request fails cleanly (503 ``database_unavailable`` in the error body of docs/api.md,
 promptly, never a 500), and within seconds of its return every route answers again, with no
 restart of the server.
 
@@ -88,7 +88,8 @@ def requests_of(base_url: str, secret: str, account: str) -> dict[str, Request]:
 def assert_unavailable(name: str, response: httpx.Response, elapsed: float) -> None:
     assert response.status_code == 503, (name, response.status_code, response.text)
     error = response.json()["error"]
-    # §1's error object (contract_problems refuses any 5xx, so its checks are spelt out here).
+    # The error object of docs/api.md#conventions (contract_problems refuses any 5xx, so its checks
+    # are spelt out here).
     assert set(error) == {"message", "type", "param", "code", "request_id"}, (name, error)
     assert (error["type"], error["code"], error["param"]) == (
         "api_error",

@@ -1,4 +1,4 @@
-"""/metrics with two server workers (contract §8: one scrape covers every worker process), on
+"""/metrics with two server workers (docs/operations.md#metrics: one scrape covers every worker), on
 each backend, through ``metering serve --workers 2`` as an operator starts it: requests spread
 over both workers, then every scrape — whichever worker answers it — reports exactly their
 number; no counter ever goes back from one scrape to the next, not even when a worker is killed

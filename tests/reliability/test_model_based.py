@@ -3,13 +3,13 @@ against a plain in-memory model.
 
 A hypothesis ``RuleBasedStateMachine`` drives the real app (in process, on each backend) with
 grants and adjustments (idempotency keys reused on purpose), credit grants with categories,
-priorities and expiries, and their voids (§9: the model keeps each grant's remainder and the
+priorities and expiries, and their voids (the model keeps each grant's remainder and the
 deficit, and spends each charge in the spending order), authorizations (fresh, retried,
 conflicting, refused), voids, the clock moving past hold expiries and month ends, usage batches
 (new events, duplicates, conflicts, events naming holds, and every quarantine reason), reprocess
-of the quarantine, list-price and account-rate changes, and §10's rules: accounts' limits on
+of the quarantine, list-price and account-rate changes, and the access rules: accounts' limits on
 requests in flight (429), accounts' and keys' model lists (404 vs 403). The model is plain
-Python and integer arithmetic written from the contract (§3–§6, §10) — it does not import
+Python and integer arithmetic written from docs/api.md — it does not import
 ``metering.pricing`` — and after every step ``GET /v1/credits`` (balance, held, available) and
 ``GET /v1/usage`` (totals and each day) must equal it for a prepaid and an unbilled account, and
 the quarantine must hold exactly the model's entries with their codes. Every response is also
@@ -63,7 +63,7 @@ def seen(what: str) -> None:
     SEEN[what] += 1
 
 
-# -- the model: plain integers, written from the contract ------------------------------------
+# -- the model: plain integers, written from docs/api.md ------------------------------------
 
 
 def half_up(numerator: int, denominator: int) -> int:
@@ -130,7 +130,7 @@ class Entry:
 
 @dataclass
 class CreditGrant:
-    """A grant as the model keeps it (contract §9)."""
+    """A grant as the model keeps it (docs/api.md#credit-ledger)."""
 
     id: str
     category: str
@@ -190,7 +190,7 @@ class Account:
 
     entries: dict[str, tuple[str, int, str | None]] = field(default_factory=dict)  # idem key
     overrides: dict[str, list[tuple[datetime, Rates | None]]] = field(default_factory=dict)
-    # §10: the limit on requests in flight, the account's model list and each key's (None: all).
+    # The limit on requests in flight, the account's model list and each key's (None: all).
     concurrency: int | None = None
     models: set[str] | None = None
     key_models: dict[str, set[str] | None] = field(default_factory=dict)
@@ -373,7 +373,8 @@ class Billing(RuleBasedStateMachine):
         expires_in: int | None,
         amount: int,
     ) -> None:
-        """A grant with §9's terms (a fresh idempotency key: replays are ``ledger_entry``'s)."""
+        """A grant with terms: category, priority, expiry (a fresh idempotency key: replays are
+        ``ledger_entry``'s)."""
         model = self.accounts[account]
         category = "promotional" if promotional else "paid"
         body: dict[str, Any] = {"idempotency_key": self.next_id("g"), "category": category}
@@ -617,7 +618,7 @@ class Billing(RuleBasedStateMachine):
             hold.status = "voided"
         assert self.check(response, 200)["status"] == hold.status_at(self.now)
 
-    # -- §10: requests in flight and model access -------------------------------------------
+    # -- requests in flight and model access -----------------------------------------------
 
     @rule(account=st.sampled_from(["A", "U"]), limit=st.sampled_from([None, 1, 2, 3]))
     def set_concurrency(self, account: str, limit: int | None) -> None:
@@ -823,7 +824,7 @@ class Billing(RuleBasedStateMachine):
         return raw
 
     def classify(self, raws: list[dict[str, Any]]) -> list[tuple[str, Any]]:
-        """The §5 result of each event of one batch, in order; applies it to the model."""
+        """The result of each event of one batch, in order; applies it to the model."""
         results: list[tuple[str, Any]] = []
         recorded_now: list[Recorded] = []
         for raw in raws:

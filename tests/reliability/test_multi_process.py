@@ -195,7 +195,7 @@ def test_a_500_leaves_the_keep_alive_connection_usable(pg_url: str, tmp_path: Pa
             cut_connections(pg_url)
             for _ in range(4):
                 response: Any = admin.get("/admin/v1/accounts")  # never a transport error
-                if response.status_code == 503:  # the §1 body: the database dropped it
+                if response.status_code == 503:  # the error body: the database dropped it
                     assert contract_problems(response) == ["server error 503"], response.text
                     assert response.json()["error"]["code"] == "database_unavailable"
                 else:

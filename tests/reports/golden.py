@@ -139,7 +139,7 @@ _EXPONENT = re.compile(r"[:\[,]-?[0-9]+(\.[0-9]+)?[eE]")
 
 
 def parse_exact(text: str) -> Any:
-    """The body with decimals as Decimal; no number may use an exponent (§1)."""
+    """The body with decimals as Decimal; no number may use an exponent."""
     assert not _EXPONENT.search(text), text
     return json.loads(text, parse_float=Decimal)
 
@@ -171,7 +171,7 @@ def expected_report(
     hidden: Iterable[str] = (),
     key_names: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """The §6 body for these events, summed here event by event."""
+    """The ``GET /v1/usage`` body for these events, summed here event by event."""
     sent = list(sent)
     hidden = set(hidden)
     width = DAY if bucket_width == "1d" else HOUR

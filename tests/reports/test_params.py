@@ -1,4 +1,4 @@
-"""The report's parameters and window rules (contract §6), without a database."""
+"""The report's parameters and window rules (docs/api.md#get-v1usage), without a database."""
 
 from __future__ import annotations
 

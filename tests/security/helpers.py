@@ -1,4 +1,5 @@
-"""What every response of the service must look like, whatever it was sent (contract §1)."""
+"""What every response of the service must look like, whatever it was sent
+(docs/api.md#conventions)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ from tests.factories import ERROR_TYPES, REQUEST_ID
 
 
 def contract_problems(response: Any) -> list[str]:
-    """Why ``response`` breaks the contract's conventions (empty when it keeps them): never a
-    5xx; always an ``x-request-id``; every non-2xx body the §1 error object, typed by its status,
+    """Why ``response`` breaks the conventions of docs/api.md (empty when it keeps them): never a
+    5xx; always an ``x-request-id``; every non-2xx body the error object, typed by its status,
     with a code and the same request id as the header."""
     problems: list[str] = []
     status = response.status_code

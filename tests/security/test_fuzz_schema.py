@@ -2,8 +2,8 @@
 backend, with the right credential for the route: the admin token under ``/admin/v1/``, the
 gateway token on the gateway's routes, a real account key on ``/v1/usage``, ``/v1/credits`` and
 ``/v1/models``. Schema-valid and schema-violating requests alike must never get a 5xx, every
-non-2xx answer is the contract's error body (§1) with a code and the response's request id, and
-afterwards the books still reconcile (``metering verify``).
+non-2xx answer is the error body of docs/api.md#conventions with a code and the response's request
+id, and afterwards the books still reconcile (``metering verify``).
 
 Some request schemas are loose on purpose (an ingest batch's events are any JSON: each event is
 checked on its own), so half of the generated cases have their ids, keys and model swapped for
@@ -16,7 +16,7 @@ violates the schema is refused (schemathesis' ``negative_data_rejection``); and 
 allows is never refused for its shape: a schema-valid request answered 400 must name one of the
 rules JSON Schema cannot state (``STATED_ONLY_IN_CODE``: across fields, against stored state,
 exact decimals). Integral floats (``5.0``), which JSON Schema counts as integers and the service
-refuses (§1: integers are JSON integers), are sent as integers in positive mode.
+refuses (integers are JSON integers), are sent as integers in positive mode.
 
 Budget: ``FUZZ_EXAMPLES`` cases per route and mode (positive, negative). Under CI the inputs are
 derandomized (the same every run); elsewhere hypothesis draws new ones and keeps failures in its
@@ -175,7 +175,7 @@ STATED_ONLY_IN_CODE = [
     (("PUT", "/admin/v1/models/{model_id}"), "invalid_parameter", "max_output_tokens", "exceed"),
     (("PUT", "/admin/v1/models/{model_id}"), "invalid_parameter", "model_id", "reserved"),
     (("POST", "/admin/v1/accounts/{account_id}/rates"), "invalid_parameter", None, "all three"),
-    # §10: the older limit field with the newer ones; model lists against the catalog and the
+    # The older limit field with the newer ones; model lists against the catalog and the
     # account's own list (stored state).
     (None, "invalid_parameter", "monthly_spend_limit_cents", "cannot be sent with"),
     (None, "invalid_parameter", "allowed_models", ""),
@@ -317,7 +317,7 @@ def test_every_route_keeps_the_contract_under_fuzzing(target: Target) -> None:
     schema = schemathesis.openapi.from_asgi("/openapi.json", target.api.client.app)
     operations = [result.ok() for result in schema.get_all_operations()]
     routes = {(op.method.upper(), op.path) for op in operations}
-    # Every route of the contract is in the schema, so every one of them is fuzzed.
+    # Every route of docs/api.md is in the schema, so every one of them is fuzzed.
     assert {
         ("POST", "/v1/authorizations"),
         ("POST", "/v1/usage/events"),

@@ -3,7 +3,7 @@
 Integers past 64 bits, NaN and infinities, NUL characters and lone surrogates (legal in JSON,
 unstorable in PostgreSQL, unencodable as UTF-8), nesting as deep as the parser takes, 10 MB and
 oversized bodies, invalid UTF-8, absurd years, SQL metacharacters and unicode in ids, duplicate
-keys, wrong content types. Each answer keeps the contract (no 5xx, the §1 error body), nothing
+keys, wrong content types. Each answer keeps the conventions (no 5xx, the error body), nothing
 is half-written, and the books still reconcile. The NUL, surrogate, cursor, reprocess-id and
 nesting cases are regression tests of 500s this suite found.
 """
@@ -402,7 +402,7 @@ class TestBodies:
     def test_a_10_mb_batch_under_the_limit_is_recorded(
         self, api: Api, setup: dict[str, Any]
     ) -> None:
-        """Unknown fields are ignored (§5), however large: the event is billed."""
+        """Unknown usage fields are ignored, however large: the event is billed."""
         event = usage_event(setup["key"], setup["model"], NOW)
         event["usage"]["padding"] = "x" * (10 * MIB)
         raw = json.dumps({"events": [event]}).encode()

@@ -1,4 +1,4 @@
-"""§0: ``METERING_GATEWAY_TOKENS`` and ``METERING_ADMIN_TOKENS`` are comma-separated lists, so a
+"""``METERING_GATEWAY_TOKENS`` and ``METERING_ADMIN_TOKENS`` are comma-separated lists, so a
 token can be rotated with no downtime: every configured token is accepted on every route of its
 kind, the fast gateway lane included, and nothing else is — not a third string, not the
 unsplit list, not a token of the other kind. Configured through the environment, as deployed."""

@@ -1,6 +1,6 @@
-"""``metering catalog import`` never reprices a recorded charge (contract §2): changing a version
-that priced charges, or inserting one inside a period that has charges, is refused and nothing
-changes. Versions away from any charge still import."""
+"""``metering catalog import`` never reprices a recorded charge (docs/api.md#catalog): changing a
+version that priced charges, or inserting one inside a period that has charges, is refused and
+nothing changes. Versions away from any charge still import."""
 
 from __future__ import annotations
 

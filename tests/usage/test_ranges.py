@@ -1,5 +1,5 @@
-"""Ranges (contract §1): an event whose charge would take a stored amount or sum beyond a signed
-64-bit integer is quarantined ``invalid_usage``, and the rest of its batch, other accounts'
+"""Ranges (docs/api.md#ranges): an event whose charge would take a stored amount or sum beyond a
+signed 64-bit integer is quarantined ``invalid_usage``, and the rest of its batch, other accounts'
 events included, is recorded as if it were not there; nothing ever becomes a float (SQLite)."""
 
 from __future__ import annotations

@@ -111,7 +111,7 @@ class TestWhichPathAnswers:
             ingested = client.post("/v1/usage/events", json={"events": [event]}, headers=GATEWAY)
             assert ingested.status_code == 200 and ingested.json()["recorded"] == 1
 
-            # The service's own refusals are the lane's answers too, in the §1 body.
+            # The service's own refusals are the lane's answers too, in the error body.
             poor = authorization_request(setup.poor_key, setup.model)
             refused = client.post("/v1/authorizations", json=poor, headers=GATEWAY)
             assert_error(refused, 402, "insufficient_credits")
@@ -163,7 +163,7 @@ class TestWhichPathAnswers:
 
 class TestSameAnswers:
     """The app with the lane and the app without it give the same answers to the same
-    requests: status, §1 body (apart from each request's own id), content type."""
+    requests: status, body (apart from each request's own id), content type."""
 
     def _both(
         self, api: Api, method: str, path: str, body: Any, headers: dict[str, str]

@@ -38,8 +38,8 @@ def _paths(api: Api) -> dict[str, set[str]]:
 
 
 def _assert_refused(response: object, path: str, status: int, code: str) -> None:
-    """The contract's JSON error; under /billing (the portal) an HTML error page with the
-    request id."""
+    """The JSON error of docs/api.md#conventions; under /billing (the portal) an HTML error page
+    with the request id."""
     if path == "/billing" or path.startswith("/billing/"):
         assert response.status_code == status, (path, response.status_code)  # type: ignore[attr-defined]
         assert response.headers["content-type"].startswith("text/html"), path  # type: ignore[attr-defined]

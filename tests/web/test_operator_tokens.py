@@ -1,5 +1,6 @@
-"""Operators' tokens (§14): named tokens, read-only tokens, the metrics token, and each secret
-configured once. The read-only checks run over the app's own routes (never a hand list)."""
+"""Operators' tokens (docs/operations.md#operator-tokens): named tokens, read-only tokens, the
+metrics token, and each secret configured once. The read-only checks run over the app's own routes
+(never a hand list)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Every error code metering answers → its exception class → the OpenAI and Anthropic renderings.
 
-The table below is the contract's (status, type, code), written out here: the client's own
+The table below is docs/api.md's (status, type, code), written out here: the client's own
 registry is held equal to it, so a code added to one and not the other fails."""
 
 from __future__ import annotations

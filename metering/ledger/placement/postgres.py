@@ -4,8 +4,8 @@ connections in autocommit, on the event loop; the check-and-hold is one call of
 read before is remembered for the key's next authorization and confirmed by that call
 (``_Remembered``).
 
-On a Citus cluster (CONTRACT §13) the same statements run for one account's rows (their
-``text_of_account`` forms): the key is read first (``api_keys`` is on every node), then its
+On a Citus cluster (docs/citus.md#what-stays-exact) the same statements run for one account's rows
+(their ``text_of_account`` forms): the key is read first (``api_keys`` is on every node), then its
 account's resolution; the check-and-hold is ``metering_place_holds_of_account``, one call per
 account, sent whole to the account's node; a void finds its hold by the account its id names
 (metering.states.holds)."""
@@ -136,7 +136,7 @@ class PostgresHolds:
     async def place(self, hold: Mapping[str, Any]) -> Placement:
         """Place one hold (a row of ``HOLDS_IN``), together with the holds that this process is
         asked to place meanwhile (see ``_Queue``): of any account, or on Citus of its own
-        account only, so that no call is a transaction across shards (CONTRACT §13)."""
+        account only, so that no call is a transaction across shards."""
         return await _QUEUE.place(self, hold)
 
     def group_of(self, hold: Mapping[str, Any]) -> str | None:

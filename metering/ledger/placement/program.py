@@ -182,7 +182,7 @@ def _place_holds(on: p.Backend) -> list[p.Step]:
     account = p.Var("v_account_id", String())
     balance, held = p.Var("v_balance", BigInteger()), p.Var("v_held", BigInteger())
     released, expired = p.Var("v_released", BigInteger()), p.Var("v_expired", BigInteger())
-    # §10 (metering.accounts.access): the holds counted, the account's limit and billing.
+    # metering.accounts.access: the holds counted, the account's limit and billing.
     count, limit = p.Var("v_count", BigInteger()), p.Var("v_limit", Integer())
     billing = p.Var("v_billing", String())
     released_count = p.Var("v_released_count", BigInteger())
@@ -265,7 +265,8 @@ def _place_holds(on: p.Backend) -> list[p.Step]:
     spent = key_charges(
         account.ref, h["api_key_id"].ref, h["window_start"].ref, h["window_end"].ref
     ) + key_holds_in_force(account.ref, h["api_key_id"].ref, h["created_at"].ref)
-    # The checks of §10 in their order, as CASE branches (the spend limit's below).
+    # The checks of docs/api.md#post-v1authorizations in their order, as CASE branches (the spend
+    # limit's below).
     decide_checks = (
         (
             and_(
@@ -285,10 +286,10 @@ def _place_holds(on: p.Backend) -> list[p.Step]:
             ),
             Outcome.EXISTS.value,
         ),
-        # Ranges (§1): an account that is not refused for credit (unbilled, here only with a
-        # concurrency limit) takes its held sum no further than a signed 64-bit integer; written
-        # so that the comparison cannot overflow itself (estimates are >= 0). Before the 429:
-        # it is the estimate's 400.
+        # Ranges (docs/api.md#ranges): an account that is not refused for credit (unbilled, here
+        # only with a concurrency limit) takes its held sum no further than a signed 64-bit integer;
+        # written so that the comparison cannot overflow itself (estimates are >= 0). Before the
+        # 429: it is the estimate's 400.
         (
             and_(
                 billing.ref != "prepaid",
@@ -303,7 +304,7 @@ def _place_holds(on: p.Backend) -> list[p.Step]:
             Outcome.INSUFFICIENT_CREDITS.value,
         ),
     )
-    # The last check (§10): the key's spend limit in its window.
+    # The last check: the key's spend limit in its window.
     over_spend_limit = and_(
         billing.ref == "prepaid",
         h["spend_limit"].ref.isnot(None),

@@ -422,5 +422,6 @@ class MeteringUnavailable(MeteringError):
     _code_class = False
 
 
-# The codes of the contract, each with its class (what the tests hold complete).
+# The service's error codes (docs/api.md#conventions), each with its class (what the tests hold
+# complete).
 ERROR_CLASSES: Mapping[str, ErrorClass] = MeteringError._by_code
