@@ -64,6 +64,8 @@ ACTIONS: dict[str, str] = {
     "payment.create": "a payment was started (a top-up, before Stripe was asked)",
     "payment.succeed": "a payment succeeded and was credited (its paid grant named)",
     "payment.fail": "a payment failed (declined, canceled or abandoned)",
+    "card.save": "an account's card was saved for later payments (brand and last 4 digits)",
+    "card.remove": "an account's saved card was removed (by the portal, or detached in Stripe)",
 }
 
 

@@ -7,14 +7,17 @@ from __future__ import annotations
 import logging
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Query, Request
+from fastapi import APIRouter, Depends, Query, Request, Response
+from pydantic import BaseModel, ConfigDict, Strict
 from starlette.concurrency import run_in_threadpool
 
 from metering.accounts.deps import AccountKeyDep
+from metering.audit.deps import AuditDep
 from metering.kit.errors import InvalidRequest, MeteringError, NotFound
 from metering.kit.pagination import PageParams
+from metering.ledger.schemas import IdempotencyKey
 from metering.payments import service
-from metering.payments.flows import Payments
+from metering.payments.flows import Payments, checked_amount, payment_body
 from metering.payments.stripe_api import BadSignature, StripeUnavailable
 from metering.web.deps import AdminDep, SessionDep, get_clock, get_database, get_settings
 from metering.web.jsonio import MeteringRoute
@@ -84,6 +87,32 @@ async def stripe_webhook(request: Request) -> dict[str, Any]:
         raise PaymentsUnavailable("Stripe could not be asked: send the event again") from None
     log.info("stripe event: %s", outcome)
     return {"received": True}
+
+
+class TopUpCreate(BaseModel):
+    """``POST /admin/v1/accounts/{id}/top-ups``: whole cents, and the request's key."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    amount_cents: Annotated[int, Strict()]
+    idempotency_key: IdempotencyKey
+
+
+@admin_router.post("/accounts/{account_id}/top-ups", status_code=201)
+def create_top_up(
+    account_id: str, body: TopUpCreate, request: Request, response: Response, audit: AuditDep
+) -> dict[str, Any]:
+    """Charge the account's saved card off-session (201 the payment, succeeded or failed; 200
+    with the payment as it stands when the same request is retried)."""
+    amount = checked_amount(body.amount_cents, get_settings(request))
+    try:
+        row, created = payments_of(request).top_up(account_id, amount, body.idempotency_key, audit)
+    except StripeUnavailable as error:
+        log.warning("a top-up could not reach Stripe: %s", error)
+        raise PaymentsUnavailable("Stripe could not be asked: retry with the same key") from None
+    if not created:
+        response.status_code = 200
+    return payment_body(row, operator=True)
 
 
 @admin_router.get("/payments")

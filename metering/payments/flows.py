@@ -27,7 +27,7 @@ from sqlalchemy.orm import Session
 from metering.audit.service import Auditor
 from metering.db import Database
 from metering.kit.clock import Clock
-from metering.kit.errors import InvalidRequest, NotFound
+from metering.kit.errors import Conflict, InvalidRequest, NotFound
 from metering.kit.ids import new_id
 from metering.kit.money import cents
 from metering.kit.timeutil import format_timestamp
@@ -35,7 +35,7 @@ from metering.ledger import service as ledger
 from metering.metrics import REGISTRY
 from metering.models import Payment, PaymentProfile, StripeEvent, table
 from metering.notifications import outbox
-from metering.payments.stripe_api import Card, Declined, Intent, Stripe
+from metering.payments.stripe_api import Card, Declined, Intent, Stripe, StripeUnavailable
 from metering.settings import Settings
 from metering.states import payments as states
 from metering.states.payments import PaymentKind, PaymentStatus
@@ -424,6 +424,147 @@ class Payments:
             session.commit()
         return customer
 
+    def saved_method(self, account_id: str) -> str | None:
+        """The id of the account's saved card (None: it has none)."""
+        with self.database.reading() as session:
+            found = session.execute(
+                select(PROFILES.c.card_payment_method_id).where(PROFILES.c.account_id == account_id)
+            ).scalar()
+        return str(found) if found else None
+
+    def save_card(self, account_id: str, payment_method: str, auditor: Auditor) -> Card:
+        """The account's saved card becomes ``payment_method`` (set up for off-session charges
+        by a SetupIntent of its customer); a card saved before is detached from Stripe."""
+        card = self.stripe.retrieve_card(payment_method)
+        self.customer_of(account_id)  # the profile row exists from here
+        now = self.clock.now()
+        with self.database.unit_of_work() as session:
+            ledger.lock_account(session, account_id)
+            before = session.execute(
+                select(PROFILES.c.card_payment_method_id)
+                .where(PROFILES.c.account_id == account_id)
+                .with_for_update()
+            ).scalar()
+            if before == payment_method:
+                return card
+            session.execute(
+                update(PROFILES)
+                .where(PROFILES.c.account_id == account_id)
+                .values(
+                    card_payment_method_id=payment_method,
+                    card_brand=card.brand[:32],
+                    card_last4=card.last4[:4],
+                    card_exp_month=card.exp_month,
+                    card_exp_year=card.exp_year,
+                    updated_at=now,
+                )
+            )
+            auditor.record(
+                session,
+                now,
+                "card.save",
+                "account",
+                account_id,
+                account_id,
+                {"brand": card.brand, "last4": card.last4},
+            )
+            session.commit()
+        if before:
+            try:
+                self.stripe.detach_payment_method(str(before))
+            except StripeUnavailable:
+                log.warning("account %s: the card it replaced could not be detached", account_id)
+        return card
+
+    def forget_card(self, account_id: str, payment_method: str | None, auditor: Auditor) -> bool:
+        """The saved card removed (``payment_method``: only if it is that one, as when Stripe
+        says it was detached). Returns whether one was removed."""
+        now = self.clock.now()
+        with self.database.unit_of_work() as session:
+            ledger.lock_account(session, account_id)
+            saved = session.execute(
+                select(PROFILES.c.card_payment_method_id)
+                .where(PROFILES.c.account_id == account_id)
+                .with_for_update()
+            ).scalar()
+            if not saved or (payment_method is not None and saved != payment_method):
+                return False
+            session.execute(
+                update(PROFILES)
+                .where(PROFILES.c.account_id == account_id)
+                .values(
+                    card_payment_method_id=None,
+                    card_brand=None,
+                    card_last4=None,
+                    card_exp_month=None,
+                    card_exp_year=None,
+                    updated_at=now,
+                )
+            )
+            auditor.record(session, now, "card.remove", "account", account_id, account_id, {})
+            session.commit()
+        return True
+
+    def remove_card(self, account_id: str, auditor: Auditor) -> bool:
+        """The portal's "remove": detached in Stripe, then forgotten here."""
+        method = self.saved_method(account_id)
+        if method is None:
+            return False
+        self.stripe.detach_payment_method(method)
+        return self.forget_card(account_id, method, auditor)
+
+    # -- an operator's off-session top-up -------------------------------------------------------
+
+    def top_up(
+        self, account_id: str, amount_cents: int, idempotency_key: str, auditor: Auditor
+    ) -> tuple[Row, bool]:
+        """Charge the saved card off-session (idempotent on ``idempotency_key``: the same key
+        and amount give the same payment, carried on if it is still pending). Returns the
+        payment and whether this request created it."""
+        fingerprint = ledger.fingerprint({"amount_cents": amount_cents})
+        now = self.clock.now()
+        with self.database.unit_of_work() as session:
+            ledger.lock_account(session, account_id)
+            existing = session.execute(
+                select(PAYMENTS).where(
+                    PAYMENTS.c.account_id == account_id,
+                    PAYMENTS.c.idempotency_key == idempotency_key,
+                )
+            ).first()
+            created = existing is None
+            if existing is not None:
+                if existing.request_fingerprint != fingerprint:
+                    raise Conflict(
+                        f"idempotency_key {idempotency_key!r} was already used for another "
+                        "top-up of this account",
+                        code="idempotency_conflict",
+                        param="idempotency_key",
+                    )
+                payment_id = str(existing.id)
+            else:
+                if self.saved_method(account_id) is None:
+                    raise InvalidRequest(
+                        "the account has no saved card",
+                        code="payment_method_required",
+                        param=None,
+                    )
+                row = create_payment(
+                    session, account_id, PaymentKind.TOP_UP, amount_cents, now, auditor
+                )
+                payment_id = str(row["id"])
+                session.execute(
+                    update(PAYMENTS)
+                    .where(PAYMENTS.c.account_id == account_id, PAYMENTS.c.id == payment_id)
+                    .values(idempotency_key=idempotency_key, request_fingerprint=fingerprint)
+                )
+            session.commit()
+        method = self.saved_method(account_id)
+        if method is None:  # removed since: the payment stays as it is
+            with self.database.reading() as session:
+                return find(session, account_id, payment_id), created
+        row, _ = self.pay(account_id, payment_id, method, auditor, off_session=True)
+        return row, created
+
     def card_of(self, account_id: str) -> Card | None:
         with self.database.reading() as session:
             row = session.execute(
@@ -440,13 +581,17 @@ class Payments:
 
     # -- paying ---------------------------------------------------------------------------------
 
-    def setup_for(self, account_id: str, payment_id: str | None) -> tuple[str, str]:
+    def setup_for(
+        self, account_id: str, payment_id: str | None, save_card: bool = False
+    ) -> tuple[str, str]:
         """A SetupIntent for a new card (Stripe.js confirms it in the page): its id and client
         secret. ``payment_id``: the payment it is for (its metadata says so)."""
         customer = self.customer_of(account_id)
         metadata = {"account_id": account_id}
         if payment_id is not None:
             metadata["payment_id"] = payment_id
+        if save_card:
+            metadata["save_card"] = "true"
         setup = self.stripe.create_setup_intent(customer, metadata)
         assert setup.client_secret is not None
         return setup.id, setup.client_secret
@@ -463,7 +608,12 @@ class Payments:
         return setup.payment_method
 
     def pay(
-        self, account_id: str, payment_id: str, payment_method: str, auditor: Auditor
+        self,
+        account_id: str,
+        payment_id: str,
+        payment_method: str,
+        auditor: Auditor,
+        off_session: bool = False,
     ) -> tuple[Row, Intent | None]:
         """Charge the payment with ``payment_method``: its PaymentIntent created (the payment's
         id the idempotency key), recorded, confirmed, and the answer converged. Returns the
@@ -486,6 +636,11 @@ class Payments:
                 intent = self.stripe.retrieve_payment_intent(intent_id)
             if intent.status == "requires_confirmation":
                 intent = self.stripe.confirm_payment_intent(payment_id, intent.id)
+            if off_session and intent.status == "requires_action":
+                # Nobody is there to pass 3-D Secure: a failure, the intent canceled.
+                self.stripe.cancel_payment_intent(intent.id)
+                message = "The card needs authentication, which an off-session charge cannot ask."
+                raise Declined("authentication_required", message)
         except Declined as declined:
             return self._fail(
                 account_id, payment_id, declined.code, declined.message, auditor
@@ -577,7 +732,78 @@ class Payments:
         obj = (event.get("data") or {}).get("object") or {}
         if kind in ("payment_intent.succeeded", "payment_intent.payment_failed"):
             return self._on_intent_event(str(event.get("id")), kind, obj)
+        if kind == "setup_intent.succeeded":
+            return self._on_setup(str(event.get("id")), kind, obj)
+        if kind == "payment_method.detached":
+            return self._on_detached(str(event.get("id")), kind, obj)
         return "ignored"
+
+    def _seen(self, account_id: str, event_id: str) -> bool:
+        with self.database.reading() as session:
+            return (
+                session.execute(
+                    select(STRIPE_EVENTS.c.id).where(
+                        STRIPE_EVENTS.c.account_id == account_id, STRIPE_EVENTS.c.id == event_id
+                    )
+                ).first()
+                is not None
+            )
+
+    def _processed(self, account_id: str, event_id: str, kind: str) -> None:
+        """An event whose effect is idempotent, recorded once it had it."""
+        with self.database.unit_of_work() as session:
+            try:
+                with session.begin_nested():
+                    session.execute(
+                        insert(STRIPE_EVENTS).values(
+                            id=event_id,
+                            account_id=account_id,
+                            type=kind,
+                            processed_at=self.clock.now(),
+                        )
+                    )
+            except IntegrityError:
+                return
+            session.commit()
+
+    def _on_setup(self, event_id: str, kind: str, obj: Row) -> str:
+        """A card set up by the portal's "add a card" (``metadata.save_card``) is saved."""
+        metadata = obj.get("metadata") or {}
+        account_id = metadata.get("account_id")
+        if not isinstance(account_id, str) or metadata.get("save_card") != "true":
+            return "not a card to save"
+        if self._account_of_customer(account_id) is None or self._seen(account_id, event_id):
+            return "already processed"
+        method = self.method_of_setup(account_id, str(obj.get("id")))
+        if isinstance(method, Declined):
+            return "not set up"
+        self.save_card(account_id, method, Auditor("stripe"))
+        self._processed(account_id, event_id, kind)
+        return "processed"
+
+    def _account_of_customer(self, account_id: str) -> str | None:
+        with self.database.reading() as session:
+            found = session.execute(
+                select(PROFILES.c.stripe_customer_id).where(PROFILES.c.account_id == account_id)
+            ).scalar()
+        return str(found) if found else None
+
+    def _on_detached(self, event_id: str, kind: str, obj: Row) -> str:
+        """A saved card detached in Stripe is no longer the account's card."""
+        method = obj.get("id")
+        if not isinstance(method, str):
+            return "not ours"
+        with self.database.reading() as session:
+            # The card's account is not in the event (it no longer has a customer): found by
+            # the card, across accounts.
+            account_id = session.execute(
+                select(PROFILES.c.account_id).where(PROFILES.c.card_payment_method_id == method)
+            ).scalar()
+        if account_id is None or self._seen(str(account_id), event_id):
+            return "not ours"
+        self.forget_card(str(account_id), method, Auditor("stripe"))
+        self._processed(str(account_id), event_id, kind)
+        return "processed"
 
     def _on_intent_event(self, event_id: str, kind: str, obj: Row) -> str:
         metadata = obj.get("metadata") or {}

@@ -126,6 +126,15 @@ class Stripe:
             exp_year=int(card.get("exp_year") or 0),
         )
 
+    def detach_payment_method(self, payment_method_id: str) -> None:
+        """Detached from its customer (one already detached, or unknown, is left so)."""
+        try:
+            self._client.v1.payment_methods.detach(payment_method_id)
+        except stripe.InvalidRequestError:
+            return
+        except stripe.StripeError as error:
+            raise StripeUnavailable(_described(error)) from None
+
     # -- payment intents ------------------------------------------------------------------------
 
     def create_payment_intent(
