@@ -146,6 +146,7 @@ def _billing_page(
         presets=PRESETS_CENTS,
         bounds=(settings.topup_min_cents, settings.topup_max_cents),
         may_pay=user.can(Permission.MANAGE_BILLING),
+        card=_payments(request).card_of(user.account_id),
         **extra,
     )
 
@@ -156,27 +157,66 @@ def billing(request: Request, user: UserDep, session: SessionDep, now: NowDep) -
 
 
 @router.post("/payments")
-def start_top_up(
-    request: Request, form: FormDep, user: UserDep, session: SessionDep, now: NowDep
-) -> Response:
+def start_top_up(request: Request, form: FormDep, user: CallerDep, now: NowDep) -> Response:
     settings = _on(request)
     check_csrf(request, user, form)
     require(user, Permission.MANAGE_BILLING)
+    database, auditor = get_database(request), _auditor(request, user)
     try:
         cents = cents_of(form, settings)
     except InvalidRequest as problem:
-        return _billing_page(request, user, session, now, 400, problem=problem.message)
-    row = create_payment(
-        session, user.account_id, PaymentKind.TOP_UP, cents, now, _auditor(request, user)
-    )
-    return pages.see_other(f"{PAGE}/{row['id']}/pay")
+        with database.reading() as session:
+            return _billing_page(request, user, session, now, 400, problem=problem.message)
+    payments = _payments(request)
+    saved = payments.saved_method(user.account_id) if form.get("use_saved_card") else None
+    with database.unit_of_work() as session:
+        row = create_payment(session, user.account_id, PaymentKind.TOP_UP, cents, now, auditor)
+        session.commit()
+    payment_id = str(row["id"])
+    if saved is None:
+        return pages.see_other(f"{PAGE}/{payment_id}/pay")
+    try:
+        _row, intent = payments.pay(user.account_id, payment_id, saved, auditor)
+    except StripeUnavailable:
+        raise ProviderUnavailable("Stripe could not be reached: try again shortly") from None
+    return _after_paying(request, user, payment_id, intent, settings)
+
+
+def _after_paying(
+    request: Request, user: PortalUser, payment_id: str, intent: Any, settings: Settings
+) -> Response:
+    """The return page, or first the 3-D Secure step when the bank asks for it."""
+    if intent is not None and intent.status == "requires_action" and intent.client_secret:
+        return page_of(
+            request,
+            user,
+            "billing_pay.html",
+            headers={"content-security-policy": content_security_policy(settings)},
+            payment=find_payment(request, user, payment_id),
+            authenticate=intent.client_secret,
+            publishable_key=settings.stripe_publishable_key,
+            stripe_js=settings.stripe_js_url,
+        )
+    return pages.see_other(f"{PAGE}/{payment_id}")
+
+
+@router.post("/payments/card/remove")
+def remove_card(request: Request, form: FormDep, user: CallerDep) -> Response:
+    _on(request)
+    check_csrf(request, user, form)
+    require(user, Permission.MANAGE_BILLING)
+    try:
+        _payments(request).remove_card(user.account_id, _auditor(request, user))
+    except StripeUnavailable:
+        raise ProviderUnavailable("Stripe could not be reached: try again shortly") from None
+    return pages.see_other(PAGE)
 
 
 @router.get("/payments/{payment_id}/pay")
-def pay_page(payment_id: str, request: Request, user: UserDep, session: SessionDep) -> Response:
+def pay_page(payment_id: str, request: Request, user: CallerDep) -> Response:
     settings = _on(request)
     require(user, Permission.MANAGE_BILLING)
-    payment = find(session, user.account_id, payment_id)
+    payment = find_payment(request, user, payment_id)
     if payment["status"] != PaymentStatus.PENDING or payment["stripe_payment_intent_id"]:
         return pages.see_other(f"{PAGE}/{payment_id}")
     try:
@@ -213,22 +253,12 @@ def confirm(payment_id: str, request: Request, form: FormDep, user: CallerDep) -
             code = code if ERROR_CODE.fullmatch(code) else method.code
             payments.fail_unpaid(user.account_id, payment_id, code, message, auditor)
             return pages.see_other(f"{PAGE}/{payment_id}")
+        if form.get("save_card") == "on":
+            payments.save_card(user.account_id, method, auditor)
         _row, intent = payments.pay(user.account_id, payment_id, method, auditor)
     except StripeUnavailable:
         raise ProviderUnavailable("Stripe could not be reached: try again shortly") from None
-    if intent is not None and intent.status == "requires_action" and intent.client_secret:
-        # 3-D Secure: Stripe.js asks the bank, then the page goes to the return page.
-        return page_of(
-            request,
-            user,
-            "billing_pay.html",
-            headers={"content-security-policy": content_security_policy(settings)},
-            payment=find_payment(request, user, payment_id),
-            authenticate=intent.client_secret,
-            publishable_key=settings.stripe_publishable_key,
-            stripe_js=settings.stripe_js_url,
-        )
-    return pages.see_other(f"{PAGE}/{payment_id}")
+    return _after_paying(request, user, payment_id, intent, settings)
 
 
 def find_payment(request: Request, user: PortalUser, payment_id: str) -> Any:

@@ -63,7 +63,7 @@ def _signed_in(browser: Browser, api: Api, account: str) -> None:
     assert browser.driver.current_url.endswith("/billing")
 
 
-def _pay_with(browser: Browser, number: str) -> None:
+def _pay_with(browser: Browser, number: str, save: bool = False) -> None:
     """On the pay page: the card typed into Stripe Elements (localstripe's stand-in), then Pay;
     waits for the return page."""
     WebDriverWait(browser.driver, 15).until(
@@ -79,6 +79,8 @@ def _pay_with(browser: Browser, number: str) -> None:
         browser.driver.find_element(
             By.CSS_SELECTOR, f"#card-element input[placeholder={field}]"
         ).send_keys(value)
+    if save:
+        browser.driver.find_element(By.ID, "save-card").click()
     browser.driver.find_element(By.ID, "pay").click()
     WebDriverWait(browser.driver, 30).until(lambda d: d.find_elements(By.ID, "outcome"))
 
@@ -161,3 +163,31 @@ def test_an_amount_out_of_bounds_is_refused_on_the_page(
     browser.click("#continue")
     assert "between $5.00 and $10,000.00" in browser.text("#problem").replace("10000", "10,000")
     assert api.as_key(key.secret, "GET", "/v1/payments").json()["data"] == []
+
+
+def test_save_a_card_pay_with_it_then_remove_it(browser: Browser, billing_site: Api) -> None:
+    api = billing_site
+    key = create_key(api, create_account(api))
+    before = int(credits_of(api, key)["balance_microcents"])
+    _signed_in(browser, api, key.account_id)
+    browser.open("/billing/payments")
+    assert "No card is saved" in browser.text("#saved-card")
+    assert not browser.driver.find_elements(By.ID, "pay-saved")
+    browser.driver.find_element(By.CSS_SELECTOR, "input[name=amount][value='5000']").click()
+    browser.click("#continue")
+    _pay_with(browser, CARD_OK, save=True)
+    assert browser.text("#payment-status") == "succeeded"
+
+    browser.open("/billing/payments")
+    assert "ending 4242, expires 12/2031" in browser.text("#saved-card")
+    browser.driver.find_element(By.CSS_SELECTOR, "input[name=amount][value='1000']").click()
+    browser.click("#pay-saved")  # no card page: the saved card is charged at once
+    assert browser.text("#payment-status") == "succeeded", browser.text("#outcome")
+    after = int(credits_of(api, key)["balance_microcents"])
+    assert after - before == (50 + 10) * 100 * MICROCENTS_PER_CENT
+
+    browser.open("/billing/payments")
+    browser.click("#remove-card")
+    assert "No card is saved" in browser.text("#saved-card")
+    assert browser.console_errors() == []
+    assert_verified(api)
