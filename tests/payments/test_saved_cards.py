@@ -12,8 +12,10 @@ from tests.factories import Key, assert_error, create_account, create_key, credi
 from tests.oracle import MICROCENTS_PER_CENT
 from tests.payments.conftest import Shop
 from tests.payments.localstripe import (
+    CARD_3DS,
     CARD_DECLINED_ON_CHARGE,
     CARD_OK,
+    PUBLISHABLE_KEY,
     SECRET_KEY,
     event,
     sign,
@@ -36,6 +38,15 @@ def _with_saved_card(shop: Shop, number: str = CARD_OK) -> Key:
     setup_id, client_secret = shop.payments.setup_for(key.account_id, None, save_card=True)
     answer = shop.stripe.confirm_card_setup(client_secret, number)
     assert answer.status_code == 200, answer.text
+    if answer.json()["status"] == "requires_action":  # 3-D Secure passed in Stripe.js
+        answer = shop.stripe._request(
+            "POST",
+            f"/v1/setup_intents/{setup_id}/confirm",
+            content=json.dumps(
+                {"key": PUBLISHABLE_KEY, "use_stripe_sdk": True, "client_secret": client_secret}
+            ),
+        )
+        assert answer.json()["status"] == "succeeded", answer.text
     assert shop.payments.card_of(key.account_id) is None
     setup = shop.stripe.get(f"/v1/setup_intents/{setup_id}")
     body = event("setup_intent.succeeded", setup)
@@ -156,4 +167,18 @@ class TestOperatorTopUp:
             "card_declined",
             None,
         )
+        assert _balance(shop, key) == before
+
+    def test_a_card_that_needs_authentication_fails_off_session(self, shop: Shop) -> None:
+        key = _with_saved_card(shop, CARD_3DS)
+        before = _balance(shop, key)
+        answer = _top_up(shop, key, 900, "needs-3ds")
+        assert answer.status_code == 201, answer.text
+        payment = answer.json()
+        assert (payment["status"], payment["failure_code"]) == (
+            "failed",
+            "authentication_required",
+        )
+        intent = shop.stripe.get(f"/v1/payment_intents/{payment['stripe_payment_intent_id']}")
+        assert intent["status"] == "canceled"
         assert _balance(shop, key) == before

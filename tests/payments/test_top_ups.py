@@ -21,9 +21,11 @@ from tests.factories import Key, create_account, create_key, credits_of
 from tests.oracle import MICROCENTS_PER_CENT
 from tests.payments.conftest import Shop
 from tests.payments.localstripe import (
+    CARD_3DS,
     CARD_DECLINED,
     CARD_DECLINED_ON_CHARGE,
     CARD_OK,
+    PUBLISHABLE_KEY,
     event,
     sign,
 )
@@ -362,3 +364,88 @@ class TestVerify:
         with shop.api.database.unit_of_work() as session:
             session.execute(moved.values(amount_cents=800))
             session.commit()
+
+
+class TestAbandoned:
+    def test_a_payment_unpaid_for_a_day_fails_as_abandoned(self, shop: Shop) -> None:
+        key = _customer(shop)
+        before = _balance(shop.api, key)
+        never_paid = shop.start(key.account_id, 500)  # the card page was never used
+        started = shop.start(key.account_id, 600)  # an intent made, never confirmed
+        setup_id, _ = shop.new_card(key.account_id, started, CARD_OK)
+        method = shop.payments.method_of_setup(key.account_id, setup_id)
+        assert isinstance(method, str)
+        customer = shop.payments.customer_of(key.account_id)
+        intent = shop.payments.stripe.create_payment_intent(
+            started, key.account_id, 600, customer, method
+        )
+        with shop.api.database.unit_of_work() as session:
+            _record_intent(session, key.account_id, started, intent.id)
+            session.commit()
+        shop.api.clock.advance(hours=23)
+        shop.payments.reconcile()
+        assert _payment(shop.api, key, never_paid)["status"] == "pending"
+        assert _payment(shop.api, key, started)["status"] == "pending"
+        shop.api.clock.advance(hours=1)
+        shop.payments.reconcile()
+        for payment_id in (never_paid, started):
+            shown = _payment(shop.api, key, payment_id)
+            assert (shown["status"], shown["failure_code"]) == ("failed", "abandoned")
+        assert shop.stripe.get(f"/v1/payment_intents/{intent.id}")["status"] == "canceled"
+        assert _balance(shop.api, key) == before
+
+
+class TestThreeDSecure:
+    def test_a_card_that_needs_authentication_is_credited_once_authenticated(
+        self, shop: Shop
+    ) -> None:
+        key = _customer(shop)
+        before = _balance(shop.api, key)
+        payment_id = shop.start(key.account_id, 2500)
+        setup_id, client_secret = shop.payments.setup_for(key.account_id, payment_id)
+        first = shop.stripe.confirm_card_setup(client_secret, CARD_3DS)
+        assert first.json()["status"] == "requires_action"
+        # Stripe.js, once the customer passed 3-D Secure for the set-up:
+        passed = shop.stripe._request(
+            "POST",
+            f"/v1/setup_intents/{setup_id}/confirm",
+            content=json.dumps(
+                {"key": PUBLISHABLE_KEY, "use_stripe_sdk": True, "client_secret": client_secret}
+            ),
+        )
+        assert passed.json()["status"] == "succeeded", passed.text
+        method = shop.payments.method_of_setup(key.account_id, setup_id)
+        assert isinstance(method, str)
+        row, intent = shop.payments.pay(key.account_id, payment_id, method, Auditor("t"))
+        assert row["status"] == "pending"
+        assert intent is not None and intent.status == "requires_action"
+        assert intent.client_secret is not None
+        assert shop.stripe.authenticate(intent.client_secret, True).status_code == 200
+        after = shop.payments.learn(key.account_id, payment_id, Auditor("portal"))
+        assert after["status"] == "succeeded"
+        assert _balance(shop.api, key) - before == 2500 * MICROCENTS_PER_CENT
+
+    def test_failed_authentication_credits_nothing(self, shop: Shop) -> None:
+        key = _customer(shop)
+        before = _balance(shop.api, key)
+        payment_id = shop.start(key.account_id, 700)
+        setup_id, client_secret = shop.payments.setup_for(key.account_id, payment_id)
+        shop.stripe.confirm_card_setup(client_secret, CARD_3DS)
+        shop.stripe._request(
+            "POST",
+            f"/v1/setup_intents/{setup_id}/confirm",
+            content=json.dumps(
+                {"key": PUBLISHABLE_KEY, "use_stripe_sdk": True, "client_secret": client_secret}
+            ),
+        )
+        method = shop.payments.method_of_setup(key.account_id, setup_id)
+        assert isinstance(method, str)
+        _row, intent = shop.payments.pay(key.account_id, payment_id, method, Auditor("t"))
+        assert intent is not None and intent.client_secret is not None
+        shop.stripe.authenticate(intent.client_secret, False)
+        after = shop.payments.learn(key.account_id, payment_id, Auditor("portal"))
+        assert (after["status"], after["failure_code"]) == (
+            "failed",
+            "payment_intent_authentication_failure",
+        )
+        assert _balance(shop.api, key) == before
