@@ -198,6 +198,28 @@ class TestExactlyOnce:
         assert _balance(shop.api, key) - before == 999 * MICROCENTS_PER_CENT
 
 
+class TestReplicas:
+    def test_two_schedulers_reconciling_at_once_credit_each_payment_once(self, shop: Shop) -> None:
+        key = _customer(shop)
+        before = _balance(shop.api, key)
+        paid = [_paid_at_stripe_only(shop, key, cents)[0] for cents in (501, 502, 503)]
+        shop.api.clock.advance(minutes=5)
+        replicas = [shop.payments, shop.payments]  # two schedulers: nothing shared but the db
+        moved: list[int] = []
+        threads = [
+            threading.Thread(target=lambda r=replica: moved.append(r.reconcile()))
+            for replica in replicas
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert sum(moved) >= 3
+        assert _balance(shop.api, key) - before == (501 + 502 + 503) * MICROCENTS_PER_CENT
+        assert _grant_entries(shop.api, key.account_id) == 3
+        assert {_payment(shop.api, key, p)["status"] for p in paid} == {"succeeded"}
+
+
 class TestSignatures:
     def test_forged_or_stale_signatures_change_nothing(self, shop: Shop) -> None:
         key = _customer(shop)
