@@ -166,16 +166,19 @@ def create_payment(
     return find(session, account_id, payment_id)
 
 
-def _record_intent(session: Session, account_id: str, payment_id: str, intent_id: str) -> None:
+def _record_intent(session: Session, account_id: str, payment_id: str, intent_id: str) -> str:
+    """The payment's PaymentIntent: ``intent_id`` unless another was recorded first (two
+    requests paying one payment at once), under the payment's row lock. Returns the one kept."""
+    ledger.lock_account(session, account_id)
+    recorded = _locked(session, account_id, payment_id)["stripe_payment_intent_id"]
+    if recorded is not None:
+        return str(recorded)
     session.execute(
         update(PAYMENTS)
-        .where(
-            PAYMENTS.c.account_id == account_id,
-            PAYMENTS.c.id == payment_id,
-            PAYMENTS.c.stripe_payment_intent_id.is_(None),
-        )
+        .where(PAYMENTS.c.account_id == account_id, PAYMENTS.c.id == payment_id)
         .values(stripe_payment_intent_id=intent_id)
     )
+    return intent_id
 
 
 def mismatch(payment: Row, intent: Intent) -> str | None:
@@ -630,8 +633,14 @@ class Payments:
                     payment_id, account_id, int(payment["amount_cents"]), customer, payment_method
                 )
                 with self.database.unit_of_work() as session:
-                    _record_intent(session, account_id, payment_id, intent.id)
+                    kept = _record_intent(session, account_id, payment_id, intent.id)
                     session.commit()
+                if kept != intent.id:
+                    # Another request paying this payment recorded its intent first (Stripe's
+                    # idempotency key returns that one; a server that ignores keys made a
+                    # second): ours is canceled unconfirmed, theirs carries on.
+                    self.stripe.cancel_payment_intent(intent.id)
+                    intent = self.stripe.retrieve_payment_intent(kept)
             else:
                 intent = self.stripe.retrieve_payment_intent(intent_id)
             if intent.status == "requires_confirmation":

@@ -5,6 +5,7 @@ charged by ``POST /admin/v1/accounts/{id}/top-ups`` idempotently, declines faile
 from __future__ import annotations
 
 import json
+import threading
 from typing import Any
 
 from metering.audit.service import Auditor
@@ -182,3 +183,30 @@ class TestOperatorTopUp:
         intent = shop.stripe.get(f"/v1/payment_intents/{payment['stripe_payment_intent_id']}")
         assert intent["status"] == "canceled"
         assert _balance(shop, key) == before
+
+    def test_the_same_request_twice_at_once_charges_once(self, shop: Shop) -> None:
+        key = _with_saved_card(shop)
+        before = _balance(shop, key)
+        answers: list[Any] = []
+        threads = [
+            threading.Thread(target=lambda: answers.append(_top_up(shop, key, 1100, "twice")))
+            for _ in range(3)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        # Each answer is the one payment (or, at worst, a 503 asking to retry: never a 2nd charge).
+        assert {a.status_code for a in answers} <= {200, 201, 503}, [a.text for a in answers]
+        ids = {a.json()["id"] for a in answers if a.status_code in (200, 201)}
+        assert len(ids) == 1
+        settled = _top_up(shop, key, 1100, "twice")
+        assert settled.status_code == 200 and settled.json()["status"] == "succeeded"
+        assert _balance(shop, key) - before == 1100 * MICROCENTS_PER_CENT
+        customer = shop.payments.customer_of(key.account_id)
+        charged = [
+            intent
+            for intent in shop.stripe.get("/v1/payment_intents?limit=100")["data"]
+            if intent["customer"] == customer and intent["status"] == "succeeded"
+        ]
+        assert len(charged) == 1
