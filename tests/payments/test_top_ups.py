@@ -110,6 +110,9 @@ class TestTopUp:
         assert payment_id in grant["note"]
         operator = shop.api.admin("GET", f"/admin/v1/payments/{payment_id}").json()
         assert operator["stripe_payment_intent_id"] == intent.id
+        metrics = shop.api.admin("GET", "/metrics").text
+        assert 'metering_payments_total{kind="top_up",result="succeeded"}' in metrics
+        assert 'metering_payment_credit_microcents_total{kind="top_up"}' in metrics
         assert shop.stripe.get(f"/v1/payment_intents/{intent.id}")["metadata"] == {
             "payment_id": payment_id,
             "account_id": key.account_id,
@@ -299,8 +302,16 @@ class TestDeclines:
         assert _grant_entries(shop.api, key.account_id) == 0
 
 
+def _mismatches(api: Api) -> float:
+    for line in api.admin("GET", "/metrics").text.splitlines():
+        if line.startswith('metering_payment_mismatches_total{kind="top_up"}'):
+            return float(line.split()[-1])
+    return 0.0
+
+
 class TestMismatch:
     def test_an_intent_of_another_amount_credits_nothing(self, shop: Shop) -> None:
+        counted = _mismatches(shop.api)
         key = _customer(shop)
         before = _balance(shop.api, key)
         payment_id = shop.start(key.account_id, 500)
@@ -316,6 +327,7 @@ class TestMismatch:
         assert _post_event(shop.api, body).status_code == 200
         assert _payment(shop.api, key, payment_id)["status"] == "pending"
         assert _balance(shop.api, key) == before
+        assert _mismatches(shop.api) == counted + 1
 
 
 class TestReading:
