@@ -361,6 +361,39 @@ class TestReading:
             )
 
 
+class TestCredentials:
+    def test_each_payment_route_takes_its_own_credential_only(self, shop: Shop) -> None:
+        key = _customer(shop)
+        payment_id = shop.start(key.account_id, 500)
+        own = {"Authorization": f"Bearer {key.secret}"}
+        for method, path, body in (
+            ("GET", "/admin/v1/payments", None),
+            ("GET", f"/admin/v1/payments/{payment_id}", None),
+            (
+                "POST",
+                f"/admin/v1/accounts/{key.account_id}/top-ups",
+                {"amount_cents": 1000, "idempotency_key": "steal"},
+            ),
+        ):
+            for headers in (own, {"x-api-key": key.secret}, shop.api.gateway_headers):
+                answer = shop.api.client.request(method, path, headers=headers, json=body)
+                assert answer.status_code == 401, (path, answer.text)
+                assert answer.json()["error"]["code"] == "invalid_api_key"
+        for path in ("/v1/payments", f"/v1/payments/{payment_id}"):
+            answer = shop.api.client.get(path, headers=shop.api.gateway_headers)
+            assert answer.status_code == 401, answer.text
+            assert shop.api.client.get(path).json()["error"]["code"] == "missing_api_key"
+        by_admin = shop.api.client.post(
+            f"/admin/v1/accounts/{key.account_id}/top-ups",
+            headers=shop.api.admin_headers,
+            json={"amount_cents": 1000, "idempotency_key": "k"},
+        )
+        assert by_admin.json()["error"]["code"] == "payment_method_required"
+        assert [
+            p["id"] for p in shop.api.as_key(key.secret, "GET", "/v1/payments").json()["data"]
+        ] == [payment_id]
+
+
 class TestOff:
     def test_without_a_stripe_key_every_payment_route_is_unknown(self, api: Api) -> None:
         key = create_key(api, create_account(api))
