@@ -349,6 +349,15 @@ class TestReading:
             "GET", f"/admin/v1/payments?account_id={key.account_id}&status=pending"
         ).json()
         assert [p["id"] for p in by_operator["data"]] == [second, first]
+        for limit in ("1.0", "+5", "0", "1001", "1e2"):
+            for answer in (
+                shop.api.as_key(key.secret, "GET", f"/v1/payments?limit={limit}"),
+                shop.api.admin("GET", f"/admin/v1/payments?limit={limit}"),
+            ):
+                assert answer.status_code == 400, (limit, answer.text)
+                assert answer.json()["error"]["param"] == "limit"
+        forged = shop.api.as_key(key.secret, "GET", "/v1/payments?after=bm90LWEtY3Vyc29y")
+        assert forged.status_code == 400 and forged.json()["error"]["param"] == "after"
         bad = shop.api.admin("GET", "/admin/v1/payments?status=paid")
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "status"
         payments = table(Payment)
