@@ -302,20 +302,26 @@ class AsyncDriverPool:
     CPU than through a worker thread.
 
     A pool belongs to one event loop: a uvicorn worker has one for its lifetime; should another
-    loop ever use it (tests), it starts a fresh pool there. When a statement meets a connection
+    loop use it too (tests run several apps on one database), that loop gets a pool of its own,
+    closed by that loop's shutdown. When a statement meets a connection
     the server dropped, the idle ones are checked at once (a restart or failover has dropped
     them too), so that only that statement fails."""
 
     def __init__(self, connect_kwargs: dict[str, Any], size: int) -> None:
         self._connect_kwargs = {**connect_kwargs, "autocommit": True}
         self._size = size
+        # Every loop's own pool, each closed by its own loop's shutdown (a pool left open when
+        # its loop ends leaves its workers to a cancellation that may never end); the last one
+        # used is kept apart as the request path's one comparison.
+        self._pools: dict[asyncio.AbstractEventLoop, AsyncConnectionPool[Any]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] | None = None
 
     async def _open(self) -> AsyncConnectionPool[psycopg.AsyncConnection[Any]]:
         loop = asyncio.get_running_loop()
-        if self._pool is None or loop is not self._loop:
-            pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] = AsyncConnectionPool(
+        pool = self._pools.get(loop)
+        if pool is None:
+            pool = AsyncConnectionPool(
                 kwargs=self._connect_kwargs,
                 min_size=1,
                 max_size=self._size,
@@ -326,9 +332,10 @@ class AsyncDriverPool:
                 max_idle=600,
                 max_lifetime=1800,
             )
-            self._loop, self._pool = loop, pool
+            self._pools[loop] = pool
             await pool.open(wait=False)
-        return self._pool
+        self._loop, self._pool = loop, pool
+        return pool
 
     @asynccontextmanager
     async def connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
@@ -352,14 +359,17 @@ class AsyncDriverPool:
                 await pool.check()
 
     async def aclose(self) -> None:
-        """Close the pool's connections (on its own event loop: a worker's shutdown)."""
-        pool, loop = self._pool, self._loop
-        self._pool = self._loop = None
-        if pool is not None and loop is asyncio.get_running_loop():
+        """Close this event loop's pool (a worker's shutdown, on its own loop)."""
+        loop = asyncio.get_running_loop()
+        pool = self._pools.pop(loop, None)
+        if loop is self._loop:
+            self._pool = self._loop = None
+        if pool is not None:
             await pool.close()
 
     def close(self) -> None:
-        """Forget the pool (outside its loop: its connections close with the process)."""
+        """Forget the pools (outside their loops: their connections close with the process)."""
+        self._pools.clear()
         self._pool = self._loop = None
 
 

@@ -26,7 +26,8 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="METERING_", extra="ignore")
 
     data_dir: Path = Path("./data")
-    # Empty means the embedded SQLite file ``<data_dir>/metering.sqlite3``.
+    # Empty means the embedded SQLite file ``<data_dir>/metering.sqlite3``; a sqlite:/// URL
+    # names another file for the embedded database.
     database_url: str = ""
     gateway_tokens: Annotated[list[str], NoDecode] = Field(default_factory=list)
     admin_tokens: Annotated[list[str], NoDecode] = Field(default_factory=list)
@@ -41,6 +42,10 @@ class Settings(BaseSettings):
     # The embedded quick start seeds a demo account with 7 days of usage on its first start.
     demo: bool = True
     max_body_bytes: int = Field(default=DEFAULT_BODY_LIMIT, ge=1024)
+    # Slow clients: a request's headers must arrive within this many seconds of its first byte
+    # (of the connection, for a new one), and its body within this many of the request's start.
+    header_timeout_seconds: float = Field(default=10.0, gt=0, le=600)
+    body_timeout_seconds: float = Field(default=60.0, gt=0, le=3600)
     # Connections per process: this many for the thread-pool routes, as many for the gateway's.
     db_pool_size: int = Field(default=10, ge=1, le=100)
     log_level: str = "INFO"
@@ -128,7 +133,10 @@ class Settings(BaseSettings):
 
     @property
     def is_embedded(self) -> bool:
-        return not self.database_url
+        """SQLite, however it is named: the quick start's file or one METERING_DATABASE_URL
+        names (``sqlite:///…``, ``sqlite+pysqlite:///…``) is the embedded database."""
+        scheme = self.database_url.partition(":")[0].partition("+")[0]
+        return not self.database_url or scheme.strip().lower() == "sqlite"
 
     @property
     def payments_on(self) -> bool:

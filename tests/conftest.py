@@ -482,6 +482,8 @@ def make_settings(url: str, tmp_dir: Path, **overrides: Any) -> Settings:
         "gateway_tokens": [GATEWAY_TOKEN],
         "secret_key": [SECRET_KEY],
         "public_base_url": "http://testserver",
+        # As a server database's default, on SQLite too (where the embedded default allows).
+        "webhook_allow_private": False,
     }
     values.update(overrides)
     return Settings(**values)

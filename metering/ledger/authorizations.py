@@ -232,8 +232,10 @@ def _hold_steps(
             spend_limit_cents=cents(found.spend_limit_microcents),
             spend_limit_window=window,
             spent_cents=cents(placement.spent),
-            # As before windows: the limit's amount under its first name.
-            monthly_spend_limit_cents=cents(found.spend_limit_microcents),
+            # As the key's object shows it: the limit under its first name for a month only.
+            monthly_spend_limit_cents=(
+                cents(found.spend_limit_microcents) if window == "month" else None
+            ),
             credits_required_cents_estimate=cents(estimate.total_microcents),
         )
     assert outcome is Outcome.GRANTED, outcome

@@ -3,7 +3,8 @@
 A link's token and a session's secret are 256 random bits; only their SHA-256 is stored. A
 link is spent by one conditional UPDATE, so two clicks (or two processes) can never both sign
 in with it. A session is found by its secret's hash and is over at ``expires_at`` or once
-signed out (``ended_at``): every process sees the same, nothing is kept in memory.
+signed out (``ended_at``), and one signed in with an API key is over once the key is revoked:
+every process sees the same, nothing is kept in memory.
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ from sqlalchemy.orm import Session
 
 from metering.accounts.service import get_account
 from metering.kit.ids import new_id
-from metering.models import Account, PortalSession, PortalSignInToken, table
-from metering.portal.roles import Permission, kind_of, permissions_of
+from metering.models import Account, ApiKey, PortalSession, PortalSignInToken, table
+from metering.portal.roles import Permission, SessionKind, kind_of, permissions_of
 
 LINK_LIFETIME = timedelta(minutes=15)
 SESSION_LIFETIME = timedelta(hours=12)
@@ -28,6 +29,7 @@ SIGN_IN_PATH = "/billing/sign-in/"
 TOKENS = table(PortalSignInToken)
 SESSIONS = table(PortalSession)
 ACCOUNTS = table(Account)
+KEYS = table(ApiKey)
 
 
 def _hash(secret: str) -> str:
@@ -137,10 +139,19 @@ def user_of(session: Session, secret: str, now: datetime) -> PortalUser | None:
     ).first()
     if row is None:
         return None
-    kind, _ = kind_of(row.method)
+    kind, subject_id = kind_of(row.method)
+    if kind is SessionKind.API_KEY and not _key_is_live(session, row.account_id, subject_id):
+        return None  # signed in with a key since revoked: over with the key
     return PortalUser(
         row.id, row.account_id, row.name, row.billing, row.expires_at, permissions_of(kind)
     )
+
+
+def _key_is_live(session: Session, account_id: str, key_id: str | None) -> bool:
+    live = select(KEYS.c.id).where(
+        KEYS.c.account_id == account_id, KEYS.c.id == key_id, KEYS.c.revoked_at.is_(None)
+    )
+    return session.execute(live).first() is not None
 
 
 def end_session(session: Session, secret: str, now: datetime) -> None:

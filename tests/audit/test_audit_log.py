@@ -59,7 +59,7 @@ class World:
 
 
 # A public address (TEST-NET-3): saved without resolving anything.
-HOOK_URL = "https://203.0.113.10/hook"
+HOOK_URL = "https://11.22.33.44/hook"
 
 
 @pytest.fixture

@@ -113,6 +113,25 @@ def test_errors_are_html_pages_with_the_request_id(api: Api) -> None:
         assert response.status_code == status
         assert response.headers["content-type"].startswith("text/html")
         assert response.headers["x-request-id"] in response.text
+    # A body over the limit: refused from its Content-Length, or when a chunked one passes it.
+    page = client.get("/billing/notifications")
+    csrf = CSRF.search(page.text)
+    assert csrf
+    too_big = (
+        b"csrf_token=" + csrf.group(1).encode() + b"&url=" + b"x" * api.settings.max_body_bytes
+    )
+    form = {"Content-Type": "application/x-www-form-urlencoded"}
+    for content in (too_big, iter([too_big[:1000], too_big[1000:]])):
+        response = client.post("/billing/notifications", content=content, headers=form)
+        assert response.status_code == 413
+        assert response.headers["content-type"].startswith("text/html"), response.text
+        assert response.headers["x-request-id"] in response.text
+    json_route = api.client.post(
+        "/v1/webhook-endpoints", content=too_big, headers={"Content-Type": "application/json"}
+    )
+    assert json_route.status_code == 413 and json_route.json()["error"]["limit_bytes"] == (
+        api.settings.max_body_bytes
+    )
     anonymous = _client(api).get("/billing/keys")
     assert anonymous.status_code == 401 and "Sign in" in anonymous.text
     assert "script-src 'self'" in anonymous.headers["content-security-policy"]
@@ -340,3 +359,73 @@ def test_without_payments_no_billing_page_and_no_outside_script(api: Api) -> Non
         ("GET", "/billing/payments/pay_x/pay"),
     ):
         assert client.request(method, path).status_code == 404, path
+
+
+def _sign_in_with_key(client: TestClient, secret: str) -> None:
+    page = client.get("/billing/sign-in")
+    match = CSRF.search(page.text)
+    assert match
+    data = {"csrf_token": match.group(1), "api_key": secret}
+    response = client.post("/billing/sign-in", data=data, follow_redirects=False)
+    assert response.status_code == 303, response.text
+
+
+def test_a_session_signed_in_with_a_key_ends_when_the_key_is_revoked(api: Api) -> None:
+    account = create_account(api)
+    revoked, kept = create_key(api, account), create_key(api, account)
+    by_revoked, by_kept, by_link = _client(api), _client(api), _client(api)
+    _sign_in_with_key(by_revoked, revoked.secret)
+    _sign_in_with_key(by_kept, kept.secret)
+    _sign_in(by_link, _link(api, account))
+    assert [c.get("/billing").status_code for c in (by_revoked, by_kept, by_link)] == [200] * 3
+    assert api.admin("DELETE", f"/admin/v1/api-keys/{revoked.id}").status_code == 200
+    ended = by_revoked.get("/billing/notifications")
+    assert ended.status_code == 401 and "Sign in" in ended.text
+    assert by_revoked.post("/billing/notifications", data={}).status_code in (401, 403)
+    assert [c.get("/billing").status_code for c in (by_kept, by_link)] == [200, 200]
+
+
+def test_a_form_sent_from_another_origin_is_refused(api: Api) -> None:
+    account = create_account(api)
+    key = create_key(api, account)
+    client = _client(api)
+    _sign_in(client, _link(api, account))
+    csrf = CSRF.search(client.get("/billing/notifications").text)
+    assert csrf
+    form = {"csrf_token": csrf.group(1), "url": "https://11.22.33.44/hook"}
+    form["type:webhook.test"] = "on"
+    for origin in (
+        "https://evil.example",
+        "http://testserver.evil.example",
+        "null",
+        "http://testserver:8080",
+        "https://testserver",
+    ):
+        refused = client.post("/billing/notifications", data=form, headers={"Origin": origin})
+        assert refused.status_code == 403, origin
+        assert refused.headers["content-type"].startswith("text/html")
+        assert "another site" in refused.text and refused.headers["x-request-id"] in refused.text
+    assert api.as_key(key.secret, "GET", "/v1/webhook-endpoints").json()["data"] == []
+    # Signing in from another site is refused too.
+    stranger = _client(api)
+    page = stranger.get("/billing/sign-in")
+    token = CSRF.search(page.text)
+    assert token
+    signing_in = {"csrf_token": token.group(1), "api_key": key.secret}
+    headers = {"Origin": "https://evil.example"}
+    assert stranger.post("/billing/sign-in", data=signing_in, headers=headers).status_code == 403
+    # The portal's own origin and no Origin at all are accepted.
+    for headers in ({"Origin": "http://testserver"}, {"Origin": "HTTP://TESTSERVER:80"}, {}):
+        made = client.post("/billing/notifications", data=form, headers=headers)
+        assert made.status_code in (200, 303), made.text
+    # Behind a proxy the request comes to another address: the published one is the portal's.
+    proxied = _client(api, "http://10.0.0.5:8000")
+    _sign_in(proxied, _link(api, account))
+    csrf = CSRF.search(proxied.get("/billing/notifications").text)
+    assert csrf
+    form["csrf_token"] = csrf.group(1)
+    published = proxied.post(
+        "/billing/notifications", data=form, headers={"Origin": "http://testserver"}
+    )
+    assert published.status_code in (200, 303), published.text
+    assert len(api.as_key(key.secret, "GET", "/v1/webhook-endpoints").json()["data"]) == 4

@@ -62,7 +62,7 @@ GATEWAY_ROUTES = {
     ("POST", "/v1/usage/events"),
 }
 ACCOUNT_KEY_ROUTES = {"/v1/usage", "/v1/credits", "/v1/models", "/v1/api-keys"}
-HOOK_URL = "https://203.0.113.10/hook"  # public for the address rules, never resolved
+HOOK_URL = "https://11.22.33.44/hook"  # public for the address rules, never resolved
 
 
 @dataclass

@@ -3,6 +3,7 @@ requests itself, passes everything else to FastAPI, and both give the same answe
 
 from __future__ import annotations
 
+import gc
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -14,6 +15,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
+from psycopg_pool import AsyncConnectionPool
 
 from metering.app import create_app
 from metering.web.fastlane import FastLane
@@ -309,3 +311,31 @@ class TestSameAnswers:
                 for client in (lane, fastapi)
             ]
         assert answers[0][0] == 413 and answers[0] == answers[1]
+
+
+class TestSeveralLoops:
+    def test_each_app_closes_the_pool_of_its_own_event_loop(self, pg_api: Api) -> None:
+        """Two apps on one database, each on an event loop of its own (as TestSameAnswers runs
+        them): each app's shutdown closes the async pool its loop opened. A pool left open when
+        its loop ended left its workers to the loop's last cancellation, which could wait for
+        ever (a hang seen at a TestClient's exit)."""
+        model = priced_model(pg_api, NOW)
+        account = create_account(pg_api)
+        grant(pg_api, account, 1000)
+        key = create_key(pg_api, account)
+
+        def open_pools() -> set[int]:
+            return {
+                id(pool)
+                for pool in gc.get_objects()
+                if isinstance(pool, AsyncConnectionPool) and not pool.closed
+            }
+
+        before = open_pools()
+        with _app(pg_api) as first, _app(pg_api, fast_lane=False) as second:
+            for client in (first, second, first, second):
+                body = authorization_request(key, model)
+                response = client.post("/v1/authorizations", json=body, headers=GATEWAY)
+                assert response.status_code == 200, response.text
+            assert len(open_pools() - before) == 2  # one per app's loop
+        assert open_pools() - before == set()
