@@ -525,3 +525,47 @@ class TestThreeDSecure:
             "payment_intent_authentication_failure",
         )
         assert _balance(shop.api, key) == before
+
+
+class TestEvents:
+    def test_payment_events_are_written_with_the_change_and_may_be_subscribed(
+        self, shop: Shop
+    ) -> None:
+        from metering.models import WebhookEvent
+
+        key = _customer(shop)
+        made = shop.api.as_key(
+            key.secret,
+            "POST",
+            "/v1/webhook-endpoints",
+            json={
+                "url": "https://11.22.33.44/hook",
+                "event_types": ["payment.succeeded", "payment.failed"],
+            },
+        )
+        assert made.status_code == 201, made.text
+        paid, _ = _paid_at_stripe_only(shop, key, 1500)
+        shop.payments.learn(key.account_id, paid, Auditor("portal"))
+        declined = shop.start(key.account_id, 500)
+        shop.payments.fail_unpaid(key.account_id, declined, "card_declined", "No.", Auditor("t"))
+        events = table(WebhookEvent)
+        with shop.api.database.reading() as session:
+            rows = session.execute(
+                select(events.c.type, events.c.data)
+                .where(events.c.account_id == key.account_id)
+                .order_by(events.c.created_at, events.c.type.desc())
+            ).all()
+        found = {row.type: json.loads(row.data) for row in rows}
+        grant_id = _payment(shop.api, key, paid)["grant_id"]
+        assert found["payment.succeeded"] == {
+            "payment_id": paid,
+            "kind": "top_up",
+            "amount_microcents": 1500 * MICROCENTS_PER_CENT,
+            "grant_id": grant_id,
+        }
+        assert found["payment.failed"] == {
+            "payment_id": declined,
+            "kind": "top_up",
+            "amount_microcents": 500 * MICROCENTS_PER_CENT,
+            "failure_code": "card_declined",
+        }
