@@ -14,6 +14,7 @@ from sqlalchemy import Connection, text
 
 from metering.db import Database, Steps
 from metering.kit.errors import InvalidRequest
+from tests.threads import Workers
 
 N = 40
 
@@ -62,9 +63,9 @@ def test_a_group_decides_each_unit_of_work_as_if_alone(tmp_path: Path) -> None:
             except Exception as error:
                 results[index] = error
 
-        threads = [threading.Thread(target=call, args=(i,)) for i in range(N)]
-        for thread in threads:
-            thread.start()
+        callers = Workers()
+        for index in range(N):
+            callers.start(call, index)
         started.wait()
         while True:  # every unit of work has arrived (one leads, the rest wait in the queue)
             group = database._group
@@ -73,8 +74,7 @@ def test_a_group_decides_each_unit_of_work_as_if_alone(tmp_path: Path) -> None:
             threading.Event().wait(0.01)
         groups.append(len(group._queue))
         turn.__exit__(None, None, None)
-        for thread in threads:
-            thread.join(30)
+        callers.join(30)
 
         for index, outcome in enumerate(outcomes):
             if outcome == "ok":

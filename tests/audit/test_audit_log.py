@@ -416,7 +416,9 @@ class TestNothingChangedNothingWritten:
             param="effective_at",
         )
         grants = f"/admin/v1/accounts/{world.account}/grants"
-        assert api.admin("POST", grants, json={"amount_cents": 1, "idempotency_key": "x"})
+        first = api.admin("POST", grants, json={"amount_cents": 1, "idempotency_key": "x"})
+        assert first.status_code == 201, first.text
+        assert first.json()["account_id"] == world.account, first.text
         conflict = api.admin("POST", grants, json={"amount_cents": 2, "idempotency_key": "x"})
         assert_error(conflict, 409, "idempotency_conflict", param="idempotency_key")
         assert_error(

@@ -12,7 +12,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
 from tests.conftest import Api, citus_nodes
-from tests.factories import assert_error, create_account, create_key
+from tests.factories import assert_error, create_account, create_key, expect
 from tests.notifications.conftest import Hooks
 
 PUBLIC = "https://11.22.33.44/hook"  # public for the address rules (TEST-NETs are reserved)
@@ -206,7 +206,7 @@ class TestAddresses:
             "PATCH", f"/admin/v1/webhook-endpoints/{endpoint}", json={"url": "https://127.0.0.1/"}
         )
         assert_error(refused, 400, "invalid_parameter", param="url")
-        api.admin("DELETE", f"/admin/v1/webhook-endpoints/{endpoint}")
+        expect(api.admin("DELETE", f"/admin/v1/webhook-endpoints/{endpoint}"), 200)
 
 
 class TestSecretsAtRest:

@@ -26,6 +26,7 @@ from tests.factories import (
     GLM_RATES,
     create_account,
     create_key,
+    expect,
     grant,
     ingest,
     priced_model,
@@ -263,7 +264,7 @@ def test_the_keys_page_shows_the_months_spend_of_each_key_as_the_report_counts_i
     events = [usage_event(limited, model, NOW - timedelta(days=d, hours=1)) for d in range(5)]
     events += [usage_event(other, model, NOW - timedelta(days=40))]  # last month: not counted
     ingest(api, *events)
-    api.admin("DELETE", f"/admin/v1/api-keys/{revoked.id}")
+    expect(api.admin("DELETE", f"/admin/v1/api-keys/{revoked.id}"), 200)
     page = _signed_in_client(api, account).get("/billing/keys").text
     month = api.as_key(
         limited.secret,
@@ -295,16 +296,19 @@ def test_the_models_page_shows_the_accounts_rates_as_v1_models_does(api: Api) ->
     account = create_account(api)
     key = create_key(api, account)
     model = priced_model(api, NOW - timedelta(days=1), rates=(1_234_567, 7_654_321, 17))
-    api.admin(
-        "POST",
-        f"/admin/v1/accounts/{account}/rates",
-        json={
-            "model": model,
-            "effective_at": "2026-11-29T12:00:00Z",
-            "input_microcents_per_million": 1,
-            "output_microcents_per_million": 20_000_000,
-            "cache_read_microcents_per_million": 3,
-        },
+    expect(
+        api.admin(
+            "POST",
+            f"/admin/v1/accounts/{account}/rates",
+            json={
+                "model": model,
+                "effective_at": "2026-11-29T12:00:00Z",
+                "input_microcents_per_million": 1,
+                "output_microcents_per_million": 20_000_000,
+                "cache_read_microcents_per_million": 3,
+            },
+        ),
+        201,
     )
     page = _signed_in_client(api, account).get("/billing/models").text
     cards = {c["id"]: c for c in api.as_key(key.secret, "GET", "/v1/models").json()["data"]}

@@ -40,7 +40,7 @@ from hypothesis import strategies as st
 from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 
-from tests.conftest import BACKENDS, NOW, Api, migrated_database, running_api
+from tests.conftest import APP_BACKENDS, NOW, Api, migrated_database, running_api
 from tests.factories import (
     authorize,
     chat_usage,
@@ -85,7 +85,7 @@ class Target:
         return {}
 
 
-@pytest.fixture(scope="module", params=BACKENDS)
+@pytest.fixture(scope="module", params=APP_BACKENDS)
 def target(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Target]:
