@@ -78,6 +78,8 @@ def create_app(
     from metering.catalog import endpoints as catalog
     from metering.ledger import endpoints as ledger
     from metering.notifications import endpoints as webhooks
+    from metering.payments import endpoints as payments
+    from metering.portal import billing as portal_billing
     from metering.portal import endpoints as portal
     from metering.portal import notifications as portal_notifications
     from metering.reports import endpoints as reports
@@ -101,6 +103,8 @@ def create_app(
         reports.router,
         webhooks.router,
         webhooks.admin_router,
+        payments.router,
+        payments.admin_router,
     )
     for router in routers:
         app.include_router(router, responses=ERROR_RESPONSES)
@@ -108,6 +112,7 @@ def create_app(
     app.include_router(portal.router)
     portal.install_error_pages(app)
     app.include_router(portal_notifications.router)
+    app.include_router(portal_billing.router)
     openapi.install(app)
     # The last added is the outermost: the request context applies to the fast lane's answers.
     app.add_middleware(FastLane, lanes=lanes_of(r for router in routers for r in router.routes))

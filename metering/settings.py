@@ -71,6 +71,18 @@ class Settings(BaseSettings):
     webhook_allow_private: bool | None = None
     # credit.grant_expiring: written by the scheduler this many days before a grant expires.
     grant_notice_days: int = Field(default=7, ge=0, le=366)
+    # Payments (Stripe, metering.payments): off unless the secret key is set. The API base is
+    # Stripe's own unless pointed elsewhere (the tests' localstripe); the script is Stripe.js,
+    # the portal's only script from another origin, and only when payments are on.
+    stripe_secret_key: str = Field(default="", repr=False)
+    stripe_publishable_key: str = ""
+    stripe_webhook_secret: str = Field(default="", repr=False)
+    stripe_api_base: str = "https://api.stripe.com"
+    stripe_js_url: str = "https://js.stripe.com/v3/"
+    # Every payment's bounds, in whole cents, and the expiry of bought credit (None: never).
+    topup_min_cents: int = Field(default=500, ge=1, le=9 * 10**12)
+    topup_max_cents: int = Field(default=1_000_000, ge=1, le=9 * 10**12)
+    topup_expiry_days: int | None = Field(default=None, ge=1, le=36500)
 
     _split = field_validator(
         "gateway_tokens", "admin_tokens", "admin_readonly_tokens", "secret_key", mode="before"
@@ -95,6 +107,20 @@ class Settings(BaseSettings):
             )
         return url
 
+    @field_validator("stripe_api_base", "stripe_js_url")
+    @classmethod
+    def _an_http_address(cls, url: str) -> str:
+        url = url.strip()
+        if not re.fullmatch(r"https?://[^\s/?#]+(/[^\s?#]*)?", url):
+            raise ValueError("must be an http:// or https:// address")
+        return url
+
+    @model_validator(mode="after")
+    def _topup_bounds(self) -> Settings:
+        if self.topup_min_cents > self.topup_max_cents:
+            raise ValueError("METERING_TOPUP_MIN_CENTS must not be above METERING_TOPUP_MAX_CENTS")
+        return self
+
     @model_validator(mode="after")
     def _each_secret_once(self) -> Settings:
         problem = duplicate_secrets(
@@ -115,6 +141,11 @@ class Settings(BaseSettings):
         names (``sqlite:///…``, ``sqlite+pysqlite:///…``) is the embedded database."""
         scheme = self.database_url.partition(":")[0].partition("+")[0]
         return not self.database_url or scheme.strip().lower() == "sqlite"
+
+    @property
+    def payments_on(self) -> bool:
+        """Payments are on exactly when the Stripe secret key is set."""
+        return bool(self.stripe_secret_key)
 
     @property
     def webhooks_may_reach_private(self) -> bool:

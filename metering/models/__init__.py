@@ -14,6 +14,7 @@ from metering.models.notifications import (
     WebhookEndpoint,
     WebhookEvent,
 )
+from metering.models.payments import Payment, PaymentProfile, StripeEvent
 from metering.models.portal import PortalSession, PortalSignInToken
 from metering.models.usage import QuarantinedEvent, UsageEvent, UsageRollup
 
@@ -33,11 +34,14 @@ __all__ = [
     "ExportDay",
     "ExportRun",
     "LedgerEntry",
+    "Payment",
+    "PaymentProfile",
     "PortalSession",
     "PortalSignInToken",
     "PriceVersion",
     "QuarantinedEvent",
     "SpendLimitNotice",
+    "StripeEvent",
     "UsageEvent",
     "UsageRollup",
     "WebhookDelivery",

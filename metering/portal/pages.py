@@ -117,8 +117,12 @@ def render(
     headers: dict[str, str] | None = None,
     **context: Any,
 ) -> HTMLResponse:
+    settings = getattr(request.app.state, "settings", None)
     body = ENVIRONMENT.get_template(template).render(
-        request_id=request_id_of(request.scope), path=request.url.path, **context
+        request_id=request_id_of(request.scope),
+        path=request.url.path,
+        payments_on=bool(settings is not None and settings.payments_on),
+        **context,
     )
     return HTMLResponse(
         body, status_code=status_code, headers={**SECURITY_HEADERS, **(headers or {})}

@@ -253,6 +253,11 @@ MUTATIONS: dict[tuple[str, str], Mutation] = {
 }
 
 
+# Payments are off in this app (no Stripe key: 404); a top-up records payment.create and then
+# payment.succeed or payment.fail: tests/payments/test_saved_cards.py holds its audit.
+WITH_PAYMENTS_ON = {("POST", "/admin/v1/accounts/{account_id}/top-ups")}
+
+
 def test_every_admin_mutation_has_a_case(api: Api) -> None:
     routes = {
         (method, route.path)
@@ -261,7 +266,7 @@ def test_every_admin_mutation_has_a_case(api: Api) -> None:
         for method in route.methods
         if method not in ("GET", "HEAD")
     }
-    assert routes == set(MUTATIONS)
+    assert routes - WITH_PAYMENTS_ON == set(MUTATIONS)
     assert {m.action for m in MUTATIONS.values()} <= set(ACTIONS)
 
 

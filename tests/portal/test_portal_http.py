@@ -348,6 +348,23 @@ def test_without_a_secret_key_the_portal_says_so_and_signs_no_one_in(
         assert "set-cookie" not in page.headers
 
 
+def test_without_payments_no_billing_page_and_no_outside_script(api: Api) -> None:
+    """No Stripe key: no Billing entry, its pages are unknown, and the policy allows no script
+    from elsewhere (Stripe.js is loaded only when payments are on)."""
+    assert not api.settings.payments_on
+    client = _signed_in_client(api, create_account(api))
+    overview = client.get("/billing")
+    assert overview.status_code == 200
+    assert "/billing/payments" not in overview.text and ">Billing<" not in overview.text
+    assert "script-src 'self';" in overview.headers["content-security-policy"]
+    for method, path in (
+        ("GET", "/billing/payments"),
+        ("GET", "/billing/payments/pay_x"),
+        ("GET", "/billing/payments/pay_x/pay"),
+    ):
+        assert client.request(method, path).status_code == 404, path
+
+
 def _sign_in_with_key(client: TestClient, secret: str) -> None:
     page = client.get("/billing/sign-in")
     match = CSRF.search(page.text)
