@@ -13,7 +13,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 CITUS_URL ?= postgresql+psycopg://postgres@127.0.0.1:9700/postgres
 
-.PHONY: serve test lint typecheck unit promtool browser citus citus-stop bench bench-compare lock \
+.PHONY: serve test test-long lint typecheck unit promtool browser citus citus-stop bench bench-compare lock \
 	lock-gateway gateway-demo clean
 
 # The service, its dev tools, and the gateway's client library (clients/python, editable).
@@ -33,6 +33,16 @@ serve: $(STAMP)
 	$(BIN)/metering serve --host $(HOST) --port $(PORT)
 
 test: browser citus lint typecheck unit
+
+# The model-based test at length (nightly): many more examples of more steps than `make test`
+# runs, on a new seed each time (printed; METERING_MODEL_SEED=<seed> replays a run).
+MODEL_EXAMPLES ?= 40
+MODEL_STEPS ?= 120
+test-long: $(STAMP)
+	METERING_MODEL_EXAMPLES=$(MODEL_EXAMPLES) METERING_MODEL_STEPS=$(MODEL_STEPS) \
+	METERING_TEST_BACKENDS="$${METERING_TEST_BACKENDS:-sqlite,postgresql,citus}" \
+	METERING_TEST_CITUS_URL="$${METERING_TEST_CITUS_URL:-$(CITUS_URL)}" \
+		$(BIN)/pytest tests/reliability/test_model_based.py -s -q $(PYTEST_ARGS)
 
 # The portal's tests drive a real browser: Debian's chromium and its chromedriver, installed
 # when missing (as root, as on CI; `apt-get update` first, as a fresh machine has no lists).

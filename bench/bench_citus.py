@@ -118,6 +118,9 @@ class Config:
     shard_count: int = 32  # Citus' default
     counted: int = 20  # operations of each kind sent with the remote commands logged
     coordinator_url: str = CITUS_URL
+    # bench_refusals' figures of the cluster too (a refused batch, a reprocess of 2,000
+    # entries), so that ``make bench BENCH=citus`` prints them.
+    refusals: bool = True
     code: CodeUnderTest = field(default_factory=CodeUnderTest)
 
 
@@ -760,7 +763,12 @@ def run(config: Config | None = None) -> list[Result]:
             trips, counting_problems = count_round_trips(
                 config, cluster_url, cluster.fixture, workdir
             )
-    return report(config, single, cluster, trips, counting_problems, settings, workers)
+    results = report(config, single, cluster, trips, counting_problems, settings, workers)
+    if config.refusals:
+        from bench import bench_refusals  # it builds on this module's cluster helpers
+
+        results += bench_refusals.run(bench_refusals.Config(("citus",), code=config.code))
+    return results
 
 
 def report(

@@ -13,7 +13,7 @@ from metering.kit.clock import Clock, SystemClock
 from metering.metrics import REGISTRY
 from metering.settings import Settings
 from metering.web.deps import Credentials
-from metering.web.errors import ERROR_RESPONSES, install_error_handlers
+from metering.web.errors import ERROR_RESPONSES, error_response, install_error_handlers
 from metering.web.fastlane import FastLane, lanes_of
 from metering.web.jsonio import ExactJSONResponse
 from metering.web.middleware import RequestContextMiddleware
@@ -27,7 +27,9 @@ def create_app(
 ) -> FastAPI:
     owns_database = database is None
     db = database or Database.from_url(
-        settings.effective_database_url, pool_size=settings.db_pool_size
+        settings.effective_database_url,
+        pool_size=settings.db_pool_size,
+        wait_seconds=settings.db_wait_seconds,
     )
 
     @asynccontextmanager
@@ -77,6 +79,8 @@ def create_app(
     from metering.catalog import endpoints as catalog
     from metering.ledger import endpoints as ledger
     from metering.notifications import endpoints as webhooks
+    from metering.payments import endpoints as payments
+    from metering.portal import billing as portal_billing
     from metering.portal import endpoints as portal
     from metering.portal import keys as portal_keys
     from metering.portal import notifications as portal_notifications
@@ -105,6 +109,8 @@ def create_app(
         reports.router,
         webhooks.router,
         webhooks.admin_router,
+        payments.router,
+        payments.admin_router,
     )
     for router in routers:
         app.include_router(router, responses=ERROR_RESPONSES)
@@ -114,12 +120,15 @@ def create_app(
     app.include_router(portal_notifications.router)
     app.include_router(portal_keys.router)
     app.include_router(portal_team.router)
+    app.include_router(portal_billing.router)
     openapi.install(app)
     # The last added is the outermost: the request context applies to the fast lane's answers.
     app.add_middleware(FastLane, lanes=lanes_of(r for router in routers for r in router.routes))
     app.add_middleware(
         RequestContextMiddleware,
         max_body_bytes=settings.max_body_bytes,
+        render_error=error_response,
+        body_timeout_seconds=settings.body_timeout_seconds,
         access_log=settings.access_log,
     )
     return app

@@ -367,6 +367,7 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
             workers=args.workers,
             log_level=settings.log_level.lower(),
             access_log=False,  # the service writes its own (metering.access, no query strings)
+            http="metering.web.slow_clients:HeaderDeadlineProtocol",  # slow headers: 408
         )
     finally:
         if jobs is not None:

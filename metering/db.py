@@ -25,14 +25,17 @@ loss).
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import fcntl
 import logging
 import os
 import random
 import threading
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Generator, Iterator
-from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager, suppress
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -43,6 +46,7 @@ from psycopg_pool import AsyncConnectionPool
 from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
@@ -53,6 +57,12 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 # How long a request waits for one of the async pool's connections before it fails (503).
 POOL_TIMEOUT_SECONDS = 3.0
+# How long a unit of work waits for the database (a connection of the engine's pool; on SQLite
+# the writer's turn) before it is refused 503 ``database_unavailable`` (METERING_DB_WAIT_SECONDS).
+WAIT_SECONDS = 10.0
+# SQLite: the threads that run a request's blocking writes which take the writer's turn
+# themselves (``Database.in_writer_thread``), apart from the request pool.
+WRITER_THREADS = 4
 # A step of a unit of work written as a generator: called with the backend's adapter, it returns
 # the step's result (awaitable on PostgreSQL).
 Step = Callable[[Any], Any]
@@ -61,11 +71,14 @@ Steps = Generator[Step, Any, T]
 
 def unreachable(exc: BaseException) -> bool:
     """Whether an error means the database could not be reached or dropped the connection (a
-    restart, a failover, refused connections): answered 503 ``database_unavailable``, not 500.
-    A serialization failure or deadlock is not one (those are retried where they can occur)."""
+    restart, a failover, refused connections), or no connection of the pool became free in
+    time (``WAIT_SECONDS``): answered 503 ``database_unavailable``, not 500. A serialization
+    failure or deadlock is not one (those are retried where they can occur)."""
     seen = 0
     current: BaseException | None = exc
     while current is not None and seen < 5:
+        if isinstance(current, PoolTimeout):
+            return True
         if isinstance(current, psycopg.OperationalError) and not isinstance(
             current, psycopg.errors.TransactionRollback
         ):
@@ -208,9 +221,13 @@ def driver_connection(session: Session) -> psycopg.Connection[Any]:
     return connection
 
 
-def make_engine(url: str, *, pool_size: int = 10, writer: bool = True) -> Engine:
+def make_engine(
+    url: str, *, pool_size: int = 10, writer: bool = True, wait_seconds: float = WAIT_SECONDS
+) -> Engine:
     """An engine; on SQLite, ``writer`` picks the one whose transactions take the write lock
-    (``BEGIN IMMEDIATE``) or the one that reads (``BEGIN``)."""
+    (``BEGIN IMMEDIATE``) or the one that reads (``BEGIN``). Elsewhere a checkout waits at
+    most ``wait_seconds`` for a connection of the pool, then fails (answered 503
+    ``database_unavailable``: ``unreachable``)."""
     if url.startswith("sqlite"):
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
         _configure_sqlite(engine, immediate=writer)
@@ -221,6 +238,7 @@ def make_engine(url: str, *, pool_size: int = 10, writer: bool = True) -> Engine
         # many for the gateway's async routes), so several processes fit max_connections.
         pool_size=pool_size,
         max_overflow=0,
+        pool_timeout=wait_seconds,
         pool_recycle=1800,
         # psycopg prepares a statement server-side after its 5th use (its default), which saves
         # PostgreSQL the parse and plan of every hot-path query.
@@ -251,29 +269,173 @@ def _configure_sqlite(engine: Engine, *, immediate: bool) -> None:
         connection.exec_driver_sql(begin)
 
 
-class _Writers:
-    """SQLite's writers take turns: one at a time in the process (a lock), and across the
-    processes that share the file (``flock`` on ``<database>.writers``), so a writer waits in
-    the kernel, woken when the previous one commits, never by polling. (The turn may end in
-    another thread than it began, as FastAPI runs a dependency's exit: a plain lock allows it.
-    A write transaction opened inside another one would wait for itself: none is.)"""
+class _Waiter:
+    """A writer waiting for its turn: a thread (``event``) or a task on an event loop
+    (``future``, resolved through its loop)."""
 
-    def __init__(self, path: Path | None) -> None:
+    __slots__ = ("event", "future", "granted", "loop")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        self.loop = loop
+        self.event = threading.Event() if loop is None else None
+        self.future: asyncio.Future[None] | None = None if loop is None else loop.create_future()
+        self.granted = False
+
+    def grant(self) -> bool:
+        """Hand it the turn (under the writers' state lock): False when it can no longer take
+        it (its event loop is closed)."""
+        self.granted = True
+        if self.event is not None:
+            self.event.set()
+            return True
+        assert self.loop is not None and self.future is not None
+        try:
+            self.loop.call_soon_threadsafe(_resolve, self.future)
+        except RuntimeError:  # the loop is closed: nobody waits there any more
+            self.granted = False
+            return False
+        return True
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():  # not given up meanwhile (it then passes the turn on itself)
+        future.set_result(None)
+
+
+def _busy() -> DatabaseUnavailable:
+    return DatabaseUnavailable("the database is busy with other writes; try again shortly")
+
+
+class _Writers:
+    """SQLite's writers take turns: one at a time in the process, first come first served, and
+    across the processes that share the file (``flock`` on ``<database>.writers``), so a writer
+    waits in the kernel, woken when the previous one commits, never by polling.
+
+    A request waits for its turn on the event loop (``turn_async``), never in the thread pool
+    that runs the endpoints: the writer whose turn it is may need a thread of that pool to run
+    its endpoint, and with every thread of it waiting for the turn it would never get one (a
+    burst of about 45 writes wedged the server for good that way). Threads of their own (the
+    scheduler's, a command's, the database's writer threads: ``Database.in_writer_thread``)
+    wait in ``turn``. Nobody waits longer than ``wait_seconds``: then 503
+    ``database_unavailable`` (``Retry-After``), the request refused rather than left hanging.
+    The turn may end in another thread than it began (a request's commit runs in a thread of
+    its own). A write transaction opened inside another one would wait for itself: none is."""
+
+    def __init__(self, path: Path | None, wait_seconds: float) -> None:
         self._path = path
-        self._lock = threading.Lock()
+        self.wait_seconds = wait_seconds
+        self._state = threading.Lock()  # guards _held and _waiting, held only briefly
+        self._held = False
+        self._waiting: deque[_Waiter] = deque()  # non-empty only while the turn is held
         self._fd: int | None = None
 
     @contextmanager
     def turn(self) -> Iterator[None]:
-        with self._lock:
-            fd = self._file()
-            if fd is not None:
-                fcntl.flock(fd, fcntl.LOCK_EX)
+        """The turn, waited for in this thread."""
+        self._take()
+        fd = self._locked_file()
+        try:
+            yield
+        finally:
+            self._give(fd)
+
+    @asynccontextmanager
+    async def turn_async(self) -> AsyncIterator[None]:
+        """The turn, waited for on the event loop."""
+        await self._take_async()
+        fd = await self._locked_file_async()
+        try:
+            yield
+        finally:
+            self._give(fd)
+
+    def _take(self) -> None:
+        with self._state:
+            if not self._held:
+                self._held = True
+                return
+            waiter = _Waiter()
+            self._waiting.append(waiter)
+        assert waiter.event is not None
+        if waiter.event.wait(self.wait_seconds):
+            return
+        with self._state:
+            if waiter.granted:  # just now
+                return
+            self._waiting.remove(waiter)
+        raise _busy()
+
+    async def _take_async(self) -> None:
+        with self._state:
+            if not self._held:
+                self._held = True
+                return
+            waiter = _Waiter(asyncio.get_running_loop())
+            self._waiting.append(waiter)
+        assert waiter.future is not None
+        try:
+            await asyncio.wait_for(waiter.future, self.wait_seconds)
+        except BaseException as error:  # timed out or cancelled
+            with self._state:
+                if not waiter.granted:
+                    self._waiting.remove(waiter)
+            if waiter.granted:  # granted as it gave up: passed on
+                self._pass_on()
+            if isinstance(error, TimeoutError):
+                raise _busy() from None
+            raise
+
+    def _pass_on(self) -> None:
+        """The turn to the next waiter, or free."""
+        with self._state:
+            while self._waiting:
+                if self._waiting.popleft().grant():
+                    return
+            self._held = False
+
+    def _locked_file(self) -> int | None:
+        fd = self._file()
+        if fd is not None:
             try:
-                yield
-            finally:
-                if fd is not None:
-                    fcntl.flock(fd, fcntl.LOCK_UN)
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            except BaseException:
+                self._pass_on()
+                raise
+        return fd
+
+    async def _locked_file_async(self) -> int | None:
+        """The other processes' turns: the file lock, at once when it is free, else waited for
+        in a thread of the event loop's executor (only the process's one turn holder waits
+        there), at most ``wait_seconds``."""
+        fd = self._file()
+        if fd is None:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            pass
+        except BaseException:
+            self._pass_on()
+            raise
+        locking = asyncio.get_running_loop().run_in_executor(None, fcntl.flock, fd, fcntl.LOCK_EX)
+        try:
+            await asyncio.wait_for(asyncio.shield(locking), self.wait_seconds)
+            return fd
+        except BaseException as error:
+            # The thread may still take the lock: given back when it does, with the turn.
+            def give_back(done: asyncio.Future[None]) -> None:
+                self._give(fd if not done.cancelled() and done.exception() is None else None)
+
+            locking.add_done_callback(give_back)
+            if isinstance(error, TimeoutError):
+                raise _busy() from None
+            raise
+
+    def _give(self, fd: int | None) -> None:
+        if fd is not None:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        self._pass_on()
 
     def _file(self) -> int | None:
         if self._path is None:
@@ -394,12 +556,16 @@ class Database:
     _async_pool: AsyncDriverPool | None = field(default=None, init=False, repr=False)
     _readers: _Sessions | None = field(default=None, init=False, repr=False)
     _group: _Group | None = field(default=None, init=False, repr=False)
+    _writer_threads: ThreadPoolExecutor | None = field(default=None, init=False, repr=False)
 
     @classmethod
-    def from_url(cls, url: str, *, pool_size: int = 10) -> Database:
+    def from_url(
+        cls, url: str, *, pool_size: int = 10, wait_seconds: float = WAIT_SECONDS
+    ) -> Database:
         """The database at ``url``; on PostgreSQL, whether it is a Citus coordinator is asked
-        here, once (``probe``)."""
-        engine = make_engine(url, pool_size=pool_size)
+        here, once (``probe``). ``wait_seconds``: how long a unit of work waits for a
+        connection of the pool, or for SQLite's writer's turn, before it is refused (503)."""
+        engine = make_engine(url, pool_size=pool_size, wait_seconds=wait_seconds)
         if engine.dialect.name != "sqlite":
             decided = _Decided(None)
             try:
@@ -417,7 +583,7 @@ class Database:
             _sessions(engine, sqlite),
             sqlite,
             read_engine=make_engine(url, writer=False),
-            _writers=_Writers(_sqlite_path(url)),
+            _writers=_Writers(_sqlite_path(url), wait_seconds),
         )
 
     @property
@@ -446,10 +612,14 @@ class Database:
     @contextmanager
     def reading(self) -> Iterator[Session]:
         """A read-only transaction, rolled back when the block ends."""
+        with self.read_session() as session:
+            yield session
+
+    def read_session(self) -> Session:
+        """A session whose transactions only read (``reading``, opened by its caller)."""
         if self._readers is None:
             self._readers = _sessions(self.reader, self.decided)
-        with self._readers() as session:
-            yield session
+        return self._readers()
 
     @contextmanager
     def _turn(self) -> Iterator[None]:
@@ -458,6 +628,38 @@ class Database:
             return
         with self._writers.turn():
             yield
+
+    @asynccontextmanager
+    async def writer_turn(self) -> AsyncIterator[None]:
+        """``async with``: on SQLite the writer's turn, waited for on the event loop (never in
+        the request thread pool, see ``_Writers``), for a unit of work whose session the block
+        opens (``sessionmaker``) and ends; elsewhere nothing to wait for."""
+        if self._writers is None:
+            yield
+            return
+        async with self._writers.turn_async():
+            yield
+
+    async def in_writer_thread(self, work: Callable[..., T], *args: Any) -> T:
+        """Run blocking ``work`` that takes the writer's turn itself (``unit_of_work``, once or
+        more): on SQLite in one of the database's writer threads, so that it waits for the
+        turn apart from the request thread pool, which the turn's holder may need (see
+        ``_Writers``); elsewhere in that pool. Work queued longer than the turn's wait is
+        refused (503) without running."""
+        if self._writers is None:
+            return await run_in_threadpool(work, *args)
+        if self._writer_threads is None:
+            self._writer_threads = ThreadPoolExecutor(WRITER_THREADS, "metering-writer")
+        queued = time.monotonic()
+        wait_seconds = self._writers.wait_seconds
+
+        def run() -> T:
+            if time.monotonic() - queued > wait_seconds:
+                raise _busy()
+            return work(*args)
+
+        context = contextvars.copy_context()
+        return await asyncio.wrap_future(self._writer_threads.submit(context.run, run))
 
     async def run(
         self,
@@ -468,22 +670,18 @@ class Database:
     ) -> T:
         """Drive a unit of work written as steps. On PostgreSQL each step is one statement on an
         autocommit connection: a server-side program is its own transaction, committed by the
-        database when it returns (no BEGIN or COMMIT round trips). On SQLite the steps run in one
-        write transaction in a worker thread, committed when they finish — or when they refuse
-        the request (a ``MeteringError``), whose writes are kept as PostgreSQL keeps them;
-        anything else rolls it back."""
+        database when it returns (no BEGIN or COMMIT round trips). On SQLite the steps run in a
+        write transaction shared with the units of work queued meanwhile in this process
+        (``_Group``: one writer's turn and one durable commit for all), committed when they
+        finish — or when they refuse the request (a ``MeteringError``), whose writes are kept as
+        PostgreSQL keeps them; anything else rolls it back."""
         if self.dialect == "postgresql":
             async with self.async_driver_autocommit() as connection:
                 return await _drive_async(steps, postgresql(connection))
         assert sqlite is not None, "these steps run on PostgreSQL only"
-        return await run_in_threadpool(self._run_sqlite, steps, sqlite)
-
-    def _run_sqlite(self, steps: Steps[T], adapter: Callable[[Any], Any]) -> T:
-        """Run ``steps`` in a write transaction shared with the units of work queued meanwhile
-        in this process (``_Group``): one writer's turn and one durable commit for all."""
         if self._group is None:
             self._group = _Group(self)
-        return self._group.run(steps, adapter)
+        return await self._group.run(steps, sqlite)
 
     def async_driver_autocommit(
         self,
@@ -508,20 +706,37 @@ class Database:
         self.engine.dispose()
         if self.read_engine is not None:
             self.read_engine.dispose()
+        if self._writer_threads is not None:
+            self._writer_threads.shutdown(wait=False)
+            self._writer_threads = None
         if self._writers is not None:
             self._writers.close()
 
 
 @dataclass
 class _Job:
-    """A unit of work waiting for its group's commit (or to lead the next group)."""
+    """A unit of work waiting for its group's commit, and the event loop whose task awaits it."""
 
     steps: Steps[Any]
     adapter: Callable[[Any], Any]
-    wake: threading.Event = field(default_factory=threading.Event)
-    finished: bool = False
+    loop: asyncio.AbstractEventLoop
+    done: asyncio.Future[Any]
     result: Any = None
     error: BaseException | None = None
+
+    def settle(self) -> None:
+        """Give the awaiting task its answer (from the group's thread)."""
+        with suppress(RuntimeError):  # its loop is closed: nobody awaits it any more
+            self.loop.call_soon_threadsafe(_settle, self.done, self.result, self.error)
+
+
+def _settle(done: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
+    if done.done():  # its request was cancelled
+        return
+    if error is not None:
+        done.set_exception(error)
+    else:
+        done.set_result(result)
 
 
 class _Group:
@@ -533,9 +748,12 @@ class _Group:
     running wait, then run together as the next group, each in its own savepoint (so each is
     decided as if alone, in arrival order, and one that fails is rolled back alone), with one
     commit for all: one writer's turn, one fsync. A refusal (``MeteringError``) keeps its
-    writes, as alone. The first waiting unit of work leads the next group, so no request waits
-    for more than the group before its own. Nothing is decided on process memory: only the
-    grouping lives here."""
+    writes, as alone. No request waits for more than the group before its own.
+
+    The requests wait on the event loop; the groups run one after another in a thread of their
+    own, started when the first unit of work arrives and ending when none is left, which waits
+    for the writer's turn (never a thread of the request pool: see ``_Writers``). Nothing is
+    decided on process memory: only the grouping lives here."""
 
     MAX_JOBS = 256
 
@@ -543,40 +761,35 @@ class _Group:
         self._database = database
         self._lock = threading.Lock()
         self._queue: list[_Job] = []
-        self._leading = False  # False only while the queue is empty
+        self._running = False  # a thread runs the groups (False only while the queue is empty)
 
-    def run(self, steps: Steps[T], adapter: Callable[[Any], Any]) -> T:
-        job = _Job(steps, adapter)
+    async def run(self, steps: Steps[T], adapter: Callable[[Any], Any]) -> T:
+        loop = asyncio.get_running_loop()
+        job = _Job(steps, adapter, loop, loop.create_future())
         with self._lock:
             self._queue.append(job)
-            lead = not self._leading
-            self._leading = True
-        if not lead:
-            job.wake.wait()  # its group is done, or it leads the next one
-        if not job.finished:
-            self._lead()
-        if job.error is not None:
-            raise job.error
-        return job.result
+            start, self._running = not self._running, True
+        if start:
+            threading.Thread(target=self._run_groups, name="metering-group", daemon=True).start()
+        result: T = await job.done
+        return result
 
-    def _lead(self) -> None:
-        """Run the group waiting now (the leader's own job first), then hand over."""
-        with self._lock:
-            jobs, self._queue = self._queue[: self.MAX_JOBS], self._queue[self.MAX_JOBS :]
-        try:
-            self._commit(jobs)
-        except BaseException as error:  # the commit failed: so did every job of the group
+    def _run_groups(self) -> None:
+        """Run the groups waiting, one after another, until none is left."""
+        while True:
+            with self._lock:
+                jobs, self._queue = self._queue[: self.MAX_JOBS], self._queue[self.MAX_JOBS :]
+                if not jobs:
+                    self._running = False
+                    return
+            try:
+                self._commit(jobs)
+            except BaseException as error:  # the commit failed: so did every job of the group
+                for job in jobs:
+                    if job.error is None:
+                        job.error = error
             for job in jobs:
-                if job.error is None:
-                    job.error = error
-        for job in jobs:
-            job.finished = True
-            job.wake.set()
-        with self._lock:
-            if self._queue:
-                self._queue[0].wake.set()  # not finished: it leads the next group
-            else:
-                self._leading = False
+                job.settle()
 
     def _commit(self, jobs: list[_Job]) -> None:
         with self._database.unit_of_work() as session:

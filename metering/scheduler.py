@@ -53,6 +53,7 @@ class TickReport:
     expiry_accounts: int | None = None  # accounts whose due grant expiries were written
     expiring_grants: int | None = None  # credit.grant_expiring events written
     portal_deleted: tuple[int, int] | None = None  # (portal sessions, sign-in links) deleted
+    payments_moved: int | None = None  # pending payments Stripe's answer moved (payments on)
     exports: list[DayResult] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
 
@@ -96,6 +97,7 @@ class Scheduler:
         self.grant_notice = timedelta(days=settings.grant_notice_days)
         self.exporter = Exporter(database, settings.export_dir, clock, runner)
         self.heartbeat = heartbeat
+        self.settings = settings
         self.deliverer: Deliverer | None = None
         if settings.secret_key:
             self.deliverer = Deliverer(database, settings, clock, resolver=resolver)
@@ -122,6 +124,7 @@ class Scheduler:
         report.expiry_accounts = self._write_expiries(now, report)
         report.expiring_grants = self._notice_expiring(now, report)
         report.portal_deleted = self._tidy_portal(now, report)
+        report.payments_moved = self._reconcile_payments(report)
         due = _guarded(
             report,
             "due days",
@@ -146,6 +149,20 @@ class Scheduler:
                 log.info("%s", result.describe())
         self._beat(now)
         return report
+
+    def _reconcile_payments(self, report: TickReport) -> int | None:
+        """Payments pending for 5 minutes or more, asked of Stripe (metering.payments.flows)."""
+        if not self.settings.payments_on:
+            return None
+        from metering.payments.flows import Payments
+
+        def work() -> int:
+            moved = Payments(self.database, self.settings, self.clock).reconcile()
+            if moved:
+                log.info("reconciled %d pending payments with Stripe", moved)
+            return moved
+
+        return _guarded(report, "payments", "reconciling pending payments failed", work)
 
     def _expire_holds(self, now: datetime, report: TickReport) -> int | None:
         from metering.ledger.authorizations import (

@@ -26,7 +26,8 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="METERING_", extra="ignore")
 
     data_dir: Path = Path("./data")
-    # Empty means the embedded SQLite file ``<data_dir>/metering.sqlite3``.
+    # Empty means the embedded SQLite file ``<data_dir>/metering.sqlite3``; a sqlite:/// URL
+    # names another file for the embedded database.
     database_url: str = ""
     gateway_tokens: Annotated[list[str], NoDecode] = Field(default_factory=list)
     admin_tokens: Annotated[list[str], NoDecode] = Field(default_factory=list)
@@ -41,8 +42,16 @@ class Settings(BaseSettings):
     # The embedded quick start seeds a demo account with 7 days of usage on its first start.
     demo: bool = True
     max_body_bytes: int = Field(default=DEFAULT_BODY_LIMIT, ge=1024)
+    # Slow clients: a request's headers must arrive within this many seconds of its first byte
+    # (of the connection, for a new one), and its body within this many of the request's start.
+    header_timeout_seconds: float = Field(default=10.0, gt=0, le=600)
+    body_timeout_seconds: float = Field(default=60.0, gt=0, le=3600)
     # Connections per process: this many for the thread-pool routes, as many for the gateway's.
     db_pool_size: int = Field(default=10, ge=1, le=100)
+    # How long a request waits for the database (a connection of the pool; the embedded
+    # database's writer's turn) before it is refused 503 database_unavailable (Retry-After): a
+    # burst is queued this long, never left hanging.
+    db_wait_seconds: float = Field(default=10.0, gt=0, le=300)
     log_level: str = "INFO"
     # One line per request on the "metering.access" logger (method, path, status, duration).
     access_log: bool = True
@@ -62,6 +71,18 @@ class Settings(BaseSettings):
     webhook_allow_private: bool | None = None
     # credit.grant_expiring: written by the scheduler this many days before a grant expires.
     grant_notice_days: int = Field(default=7, ge=0, le=366)
+    # Payments (Stripe, metering.payments): off unless the secret key is set. The API base is
+    # Stripe's own unless pointed elsewhere (the tests' localstripe); the script is Stripe.js,
+    # the portal's only script from another origin, and only when payments are on.
+    stripe_secret_key: str = Field(default="", repr=False)
+    stripe_publishable_key: str = ""
+    stripe_webhook_secret: str = Field(default="", repr=False)
+    stripe_api_base: str = "https://api.stripe.com"
+    stripe_js_url: str = "https://js.stripe.com/v3/"
+    # Every payment's bounds, in whole cents, and the expiry of bought credit (None: never).
+    topup_min_cents: int = Field(default=500, ge=1, le=9 * 10**12)
+    topup_max_cents: int = Field(default=1_000_000, ge=1, le=9 * 10**12)
+    topup_expiry_days: int | None = Field(default=None, ge=1, le=36500)
 
     _split = field_validator(
         "gateway_tokens", "admin_tokens", "admin_readonly_tokens", "secret_key", mode="before"
@@ -86,6 +107,20 @@ class Settings(BaseSettings):
             )
         return url
 
+    @field_validator("stripe_api_base", "stripe_js_url")
+    @classmethod
+    def _an_http_address(cls, url: str) -> str:
+        url = url.strip()
+        if not re.fullmatch(r"https?://[^\s/?#]+(/[^\s?#]*)?", url):
+            raise ValueError("must be an http:// or https:// address")
+        return url
+
+    @model_validator(mode="after")
+    def _topup_bounds(self) -> Settings:
+        if self.topup_min_cents > self.topup_max_cents:
+            raise ValueError("METERING_TOPUP_MIN_CENTS must not be above METERING_TOPUP_MAX_CENTS")
+        return self
+
     @model_validator(mode="after")
     def _each_secret_once(self) -> Settings:
         problem = duplicate_secrets(
@@ -102,7 +137,15 @@ class Settings(BaseSettings):
 
     @property
     def is_embedded(self) -> bool:
-        return not self.database_url
+        """SQLite, however it is named: the quick start's file or one METERING_DATABASE_URL
+        names (``sqlite:///…``, ``sqlite+pysqlite:///…``) is the embedded database."""
+        scheme = self.database_url.partition(":")[0].partition("+")[0]
+        return not self.database_url or scheme.strip().lower() == "sqlite"
+
+    @property
+    def payments_on(self) -> bool:
+        """Payments are on exactly when the Stripe secret key is set."""
+        return bool(self.stripe_secret_key)
 
     @property
     def webhooks_may_reach_private(self) -> bool:

@@ -99,6 +99,7 @@ ERROR_TYPES = {
     403: "permission_error",
     404: "not_found_error",
     405: "invalid_request_error",
+    408: "invalid_request_error",
     409: "conflict_error",
     413: "invalid_request_error",
     429: "rate_limit_error",
@@ -261,3 +262,10 @@ def credits_of(api: Api, key: Key) -> dict[str, Any]:
     response = api.as_key(key.secret, "GET", "/v1/credits")
     assert response.status_code == 200, response.text
     return dict(exact_json(response))
+
+
+def expect(response: Any, status: int) -> Any:
+    """``response`` must have this status (a call whose answer a test otherwise ignores: a
+    5xx there must fail the test too); its JSON body."""
+    assert response.status_code == status, response.text
+    return response.json()

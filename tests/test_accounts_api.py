@@ -14,7 +14,7 @@ from sqlalchemy import select
 from metering.kit.pagination import encode_cursor
 from metering.models import ApiKey
 from tests.conftest import NOW, Api
-from tests.factories import assert_error, create_account, create_key, unique
+from tests.factories import assert_error, create_account, create_key, expect, unique
 
 NOW_TEXT = "2026-11-29T12:00:00Z"
 
@@ -201,7 +201,7 @@ class TestCreateKey:
         for _ in range(3):
             created.append(create_key(api, account_id).id)
             api.clock.advance(seconds=1)
-        api.admin("DELETE", f"/admin/v1/api-keys/{created[0]}")
+        expect(api.admin("DELETE", f"/admin/v1/api-keys/{created[0]}"), 200)
         other = create_key(api, create_account(api))
 
         ids, pages = list_all(api, f"/admin/v1/accounts/{account_id}/api-keys", limit=2)
@@ -341,7 +341,7 @@ class TestPatchKey:
 
     def test_patch_does_not_revive_a_revoked_key(self, api: Api) -> None:
         key = create_key(api, create_account(api))
-        api.admin("DELETE", f"/admin/v1/api-keys/{key.id}")
+        expect(api.admin("DELETE", f"/admin/v1/api-keys/{key.id}"), 200)
         response = api.admin("PATCH", f"/admin/v1/api-keys/{key.id}", json={"name": "again"})
         assert response.status_code == 200 and response.json()["revoked_at"] == NOW_TEXT
         assert_error(api.as_key(key.secret, "GET", "/v1/models"), 401, "invalid_api_key")

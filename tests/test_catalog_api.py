@@ -16,6 +16,7 @@ from tests.factories import (
     card_of,
     create_account,
     create_key,
+    expect,
     priced_model,
     put_model,
     unique,
@@ -231,7 +232,7 @@ class TestModelList:
     def test_invalid_key_is_401(self, api: Api) -> None:
         assert_error(api.as_key("mk_nope", "GET", "/v1/models"), 401, "invalid_api_key")
         key = create_key(api, create_account(api))
-        api.admin("DELETE", f"/admin/v1/api-keys/{key.id}")
+        expect(api.admin("DELETE", f"/admin/v1/api-keys/{key.id}"), 200)
         assert_error(api.as_key(key.secret, "GET", "/v1/models"), 401, "invalid_api_key")
         response = api.client.get("/v1/models", headers={"x-api-key": key.secret})
         assert_error(response, 401, "invalid_api_key")

@@ -7,7 +7,6 @@ account-key request sends the workers statements that touch its account's shard 
 from __future__ import annotations
 
 import re
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -34,6 +33,7 @@ from tests.factories import (
     priced_model,
     usage_event,
 )
+from tests.threads import Workers
 
 
 @pytest.fixture
@@ -931,18 +931,18 @@ class TestIngestPerAccount:
                     text("SELECT id FROM accounts WHERE id = :account FOR UPDATE"),
                     {"account": second},
                 )
-                thread = threading.Thread(target=send)
-                thread.start()
+                sender = Workers()
+                sender.start(send)
                 try:
                     deadline = time.monotonic() + 30
                     while events_in(api.url, first) == 0 and time.monotonic() < deadline:
                         time.sleep(0.05)
                     assert events_in(api.url, first) == 1, "the first account's events wait"
                     assert events_in(api.url, second) == 0
-                    assert thread.is_alive(), "the batch did not wait for the locked account"
+                    assert sender.alive(), "the batch did not wait for the locked account"
                 finally:
                     holder.rollback()
-                    thread.join(60)
+                    sender.join(60)
         finally:
             engine.dispose()
         response = answer["response"]

@@ -356,7 +356,7 @@ def _get(
 class Server:
     """``metering serve`` as a user runs it: a subprocess in its own directory."""
 
-    def __init__(self, cwd: Path, name: str) -> None:
+    def __init__(self, cwd: Path, name: str, **env: str) -> None:
         self.port = _free_port()
         self.stdout = cwd / f"{name}.out"
         self.stderr = cwd / f"{name}.err"
@@ -364,7 +364,7 @@ class Server:
             self.process = subprocess.Popen(
                 [str(METERING), "serve", "--port", str(self.port)],
                 cwd=cwd,
-                env=_clean_env(),
+                env=_clean_env(**env),
                 stdout=out,
                 stderr=err,
             )
@@ -458,6 +458,23 @@ def test_first_start_then_restart(tmp_path: Path) -> None:
     assert admin_token not in output and gateway_token not in output
     assert "dev-tokens.env" in again.stdout.read_text()
     assert "models created" not in output  # the catalog was imported once
+
+
+def test_a_sqlite_database_named_by_its_url_is_the_embedded_one(tmp_path: Path) -> None:
+    """No token, secret key or public address asked for: SQLite is embedded however named."""
+    named = tmp_path / "named.sqlite3"
+    server = Server(tmp_path, "named", METERING_DATABASE_URL=f"sqlite:///{named}")
+    try:
+        admin = re.search(r"admin token:\s+(\S+)", server.stdout.read_text())
+        assert admin, server.output()
+        status, account = _get(
+            server.port, "/admin/v1/accounts", admin.group(1), "POST", {"name": "n"}
+        )
+        assert status == 201, account
+    finally:
+        server.stop()
+    assert "server database" not in server.output()
+    assert named.exists() and not (tmp_path / "data" / "metering.sqlite3").exists()
 
 
 def test_serve_on_a_server_database_without_tokens_exits_with_a_clear_message(

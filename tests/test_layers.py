@@ -46,6 +46,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("metering.catalog",),
     ("metering.ledger",),
     ("metering.usage",),
+    ("metering.payments",),  # customers' payments: credit granted through the ledger
     ("metering.reports", "metering.exports"),
     ("metering.portal",),  # the billing portal's pages, which show what the routes answer
     (  # what puts it together

@@ -14,6 +14,7 @@ from sqlalchemy import Connection, text
 
 from metering.db import Database, Steps
 from metering.kit.errors import InvalidRequest
+from tests.threads import Workers
 
 N = 40
 
@@ -45,36 +46,32 @@ def test_a_group_decides_each_unit_of_work_as_if_alone(tmp_path: Path) -> None:
             session.execute(text("CREATE TABLE t (name TEXT UNIQUE)"))
             session.commit()
         outcomes = ["ok", "refuse", "fail"] * (N // 3) + ["ok"] * (N % 3)
-        results: dict[int, Any] = {}
         groups: list[int] = []
-        commit = database._run_sqlite  # the grouped path Database.run takes on SQLite
 
         # Hold the writer's turn while every unit of work arrives, so that they queue and run
-        # as groups (each caller in its own thread, as the thread pool runs them).
+        # as groups (each caller a request's task on the event loop, as the routes call it).
         turn = database.unit_of_work()
         turn.__enter__()
-        started = threading.Barrier(N + 1)
 
-        def call(index: int) -> None:
-            started.wait()
-            try:
-                results[index] = commit(_steps(f"n{index}", outcomes[index]), _adapter)
-            except Exception as error:
-                results[index] = error
+        async def calls() -> list[Any]:
+            steps = [_steps(f"n{index}", outcome) for index, outcome in enumerate(outcomes)]
+            return await asyncio.gather(
+                *(database.run(s, postgresql=_adapter, sqlite=_adapter) for s in steps),
+                return_exceptions=True,
+            )
 
-        threads = [threading.Thread(target=call, args=(i,)) for i in range(N)]
-        for thread in threads:
-            thread.start()
-        started.wait()
-        while True:  # every unit of work has arrived (one leads, the rest wait in the queue)
+        answers: list[Any] = []
+        callers = Workers()
+        callers.start(lambda: answers.extend(asyncio.run(calls())))
+        while True:  # every unit of work has arrived (the first one's group waits for the turn)
             group = database._group
             if group is not None and len(group._queue) >= N - 1:
                 break
             threading.Event().wait(0.01)
         groups.append(len(group._queue))
         turn.__exit__(None, None, None)
-        for thread in threads:
-            thread.join(30)
+        callers.join(30)
+        results = dict(enumerate(answers))
 
         for index, outcome in enumerate(outcomes):
             if outcome == "ok":

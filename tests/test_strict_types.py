@@ -172,6 +172,8 @@ class TestIntegers:
         assert len(paginated) >= 6
         key = create_key(api, create_account(api))
         for path in paginated:
+            if path.endswith("/payments"):
+                continue  # payments are off here (404); tests/payments holds their lists
             headers = _headers(api, path)
             if path.startswith("/v1/webhook-endpoints"):  # an account key's lists
                 headers = {"Authorization": f"Bearer {key.secret}"}

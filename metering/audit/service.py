@@ -67,6 +67,11 @@ ACTIONS: dict[str, str] = {
     "webhook_endpoint.rotate": "a webhook endpoint's signing secret was rotated (redacted)",
     "webhook_endpoint.test": "a webhook.test event was sent to an endpoint",
     "webhook_event.resend": "a webhook event was sent again",
+    "payment.create": "a payment was started (a top-up, before Stripe was asked)",
+    "payment.succeed": "a payment succeeded and was credited (its paid grant named)",
+    "payment.fail": "a payment failed (declined, canceled or abandoned)",
+    "card.save": "an account's card was saved for later payments (brand and last 4 digits)",
+    "card.remove": "an account's saved card was removed (by the portal, or detached in Stripe)",
 }
 
 

@@ -21,6 +21,7 @@ from metering.citus.distribution import (
 from metering.citus.one_account import ACCOUNT, of_account, text_of_account
 from metering.citus.operations import (
     EXPORT_DAY_LOCK,
+    QUARANTINE_REPROCESS_LOCK,
     accounts_with,
     by_account,
     execute_of_account,
@@ -34,6 +35,7 @@ __all__ = [
     "ACCOUNT",
     "ASYNCHRONOUS_COMMITS",
     "EXPORT_DAY_LOCK",
+    "QUARANTINE_REPROCESS_LOCK",
     "REBALANCE",
     "SCOPE",
     "Distribution",

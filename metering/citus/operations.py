@@ -60,6 +60,8 @@ def one_snapshot(session: Session) -> None:
 
 # Advisory lock namespaces (the first of the two keys; the second is the object's).
 EXPORT_DAY_LOCK = 0x6D657864  # "mexd": a day's export (metering.exports.repository.lock_day)
+# "mqrp": the quarantine's reprocess (metering.usage.quarantine.reprocess), one at a time.
+QUARANTINE_REPROCESS_LOCK = 0x6D717270
 
 
 def lock(session: Session, namespace: int, key: int, *, wait: bool) -> bool:

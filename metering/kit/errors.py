@@ -88,12 +88,22 @@ class BodyTooLarge(MeteringError):
     default_code = "request_body_too_large"
 
 
+class RequestTimeout(MeteringError):
+    """The client sent its body too slowly; the connection is closed after the answer."""
+
+    status = 408
+    type = "invalid_request_error"
+    default_code = "request_timeout"
+    headers: ClassVar[dict[str, str]] = {"connection": "close"}
+
+
 class DatabaseUnavailable(MeteringError):
     """The database cannot be reached (down, restarting, refusing connections): try again."""
 
     status = 503
     type = "api_error"
     default_code = "database_unavailable"
+    headers: ClassVar[dict[str, str]] = {"retry-after": "1"}
 
 
 class RateLimited(MeteringError):

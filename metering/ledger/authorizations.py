@@ -256,7 +256,9 @@ def _over_spend_limit(
     limit, window = _limits(found)[scope]
     assert limit is not None and window is not None and placement.spent is not None
     whose = {"project": "this key's project", "member": "this key's member", "key": "this API key"}
-    extra = {"monthly_spend_limit_cents": cents(limit)} if scope == "key" else {}
+    # A key's limit also under its first name, as the key's object shows it: for a month only.
+    monthly = cents(limit) if window == "month" else None
+    extra = {"monthly_spend_limit_cents": monthly} if scope == "key" else {}
     return InsufficientCredits(
         f"{whose[scope]}'s spend limit for the {window} would be exceeded by this request's "
         "maximum cost",
@@ -265,7 +267,6 @@ def _over_spend_limit(
         spend_limit_window=window,
         spent_cents=cents(placement.spent),
         limit_scope=scope,
-        # As before windows: a key's limit's amount under its first name too.
         **extra,
         credits_required_cents_estimate=cents(estimate),
     )

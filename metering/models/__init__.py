@@ -22,6 +22,7 @@ from metering.models.notifications import (
     WebhookEndpoint,
     WebhookEvent,
 )
+from metering.models.payments import Payment, PaymentProfile, StripeEvent
 from metering.models.portal import PortalSession, PortalSignInToken
 from metering.models.usage import QuarantinedEvent, UsageEvent, UsageRollup
 
@@ -42,6 +43,8 @@ __all__ = [
     "ExportRun",
     "LedgerEntry",
     "Member",
+    "Payment",
+    "PaymentProfile",
     "PortalSession",
     "PortalSignInToken",
     "PriceVersion",
@@ -49,6 +52,7 @@ __all__ = [
     "ProjectModel",
     "QuarantinedEvent",
     "SpendLimitNotice",
+    "StripeEvent",
     "UsageEvent",
     "UsageRollup",
     "WebhookDelivery",

@@ -57,6 +57,8 @@ EXPIRED_UNUSED = "authorization.expired_unused"
 USAGE_QUARANTINED = "usage.quarantined"
 EXPORT_COMPLETED = "export.completed"
 TEST = "webhook.test"
+PAYMENT_SUCCEEDED = "payment.succeeded"
+PAYMENT_FAILED = "payment.failed"
 
 # Every type an endpoint may subscribe to (docs/api.md#event-types); those an account key may
 # not (the operator-only ones).
@@ -71,6 +73,8 @@ EVENT_TYPES = frozenset(
         USAGE_QUARANTINED,
         EXPORT_COMPLETED,
         TEST,
+        PAYMENT_SUCCEEDED,
+        PAYMENT_FAILED,
     }
 )
 OPERATOR_ONLY = frozenset({EXPIRED_UNUSED, USAGE_QUARANTINED, EXPORT_COMPLETED})

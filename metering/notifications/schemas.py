@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
+from pydantic.json_schema import JsonDict
 
 from metering.kit.text import Text
 from metering.notifications.outbox import EVENT_TYPES
@@ -14,7 +15,9 @@ from metering.notifications.outbox import EVENT_TYPES
 EventType = Annotated[Text, WithJsonSchema({"type": "string", "enum": sorted(EVENT_TYPES)})]
 
 Url = Field(min_length=1, max_length=2048)
-Types = Field(min_length=1, max_length=20)
+# Each type once (the service refuses a repeat, naming ``event_types``; the schema says so).
+UNIQUE: JsonDict = {"uniqueItems": True}
+Types = Field(min_length=1, max_length=20, json_schema_extra=UNIQUE)
 Description = Field(default=None, max_length=500)
 
 
@@ -37,7 +40,12 @@ class EndpointUpdate(BaseModel):
 
     # Omitted: unchanged.
     url: Text = Field(default=None, min_length=1, max_length=2048)  # type: ignore[assignment]
-    event_types: list[EventType] = Field(default=None, min_length=1, max_length=20)  # type: ignore[arg-type]
+    event_types: list[EventType] = Field(
+        default=None,  # type: ignore[arg-type]
+        min_length=1,
+        max_length=20,
+        json_schema_extra=UNIQUE,
+    )
     enabled: bool = Field(default=None)  # type: ignore[assignment]
     description: Text | None = Description
 

@@ -58,6 +58,11 @@ def check_types(types: Sequence[str], scope: Scope) -> list[str]:
             f"{', '.join(sorted(outbox.EVENT_TYPES))}",
             param="event_types",
         )
+    repeated = sorted({t for t in types if types.count(t) > 1})
+    if repeated:
+        raise InvalidRequest(
+            f"event type {repeated[0]!r} is listed more than once", param="event_types"
+        )
     if not scope.operator:
         private = sorted(set(types) & outbox.OPERATOR_ONLY)
         if private:

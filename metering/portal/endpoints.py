@@ -8,7 +8,7 @@ import secrets
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, urlsplit
 
 from fastapi import APIRouter, Depends, FastAPI, Query, Request, Response
 from fastapi.responses import HTMLResponse
@@ -147,11 +147,42 @@ def csrf_token(request: Request, user: PortalUser) -> str:
 def require_form_token(
     request: Request, purpose: str, subject: str | None, form: FormFields
 ) -> None:
-    """Every form's CSRF check: the form's token was signed for ``purpose`` and ``subject``
-    (the session for a signed-in form, the browser's nonce for a sign-in form); 403 otherwise."""
+    """Every form's CSRF check: sent from the portal's own origin (when the browser says where
+    from), and the form's token was signed for ``purpose`` and ``subject`` (the session for a
+    signed-in form, the browser's nonce for a sign-in form); 403 otherwise."""
+    check_origin(request)
     signer = signer_of(request)
     if not subject or not signer.token_matches(purpose, subject, form.get(CSRF_FIELD)):
         raise CsrfRefused("the form's security token is missing or wrong: reload the page")
+
+
+def _origin_of(url: str) -> str:
+    parts = urlsplit(url)
+    default = {"http": 80, "https": 443}.get(parts.scheme)
+    port = f":{parts.port}" if parts.port and parts.port != default else ""
+    return f"{parts.scheme}://{(parts.hostname or '').lower()}{port}"
+
+
+def check_origin(request: Request) -> None:
+    """A form sent from another origin is refused (403): the ``Origin`` a browser sends must be
+    the address the request came to or the service's public address. A request without one
+    (older browsers, non-browser clients) is left to the CSRF token."""
+    origin = request.headers.get("origin")
+    if origin is None:
+        return
+    own = {_origin_of(str(request.base_url))}
+    public = get_settings(request).public_base_url
+    if public:
+        own.add(_origin_of(public))
+    try:
+        sent = _origin_of(origin.strip())
+    except ValueError:
+        sent = None
+    if sent not in own:
+        raise CsrfRefused(
+            "the form was sent from another site: open the page here and send it again",
+            code="cross_origin_form",
+        )
 
 
 def check_csrf(request: Request, user: PortalUser, form: FormFields) -> None:
@@ -278,7 +309,7 @@ def error_page(request: Request, error: MeteringError) -> Response:
         request,
         "error.html",
         status_code=error.status,
-        headers={"x-request-id": request_id},
+        headers={**error.headers, "x-request-id": request_id},
         status=error.status,
         message=error.message,
         code=error.code,

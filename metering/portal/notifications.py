@@ -81,7 +81,10 @@ def add_endpoint(
 ) -> Response:
     check_csrf(request, user, form)
     require(user, Permission.MANAGE_WEBHOOKS)
-    chosen = [t for t in views.account_event_types() if form.get(TYPE_FIELD + t)]
+    # Every type the form names, offered or not: the endpoints' rules say what is refused.
+    chosen = [
+        f.removeprefix(TYPE_FIELD) for f, on in form.items() if f.startswith(TYPE_FIELD) and on
+    ]
     fields = {
         "url": form.get("url", "").strip(),
         "event_types": chosen,

@@ -28,8 +28,10 @@ CONTENT_SECURITY_POLICY = (
 )
 SECURITY_HEADERS = {
     "content-security-policy": CONTENT_SECURITY_POLICY,
-    # A sign-in link's token is in the page's URL: never send it on as a Referer.
-    "referrer-policy": "no-referrer",
+    # A sign-in link's token is in the page's URL: never send it to another site as a Referer.
+    # Same-origin (not no-referrer): the browser then sends the portal's own Origin with its
+    # forms, which the Origin check requires ("null" is what any site can make a browser send).
+    "referrer-policy": "same-origin",
     "x-content-type-options": "nosniff",
     "x-frame-options": "DENY",
     "cache-control": "no-store",
@@ -115,8 +117,12 @@ def render(
     headers: dict[str, str] | None = None,
     **context: Any,
 ) -> HTMLResponse:
+    settings = getattr(request.app.state, "settings", None)
     body = ENVIRONMENT.get_template(template).render(
-        request_id=request_id_of(request.scope), path=request.url.path, **context
+        request_id=request_id_of(request.scope),
+        path=request.url.path,
+        payments_on=bool(settings is not None and settings.payments_on),
+        **context,
     )
     return HTMLResponse(
         body, status_code=status_code, headers={**SECURITY_HEADERS, **(headers or {})}

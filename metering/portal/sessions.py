@@ -3,7 +3,8 @@
 A link's token and a session's secret are 256 random bits; only their SHA-256 is stored. A
 link is spent by one conditional UPDATE, so two clicks (or two processes) can never both sign
 in with it. A session is found by its secret's hash and is over at ``expires_at`` or once
-signed out (``ended_at``): every process sees the same, nothing is kept in memory.
+signed out (``ended_at``), and one signed in with an API key is over once the key is revoked:
+every process sees the same, nothing is kept in memory.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from sqlalchemy.orm import Session
 from metering.accounts.service import get_account
 from metering.kit.errors import InvalidRequest
 from metering.kit.ids import new_id
-from metering.models import Account, Member, PortalSession, PortalSignInToken, table
+from metering.models import Account, ApiKey, Member, PortalSession, PortalSignInToken, table
 from metering.portal.roles import Permission, Role, SessionKind, kind_of, permissions_of
 
 LINK_LIFETIME = timedelta(minutes=15)
@@ -30,6 +31,7 @@ TOKENS = table(PortalSignInToken)
 SESSIONS = table(PortalSession)
 ACCOUNTS = table(Account)
 MEMBERS = table(Member)
+KEYS = table(ApiKey)
 
 
 def _hash(secret: str) -> str:
@@ -174,6 +176,8 @@ def user_of(session: Session, secret: str, now: datetime) -> PortalUser | None:
     if row is None:
         return None
     kind, subject = kind_of(row.method)
+    if kind is SessionKind.API_KEY and not _key_is_live(session, row.account_id, subject):
+        return None  # signed in with a key since revoked: over with the key
     if kind is not SessionKind.MEMBER:
         return PortalUser(
             row.id, row.account_id, row.name, row.billing, row.expires_at, permissions_of(kind)
@@ -198,6 +202,13 @@ def user_of(session: Session, secret: str, now: datetime) -> PortalUser | None:
         permissions_of(kind, Role(role)),
         member_id=subject,
     )
+
+
+def _key_is_live(session: Session, account_id: str, key_id: str | None) -> bool:
+    live = select(KEYS.c.id).where(
+        KEYS.c.account_id == account_id, KEYS.c.id == key_id, KEYS.c.revoked_at.is_(None)
+    )
+    return session.execute(live).first() is not None
 
 
 def end_session(session: Session, secret: str, now: datetime) -> None:

@@ -8,7 +8,6 @@ from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Query, Request, Response
-from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import State
 
 from metering.accounts.deps import AccountKeyDep
@@ -102,7 +101,10 @@ async def _ingest(state: State, body: EventBatch, _params: Mapping[str, str]) ->
     if database.kind is not Kind.SQLITE and len(body.events) == 1:
         outcome = await single.record_one(database, body.events[0], now, cluster)
     if outcome is None:
-        outcome = await run_in_threadpool(_record_batch, database, body.events, now, cluster)
+        # SQLite: in a writer thread, which waits for the writer's turn apart from the pool.
+        outcome = await database.in_writer_thread(
+            _record_batch, database, body.events, now, cluster
+        )
     counts = outcome.counts()
     for status, count in counts.items():
         if count:
@@ -182,7 +184,7 @@ def list_quarantine(
     code: QuarantineCode | None = None,
     account_id: str | None = None,
 ) -> dict[str, Any]:
-    """Quarantined events, oldest first, optionally of one code or account."""
+    """Quarantined events, newest first, optionally of one code or account."""
     limit, after = paging
     return quarantine.list_entries(session, code, account_id, limit, after)
 

@@ -16,6 +16,8 @@ from typing import Any
 from sqlalchemy import bindparam, delete, select, update
 from sqlalchemy.orm import Session
 
+from metering import citus
+from metering.db import is_postgresql
 from metering.kit.jsonenc import RawJSON, loads_exact
 from metering.kit.money import INT64_MAX
 from metering.kit.pagination import decode_cursor, page
@@ -23,7 +25,7 @@ from metering.kit.ranges import DATABASE_ERRORS, is_out_of_range
 from metering.kit.timeutil import format_timestamp
 from metering.models import QuarantinedEvent, table
 from metering.notifications import outbox
-from metering.usage import repository
+from metering.usage import repository, sums
 from metering.usage.events import OUT_OF_RANGE, Event
 from metering.usage.schemas import MAX_BATCH
 from metering.usage.service import (
@@ -162,17 +164,17 @@ def entry_body(entry: QuarantinedEvent) -> dict[str, Any]:
 def list_entries(
     session: Session, code: str | None, account_id: str | None, limit: int, after: str | None
 ) -> dict[str, Any]:
-    """Entries oldest first, optionally of one code and one account."""
-    query = select(QuarantinedEvent).order_by(QuarantinedEvent.id).limit(limit + 1)
+    """Entries newest first (as every admin list: by id, the same order on every backend),
+    optionally of one code and one account."""
+    query = select(QuarantinedEvent).order_by(QuarantinedEvent.id.desc()).limit(limit + 1)
     if code is not None:
         query = query.where(QuarantinedEvent.code == code)
     if account_id is not None:
         query = query.where(QuarantinedEvent.account_id == account_id)
     if after:
         (last_id,) = decode_cursor(after, 1)
-        if not isinstance(last_id, int):
-            last_id = 0
-        query = query.where(QuarantinedEvent.id > last_id)
+        if isinstance(last_id, int) and -INT64_MAX - 1 <= last_id <= INT64_MAX:
+            query = query.where(QuarantinedEvent.id < last_id)
     rows = session.execute(query).scalars().all()
     return page(rows, limit, entry_body, lambda entry: (entry.id,))
 
@@ -216,7 +218,14 @@ def _chunks(session: Session, ids: Sequence[int] | None) -> Iterator[Sequence[Qu
 def reprocess(session: Session, ids: Sequence[int] | None, now: datetime) -> dict[str, Any]:
     """Retry entries (``ids``, or every entry; unknown ids are skipped): those billable now are
     recorded exactly once and leave the quarantine (so do those recorded meanwhile by a resend,
-    as duplicates); the others stay with their current reason, one more attempt counted."""
+    as duplicates); the others stay with their current reason, one more attempt counted.
+
+    One reprocess at a time owns the quarantine, until its transaction ends (PostgreSQL and a
+    Citus cluster: a transaction's advisory lock on the coordinator; SQLite has one writer):
+    concurrent ones took the same entries', events' and accounts' rows in different orders and
+    deadlocked. The next one then reads the entries as the first left them."""
+    if is_postgresql(session):
+        citus.lock(session, citus.QUARANTINE_REPROCESS_LOCK, 0, wait=True)
     data: list[dict[str, Any]] = []
     counts = dict.fromkeys(STATUSES, 0)
     for entries in _chunks(session, ids):
@@ -237,10 +246,12 @@ def _reprocess_chunk(
     now: datetime,
     data: list[dict[str, Any]],
     counts: dict[str, int],
+    guided: bool = False,
 ) -> None:
     """Retry ``entries`` together, in a savepoint; when the database refuses them (an event
-    beyond the range, metering.kit.ranges), each on its own: the one beyond it stays, as
-    ``invalid_usage``, one more attempt counted, and the others are retried all the same."""
+    beyond the range, metering.kit.ranges), those that cannot fit the sums (found in a few
+    queries: metering.usage.sums) stay, as ``invalid_usage``, one more attempt counted, and the
+    others are retried together; when they are refused again (``guided``), each on its own."""
     shown, counted = len(data), dict(counts)
     savepoint = session.begin_nested()
     try:
@@ -251,33 +262,63 @@ def _reprocess_chunk(
         savepoint.rollback()
         del data[shown:]
         counts.update(counted)
+        if not is_out_of_range(error) and len(entries) == 1:
+            raise
+        beyond: set[int] = set()
+        if not guided and is_out_of_range(error):
+            beyond = _beyond_range(session, entries, now)
+        if beyond:
+            rest = [entry for index, entry in enumerate(entries) if index not in beyond]
+            if rest:
+                _reprocess_chunk(session, rest, now, data, counts, guided=True)
+            _keep_beyond(session, [entries[i] for i in sorted(beyond)], now, data, counts)
+            data[shown:] = sorted(data[shown:], key=lambda item: item["id"])
+            return
         if len(entries) > 1:
             for entry in entries:
-                _reprocess_chunk(session, [entry], now, data, counts)
+                _reprocess_chunk(session, [entry], now, data, counts, guided=True)
             return
-        if not is_out_of_range(error):
-            raise
-    (entry,) = entries
-    session.execute(
+    _keep_beyond(session, entries, now, data, counts)
+
+
+def _beyond_range(session: Session, entries: Sequence[QuarantinedEvent], now: datetime) -> set[int]:
+    """The positions of the entries whose events cannot fit the sums (metering.usage.sums)."""
+    raws = [loads_exact(e.raw_event.encode()) for e in entries]
+    _, events = parse(raws, now)
+    accounts = repository.accounts_on_cluster(session, lookup_pairs(events))
+    return sums.refused(session, raws, now, accounts)
+
+
+def _keep_beyond(
+    session: Session,
+    entries: Sequence[QuarantinedEvent],
+    now: datetime,
+    data: list[dict[str, Any]],
+    counts: dict[str, int],
+) -> None:
+    """The entries stay, as ``invalid_usage`` (beyond the range), one more attempt counted."""
+    session.connection().execute(
         update(QUARANTINE)
-        .where(QUARANTINE.c.id == entry.id)
+        .where(QUARANTINE.c.id == bindparam("b_id"))
         .values(
             code=OUT_OF_RANGE.code,
             message=OUT_OF_RANGE.message,
             attempts=QUARANTINE.c.attempts + 1,
             last_attempt_at=now,
+        ),
+        [{"b_id": entry.id} for entry in entries],
+    )
+    for entry in entries:
+        counts[QUARANTINED] += 1
+        data.append(
+            {
+                "id": entry.id,
+                "request_id": entry.request_id,
+                "status": QUARANTINED,
+                "charge": None,
+                "error": OUT_OF_RANGE.body(),
+            }
         )
-    )
-    counts[QUARANTINED] += 1
-    data.append(
-        {
-            "id": entry.id,
-            "request_id": entry.request_id,
-            "status": QUARANTINED,
-            "charge": None,
-            "error": OUT_OF_RANGE.body(),
-        }
-    )
 
 
 def _retry(

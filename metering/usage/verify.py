@@ -11,7 +11,9 @@
   equal its balance; remainders of grants already expired at the clock whose ``expiry`` entry
   is not yet written are **pending** (counted and reported, not a mismatch): the balance as the
   clock sees it is the written balance less them; its deficit equals its allocation days'
-  ``deficit`` less ``payoff`` amounts.
+  ``deficit`` less ``payoff`` amounts;
+* every payment (metering.payments): a succeeded one names a paid grant of its account of
+  exactly its amount (cents × 1,000,000), no other names one, and no grant is named twice.
 
 Read in one snapshot (REPEATABLE READ on PostgreSQL; on a Citus cluster one per worker,
 ``citus.one_snapshot``), so it may run beside live ingest.
@@ -37,6 +39,7 @@ from metering.models import (
     CreditAllocationDay,
     CreditGrant,
     LedgerEntry,
+    Payment,
     UsageEvent,
     UsageRollup,
     table,
@@ -291,6 +294,46 @@ def _check_grants(session: Session, now: datetime, mismatches: list[str], report
     report.pending_expiries, report.pending_microcents = int(count), int(total)
 
 
+def _check_payments(session: Session, mismatches: list[str]) -> None:
+    payments, grants = table(Payment), table(CreditGrant)
+    query = (
+        select(
+            payments.c.id,
+            payments.c.status,
+            payments.c.amount_cents,
+            payments.c.grant_id,
+            grants.c.id.label("found"),
+            grants.c.category,
+            grants.c.amount_microcents,
+        )
+        .select_from(
+            payments.outerjoin(
+                grants,
+                (grants.c.account_id == payments.c.account_id)
+                & (grants.c.id == payments.c.grant_id),
+            )
+        )
+        .order_by(payments.c.id)
+    )
+    named: set[str] = set()
+    for row in session.execute(query):
+        if row.status != "succeeded":
+            if row.grant_id is not None:
+                mismatches.append(f"payment {row.id} is {row.status} yet names a grant")
+            continue
+        expected = int(row.amount_cents) * 1_000_000
+        if row.found is None:
+            mismatches.append(f"payment {row.id} succeeded without a grant of its account")
+        elif row.category != "paid" or int(row.amount_microcents) != expected:
+            mismatches.append(
+                f"payment {row.id}: its grant {row.found} is {row.category} of "
+                f"{row.amount_microcents} microcents, not paid of {expected}"
+            )
+        elif row.found in named:
+            mismatches.append(f"payment {row.id}: its grant {row.found} is another's too")
+        named.add(row.found or "")
+
+
 def verify(session: Session, now: datetime | None = None) -> Report:
     if is_postgresql(session):
         # One snapshot for every query, so concurrent ingest cannot show up half-counted.
@@ -303,5 +346,6 @@ def verify(session: Session, now: datetime | None = None) -> Report:
     _check_references(session, mismatches)
     mismatches += held_counter_mismatches(session)
     _check_grants(session, now or datetime.now(UTC), mismatches, report)
+    _check_payments(session, mismatches)
     report.mismatches = mismatches
     return report

@@ -3,11 +3,12 @@ account key's, ``metering.accounts.deps``; the audit of a request, ``metering.au
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Annotated
 
+import anyio
 from fastapi import Depends, Request
 from sqlalchemy.orm import Session
 
@@ -33,18 +34,44 @@ def get_clock(request: Request) -> Clock:
     return clock
 
 
-def _session(request: Request) -> Iterator[Session]:
+async def _session(request: Request) -> AsyncIterator[Session]:
     """The request's unit of work: a read-only transaction for a GET; otherwise a write
     transaction committed here, after the endpoint returns and before the response is sent (so
-    a failed commit is an error response, never a lost write), rolled back on error."""
+    a failed commit is an error response, never a lost write), rolled back on error.
+
+    On SQLite a write waits for the writer's turn here, on the event loop: never in the thread
+    pool that runs the endpoints, where the request whose turn it is would wait for a thread
+    held by the requests waiting for it (metering.db ``_Writers``). The commit and the close
+    run in a thread outside that pool's limit, as FastAPI runs a dependency's exit."""
     database = get_database(request)
     if request.method in ("GET", "HEAD"):
-        with database.reading() as session:
+        session = database.read_session()
+        try:
             yield session
+        finally:
+            await _apart(session.close)
         return
-    with database.unit_of_work() as session:
-        yield session
+    async with database.writer_turn():
+        session = database.sessionmaker()
+        try:
+            yield session
+        except BaseException:
+            await _apart(session.close)
+            raise
+        await _apart(_commit_and_close, session)
+
+
+def _commit_and_close(session: Session) -> None:
+    try:
         session.commit()
+    finally:
+        session.close()
+
+
+async def _apart(work: Callable[..., object], *args: object) -> None:
+    """Blocking ``work`` in a worker thread outside the request pool's limit (a fresh limiter
+    each time, as FastAPI runs a ``def`` dependency's exit)."""
+    await anyio.to_thread.run_sync(work, *args, limiter=anyio.CapacityLimiter(1))
 
 
 # Dependencies that do no I/O are ``async def``: FastAPI runs a plain ``def`` dependency in the

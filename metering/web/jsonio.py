@@ -10,6 +10,7 @@ from fastapi import Request, Response
 from fastapi.datastructures import DefaultPlaceholder
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
+from pydantic import BaseModel
 
 from metering.kit import jsonenc
 from metering.kit.errors import InvalidRequest
@@ -57,14 +58,41 @@ class MeteringRoute(APIRoute):
             kwargs["response_model"] = None
         super().__init__(path, endpoint, **kwargs)
 
+    @property
+    def body_is_optional(self) -> bool:
+        """Whether the route's JSON body has fields and none of them is required."""
+        model = self.body_field.field_info.annotation if self.body_field is not None else None
+        return (
+            isinstance(model, type)
+            and issubclass(model, BaseModel)
+            and not any(field.is_required() for field in model.model_fields.values())
+        )
+
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
         operator_route = any(d.dependency is require_operator for d in self.dependencies)
+        optional_body = self.body_is_optional
 
         async def exact_handler(request: Request) -> Response:
             if operator_route:
                 refuse_read_only_change(request)  # before any validation
             check_url_text(request.path_params, request.scope["query_string"])
+            if optional_body:
+                return await handler(await _with_optional_body(request))
             return await handler(ExactJSONRequest(request.scope, request.receive))
 
         return exact_handler
+
+
+async def _with_optional_body(request: Request) -> ExactJSONRequest:
+    """The request to a route whose body fields are all optional, its body read; without one
+    (whatever its Content-Type) it is read as the body ``{}``."""
+    body = await request.body()
+    scope = request.scope
+    if not body:
+        body = b"{}"
+        headers = [(k, v) for k, v in scope["headers"] if k != b"content-type"]
+        scope = {**scope, "headers": [*headers, (b"content-type", b"application/json")]}
+    exact = ExactJSONRequest(scope, request.receive)
+    exact._body = body  # read once, here
+    return exact

@@ -2,19 +2,30 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import sys
 import time
-from typing import Any
+from collections.abc import Callable
 
+from starlette.requests import Request
+from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from metering.db import unreachable
-from metering.kit.errors import BodyTooLarge, DatabaseUnavailable, InternalError, MeteringError
+from metering.kit.errors import (
+    BodyTooLarge,
+    DatabaseUnavailable,
+    InternalError,
+    MeteringError,
+    RequestTimeout,
+)
 from metering.kit.ids import new_request_id
 from metering.metrics import REQUEST_LATENCY
 
 REQUEST_ID_HEADER = b"x-request-id"
+# How the app answers an error (metering.web.errors.error_response).
+ErrorRenderer = Callable[[Request, MeteringError], Response]
 log = logging.getLogger("metering.errors")
 # One line per request: method, path (as sent, without the query string: it may carry a
 # secret), status, duration and request id. Never a header, so never a credential.
@@ -52,12 +63,23 @@ class RequestContextMiddleware:
     writes the access log (``access_log``).
 
     An oversized body is refused from its Content-Length before it is read, and a chunked one as
-    soon as the running count passes the limit.
+    soon as the running count passes the limit. Its own errors are answered as the app answers
+    them (``render_error``: the JSON body, or the page of a part of the site with pages of its
+    own, the portal's), handed in by the app so that this layer imports none of them.
     """
 
-    def __init__(self, app: ASGIApp, max_body_bytes: int, access_log: bool = True) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        max_body_bytes: int,
+        render_error: ErrorRenderer,
+        body_timeout_seconds: float = 60.0,
+        access_log: bool = True,
+    ) -> None:
         self.app = app
+        self.render_error = render_error
         self.max_body_bytes = max_body_bytes
+        self.body_timeout_seconds = body_timeout_seconds
         self.access_log = access_log
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -82,20 +104,34 @@ class RequestContextMiddleware:
 
         declared = _content_length(scope)
         if declared is not None and declared > limit:
-            await _send_error(BodyTooLarge(_too_large(limit), limit_bytes=limit), request_id, send)
+            too_large = BodyTooLarge(_too_large(limit), limit_bytes=limit)
+            await _send_error(self.render_error, too_large, scope, send)
             if self.access_log:
                 _log_access(scope, 413, started, request_id)
             return
 
         received = 0
+        body_done = False
+        deadline = asyncio.get_running_loop().time() + self.body_timeout_seconds
 
         async def limited_receive() -> Message:
-            nonlocal received
-            message = await receive()
+            nonlocal received, body_done
+            if body_done:  # waiting for a disconnect, as a streamed answer does: no deadline
+                return await receive()
+            try:
+                async with asyncio.timeout_at(deadline):  # a timer, not a task: cheap
+                    message = await receive()
+            except TimeoutError:
+                raise RequestTimeout(
+                    f"the request body did not arrive within {self.body_timeout_seconds:g} s"
+                ) from None
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > limit:
                     raise BodyTooLarge(_too_large(limit), limit_bytes=limit)
+                body_done = not message.get("more_body", False)
+            else:
+                body_done = True
             return message
 
         try:
@@ -105,7 +141,9 @@ class RequestContextMiddleware:
                 raise
             # Answered here: Starlette's outermost middleware would answer too, then re-raise,
             # and uvicorn closes the connection on that, failing the client's next request on it.
-            await _send_error(_unexpected(scope, request_id), request_id, send_with_id, close=False)
+            await _send_error(
+                self.render_error, _unexpected(scope, request_id), scope, send_with_id, close=False
+            )
         finally:
             route = scope.get("route")
             # The route template (not the raw path) keeps the label set small.
@@ -162,20 +200,20 @@ def _content_length(scope: Scope) -> int | None:
     return None
 
 
-async def _send_error(error: Any, request_id: str, send: Send, *, close: bool = True) -> None:
-    from metering.kit import jsonenc
+async def _send_error(
+    render_error: ErrorRenderer,
+    error: MeteringError,
+    scope: Scope,
+    send: Send,
+    *,
+    close: bool = True,
+) -> None:
+    """The error as the app answers it, sent from here where the app's handlers are not around."""
+    response = render_error(Request(scope), error)
+    if close:
+        response.headers["connection"] = "close"
 
-    body = jsonenc.dumps(error.body(request_id))
-    await send(
-        {
-            "type": "http.response.start",
-            "status": error.status,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-                (REQUEST_ID_HEADER, request_id.encode()),
-                *([(b"connection", b"close")] if close else []),
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})
+    async def no_body() -> Message:
+        return {"type": "http.disconnect"}
+
+    await response(scope, no_body, send)

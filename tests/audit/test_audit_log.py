@@ -65,7 +65,7 @@ class World:
 
 
 # A public address (TEST-NET-3): saved without resolving anything.
-HOOK_URL = "https://203.0.113.10/hook"
+HOOK_URL = "https://11.22.33.44/hook"
 
 
 @pytest.fixture
@@ -303,6 +303,11 @@ MUTATIONS: dict[tuple[str, str], Mutation] = {
 }
 
 
+# Payments are off in this app (no Stripe key: 404); a top-up records payment.create and then
+# payment.succeed or payment.fail: tests/payments/test_saved_cards.py holds its audit.
+WITH_PAYMENTS_ON = {("POST", "/admin/v1/accounts/{account_id}/top-ups")}
+
+
 def test_every_admin_mutation_has_a_case(api: Api) -> None:
     routes = {
         (method, route.path)
@@ -311,7 +316,7 @@ def test_every_admin_mutation_has_a_case(api: Api) -> None:
         for method in route.methods
         if method not in ("GET", "HEAD")
     }
-    assert routes == set(MUTATIONS)
+    assert routes - WITH_PAYMENTS_ON == set(MUTATIONS)
     assert {m.action for m in MUTATIONS.values()} <= set(ACTIONS)
 
 
@@ -461,7 +466,9 @@ class TestNothingChangedNothingWritten:
             param="effective_at",
         )
         grants = f"/admin/v1/accounts/{world.account}/grants"
-        assert api.admin("POST", grants, json={"amount_cents": 1, "idempotency_key": "x"})
+        first = api.admin("POST", grants, json={"amount_cents": 1, "idempotency_key": "x"})
+        assert first.status_code == 201, first.text
+        assert first.json()["account_id"] == world.account, first.text
         conflict = api.admin("POST", grants, json={"amount_cents": 2, "idempotency_key": "x"})
         assert_error(conflict, 409, "idempotency_conflict", param="idempotency_key")
         assert_error(

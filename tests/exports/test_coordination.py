@@ -38,6 +38,7 @@ from tests.exports.helpers import (
     sha256,
     tenant,
 )
+from tests.threads import Workers, workers
 
 DAYS = [DAY - timedelta(days=offset) for offset in range(6)]
 AFTER = midnight(DAY) + timedelta(days=1, hours=1)
@@ -101,11 +102,9 @@ def test_concurrent_ticks_export_each_day_once(fresh_api: Api, tmp_path: Path) -
         barrier.wait(10)
         reports.append(jobs.tick())
 
-    threads = [threading.Thread(target=tick, args=(jobs,)) for jobs in schedulers]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
+    with workers(60) as pool:
+        for jobs in schedulers:
+            pool.start(tick, jobs)
     assert len(reports) == 2 and all(r.ok for r in reports)
     exported = Counter(
         d for r in reports for d, outcome in outcomes(r).items() if outcome == "exported"
@@ -140,15 +139,15 @@ def test_a_day_being_exported_is_skipped_not_exported_twice(
 
         monkeypatch.setattr(files, "write_atomic", paused_write)
         reports: list[TickReport] = []
-        thread = threading.Thread(target=lambda: reports.append(first.tick()), name="first")
-        thread.start()
+        pool = Workers()
+        pool.start(lambda: reports.append(first.tick()), name="first")
         try:
             assert inside.wait(30)
             assert outcomes(second.tick()) == {DAY: "busy"}
             assert runs(api, DAY) == []
         finally:
             release.set()
-            thread.join(30)
+            pool.join(30)
         assert outcomes(reports[0]) == {DAY: "exported"}
         assert outcomes(second.tick()) == {}
         assert [(r.runner, r.status) for r in runs(api, DAY)] == [("first", "succeeded")]

@@ -16,7 +16,7 @@ import httpx2 as httpx
 
 from tests import oracle
 from tests.conftest import ADMIN_TOKEN, GATEWAY_TOKEN, migrated_database
-from tests.servers import ServerProcess, free_port, run_cli
+from tests.servers import ServerProcess, run_cli
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 
@@ -155,7 +155,7 @@ def running_metering(backend: str, workdir: Path, port: int | None = None) -> It
     with migrated_database(backend, workdir) as url:
         loaded = run_cli(url, workdir, "catalog", "import")
         assert loaded.returncode == 0, loaded.stdout + loaded.stderr
-        server = ServerProcess(url, workdir, port=port or free_port()).start()
+        server = ServerProcess(url, workdir, port=port or 0).start()
         metering = Metering(backend, url, workdir, server)
         try:
             yield metering

@@ -1,15 +1,14 @@
 """The limit on requests in flight as deployed: two uvicorn processes on one PostgreSQL. 200
 authorizations at once against max_concurrent_requests = 10 with ample credit grant exactly 10
-(190 × 429 with Retry-After); voiding 3 frees exactly 3; holds expiring (hold_ttl_seconds=1)
-and holds settled by usage events free their slots exactly; an unbilled account is limited the
-same way; a key's weekly limit is exact under the race too."""
+(190 × 429 with Retry-After); voiding 3 frees exactly 3; holds expiring (hold_ttl_seconds=1,
+then the servers' test clock moved a second on) and holds settled by usage events free their
+slots exactly; an unbilled account is limited the same way; a key's weekly limit is exact under
+the race too."""
 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Iterator
-from datetime import UTC, datetime
 
 import pytest
 from sqlalchemy import insert, update
@@ -110,7 +109,7 @@ def test_expiring_holds_free_their_slots_exactly(cluster: Cluster) -> None:
     _account, _key, secret = _limited(cluster, 10)
     granted = _granted(asyncio.run(_burst(cluster, secret, 200, "c", hold_ttl_seconds=1)))
     assert len(granted) == 10
-    time.sleep(1.1)  # the servers' clock is the system's: every hold above has expired now
+    cluster.clock.advance(seconds=1)  # the servers' clock: every hold above expires now
     again = _granted(asyncio.run(_burst(cluster, secret, 200, "d")))
     assert len(again) == 10
 
@@ -128,7 +127,7 @@ def test_settled_holds_free_their_slots_exactly(cluster: Cluster) -> None:
             "model": cluster.model,
             "api": "chat_completions",
             "usage": {"prompt_tokens": 10, "completion_tokens": 1},
-            "occurred_at": datetime.now(UTC).isoformat(),
+            "occurred_at": cluster.clock.now().isoformat(),
             "outcome": "completed",
         }
         for hold in granted[:4]
@@ -153,7 +152,7 @@ def test_a_weekly_limit_covering_exactly_100_grants_exactly_100(cluster: Cluster
     """The week's spend (the rollups of earlier days this week, from Monday) plus the holds in
     flight, under the account's lock: exactly as many holds as the weekly limit leaves room
     for, whatever process answers."""
-    now = datetime.now(UTC)
+    now = cluster.clock.now()
     week_start, _ = window_bounds("week", now)
     # The week's Monday counts; the same amount long before it does not.
     spent = 654_321

@@ -6,6 +6,7 @@ in test_access_races.py.)"""
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from typing import Any
 
 import pytest
@@ -20,6 +21,7 @@ from tests.factories import (
     authorize,
     create_key,
     credits_of,
+    exact_json,
     ingest,
     priced_model,
     put_model,
@@ -267,6 +269,36 @@ def test_a_weekly_limit_at_its_boundaries(api: Api) -> None:
     own = {k["id"]: k for k in api.as_key(key.secret, "GET", "/v1/api-keys").json()["data"]}
     assert own[key.id]["window_starts_at"] == "2026-11-30T00:00:00Z"
     assert own[key.id]["spent_microcents"] == limit - 2 * ESTIMATE
+
+
+@pytest.mark.parametrize("window", ["day", "week", "month"])
+def test_the_refusal_names_the_limit_of_the_keys_window(api: Api, window: str) -> None:
+    """The 402's limit fields are the key's own, as its object shows them: the window's amount
+    under ``spend_limit_cents``, and the older ``monthly_spend_limit_cents`` only for a month."""
+    setup = prepaid(api, 1000)
+    key = create_key(api, setup.account)
+    limit = 3 * ESTIMATE
+    shown = api.client.patch(
+        f"/admin/v1/api-keys/{key.id}",
+        content=f'{{"spend_limit_cents": {Decimal(limit) / 10**6}, '
+        f'"spend_limit_window": "{window}"}}',
+        headers={**api.admin_headers, "Content-Type": "application/json"},
+    )
+    assert shown.status_code == 200, shown.text
+    add_key_spend(api, key, NOW, ESTIMATE)
+    assert [authorize(api, key, setup.model).status_code for _ in range(2)] == [200, 200]
+    error = exact_json(authorize(api, key, setup.model))["error"]
+    assert error["code"] == "member_spend_limit"
+    body = exact_json(shown)
+    for field in ("spend_limit_cents", "spend_limit_window", "monthly_spend_limit_cents"):
+        assert error[field] == body[field], field
+    assert error["spend_limit_cents"] == Decimal(limit) / 10**6
+    assert error["spend_limit_window"] == window
+    assert error["monthly_spend_limit_cents"] == (
+        body["spend_limit_cents"] if window == "month" else None
+    )
+    assert error["spent_cents"] == Decimal(3 * ESTIMATE) / 10**6  # charges and the two holds
+    assert error["credits_required_cents_estimate"] == Decimal(ESTIMATE) / 10**6
 
 
 def test_spend_limit_forms(api: Api) -> None:

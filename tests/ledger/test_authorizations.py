@@ -21,6 +21,7 @@ from tests.factories import (
     create_key,
     credits_of,
     exact_json,
+    expect,
     grant,
 )
 from tests.ledger.helpers import add_key_spend, books, expected_estimate, holds, prepaid
@@ -214,7 +215,7 @@ class TestIdempotency:
         setup = prepaid(api, cents(ESTIMATE))
         body = authorization_request(setup.key, setup.model, request_id="req-4")
         hold = api.gateway("POST", "/v1/authorizations", json=body).json()
-        api.gateway("DELETE", f"/v1/authorizations/{hold['id']}")
+        expect(api.gateway("DELETE", f"/v1/authorizations/{hold['id']}"), 200)
         again = api.gateway("POST", "/v1/authorizations", json=body)
         assert again.status_code == 200
         assert again.json() == {**hold, "status": "voided"}
@@ -341,7 +342,7 @@ class TestAdminList:
             made.append(authorize(api, setup.key, setup.model).json())
             api.clock.advance(minutes=1)
         settle(api, setup, made[0], 5)
-        api.gateway("DELETE", f"/v1/authorizations/{made[1]['id']}")
+        expect(api.gateway("DELETE", f"/v1/authorizations/{made[1]['id']}"), 200)
         api.clock.set(NOW + TTL + timedelta(minutes=2, seconds=30))  # made[2] expired, [3:] not
         with api.database.unit_of_work() as session:
             assert expire_holds(session, NOW + TTL + timedelta(seconds=30)) >= 0
@@ -446,7 +447,7 @@ class TestMetrics:
         settled = authorize(api, setup.key, setup.model).json()
         settle(api, setup, settled, 1)
         voided = authorize(api, setup.key, setup.model).json()
-        api.gateway("DELETE", f"/v1/authorizations/{voided['id']}")
+        expect(api.gateway("DELETE", f"/v1/authorizations/{voided['id']}"), 200)
         api.clock.set(start + TTL - timedelta(microseconds=1))
         before = self.sample(api, name)
         api.clock.set(start + TTL)
@@ -461,7 +462,7 @@ class TestBooks:
         made = [authorize(api, setup.key, setup.model).json() for _ in range(4)]
         settle(api, setup, made[0], 12_345)
         settle(api, setup, made[1], ESTIMATE * 3)  # above its hold: charged in full
-        api.gateway("DELETE", f"/v1/authorizations/{made[2]['id']}")
+        expect(api.gateway("DELETE", f"/v1/authorizations/{made[2]['id']}"), 200)
         balance, total = books(api, setup.account)
         assert balance == total == 1_000_000 - 12_345 - 3 * ESTIMATE
         body = credits_of(api, setup.key)

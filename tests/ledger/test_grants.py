@@ -462,11 +462,21 @@ class TestSpending:
         listing = api.admin("GET", f"/admin/v1/accounts/{setup.account}/ledger").json()["data"]
         assert listing[0]["kind"] == "void" and listing[0]["reason"] == "chargeback"
         assert_books(api, setup.account)
-        with api.database.unit_of_work() as session:
-            audit = session.execute(
-                select(LedgerEntry).where(LedgerEntry.account_id == setup.account)
-            ).all()
-        assert audit
+        # One audit event for the void that forfeited something, none for the second call.
+        audit = api.admin(
+            "GET",
+            "/admin/v1/audit-events",
+            params={"account_id": setup.account, "action": "grant.void"},
+        )
+        assert audit.status_code == 200, audit.text
+        events = audit.json()["data"]
+        assert len(events) == 1, events
+        assert (events[0]["target_type"], events[0]["target_id"]) == ("credit_grant", made["id"])
+        assert events[0]["changes"] == {
+            "status": "voided",
+            "forfeited_microcents": 2_000_000,
+            "reason": "chargeback",
+        }
 
 
 class TestExpiry:

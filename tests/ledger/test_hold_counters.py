@@ -5,7 +5,6 @@ Both backends, unless noted; expected figures are computed here from the rules."
 
 from __future__ import annotations
 
-import threading
 from datetime import timedelta
 from decimal import Decimal
 from typing import Any
@@ -19,8 +18,9 @@ from metering.models import Account, Authorization
 from metering.usage.recording import settle_usage
 from metering.usage.verify import verify
 from tests.conftest import NOW, Api
-from tests.factories import GLM_RATES, assert_error, authorize, credits_of
+from tests.factories import GLM_RATES, assert_error, authorize, credits_of, expect
 from tests.ledger.helpers import Setup, expected_estimate, holds, prepaid
+from tests.threads import Workers
 
 ESTIMATE = expected_estimate(1000, 100, GLM_RATES)
 ESTIMATE_CENTS = Decimal(ESTIMATE) / 10**6
@@ -82,7 +82,7 @@ class TestCounter:
         assert counter(api, setup.account) == 4 * ESTIMATE
         assert mismatches_of(api, setup.account) == []
 
-        api.gateway("DELETE", f"/v1/authorizations/{made[0]['id']}")
+        expect(api.gateway("DELETE", f"/v1/authorizations/{made[0]['id']}"), 200)
         settle(api, setup, made[1], 1234)
         # Releasing never waits for the account's lock: the counter still counts both holds,
         # while credits (the holds in force) and verify already agree with the releases.
@@ -151,7 +151,7 @@ class TestCounter:
         setup = prepaid(api, ESTIMATE_CENTS)
         hold = place(api, setup)
         assert_error(authorize(api, setup.key, setup.model), 402, "insufficient_credits")
-        api.gateway("DELETE", f"/v1/authorizations/{hold['id']}")
+        expect(api.gateway("DELETE", f"/v1/authorizations/{hold['id']}"), 200)
         # Too large for the whole balance: refused, yet the void is collected meanwhile.
         response = authorize(api, setup.key, setup.model, max_tokens=10_000)
         assert_error(response, 402, "insufficient_credits")
@@ -231,17 +231,21 @@ class TestVerify:
         assert mismatches_of(api, setup.account) == [
             f"account {setup.account}: active hold {hold['id']} is not counted in its held counter"
         ]
-        api.gateway("DELETE", f"/v1/authorizations/{hold['id']}")
+        expect(api.gateway("DELETE", f"/v1/authorizations/{hold['id']}"), 200)
         assert mismatches_of(api, setup.account) == []
 
 
 def _call_in_thread(call: Any, timeout: float = 10.0) -> Any:
     """Run ``call`` in a thread; fail (instead of hanging the suite) if it blocks."""
     outcome: list[Any] = []
-    worker = threading.Thread(target=lambda: outcome.append(call()), daemon=True)
-    worker.start()
-    worker.join(timeout)
-    assert not worker.is_alive(), "blocked: it waited for a lock it should have skipped"
+    worker = Workers()
+    worker.start(lambda: outcome.append(call()), daemon=True)
+    try:
+        worker.join(timeout)  # raises what the call raised
+    except AssertionError as error:
+        if "still running" in str(error):
+            raise AssertionError("blocked: it waited for a lock it should have skipped") from error
+        raise
     return outcome[0]
 
 

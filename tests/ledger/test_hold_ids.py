@@ -15,15 +15,23 @@ from metering.usage.events import MAX_AUTHORIZATION_ID
 from tests.conftest import NOW, Api
 from tests.factories import authorize, create_account, create_key, grant, priced_model
 
+# The random part of an account id: new_id's alphabet (base32, lower case), 1-20 long.
+ACCOUNT_PARTS = st.text(alphabet="abcdefghijklmnopqrstuvwxyz234567", min_size=1, max_size=20)
 
-@given(st.integers(min_value=0, max_value=50))
-def test_a_new_id_names_its_account(seed: int) -> None:
-    account = new_id("acct")
+
+@given(ACCOUNT_PARTS)
+def test_a_new_id_names_its_account(part: str) -> None:
+    account = f"acct_{part}"
     hold_id = holds.new_hold_id(account)
     assert hold_id.startswith("auth_")
     assert holds.account_of(hold_id) == account
     assert len(hold_id) <= MAX_AUTHORIZATION_ID
     assert hold_id != holds.new_hold_id(account)
+
+
+def test_a_new_account_id_is_one_a_hold_can_name() -> None:
+    account = new_id("acct")
+    assert holds.account_of(holds.new_hold_id(account)) == account
 
 
 @pytest.mark.parametrize(

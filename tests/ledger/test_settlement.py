@@ -13,7 +13,7 @@ from metering.ledger.settlement import ChargeToSettle
 from metering.models import LedgerEntry
 from metering.usage.recording import settle_usage
 from tests.conftest import NOW, Api
-from tests.factories import GLM_RATES, assert_error, authorize, credits_of, exact_json
+from tests.factories import GLM_RATES, assert_error, authorize, credits_of, exact_json, expect
 from tests.ledger.helpers import Setup, books, expected_estimate, holds, prepaid
 
 ESTIMATE = expected_estimate(1000, 100, GLM_RATES)
@@ -104,7 +104,7 @@ class TestSettle:
     def test_a_voided_hold_stays_voided_and_the_usage_is_still_billed(self, api: Api) -> None:
         setup = prepaid(api, 1)
         hold = hold_for(api, setup)
-        api.gateway("DELETE", f"/v1/authorizations/{hold['id']}")
+        expect(api.gateway("DELETE", f"/v1/authorizations/{hold['id']}"), 200)
         settle(api, charge(setup, 700, hold=hold))
         assert status_of(api, setup, hold) == ("voided", None)
         assert books(api, setup.account) == (BALANCE - 700, BALANCE - 700)
@@ -192,7 +192,7 @@ class TestSettle:
         named = hold_for(api, setup, request_id="named")
         by_request = hold_for(api, setup, request_id="by-request")
         voided = hold_for(api, setup, request_id="voided")
-        api.gateway("DELETE", f"/v1/authorizations/{voided['id']}")
+        expect(api.gateway("DELETE", f"/v1/authorizations/{voided['id']}"), 200)
         first = charge(setup, 1, hold=by_request, name_hold=False)
         items = [
             first,

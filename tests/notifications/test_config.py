@@ -59,3 +59,14 @@ def test_sealed_secrets_open_with_any_configured_key_and_only_for_their_endpoint
         secrets.open_sealed([new], sealed, "whep_1")
     with pytest.raises(secrets.SecretUnreadable):
         secrets.open_sealed([old], sealed, "whep_2")  # copied to another row: refused
+
+
+@pytest.mark.parametrize("scheme", ["sqlite", "sqlite+pysqlite", "SQLite"])
+def test_a_sqlite_url_is_the_embedded_database_however_named(tmp_path: Path, scheme: str) -> None:
+    named = Settings(database_url=f"{scheme}:///{tmp_path}/named.sqlite3", data_dir=tmp_path)
+    assert named.is_embedded and named.webhooks_may_reach_private
+    settings = runtime_settings(named)  # no token, key or public address asked for
+    assert settings.secret_key and settings.admin_tokens and settings.gateway_tokens
+    assert settings.public_base_url == "http://127.0.0.1:8000"
+    assert settings.effective_database_url == f"{scheme}:///{tmp_path}/named.sqlite3"
+    assert not Settings(database_url=PG).is_embedded

@@ -6,6 +6,7 @@ signatures, resend, delete."""
 from __future__ import annotations
 
 import ssl
+import uuid
 from datetime import timedelta
 from pathlib import Path
 
@@ -16,6 +17,7 @@ import trustme
 from metering.notifications.delivery import RETRY_SCHEDULE, retry_delay
 from tests.factories import create_account, create_key
 from tests.notifications.conftest import TIMEOUT, Hooks
+from tests.notifications.hosts import resolving
 from tests.notifications.receiver import Step, receiving, verified
 
 
@@ -201,6 +203,35 @@ class TestTransport:
             assert receiver.received == []
         (delivery,) = hooks.deliveries(endpoint["id"])
         assert "private" in delivery["last_error"]
+
+    def test_names_the_system_resolver_maps_to_private_addresses_are_refused(
+        self, hooks: Hooks
+    ) -> None:
+        """The delivery loop's own resolver (the system's, through /etc/hosts): names saved while
+        they did not resolve, then answered with loopback, private or IPv4-mapped addresses."""
+        tag = uuid.uuid4().hex[:12]
+        loopback, mapped, private = (f"{n}-{tag}.test" for n in ("loop", "mapped", "private"))
+        account = create_account(hooks.api)
+        with receiving() as receiver:
+            hosts = [loopback, f"{loopback}.", "localhost.", mapped, private]
+            endpoints = [
+                hooks.endpoint(receiver.url(host=h), ["webhook.test"], account) for h in hosts
+            ]
+            for endpoint in endpoints:
+                _test_event(hooks, endpoint["id"])
+            names = {loopback: "127.0.0.1", mapped: "::ffff:127.0.0.1", private: "10.0.0.1"}
+            with resolving(names):
+                assert hooks.deliverer(webhook_allow_private=False).run_once().delivered == 0
+                assert receiver.received == []
+                for endpoint in endpoints:
+                    (delivery,) = hooks.deliveries(endpoint["id"])
+                    assert "private" in delivery["last_error"], (endpoint["url"], delivery)
+                # The same names and the same resolver reach the receiver when allowed.
+                hooks.api.clock.advance(seconds=5)
+                hooks.deliverer(webhook_allow_private=True).run_once()
+                assert len(receiver.wait_for(4)) == 4
+        statuses = [hooks.deliveries(e["id"])[0]["status"] for e in endpoints]
+        assert statuses == ["delivered"] * 4 + ["pending"]
 
 
 class TestManagement:

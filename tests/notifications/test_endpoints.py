@@ -12,10 +12,10 @@ from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
 from tests.conftest import Api, citus_nodes
-from tests.factories import assert_error, create_account, create_key
+from tests.factories import assert_error, create_account, create_key, expect
 from tests.notifications.conftest import Hooks
 
-PUBLIC = "https://203.0.113.10/hook"  # TEST-NET-3: public for these rules, never resolved
+PUBLIC = "https://11.22.33.44/hook"  # public for the address rules (TEST-NETs are reserved)
 
 
 def _create(api: Api, **body: object) -> object:
@@ -84,11 +84,42 @@ class TestLifecycle:
             param="account_id",
         )
         assert_error(
-            _create(api, url="ftp://203.0.113.10/", event_types=["webhook.test"]),
+            _create(api, url="ftp://11.22.33.44/", event_types=["webhook.test"]),
             400,
             "invalid_parameter",
             param="url",
         )
+
+    def test_an_event_type_listed_twice_is_refused_on_every_route(self, hooks: Hooks) -> None:
+        api = hooks.api
+        account = create_account(api)
+        key = create_key(api, account)
+        twice = ["webhook.test", "credit.balance_low", "webhook.test"]
+        made = _create(api, url=PUBLIC, event_types=["webhook.test"], account_id=account)
+        assert made.status_code == 201, made.text
+        endpoint = made.json()["id"]
+        for response in (
+            _create(api, url=PUBLIC, event_types=twice, account_id=account),
+            api.as_key(
+                key.secret,
+                "POST",
+                "/v1/webhook-endpoints",
+                json={"url": PUBLIC, "event_types": twice},
+            ),
+            api.admin(
+                "PATCH", f"/admin/v1/webhook-endpoints/{endpoint}", json={"event_types": twice}
+            ),
+            api.as_key(
+                key.secret,
+                "PATCH",
+                f"/v1/webhook-endpoints/{endpoint}",
+                json={"event_types": twice},
+            ),
+        ):
+            error = assert_error(response, 400, "invalid_parameter", param="event_types")
+            assert "'webhook.test' is listed more than once" in error["message"]
+        listed = api.as_key(key.secret, "GET", "/v1/webhook-endpoints").json()["data"]
+        assert [(e["id"], e["event_types"]) for e in listed] == [(endpoint, ["webhook.test"])]
 
     def test_an_account_key_sees_and_manages_its_own_endpoints_only(self, hooks: Hooks) -> None:
         api = hooks.api
@@ -136,12 +167,12 @@ class TestLifecycle:
 
 
 class TestAddresses:
-    """The shared app has a server database: private addresses are refused by default."""
+    """The shared app refuses private addresses (METERING_WEBHOOK_ALLOW_PRIVATE=false)."""
 
     @pytest.mark.parametrize(
         "url",
         [
-            "http://203.0.113.10/hook",
+            "http://11.22.33.44/hook",
             "https://127.0.0.1/hook",
             "https://localhost:8443/hook",  # a name that resolves to loopback
             "https://10.1.2.3/",
@@ -155,7 +186,7 @@ class TestAddresses:
             "https://[fd00::1]/",
             "https://[fe80::1]/",
             "https://[::ffff:127.0.0.1]/",
-            "https://user:pw@203.0.113.10/",
+            "https://user:pw@11.22.33.44/",
         ],
     )
     def test_refused_at_save(self, api: Api, url: str) -> None:
@@ -175,7 +206,7 @@ class TestAddresses:
             "PATCH", f"/admin/v1/webhook-endpoints/{endpoint}", json={"url": "https://127.0.0.1/"}
         )
         assert_error(refused, 400, "invalid_parameter", param="url")
-        api.admin("DELETE", f"/admin/v1/webhook-endpoints/{endpoint}")
+        expect(api.admin("DELETE", f"/admin/v1/webhook-endpoints/{endpoint}"), 200)
 
 
 class TestSecretsAtRest:

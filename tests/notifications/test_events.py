@@ -5,7 +5,6 @@ from a rollback."""
 from __future__ import annotations
 
 import json
-import threading
 from datetime import UTC, datetime, time, timedelta
 from typing import Any
 
@@ -31,6 +30,7 @@ from tests.factories import (
 )
 from tests.notifications.conftest import Hooks
 from tests.notifications.receiver import receiving, verified
+from tests.threads import workers
 
 # One cent per event: 1000 prompt tokens at 1000 cents per million, output free.
 CENT_RATES = (1_000_000_000, 0, 0)
@@ -144,24 +144,14 @@ class TestBalanceLow:
     def test_two_batches_that_together_cross_fire_one_event(self, hooks: Hooks) -> None:
         api = hooks.api
         accounts = [_account(api, 10, 5) for _ in range(4)]
-        errors: list[BaseException] = []
 
         def spend(key: Key, model: str) -> None:
-            try:
-                _spend(api, key, model, 3)  # each alone: 10 → 7; together: 10 → 4
-            except BaseException as exc:
-                errors.append(exc)
+            _spend(api, key, model, 3)  # each alone: 10 → 7; together: 10 → 4
 
-        threads = [
-            threading.Thread(target=spend, args=(key, model))
-            for _, key, model in accounts
-            for _ in range(2)
-        ]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        assert not errors
+        with workers() as pool:
+            for _, key, model in accounts:
+                for _ in range(2):
+                    pool.start(spend, key, model)
         for account, _, _ in accounts:
             assert types_of(api, account) == ["credit.balance_low"]
             (event,) = events_of(api, account)

@@ -5,9 +5,7 @@ exactly one more."""
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
-from datetime import UTC, datetime
 from typing import Any
 
 import httpx2 as httpx
@@ -20,6 +18,7 @@ from tests.conftest import SERVER_BACKENDS
 from tests.factories import Key, chat_usage, usage_event
 from tests.ledger.test_concurrency import GATEWAY, Cluster, _start
 from tests.servers import ServerProcess
+from tests.threads import workers
 
 pytestmark = pytest.mark.usefixtures("needs_postgresql")
 
@@ -34,30 +33,23 @@ def cluster(
     yield from _start(tmp_path_factory.mktemp("race-spend"), request.param)
 
 
-def _send(server: ServerProcess, events: list[dict[str, Any]], errors: list[BaseException]) -> None:
-    try:
-        response = httpx.post(
-            f"{server.base_url}/v1/usage/events",
-            json={"events": events},
-            headers=GATEWAY,
-            timeout=60,
-        )
-        assert response.status_code == 200, response.text
-        results = response.json()["data"]
-        assert [r["status"] for r in results] == ["recorded"] * len(events), results
-        assert all(r["charge"]["total_microcents"] == CHARGE for r in results), results
-    except BaseException as exc:
-        errors.append(exc)
+def _send(server: ServerProcess, events: list[dict[str, Any]]) -> None:
+    response = httpx.post(
+        f"{server.base_url}/v1/usage/events",
+        json={"events": events},
+        headers=GATEWAY,
+        timeout=60,
+    )
+    assert response.status_code == 200, response.text
+    results = response.json()["data"]
+    assert [r["status"] for r in results] == ["recorded"] * len(events), results
+    assert all(r["charge"]["total_microcents"] == CHARGE for r in results), results
 
 
 def _at_once(sends: list[tuple[ServerProcess, list[dict[str, Any]]]]) -> None:
-    errors: list[BaseException] = []
-    threads = [threading.Thread(target=_send, args=(*send, errors)) for send in sends]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert not errors, errors
+    with workers() as pool:
+        for send in sends:
+            pool.start(_send, *send)
 
 
 def _reached(cluster: Cluster, account: str) -> list[dict[str, Any]]:
@@ -80,7 +72,7 @@ def test_batches_and_single_events_that_together_cross_fire_each_threshold_once(
     for _ in range(ACCOUNTS):
         account, key_id, secret = cluster.seed(10**12, limit_microcents=10 * CHARGE)
         keys.append(Key(key_id, secret, account))
-    now = datetime.now(UTC)
+    now = cluster.clock.now()
 
     def events(key: Key, count: int) -> list[dict[str, Any]]:
         return [usage_event(key, cluster.model, now, chat_usage(1000, 0)) for _ in range(count)]

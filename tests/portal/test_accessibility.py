@@ -31,7 +31,7 @@ def _endpoint_with_a_delivery(api: Api, account: str) -> str:
         "POST",
         "/admin/v1/webhook-endpoints",
         json={
-            "url": "https://203.0.113.10/hook",
+            "url": "https://11.22.33.44/hook",
             "event_types": ["webhook.test"],
             "account_id": account,
         },
@@ -62,7 +62,7 @@ def test_no_wcag_a_or_aa_violation_on_any_page(browser: Browser, portal: Api) ->
     assert browser.driver.find_elements(By.CSS_SELECTOR, "#rollforward-table tr.result")
     # The Notifications page's answers: a new endpoint's secret, and a problem with the form.
     browser.open("/billing/notifications")
-    browser.driver.find_element(By.ID, "url").send_keys("https://203.0.113.10/other")
+    browser.driver.find_element(By.ID, "url").send_keys("https://11.22.33.44/other")
     browser.driver.find_element(By.CSS_SELECTOR, 'input[name="type:webhook.test"]').click()
     browser.click("#add-endpoint button[type=submit]")
     assert browser.driver.find_elements(By.ID, "created-secret")
@@ -70,7 +70,7 @@ def test_no_wcag_a_or_aa_violation_on_any_page(browser: Browser, portal: Api) ->
     assert browser.console_errors() == []
     # The error pages (their 400 and 410 statuses are logged by the browser as failed loads).
     browser.open("/billing/notifications")
-    browser.driver.find_element(By.ID, "url").send_keys("https://203.0.113.10/third")
+    browser.driver.find_element(By.ID, "url").send_keys("https://11.22.33.44/third")
     browser.click("#add-endpoint button[type=submit]")  # no event type chosen
     assert browser.driver.find_elements(By.ID, "problem")
     visited["notifications, form refused"] = browser.axe_violations()
@@ -147,7 +147,7 @@ def test_every_action_works_with_the_keyboard_alone(browser: Browser, portal: Ap
     # The Notifications page: add an endpoint, send it a test, disable and remove it.
     browser.open("/billing/notifications")
     _tab_to(browser, "#url")
-    ActionChains(browser.driver).send_keys("https://203.0.113.10/hook").perform()
+    ActionChains(browser.driver).send_keys("https://11.22.33.44/hook").perform()
     _tab_to(browser, 'input[name="type:webhook.test"]')
     ActionChains(browser.driver).send_keys(Keys.SPACE).perform()
     _tab_to(browser, "#add-endpoint button[type=submit]")

@@ -397,7 +397,7 @@ def test_notifications_add_test_disable_and_remove_in_the_browser(
     key = create_key(portal, account)
     _sign_in_by_key(browser, key.secret)
     browser.open("/billing/notifications")
-    browser.driver.find_element(By.ID, "url").send_keys("https://203.0.113.10/hook")
+    browser.driver.find_element(By.ID, "url").send_keys("https://11.22.33.44/hook")
     box = browser.driver.find_element(By.CSS_SELECTOR, 'input[name="type:credit.balance_low"]')
     box.click()
     browser.driver.find_element(By.ID, "description").send_keys("finance")

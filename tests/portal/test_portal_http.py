@@ -26,6 +26,7 @@ from tests.factories import (
     GLM_RATES,
     create_account,
     create_key,
+    expect,
     grant,
     ingest,
     priced_model,
@@ -113,6 +114,25 @@ def test_errors_are_html_pages_with_the_request_id(api: Api) -> None:
         assert response.status_code == status
         assert response.headers["content-type"].startswith("text/html")
         assert response.headers["x-request-id"] in response.text
+    # A body over the limit: refused from its Content-Length, or when a chunked one passes it.
+    page = client.get("/billing/notifications")
+    csrf = CSRF.search(page.text)
+    assert csrf
+    too_big = (
+        b"csrf_token=" + csrf.group(1).encode() + b"&url=" + b"x" * api.settings.max_body_bytes
+    )
+    form = {"Content-Type": "application/x-www-form-urlencoded"}
+    for content in (too_big, iter([too_big[:1000], too_big[1000:]])):
+        response = client.post("/billing/notifications", content=content, headers=form)
+        assert response.status_code == 413
+        assert response.headers["content-type"].startswith("text/html"), response.text
+        assert response.headers["x-request-id"] in response.text
+    json_route = api.client.post(
+        "/v1/webhook-endpoints", content=too_big, headers={"Content-Type": "application/json"}
+    )
+    assert json_route.status_code == 413 and json_route.json()["error"]["limit_bytes"] == (
+        api.settings.max_body_bytes
+    )
     anonymous = _client(api).get("/billing/keys")
     assert anonymous.status_code == 401 and "Sign in" in anonymous.text
     assert "script-src 'self'" in anonymous.headers["content-security-policy"]
@@ -274,7 +294,7 @@ def test_the_keys_page_shows_the_months_spend_of_each_key_as_the_report_counts_i
     events = [usage_event(limited, model, NOW - timedelta(days=d, hours=1)) for d in range(5)]
     events += [usage_event(other, model, NOW - timedelta(days=40))]  # last month: not counted
     ingest(api, *events)
-    api.admin("DELETE", f"/admin/v1/api-keys/{revoked.id}")
+    expect(api.admin("DELETE", f"/admin/v1/api-keys/{revoked.id}"), 200)
     page = _signed_in_client(api, account).get("/billing/keys").text
     month = api.as_key(
         limited.secret,
@@ -306,16 +326,19 @@ def test_the_models_page_shows_the_accounts_rates_as_v1_models_does(api: Api) ->
     account = create_account(api)
     key = create_key(api, account)
     model = priced_model(api, NOW - timedelta(days=1), rates=(1_234_567, 7_654_321, 17))
-    api.admin(
-        "POST",
-        f"/admin/v1/accounts/{account}/rates",
-        json={
-            "model": model,
-            "effective_at": "2026-11-29T12:00:00Z",
-            "input_microcents_per_million": 1,
-            "output_microcents_per_million": 20_000_000,
-            "cache_read_microcents_per_million": 3,
-        },
+    expect(
+        api.admin(
+            "POST",
+            f"/admin/v1/accounts/{account}/rates",
+            json={
+                "model": model,
+                "effective_at": "2026-11-29T12:00:00Z",
+                "input_microcents_per_million": 1,
+                "output_microcents_per_million": 20_000_000,
+                "cache_read_microcents_per_million": 3,
+            },
+        ),
+        201,
     )
     page = _signed_in_client(api, account).get("/billing/models").text
     cards = {c["id"]: c for c in api.as_key(key.secret, "GET", "/v1/models").json()["data"]}
@@ -353,3 +376,90 @@ def test_without_a_secret_key_the_portal_says_so_and_signs_no_one_in(
         assert page.status_code == 503 and "METERING_SECRET_KEY" in page.text
         assert page.headers["content-type"].startswith("text/html")
         assert "set-cookie" not in page.headers
+
+
+def test_without_payments_no_billing_page_and_no_outside_script(api: Api) -> None:
+    """No Stripe key: no Billing entry, its pages are unknown, and the policy allows no script
+    from elsewhere (Stripe.js is loaded only when payments are on)."""
+    assert not api.settings.payments_on
+    client = _signed_in_client(api, create_account(api))
+    overview = client.get("/billing")
+    assert overview.status_code == 200
+    assert "/billing/payments" not in overview.text and ">Billing<" not in overview.text
+    assert "script-src 'self';" in overview.headers["content-security-policy"]
+    for method, path in (
+        ("GET", "/billing/payments"),
+        ("GET", "/billing/payments/pay_x"),
+        ("GET", "/billing/payments/pay_x/pay"),
+    ):
+        assert client.request(method, path).status_code == 404, path
+
+
+def _sign_in_with_key(client: TestClient, secret: str) -> None:
+    page = client.get("/billing/sign-in")
+    match = CSRF.search(page.text)
+    assert match
+    data = {"csrf_token": match.group(1), "api_key": secret}
+    response = client.post("/billing/sign-in", data=data, follow_redirects=False)
+    assert response.status_code == 303, response.text
+
+
+def test_a_session_signed_in_with_a_key_ends_when_the_key_is_revoked(api: Api) -> None:
+    account = create_account(api)
+    revoked, kept = create_key(api, account), create_key(api, account)
+    by_revoked, by_kept, by_link = _client(api), _client(api), _client(api)
+    _sign_in_with_key(by_revoked, revoked.secret)
+    _sign_in_with_key(by_kept, kept.secret)
+    _sign_in(by_link, _link(api, account))
+    assert [c.get("/billing").status_code for c in (by_revoked, by_kept, by_link)] == [200] * 3
+    assert api.admin("DELETE", f"/admin/v1/api-keys/{revoked.id}").status_code == 200
+    ended = by_revoked.get("/billing/notifications")
+    assert ended.status_code == 401 and "Sign in" in ended.text
+    assert by_revoked.post("/billing/notifications", data={}).status_code in (401, 403)
+    assert [c.get("/billing").status_code for c in (by_kept, by_link)] == [200, 200]
+
+
+def test_a_form_sent_from_another_origin_is_refused(api: Api) -> None:
+    account = create_account(api)
+    key = create_key(api, account)
+    client = _client(api)
+    _sign_in(client, _link(api, account))
+    csrf = CSRF.search(client.get("/billing/notifications").text)
+    assert csrf
+    form = {"csrf_token": csrf.group(1), "url": "https://11.22.33.44/hook"}
+    form["type:webhook.test"] = "on"
+    for origin in (
+        "https://evil.example",
+        "http://testserver.evil.example",
+        "null",
+        "http://testserver:8080",
+        "https://testserver",
+    ):
+        refused = client.post("/billing/notifications", data=form, headers={"Origin": origin})
+        assert refused.status_code == 403, origin
+        assert refused.headers["content-type"].startswith("text/html")
+        assert "another site" in refused.text and refused.headers["x-request-id"] in refused.text
+    assert api.as_key(key.secret, "GET", "/v1/webhook-endpoints").json()["data"] == []
+    # Signing in from another site is refused too.
+    stranger = _client(api)
+    page = stranger.get("/billing/sign-in")
+    token = CSRF.search(page.text)
+    assert token
+    signing_in = {"csrf_token": token.group(1), "api_key": key.secret}
+    headers = {"Origin": "https://evil.example"}
+    assert stranger.post("/billing/sign-in", data=signing_in, headers=headers).status_code == 403
+    # The portal's own origin and no Origin at all are accepted.
+    for headers in ({"Origin": "http://testserver"}, {"Origin": "HTTP://TESTSERVER:80"}, {}):
+        made = client.post("/billing/notifications", data=form, headers=headers)
+        assert made.status_code in (200, 303), made.text
+    # Behind a proxy the request comes to another address: the published one is the portal's.
+    proxied = _client(api, "http://10.0.0.5:8000")
+    _sign_in(proxied, _link(api, account))
+    csrf = CSRF.search(proxied.get("/billing/notifications").text)
+    assert csrf
+    form["csrf_token"] = csrf.group(1)
+    published = proxied.post(
+        "/billing/notifications", data=form, headers={"Origin": "http://testserver"}
+    )
+    assert published.status_code in (200, 303), published.text
+    assert len(api.as_key(key.secret, "GET", "/v1/webhook-endpoints").json()["data"]) == 4

@@ -39,7 +39,7 @@ from tests.factories import (
 )
 from tests.portal.test_portal_http import CSRF, _cells, _client, _dollars, _link, _sign_in
 
-PUBLIC = "https://203.0.113.10/hook"  # TEST-NET-3: a public address for a webhook, never resolved
+PUBLIC = "https://11.22.33.44/hook"  # public for the address rules (TEST-NETs are reserved)
 # usage_event's default usage (1000 prompt tokens, 100 output) at GLM-5.3's rates.
 CHARGE = oracle.charge(oracle.Tokens(1000, 0, 100), GLM_RATES).total_microcents
 
@@ -228,7 +228,6 @@ class TestNotifications:
                 "description": "finance",
                 "type:credit.balance_low": "on",
                 "type:webhook.test": "on",
-                "type:usage.quarantined": "on",  # not offered to accounts: ignored
             },
         )
         assert added.status_code == 200, added.text
@@ -316,9 +315,18 @@ class TestNotifications:
                 assert client.post(path, data=data).status_code == 403
         for data, problem in (
             ({"url": PUBLIC}, "Choose at least one event type."),
-            ({"url": "http://203.0.113.10/hook", "type:webhook.test": "on"}, "must be https://"),
+            ({"url": "http://11.22.33.44/hook", "type:webhook.test": "on"}, "must be https://"),
             ({"url": "https://127.0.0.1/hook", "type:webhook.test": "on"}, "private"),
             ({"url": "", "type:webhook.test": "on"}, "Give the endpoint"),
+            (
+                {**good, "type:usage.quarantined": "on"},
+                "&#39;usage.quarantined&#39; is for operators only",
+            ),
+            (
+                {**good, "type:export.completed": "on"},
+                "&#39;export.completed&#39; is for operators only",
+            ),
+            ({**good, "type:credit.nope": "on"}, "unknown event type &#39;credit.nope&#39;"),
             ({**good, "description": "x" * 501}, "at most 500 characters"),
             ({**good, "description": "a\x00b"}, "without NUL characters"),
         ):

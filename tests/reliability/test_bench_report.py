@@ -80,6 +80,7 @@ def test_every_benchmark_module_is_run_by_make_bench() -> None:
         "bench_gateway",
         "bench_ingest",
         "bench_ledger",
+        "bench_refusals",
         "bench_reports",
         "bench_webhooks",
     ]
@@ -97,7 +98,7 @@ def test_the_harness_never_imports_the_code_under_test() -> None:
     probe = (
         "import sys, bench.__main__, bench.compare, bench.bench_ledger, bench.bench_ingest, "
         "bench.bench_reports, bench.bench_embedded, bench.bench_citus, bench.bench_webhooks, "
-        "bench.bench_gateway, bench.baseline_app\n"
+        "bench.bench_gateway, bench.bench_refusals, bench.baseline_app\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('metering', 'tests')))"
     )
     root = Path(bench.__file__).parent.parent
@@ -353,6 +354,7 @@ CITUS_SMALL: dict[str, Any] = {
     "batch": 20,
     "shard_count": 4,
     "counted": 3,
+    "refusals": False,  # bench_refusals' own figures, measured by make bench BENCH=citus
 }
 CITUS_FIGURES = [
     "citus.authorizations",

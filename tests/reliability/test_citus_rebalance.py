@@ -325,6 +325,7 @@ def run_under_load(url: str, server: ServerProcess, tmp_path: Path) -> None:
         for thread in threads:
             thread.join(60)
     assert not failures, failures
+    assert not [t.name for t in threads if t.is_alive()], "a load thread did not end"
     [(state,)] = execute(
         url, "SELECT state FROM pg_dist_background_job ORDER BY job_id DESC LIMIT 1"
     )

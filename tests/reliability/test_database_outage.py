@@ -16,10 +16,13 @@ from pathlib import Path
 
 import httpx2 as httpx
 import pytest
+from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
-from tests.conftest import ADMIN_TOKEN, GATEWAY_TOKEN, PG_MAINTENANCE_URL
+from metering.app import create_app
+from metering.db import Database
+from tests.conftest import ADMIN_TOKEN, GATEWAY_TOKEN, PG_MAINTENANCE_URL, make_settings
 from tests.servers import ServerProcess
 from tests.usage.test_crash_and_concurrency import seed
 
@@ -157,3 +160,33 @@ def test_requests_fail_cleanly_while_the_database_is_away_and_work_again_after(
     finally:
         server.stop()
         bring_up(name)
+
+
+def test_an_exhausted_connection_pool_is_a_prompt_503(pg_url: str, tmp_path: Path) -> None:
+    """Every connection of the pool held busy (issue 35, defect 4): a request waits
+    ``METERING_DB_WAIT_SECONDS`` for one, then 503 ``database_unavailable`` with
+    ``Retry-After`` (it was a 500 ``QueuePool limit … reached`` after 30 s); once one is free
+    again, it is served."""
+    settings = make_settings(pg_url, tmp_path, db_pool_size=1, db_wait_seconds=1)
+    with TestClient(create_app(settings), raise_server_exceptions=False) as client:
+        database: Database = client.app.state.database  # type: ignore[attr-defined]
+        busy = database.engine.connect()  # the pool's one connection
+        try:
+            calls = {
+                "read": lambda: client.get("/admin/v1/accounts", headers=ADMIN),
+                "write": lambda: client.post(
+                    "/admin/v1/accounts", json={"name": "n", "billing": "prepaid"}, headers=ADMIN
+                ),
+            }
+            for name, call in calls.items():
+                started = time.monotonic()
+                response = call()
+                assert_unavailable(name, response, time.monotonic() - started)
+                assert response.headers["retry-after"] == "1"
+        finally:
+            busy.close()
+        assert client.get("/admin/v1/accounts", headers=ADMIN).status_code == 200
+        created = client.post(
+            "/admin/v1/accounts", json={"name": "n", "billing": "prepaid"}, headers=ADMIN
+        )
+        assert created.status_code == 201, created.text

@@ -30,6 +30,7 @@ from metering.usage.verify import verify
 from tests.conftest import ADMIN_TOKEN, GATEWAY_TOKEN
 from tests.security.helpers import contract_problems
 from tests.servers import ServerProcess, running_servers
+from tests.threads import Workers
 from tests.usage.test_crash_and_concurrency import expected_totals, make_batches, seed
 
 pytestmark = pytest.mark.usefixtures("needs_postgresql")
@@ -70,6 +71,8 @@ def test_killing_one_of_two_processes_mid_stream_loses_and_doubles_nothing(
                     try:
                         response = gateway.post("/v1/usage/events", json={"events": batches[index]})
                     except httpx.HTTPError:
+                        if server is survivor:
+                            raise  # only the killed process may drop a request
                         return  # the process died under this request
                     assert response.status_code == 200, response.text
                     acknowledged[name].add(index)
@@ -97,6 +100,8 @@ def test_killing_one_of_two_processes_mid_stream_loses_and_doubles_nothing(
                             f"{server.base_url}/v1/authorizations", json=body, headers=GATEWAY
                         )
                     except httpx.HTTPError:
+                        if server is survivor:
+                            raise
                         continue  # the process died under this request: retry on the other
                     assert response.status_code == 200, response.text
                     holds.append(response.json()["id"])
@@ -105,27 +110,33 @@ def test_killing_one_of_two_processes_mid_stream_loses_and_doubles_nothing(
         # Both processes take the same batches (a gateway retrying through its pool), in
         # different orders, while holds are placed on both.
         order = list(range(len(batches)))
-        threads = [
-            threading.Thread(target=ingest, args=("doomed", doomed, order)),
-            threading.Thread(target=ingest, args=("survivor", survivor, order[::-1])),
-            threading.Thread(target=authorize),
-        ]
-        for thread in threads:
-            thread.start()
-        deadline = time.monotonic() + 60
-        while len(acknowledged["doomed"]) < 5 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        doomed.kill()  # SIGKILL with batches in flight
-        threads[0].join(60)
-        threads[1].join(120)
-        stop.set()
-        threads[2].join(30)
+        # A worker's failure (a status other than 200 before its process died) fails the test
+        # at the join, never ends the worker silently.
+        senders, holder = Workers(), Workers()
+        senders.start(ingest, "doomed", doomed, order)
+        senders.start(ingest, "survivor", survivor, order[::-1])
+        holder.start(authorize)
+        try:
+            deadline = time.monotonic() + 60
+            while (
+                len(acknowledged["doomed"]) < 5
+                and time.monotonic() < deadline
+                and not (senders.failed() or holder.failed())
+            ):
+                time.sleep(0.01)
+            doomed.kill()  # SIGKILL with batches in flight
+            senders.join(180)
+        finally:
+            stop.set()
+            holder.join(30)
         assert 5 <= len(acknowledged["doomed"]) < len(batches), "the kill did not land mid-stream"
 
         # The gateway resends everything through the process that is left.
         with client(survivor, GATEWAY) as gateway:
             for index, batch in enumerate(batches):
-                body = gateway.post("/v1/usage/events", json={"events": batch}).json()
+                resent = gateway.post("/v1/usage/events", json={"events": batch})
+                assert resent.status_code == 200, resent.text
+                body = resent.json()
                 assert body["quarantined"] == body["rejected"] == 0, body
                 if index in acknowledged["doomed"] | acknowledged["survivor"]:
                     assert body["recorded"] == 0, (index, body)
@@ -133,7 +144,9 @@ def test_killing_one_of_two_processes_mid_stream_loses_and_doubles_nothing(
                 voided = gateway.delete(f"/v1/authorizations/{hold}")
                 assert voided.status_code == 200 and voided.json()["status"] == "voided"
         with client(survivor, {"x-api-key": secret}) as account:
-            credits = account.get("/v1/credits").json()
+            answer = account.get("/v1/credits")
+            assert answer.status_code == 200, answer.text
+            credits = answer.json()
 
     count, cost, prompt = expected_totals(batches, keys)
     database = Database.from_url(pg_url)

@@ -9,7 +9,7 @@ from contextlib import ExitStack
 
 import pytest
 
-from tests.conftest import BACKENDS, NOW, Api, migrated_database, running_api
+from tests.conftest import APP_BACKENDS, NOW, Api, migrated_database, running_api
 
 
 @pytest.fixture(scope="package")
@@ -17,13 +17,13 @@ def _security_apis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[st
     tmp = tmp_path_factory.mktemp("security")
     with ExitStack() as stack:
         apis = {}
-        for backend in BACKENDS:
+        for backend in APP_BACKENDS:
             url = stack.enter_context(migrated_database(backend, tmp))
             apis[backend] = stack.enter_context(running_api(backend, url, tmp))
         yield apis
 
 
-@pytest.fixture(params=BACKENDS)
+@pytest.fixture(params=APP_BACKENDS)
 def api(request: pytest.FixtureRequest, _security_apis: dict[str, Api]) -> Iterator[Api]:
     """The real app on each backend in turn (this package's databases); the clock at ``NOW``."""
     shared = _security_apis[request.param]

@@ -40,7 +40,7 @@ from hypothesis import strategies as st
 from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 
-from tests.conftest import BACKENDS, NOW, Api, migrated_database, running_api
+from tests.conftest import APP_BACKENDS, NOW, Api, migrated_database, running_api
 from tests.factories import (
     authorize,
     chat_usage,
@@ -70,7 +70,7 @@ ACCOUNT_KEY_ROUTES = {
     "/v1/members",
     "/v1/requests/{request_id}",
 }
-HOOK_URL = "https://203.0.113.10/hook"  # public for the address rules, never resolved
+HOOK_URL = "https://11.22.33.44/hook"  # public for the address rules, never resolved
 
 
 @dataclass
@@ -93,7 +93,7 @@ class Target:
         return {}
 
 
-@pytest.fixture(scope="module", params=BACKENDS)
+@pytest.fixture(scope="module", params=APP_BACKENDS)
 def target(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Target]:

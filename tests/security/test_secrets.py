@@ -24,7 +24,14 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
 from metering.accounts.service import DISPLAY_PREFIX_LENGTH
-from tests.conftest import BACKENDS, NOW, PG_MAINTENANCE_URL, migrated_database, running_api
+from tests.conftest import (
+    APP_BACKENDS,
+    CITUS_MAINTENANCE_URL,
+    NOW,
+    citus_nodes,
+    migrated_database,
+    running_api,
+)
 from tests.factories import GLM_RATES
 from tests.security.helpers import assert_books_reconcile
 from tests.servers import running_servers
@@ -144,7 +151,7 @@ def drive_traffic(call: Call, admin: str, gateway: str) -> list[str]:
 
 
 class TestInProcess:
-    @pytest.fixture(params=BACKENDS)
+    @pytest.fixture(params=APP_BACKENDS)
     def backend(self, request: pytest.FixtureRequest) -> str:
         return str(request.param)
 
@@ -183,16 +190,33 @@ def database_text(backend: str, url: str) -> str:
         data = b"".join(f.read_bytes() for f in files if f.exists())
         assert data
         return data.decode("latin-1")
+    dumps = [_pg_dump(node) for node in _nodes_of(url)]
+    assert all("COPY public.api_keys" in dump for dump in dumps)
+    return "\n".join(dumps)
+
+
+def _nodes_of(url: str) -> list[str]:
+    """The database on each node that holds it: one, or a Citus cluster's coordinator and
+    workers (each a database of the same name; a worker's dump reads the distributed tables
+    through its copy of the metadata, the rows of its shards and the others')."""
+    parsed = make_url(url)
+    if parsed.port != make_url(CITUS_MAINTENANCE_URL).port:
+        return [url]
+    return [
+        make_url(node).set(database=parsed.database).render_as_string(hide_password=False)
+        for node in citus_nodes()
+    ]
+
+
+def _pg_dump(url: str) -> str:
     libpq = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
-    dump = subprocess.run(
+    return subprocess.run(
         ["pg_dump", "--no-owner", "--dbname", libpq],
         capture_output=True,
         text=True,
         check=True,
         timeout=120,
     ).stdout
-    assert "COPY public.api_keys" in dump
-    return dump
 
 
 def test_no_secret_in_server_logs_or_pg_dump(pg_url: str, tmp_path: Path) -> None:
@@ -252,9 +276,11 @@ def test_no_secret_in_server_logs_or_pg_dump(pg_url: str, tmp_path: Path) -> Non
 
 
 def cut_connections(url: str) -> None:
-    """Terminate every connection to the database (as a failover or an operator would)."""
+    """Terminate every connection to the database (as a failover or an operator would), on
+    the server that holds it (a Citus cluster's coordinator, which the servers connect to)."""
     name = make_url(url).database
-    engine = create_engine(PG_MAINTENANCE_URL, isolation_level="AUTOCOMMIT")
+    maintenance = make_url(url).set(database="postgres").render_as_string(hide_password=False)
+    engine = create_engine(maintenance, isolation_level="AUTOCOMMIT")
     try:
         with engine.connect() as connection:
             connection.execute(

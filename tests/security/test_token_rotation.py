@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from metering.settings import Settings
-from tests.conftest import BACKENDS, NOW, Api, migrated_database, running_api
+from tests.conftest import APP_BACKENDS, NOW, Api, migrated_database, running_api
 from tests.factories import (
     assert_error,
     authorization_request,
@@ -32,7 +32,7 @@ def bearer(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 
 
-@pytest.fixture(params=BACKENDS)
+@pytest.fixture(params=APP_BACKENDS)
 def rotating(
     request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[Api]:

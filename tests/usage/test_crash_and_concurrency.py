@@ -25,6 +25,7 @@ from tests import oracle
 from tests.conftest import ADMIN_TOKEN, GATEWAY_TOKEN
 from tests.factories import chat_usage
 from tests.servers import ServerProcess, running_servers
+from tests.threads import Workers, workers
 
 pytestmark = pytest.mark.pg_only
 
@@ -140,13 +141,13 @@ def test_sigkill_mid_stream_then_resend_converges(pg_url: str, tmp_path: Path) -
                     assert response.status_code == 200, response.text
                     acknowledged.append(index)
 
-        sender = threading.Thread(target=stream)
-        sender.start()
+        sender = Workers()
+        sender.start(stream)
         deadline = time.monotonic() + 60
-        while len(acknowledged) < 5 and time.monotonic() < deadline:
+        while len(acknowledged) < 5 and time.monotonic() < deadline and not sender.failed():
             time.sleep(0.01)
         server.kill()  # mid-stream: a batch is in flight
-        sender.join(30)
+        sender.join(30)  # a status other than 200 before the kill fails the test here
         assert 5 <= len(acknowledged) < len(batches), "the kill did not land mid-stream"
     finally:
         server.stop()
@@ -155,7 +156,9 @@ def test_sigkill_mid_stream_then_resend_converges(pg_url: str, tmp_path: Path) -
     try:
         with gateway(restarted.base_url) as client:
             for index, batch in enumerate(batches):
-                body = client.post("/v1/usage/events", json={"events": batch}).json()
+                resent = client.post("/v1/usage/events", json={"events": batch})
+                assert resent.status_code == 200, resent.text
+                body = resent.json()
                 assert body["quarantined"] == body["rejected"] == 0, body
                 if index in acknowledged:  # acknowledged before the crash: durably there
                     assert body["recorded"] == 0, (index, body)
@@ -214,14 +217,9 @@ def test_the_same_request_ids_at_the_same_moment_on_two_processes(
                     assert response.status_code == 200, response.text
                     bodies[slot] = response.json()
 
-            threads = [
-                threading.Thread(target=send, args=(0, batch)),
-                threading.Thread(target=send, args=(1, batch[::-1])),
-            ]
-            for thread in threads:
-                thread.start()
-            for thread in threads:
-                thread.join(60)
+            with workers(60) as pool:
+                pool.start(send, 0, batch)
+                pool.start(send, 1, batch[::-1])
             recorded: dict[str, int] = {}
             for body in bodies:
                 for result in body["data"]:

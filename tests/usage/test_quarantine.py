@@ -191,6 +191,25 @@ class TestQuarantineList:
         assert [e["id"] for e in first["data"] + rest["data"]] == [e["id"] for e in everything]
         assert rest["has_more"] is False and rest["next_cursor"] is None
 
+    def test_newest_first(self, api: Api) -> None:
+        """Newest first, as every admin list, the cursor going on to older ones."""
+        key = create_key(api, create_account(api))
+        for batch in range(3):
+            ingest(api, *[usage_event(key, f"missing-{batch}", AT) for _ in range(2)])
+        everything = quarantine_of(api, key.account_id)
+        ids = [e["id"] for e in everything]
+        assert ids == sorted(ids, reverse=True) and len(ids) == 6
+        assert [e["model"] for e in everything][::2] == ["missing-2", "missing-1", "missing-0"]
+        first = api.admin(
+            "GET", "/admin/v1/quarantine", params={"account_id": key.account_id, "limit": 4}
+        ).json()
+        rest = api.admin(
+            "GET",
+            "/admin/v1/quarantine",
+            params={"account_id": key.account_id, "limit": 4, "after": first["next_cursor"]},
+        ).json()
+        assert [e["id"] for e in first["data"] + rest["data"]] == ids
+
     def test_unknown_code_is_refused(self, api: Api) -> None:
         response = api.admin("GET", "/admin/v1/quarantine", params={"code": "nope"})
         assert_error(response, 400, "unsupported_value", param="code")

@@ -10,6 +10,7 @@ from typing import Any
 from sqlalchemy import text
 
 from metering.kit.ranges import INT64_MAX, INT64_MIN
+from tests import oracle
 from tests.conftest import NOW, Api
 from tests.factories import (
     chat_usage,
@@ -29,6 +30,7 @@ MAX_TOKENS = 2**31 - 1
 BIG_USAGE = chat_usage(MAX_TOKENS, MAX_TOKENS)
 # The charge of BIG_USAGE at the maximum rates (each component rounded half up).
 BIG_CHARGE = 2 * ((MAX_TOKENS * MAX_RATE + 500_000) // 1_000_000)
+MAX_RATES = (MAX_RATE, MAX_RATE, MAX_RATE)
 
 
 def adjust(api: Api, account_id: str, amount_cents: int) -> None:
@@ -123,6 +125,49 @@ class TestBalanceOutOfRange:
         assert balance(api, near) == start - fitting * BIG_CHARGE
         if api.backend == "sqlite":
             assert typeofs(api) == {"integer"}
+
+    def test_a_full_batch_beyond_the_range(self, api: Api) -> None:
+        """999 events of one account whose charges take its balance beyond the range after the
+        first few, and one event of another account (issue 35: isolated in a fixed number of
+        queries, benchmarked in bench/bench_refusals.py): the few that fit are recorded, the
+        rest quarantined once each, the other account's event recorded, the money exact."""
+        model = max_rate_model(api)
+        near = create_account(api)
+        adjust(api, near, -9 * 10**12)
+        start = balance(api, near)
+        fitting = (start - INT64_MIN) // BIG_CHARGE
+        near_key = create_key(api, near)
+        other = create_account(api)
+        grant(api, other, 100)
+        other_key = create_key(api, other)
+        big = [usage_event(near_key, model, AT, BIG_USAGE) for _ in range(999)]
+        small = usage_event(other_key, model, AT, chat_usage(10, 1))
+        batch = [*big[:500], small, *big[500:]]
+        body = ingest(api, *batch)
+        assert [r["index"] for r in body["data"]] == list(range(1000))
+        by_id = {r["request_id"]: r for r in body["data"]}
+        assert [by_id[e["request_id"]]["status"] for e in big] == ["recorded"] * fitting + [
+            "quarantined"
+        ] * (999 - fitting)
+        assert by_id[small["request_id"]]["status"] == "recorded"
+        assert (body["recorded"], body["quarantined"]) == (fitting + 1, 999 - fitting)
+        assert balance(api, near) == start - fitting * BIG_CHARGE
+        small_charge = oracle.event_charge(small, MAX_RATES).total_microcents
+        assert balance(api, other) == 100 * 10**6 - small_charge
+        entries = quarantine_of(api, near)
+        assert sorted(e["request_id"] for e in entries) == sorted(
+            e["request_id"] for e in big[fitting:]
+        )
+        assert {(e["code"], e["attempts"]) for e in entries} == {("invalid_usage", 1)}
+        assert len(events_of(api, near)) == fitting
+
+        # Reprocessed: they stay, one more attempt each, the balance unchanged.
+        ids = sorted(e["id"] for e in entries)
+        again = api.admin("POST", "/admin/v1/quarantine/reprocess", json={"ids": ids}).json()
+        assert (again["recorded"], again["quarantined"]) == (0, 999 - fitting)
+        assert [item["id"] for item in again["data"]] == ids
+        assert {e["attempts"] for e in quarantine_of(api, near)} == {2}
+        assert balance(api, near) == start - fitting * BIG_CHARGE
 
     def test_a_single_event_beyond_the_range(self, api: Api) -> None:
         """One event per request (PostgreSQL's single-event path) is quarantined the same way."""

@@ -191,7 +191,9 @@ class TestSameAnswers:
         unknown_model = authorization_request(setup.key, "no-such-model")
         with _app(api) as client:
             first = authorization_request(setup.key, setup.model)
-            assert client.post("/v1/authorizations", json=first, headers=GATEWAY).is_success
+            placed = client.post("/v1/authorizations", json=first, headers=GATEWAY)
+            assert placed.status_code == 200, placed.text
+            assert placed.json()["status"] == "active", placed.text
         conflict = {**first, "max_tokens": 7}
         for body, status in ((poor, 402), (unknown_model, 404), (conflict, 409)):
             lane, fastapi = self._both(api, "POST", "/v1/authorizations", body, GATEWAY)

@@ -120,8 +120,13 @@ class TestTokensOnlyAsBearer:
             api.client.delete("/v1/authorizations/auth_x", headers=headers), 401, "invalid_api_key"
         )
         # The same requests with the token as Bearer are served.
-        assert api.gateway("POST", "/v1/authorizations", json=authorization_request(key, model))
-        assert api.gateway("POST", "/v1/usage/events", json=events).json()["recorded"] == 1
+        held = api.gateway("POST", "/v1/authorizations", json=authorization_request(key, model))
+        assert held.status_code == 200, held.text
+        assert held.json()["object"] == "authorization", held.text
+        assert (held.json()["status"], held.json()["account_id"]) == ("active", account)
+        recorded = api.gateway("POST", "/v1/usage/events", json=events)
+        assert recorded.status_code == 200, recorded.text
+        assert recorded.json()["recorded"] == 1, recorded.text
 
     def test_account_keys_still_work_in_x_api_key(self, api: Api) -> None:
         key = create_key(api, create_account(api))

@@ -7,8 +7,8 @@ moved into it by one statement of their own table, without a join: on Citus ``ap
 reference table and the projects are account data. Nothing that was spent, held or charged
 changes: the keys keep their ids, and their limits and rollups are untouched.
 
-Revision ID: 0002
-Revises: 0001
+Revision ID: 0003
+Revises: 0002
 Create Date: 2026-12-05 00:00:00
 """
 
@@ -19,8 +19,8 @@ import sqlalchemy as sa
 from alembic import op
 from alembic.operations import ops
 
-revision: str = "0002"
-down_revision: str | Sequence[str] | None = "0001"
+revision: str = "0003"
+down_revision: str | Sequence[str] | None = "0002"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

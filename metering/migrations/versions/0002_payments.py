@@ -1,0 +1,133 @@
+"""Payments: the payments customers make through Stripe, each account's Stripe customer and saved
+card, and the Stripe events already processed (metering.payments).
+
+Every table is account data (a NOT NULL ``account_id``): a Citus coordinator shards them by
+account (metering.citus). On SQLite every integer column outside the primary key refuses a
+non-integer, as the baseline's do.
+
+Revision ID: 0002
+Revises: 0001
+Create Date: 2026-12-05 00:30:00
+"""
+
+from collections.abc import Sequence
+from typing import Any
+
+import sqlalchemy as sa
+from alembic import op
+from alembic.operations import ops
+
+revision: str = "0002"
+down_revision: str | Sequence[str] | None = "0001"
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
+
+
+def _create_table(name: str, *elements: Any) -> None:
+    """``op.create_table``, with SQLite's integer checks (as the baseline makes them)."""
+    table = sa.Table(name, sa.MetaData(), *elements)
+    if op.get_bind().dialect.name == "sqlite":
+        for column in table.columns:
+            if isinstance(column.type, sa.Integer) and not column.primary_key:
+                condition = (
+                    f"typeof({column.name}) IN ('integer', 'null')"
+                    if column.nullable
+                    else f"typeof({column.name}) = 'integer'"
+                )
+                table.append_constraint(
+                    sa.CheckConstraint(condition, name=op.f(f"ck_{name}_{column.name}_integer"))
+                )
+    op.invoke(ops.CreateTableOp.from_table(table))
+
+
+def _when(condition: str) -> dict[str, Any]:
+    return {"sqlite_where": sa.text(condition), "postgresql_where": sa.text(condition)}
+
+
+def _account() -> sa.Column[Any]:
+    return sa.Column("account_id", sa.String(length=32), nullable=False)
+
+
+def _account_key(table: str) -> sa.ForeignKeyConstraint:
+    return sa.ForeignKeyConstraint(
+        ["account_id"], ["accounts.id"], name=op.f(f"fk_{table}_account_id_accounts")
+    )
+
+
+def upgrade() -> None:
+    _create_table(
+        "payments",
+        sa.Column("id", sa.String(length=32), nullable=False),
+        _account(),
+        sa.Column("kind", sa.String(length=16), nullable=False),
+        sa.Column("amount_cents", sa.BigInteger(), nullable=False),
+        sa.Column("status", sa.String(length=16), nullable=False),
+        sa.Column("refunded_cents", sa.BigInteger(), server_default="0", nullable=False),
+        sa.Column("grant_id", sa.String(length=32), nullable=True),
+        sa.Column("failure_code", sa.String(length=64), nullable=True),
+        sa.Column("failure_message", sa.Text(), nullable=True),
+        sa.Column("receipt_url", sa.Text(), nullable=True),
+        sa.Column("stripe_payment_intent_id", sa.String(length=255), nullable=True),
+        sa.Column("idempotency_key", sa.String(length=200), nullable=True),
+        sa.Column("request_fingerprint", sa.String(length=64), nullable=True),
+        sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+        sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
+        sa.Column("succeeded_at", sa.DateTime(timezone=True), nullable=True),
+        sa.CheckConstraint(
+            "status IN ('pending', 'succeeded', 'failed')", name=op.f("ck_payments_status")
+        ),
+        sa.CheckConstraint("kind IN ('top_up', 'auto_recharge')", name=op.f("ck_payments_kind")),
+        sa.CheckConstraint("amount_cents > 0", name=op.f("ck_payments_amount_positive")),
+        sa.CheckConstraint(
+            "refunded_cents >= 0 AND refunded_cents <= amount_cents",
+            name=op.f("ck_payments_refunded_within"),
+        ),
+        _account_key("payments"),
+        sa.PrimaryKeyConstraint("id", name=op.f("pk_payments")),
+    )
+    op.create_index("ix_payments_account_id_created_at", "payments", ["account_id", "created_at"])
+    op.create_index(
+        "uq_payments_account_id_idempotency_key",
+        "payments",
+        ["account_id", "idempotency_key"],
+        unique=True,
+        **_when("idempotency_key IS NOT NULL"),
+    )
+    op.create_index(
+        "ix_payments_pending", "payments", ["created_at"], **_when("status = 'pending'")
+    )
+    op.create_index(
+        "ix_payments_stripe_payment_intent_id", "payments", ["stripe_payment_intent_id"]
+    )
+    _create_table(
+        "payment_profiles",
+        _account(),
+        sa.Column("stripe_customer_id", sa.String(length=255), nullable=True),
+        sa.Column("card_payment_method_id", sa.String(length=255), nullable=True),
+        sa.Column("card_brand", sa.String(length=32), nullable=True),
+        sa.Column("card_last4", sa.String(length=4), nullable=True),
+        sa.Column("card_exp_month", sa.Integer(), nullable=True),
+        sa.Column("card_exp_year", sa.Integer(), nullable=True),
+        sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
+        _account_key("payment_profiles"),
+        sa.PrimaryKeyConstraint("account_id", name=op.f("pk_payment_profiles")),
+    )
+    _create_table(
+        "stripe_events",
+        sa.Column("id", sa.String(length=255), nullable=False),
+        _account(),
+        sa.Column("type", sa.String(length=64), nullable=False),
+        sa.Column("processed_at", sa.DateTime(timezone=True), nullable=False),
+        _account_key("stripe_events"),
+        sa.PrimaryKeyConstraint("id", name=op.f("pk_stripe_events")),
+    )
+
+
+def downgrade() -> None:
+    op.drop_table("stripe_events")
+    op.drop_table("payment_profiles")
+    op.drop_index("ix_payments_stripe_payment_intent_id", table_name="payments")
+    op.drop_index("ix_payments_pending", table_name="payments")
+    op.drop_index("uq_payments_account_id_idempotency_key", table_name="payments")
+    op.drop_index("ix_payments_account_id_created_at", table_name="payments")
+    op.drop_table("payments")

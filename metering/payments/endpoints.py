@@ -1,0 +1,136 @@
+"""Routes of payments: an account's payments (account key), every payment (operators), and
+Stripe's events (``POST /v1/stripe/webhook``, signed by Stripe). Every one of them is 404
+``not_found`` while payments are off (no ``METERING_STRIPE_SECRET_KEY``)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Query, Request, Response
+from pydantic import BaseModel, ConfigDict, Strict
+from starlette.concurrency import run_in_threadpool
+
+from metering.accounts.deps import AccountKeyDep
+from metering.audit.deps import AuditDep
+from metering.kit.errors import InvalidRequest, MeteringError, NotFound
+from metering.kit.pagination import PageParams
+from metering.ledger.schemas import IdempotencyKey
+from metering.payments import service
+from metering.payments.flows import Payments, checked_amount, payment_body
+from metering.payments.stripe_api import BadSignature, StripeUnavailable
+from metering.web.deps import AdminDep, SessionDep, get_clock, get_database, get_settings
+from metering.web.jsonio import MeteringRoute
+
+log = logging.getLogger("metering.payments")
+
+
+class PaymentsUnavailable(MeteringError):
+    status = 503
+    type = "api_error"
+    default_code = "payment_provider_unavailable"
+
+
+async def payments_on(request: Request) -> None:
+    """While payments are off, every payment route is an unknown path."""
+    if not get_settings(request).payments_on:
+        raise NotFound(f"no route {request.method} {request.url.path}", code="not_found")
+
+
+PaymentsOn = Depends(payments_on)
+
+
+def payments_of(request: Request) -> Payments:
+    return Payments(get_database(request), get_settings(request), get_clock(request))
+
+
+router = APIRouter(
+    prefix="/v1", route_class=MeteringRoute, dependencies=[PaymentsOn], tags=["payments"]
+)
+admin_router = APIRouter(
+    prefix="/admin/v1",
+    route_class=MeteringRoute,
+    dependencies=[PaymentsOn, AdminDep],
+    tags=["admin: payments"],
+)
+
+Filter = Annotated[str | None, Query(max_length=40)]
+
+
+@router.get("/payments")
+def list_payments(key: AccountKeyDep, session: SessionDep, paging: PageParams) -> dict[str, Any]:
+    """Your account's payments, newest first (paginated)."""
+    limit, after = paging
+    return service.list_payments(session, limit, after, account_id=key.account_id)
+
+
+@router.get("/payments/{payment_id}")
+def get_payment(payment_id: str, key: AccountKeyDep, session: SessionDep) -> dict[str, Any]:
+    """One of your account's payments."""
+    return service.get_payment(session, payment_id, account_id=key.account_id)
+
+
+@router.post("/stripe/webhook")
+async def stripe_webhook(request: Request) -> dict[str, Any]:
+    """Stripe's events (verified by their ``Stripe-Signature``; each processed once)."""
+    payload = await request.body()
+    signature = request.headers.get("stripe-signature")
+    payments = payments_of(request)
+    try:
+        outcome = await run_in_threadpool(payments.on_event, payload, signature)
+    except BadSignature:
+        raise InvalidRequest(
+            "the Stripe-Signature header does not verify", code="invalid_signature", param=None
+        ) from None
+    except StripeUnavailable as error:
+        log.warning("a Stripe event could not be processed: %s", error)
+        raise PaymentsUnavailable("Stripe could not be asked: send the event again") from None
+    log.info("stripe event: %s", outcome)
+    return {"received": True}
+
+
+class TopUpCreate(BaseModel):
+    """``POST /admin/v1/accounts/{id}/top-ups``: whole cents, and the request's key."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    amount_cents: Annotated[int, Strict()]
+    idempotency_key: IdempotencyKey
+
+
+@admin_router.post("/accounts/{account_id}/top-ups", status_code=201)
+def create_top_up(
+    account_id: str, body: TopUpCreate, request: Request, response: Response, audit: AuditDep
+) -> dict[str, Any]:
+    """Charge the account's saved card off-session (201 the payment, succeeded or failed; 200
+    with the payment as it stands when the same request is retried)."""
+    amount = checked_amount(body.amount_cents, get_settings(request))
+    try:
+        row, created = payments_of(request).top_up(account_id, amount, body.idempotency_key, audit)
+    except StripeUnavailable as error:
+        log.warning("a top-up could not reach Stripe: %s", error)
+        raise PaymentsUnavailable("Stripe could not be asked: retry with the same key") from None
+    if not created:
+        response.status_code = 200
+    return payment_body(row, operator=True)
+
+
+@admin_router.get("/payments")
+def admin_list_payments(
+    session: SessionDep,
+    paging: PageParams,
+    account_id: Filter = None,
+    status: Filter = None,
+    kind: Filter = None,
+) -> dict[str, Any]:
+    """Every account's payments, newest first; filters ``account_id``, ``status``, ``kind``."""
+    limit, after = paging
+    return service.list_payments(
+        session, limit, after, account_id=account_id, status=status, kind=kind, operator=True
+    )
+
+
+@admin_router.get("/payments/{payment_id}")
+def admin_get_payment(payment_id: str, session: SessionDep) -> dict[str, Any]:
+    """One payment, with its Stripe PaymentIntent's id."""
+    return service.get_payment(session, payment_id, operator=True)
