@@ -19,6 +19,7 @@ from pathlib import Path
 
 import httpx2 as httpx
 import pytest
+from prometheus_client.mmap_dict import MmapedDict
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -73,8 +74,18 @@ def per_worker_counts(directory: Path, route: str) -> dict[int, float]:
 
 
 def live_workers(directory: Path) -> set[int]:
-    """The pids whose share of the live-worker gauge is in the directory."""
-    return {int(path.stem.rpartition("_")[2]) for path in directory.glob("gauge_livesum_*.db")}
+    """The pids whose share of the live-worker gauge (1 while a worker runs) is in the
+    directory. A process that only imported the metrics (the embedded server's supervisor,
+    which runs the scheduler's jobs) has a file there too, with a share of 0: not a worker."""
+    return {
+        int(path.stem.rpartition("_")[2])
+        for path in directory.glob("gauge_livesum_*.db")
+        if any(
+            value
+            for key, value, _timestamp, _position in MmapedDict.read_all_values_from_file(str(path))
+            if WORKERS in key
+        )
+    }
 
 
 def leave_stale_file(directory: Path) -> None:
