@@ -129,6 +129,11 @@ def expiry_steps(on: p.Backend, debits: p.Rows, now: BindParameter[Any]) -> list
     due = on.rows(_DUE, "due")
     due_sum = on.rows(_DUE, "ds")
     next_live = GRANTS.alias("nl")
+    forfeited = (
+        select(func.coalesce(func.sum(due_sum.c.amount), 0))
+        .where(due_sum.c.account_id == ACCOUNTS.c.id)
+        .scalar_subquery()
+    )
     return [
         p.Collect(
             select(
@@ -174,10 +179,8 @@ def expiry_steps(on: p.Backend, debits: p.Rows, now: BindParameter[Any]) -> list
         p.Run(
             ACCOUNTS.update()
             .values(
-                balance_microcents=ACCOUNTS.c.balance_microcents
-                - select(func.coalesce(func.sum(due_sum.c.amount), 0))
-                .where(due_sum.c.account_id == ACCOUNTS.c.id)
-                .scalar_subquery(),
+                balance_microcents=ACCOUNTS.c.balance_microcents - forfeited,
+                recharge_due_at=recharge_due(ACCOUNTS.c.balance_microcents - forfeited, now),
                 next_expiry_at=select(func.min(next_live.c.expires_at))
                 .where(next_live.c.account_id == ACCOUNTS.c.id, live_sql(next_live, now))
                 .scalar_subquery(),

@@ -52,6 +52,7 @@ ACCOUNTS = table(Account)
 RECHARGES = table(AutoRecharge)
 BACK_OFF = timedelta(hours=1)  # no recharge within an hour of a failed one
 FAILURES_IN_A_ROW = 3  # then auto-recharge is disabled
+RESUME_AFTER = timedelta(minutes=5)  # a claim Stripe never heard of, taken over after this
 MAX_CENTS = 10**12  # thresholds and limits: far beyond any account, far within BIGINT µ¢
 
 
@@ -289,6 +290,9 @@ class Recharger:
                 session.commit()
                 return None
             amount, method = decided
+            if isinstance(amount, str):  # a stale claim taken over
+                session.commit()
+                return amount, method
             try:
                 with session.begin_nested():
                     row = create_payment(
@@ -299,9 +303,12 @@ class Recharger:
             session.commit()
         return str(row["id"]), method
 
-    def _decide(self, session: Session, account_id: str, now: datetime) -> tuple[int, str] | None:
-        """Under the account's lock: the amount to charge and the card, or None (the due mark
-        cleared when no recharge is wanted any more)."""
+    def _decide(
+        self, session: Session, account_id: str, now: datetime
+    ) -> tuple[int | str, str] | None:
+        """Under the account's lock: the amount to charge (or the id of a stale claim to take
+        over) and the card, or None (the due mark cleared when no recharge is wanted any
+        more)."""
         account = session.execute(
             select(
                 ACCOUNTS.c.balance_microcents,
@@ -326,13 +333,27 @@ class Recharger:
             )
             return None
         in_flight = session.execute(
-            select(PAYMENTS.c.id).where(
+            select(PAYMENTS.c.id, PAYMENTS.c.updated_at, PAYMENTS.c.stripe_payment_intent_id).where(
                 PAYMENTS.c.account_id == account_id,
                 PAYMENTS.c.kind == PaymentKind.AUTO_RECHARGE.value,
                 PAYMENTS.c.status == PaymentStatus.PENDING.value,
             )
         ).first()
         if in_flight is not None:
+            # A claim whose scheduler died before Stripe heard of it is taken over (the payment's
+            # id stays the idempotency key); one Stripe knows of is left to the reconciliation.
+            if (
+                in_flight.stripe_payment_intent_id is None
+                and in_flight.updated_at <= now - RESUME_AFTER
+            ):
+                session.execute(
+                    update(PAYMENTS)
+                    .where(PAYMENTS.c.account_id == account_id, PAYMENTS.c.id == in_flight.id)
+                    .values(updated_at=now)
+                )
+                method = self._card(session, account_id)
+                if method is not None:
+                    return str(in_flight.id), method
             return None
         if self._disable_after_failures(session, account_id, now):
             return None
@@ -375,10 +396,15 @@ class Recharger:
                     now,
                 )
             return None
-        method = session.execute(
-            select(PROFILES.c.card_payment_method_id).where(PROFILES.c.account_id == account_id)
-        ).scalar()
+        method = self._card(session, account_id)
         if method is None:
             disable(session, account_id, "payment_method_removed", now)
             return None
-        return amount, str(method)
+        return amount, method
+
+    @staticmethod
+    def _card(session: Session, account_id: str) -> str | None:
+        method = session.execute(
+            select(PROFILES.c.card_payment_method_id).where(PROFILES.c.account_id == account_id)
+        ).scalar()
+        return None if method is None else str(method)

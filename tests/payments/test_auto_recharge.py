@@ -238,3 +238,66 @@ class TestRecharging:
         assert _pass(shop) == 0
         assert len(_recharges(shop, key)) == 3
         assert _balance(shop, key) == 0
+
+
+class TestDueMark:
+    """Every move that takes the balance below the threshold marks the recharge due with it."""
+
+    def _armed(self, shop: Shop, expires_at: Any = None) -> tuple[Key, str]:
+        key = _with_saved_card(shop)
+        body: dict[str, Any] = {"amount_cents": 5000, "idempotency_key": f"g-{key.account_id}"}
+        if expires_at is not None:
+            body["expires_at"] = expires_at
+        answer = shop.api.admin("POST", f"/admin/v1/accounts/{key.account_id}/grants", json=body)
+        assert answer.status_code == 201, answer.text
+        assert _put(shop, key, threshold_cents=1000).status_code == 200
+        assert _due_at(shop, key) is None
+        return key, str(answer.json()["id"])
+
+    def test_a_void_below_the_threshold(self, shop: Shop) -> None:
+        key, grant_id = self._armed(shop)
+        voided = shop.api.admin("POST", f"/admin/v1/grants/{grant_id}/void", json={})
+        assert voided.status_code == 200, voided.text
+        assert _due_at(shop, key) == shop.api.clock.now()
+        assert _pass(shop) == 1
+        assert _balance(shop, key) == 2000 * MICROCENTS_PER_CENT
+
+    def test_an_expiry_below_the_threshold(self, shop: Shop) -> None:
+        key, _ = self._armed(shop, expires_at="2026-11-29T13:00:00Z")
+        shop.api.clock.set(NOW + timedelta(hours=2))
+        Scheduler(shop.api.database, shop.api.settings, shop.api.clock).tick()
+        assert _due_at(shop, key) == shop.api.clock.now()
+        assert _pass(shop) == 1
+        assert _balance(shop, key) == 2000 * MICROCENTS_PER_CENT
+
+    def test_disabled_marks_nothing(self, shop: Shop) -> None:
+        key, grant_id = self._armed(shop)
+        assert _put(shop, key, enabled=False).status_code == 200
+        assert shop.api.admin("POST", f"/admin/v1/grants/{grant_id}/void", json={}).status_code
+        assert _due_at(shop, key) is None
+        assert _pass(shop) == 0
+
+
+def test_a_claim_whose_scheduler_died_before_stripe_is_taken_over_once(shop: Shop) -> None:
+    from metering.audit.service import Auditor
+    from metering.payments.flows import create_payment
+    from metering.states.payments import PaymentKind
+
+    key = _with_saved_card(shop)
+    assert _put(shop, key, threshold_cents=1000, amount_cents=2000).status_code == 200
+    with shop.api.database.unit_of_work() as session:  # claimed, then the scheduler killed
+        create_payment(
+            session,
+            key.account_id,
+            PaymentKind.AUTO_RECHARGE,
+            2000,
+            shop.api.clock.now(),
+            Auditor("scheduler"),
+        )
+        session.commit()
+    assert _pass(shop) == 0  # still in flight
+    shop.api.clock.advance(minutes=6)
+    assert _pass(shop) == 1
+    assert _pass(shop) == 0
+    assert [tuple(r) for r in _recharges(shop, key)] == [("succeeded", 2000, None)]
+    assert _balance(shop, key) == 2000 * MICROCENTS_PER_CENT
