@@ -74,6 +74,7 @@ def create_app(
 
     from metering import health
     from metering.accounts import endpoints as accounts
+    from metering.accounts import team_endpoints as teams
     from metering.audit import endpoints as audit
     from metering.catalog import endpoints as catalog
     from metering.ledger import endpoints as ledger
@@ -81,7 +82,9 @@ def create_app(
     from metering.payments import endpoints as payments
     from metering.portal import billing as portal_billing
     from metering.portal import endpoints as portal
+    from metering.portal import keys as portal_keys
     from metering.portal import notifications as portal_notifications
+    from metering.portal import team as portal_team
     from metering.reports import endpoints as reports
     from metering.usage import endpoints as usage
     from metering.web import docs, openapi
@@ -95,9 +98,12 @@ def create_app(
         catalog.admin_router,
         accounts.admin_router,
         accounts.router,
+        teams.admin_router,
+        teams.router,
         ledger.router,
         ledger.admin_router,
         usage.admin_router,
+        usage.requests_router,
         audit.admin_router,
         portal.admin_router,
         reports.router,
@@ -112,6 +118,8 @@ def create_app(
     app.include_router(portal.router)
     portal.install_error_pages(app)
     app.include_router(portal_notifications.router)
+    app.include_router(portal_keys.router)
+    app.include_router(portal_team.router)
     app.include_router(portal_billing.router)
     openapi.install(app)
     # The last added is the outermost: the request context applies to the fast lane's answers.

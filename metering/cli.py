@@ -67,6 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
         "portal-link", help="print a single-use sign-in link to an account's billing portal"
     )
     link.add_argument("account_id", help="the account (acct_…)")
+    link.add_argument(
+        "--member", help="sign in as this member of the account (mem_…), with its role"
+    )
 
     export = sub.add_parser("export", help="export UTC days by hand (backfills)")
     days = export.add_mutually_exclusive_group(required=True)
@@ -267,7 +270,7 @@ def portal_link(args: argparse.Namespace, settings: Settings) -> int:
     from metering.audit.service import CLI
     from metering.db import Database
     from metering.kit.clock import SystemClock
-    from metering.kit.errors import NotFound
+    from metering.kit.errors import InvalidRequest, NotFound
     from metering.kit.timeutil import format_timestamp
     from metering.portal.sessions import create_link
     from metering.runtime import EMBEDDED_BASE_URL
@@ -289,7 +292,7 @@ def portal_link(args: argparse.Namespace, settings: Settings) -> int:
     now = SystemClock().now()
     try:
         with database.unit_of_work() as session:
-            link = create_link(session, args.account_id, base_url, now)
+            link = create_link(session, args.account_id, base_url, now, args.member)
             expires_at = format_timestamp(link.expires_at)
             CLI.record(
                 session,
@@ -298,10 +301,10 @@ def portal_link(args: argparse.Namespace, settings: Settings) -> int:
                 "account",
                 args.account_id,
                 args.account_id,
-                {"expires_at": expires_at},
+                {"expires_at": expires_at, **({"member_id": args.member} if args.member else {})},
             )
             session.commit()
-    except NotFound as exc:
+    except (NotFound, InvalidRequest) as exc:
         print(exc.message, file=sys.stderr)
         return 1
     finally:

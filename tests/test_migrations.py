@@ -12,7 +12,7 @@ from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import CheckConstraint, create_engine, inspect
+from sqlalchemy import CheckConstraint, create_engine, inspect, text
 
 from metering import citus, migrate
 from metering.functions import PROGRAMS
@@ -180,3 +180,65 @@ def test_drift_is_detected(backend: str, tmp_path: Path) -> None:
         assert [(d[0], d[3].name) for d in found if d[0] == "add_column"] == [
             ("add_column", "surprise_microcents")
         ]
+
+
+@pytest.mark.parametrize("backend", APP_BACKENDS)
+def test_existing_keys_move_into_their_accounts_default_project(
+    backend: str, tmp_path: Path
+) -> None:
+    """A database made before projects (schema 0001, distributed on a cluster as it was then)
+    gets a ``Default`` project per account with every key in it; nothing else changes."""
+    stamp = "2026-11-02 10:00:00+00:00"
+    with fresh_database(backend, tmp_path) as url:
+        command.upgrade(migrate.alembic_config(url), "0001")
+        citus.distribute(url)
+        engine = create_engine(url)
+        try:
+            with engine.begin() as connection:
+                for account in ("acct_aaaaaaaaaaaaaaaaaaaa", "acct_bbbbbbbbbbbbbbbbbbbb"):
+                    connection.execute(
+                        text(
+                            "INSERT INTO accounts (id, name, billing, balance_microcents, "
+                            "created_at) VALUES (:id, 'old', 'prepaid', 12345, :at)"
+                        ),
+                        {"id": account, "at": stamp},
+                    )
+                for key, account in (
+                    ("key_1", "acct_aaaaaaaaaaaaaaaaaaaa"),
+                    ("key_2", "acct_aaaaaaaaaaaaaaaaaaaa"),
+                    ("key_3", "acct_bbbbbbbbbbbbbbbbbbbb"),
+                ):
+                    connection.execute(
+                        text(
+                            "INSERT INTO api_keys (id, account_id, name, prefix, secret_hash, "
+                            "monthly_spend_limit_microcents, created_at) "
+                            "VALUES (:id, :account, 'k', 'mk_', :hash, 700, :at)"
+                        ),
+                        {"id": key, "account": account, "hash": key * 8, "at": stamp},
+                    )
+        finally:
+            engine.dispose()
+        before = rows(url, "SELECT id, balance_microcents FROM accounts ORDER BY id")
+
+        migrate.upgrade(url)
+
+        assert rows(url, "SELECT id, balance_microcents FROM accounts ORDER BY id") == before
+        projects = rows(
+            url, "SELECT id, account_id, name, spend_limit_microcents FROM projects ORDER BY id"
+        )
+        assert projects == [
+            ("proj_aaaaaaaaaaaaaaaaaaaa", "acct_aaaaaaaaaaaaaaaaaaaa", "Default", None),
+            ("proj_bbbbbbbbbbbbbbbbbbbb", "acct_bbbbbbbbbbbbbbbbbbbb", "Default", None),
+        ]
+        assert rows(
+            url,
+            "SELECT id, project_id, member_id, monthly_spend_limit_microcents FROM api_keys "
+            "ORDER BY id",
+        ) == [
+            ("key_1", "proj_aaaaaaaaaaaaaaaaaaaa", None, 700),
+            ("key_2", "proj_aaaaaaaaaaaaaaaaaaaa", None, 700),
+            ("key_3", "proj_bbbbbbbbbbbbbbbbbbbb", None, 700),
+        ]
+        if backend == "citus":
+            placed = {p.table: p for p in citus.placements(url)}
+            assert placed["projects"].kind == placed["members"].kind == "distributed"

@@ -38,7 +38,14 @@ def _concrete(path: str) -> str:
 
 
 # Routes an account key calls (the others under /v1/ take the gateway token).
-ACCOUNT_KEY_PATHS = {"/v1/api-keys", "/v1/usage", "/v1/credits", "/v1/models"}
+ACCOUNT_KEY_PATHS = {
+    "/v1/api-keys",
+    "/v1/usage",
+    "/v1/credits",
+    "/v1/models",
+    "/v1/projects",
+    "/v1/members",
+}
 
 
 def _headers(api: Api, path: str) -> dict[str, str]:

@@ -23,13 +23,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import ColumnElement, and_, exists, false, or_
+from sqlalchemy import ColumnElement, and_, exists, false, or_, true
 
 from metering.kit.errors import NotFound, PermissionDenied
-from metering.models import AccountModel, ApiKeyModel, table
+from metering.models import AccountModel, ApiKeyModel, ProjectModel, table
 
 ACCOUNT_MODELS = table(AccountModel)
 KEY_MODELS = table(ApiKeyModel)
+PROJECT_MODELS = table(ProjectModel)
 
 
 def account_sees(account_id: Any, restricts: Any, model_id: Any) -> ColumnElement[bool]:
@@ -51,6 +52,21 @@ def key_allows(account_id: Any, key_id: Any, restricts: Any, model_id: Any) -> C
             KEY_MODELS.c.account_id == account_id,
             KEY_MODELS.c.api_key_id == key_id,
             KEY_MODELS.c.model_id == model_id,
+        ),
+    )
+
+
+def project_allows(
+    account_id: Any, project_id: Any, restricts: Any, model_id: Any
+) -> ColumnElement[bool]:
+    """The key's project's list lets it use the model (a key's effective models are the
+    account's ∩ its project's ∩ its own). ``restricts`` may be null (no project): no list."""
+    return or_(
+        restricts.isnot(true()),
+        exists().where(
+            PROJECT_MODELS.c.account_id == account_id,
+            PROJECT_MODELS.c.project_id == project_id,
+            PROJECT_MODELS.c.model_id == model_id,
         ),
     )
 
@@ -100,5 +116,6 @@ __all__ = [
     "key_allows",
     "listed_by_account_or_key",
     "not_allowed",
+    "project_allows",
     "unknown_model",
 ]

@@ -7,7 +7,7 @@ from typing import Any
 from fastapi import APIRouter
 from sqlalchemy import and_, or_, select
 
-from metering.accounts import service
+from metering.accounts import projects, service
 from metering.accounts.deps import AccountKeyDep
 from metering.accounts.schemas import (
     AccountCreate,
@@ -155,11 +155,23 @@ def put_model_access(
 def create_api_key(
     account_id: str, body: ApiKeyCreate, session: SessionDep, now: NowDep, audit: AuditDep
 ) -> dict[str, Any]:
-    """Create an API key; its secret is in this response only (only a hash is stored)."""
+    """Create an API key in a project (default: the account's ``Default``), owned by a member
+    or by no one (a service key); its secret is in this response only (only a hash is
+    stored)."""
     limit = service.spend_limit_of(body)
     account = service.get_account(session, account_id)
+    project_id, member_id = projects.key_owners(
+        session, account.id, body.project_id, body.member_id
+    )
     key, secret = service.create_api_key(
-        session, account, body.name, limit.amount, now, window=limit.window or "month"
+        session,
+        account,
+        body.name,
+        limit.amount,
+        now,
+        window=limit.window or "month",
+        project_id=project_id,
+        member_id=member_id,
     )
     if body.allowed_models is not None:
         service.set_key_models(session, key, body.allowed_models)
@@ -167,6 +179,8 @@ def create_api_key(
     changes = {
         "name": key.name,
         **{field: shown[field] for field in _KEY_FIELDS if field != "name"},
+        "project_id": key.project_id,
+        "member_id": key.member_id,
         "key": secret,  # the audit log redacts it
     }
     audit.record(session, now, "api_key.create", "api_key", key.id, account.id, changes)

@@ -17,9 +17,18 @@ from metering.kit.errors import InvalidRequest, NotFound
 from metering.kit.ids import new_id
 from metering.kit.money import cents, parse_cents
 from metering.kit.timeutil import format_timestamp
-from metering.models import Account, AccountModel, ApiKey, ApiKeyModel, CatalogModel, table
+from metering.models import (
+    Account,
+    AccountModel,
+    ApiKey,
+    ApiKeyModel,
+    CatalogModel,
+    Project,
+    table,
+)
 
 KEY_SECRET_PREFIX = "mk_"
+DEFAULT_PROJECT = "Default"
 DISPLAY_PREFIX_LENGTH = 10
 
 
@@ -51,7 +60,25 @@ def create_account(session: Session, name: str, billing: str, now: datetime) -> 
     account.restricts_models = False
     session.add(account)
     session.flush()
+    session.add(
+        Project(
+            id=default_project_id(account.id),
+            account_id=account.id,
+            name=DEFAULT_PROJECT,
+            spend_limit_window="month",
+            restricts_models=False,
+            created_at=now,
+        )
+    )
+    session.flush()
     return account
+
+
+def default_project_id(account_id: str) -> str:
+    """The id of the account's ``Default`` project, made with it: the account's own id with
+    ``proj_`` for ``acct_`` (so the migration that introduced projects could put every older
+    key there by one statement of the keys' table)."""
+    return "proj_" + account_id.removeprefix("acct_")
 
 
 def create_api_key(
@@ -62,7 +89,11 @@ def create_api_key(
     now: datetime,
     *,
     window: str = "month",
+    project_id: str | None = None,
+    member_id: str | None = None,
 ) -> tuple[ApiKey, str]:
+    """A key of the account, in ``project_id`` (default: the account's ``Default``) and owned by
+    ``member_id`` (none: a service key), both already checked (metering.accounts.projects)."""
     secret = new_key_secret()
     key = ApiKey(
         id=new_id("key"),
@@ -74,6 +105,8 @@ def create_api_key(
         spend_limit_window=window,
         restricts_models=False,
         created_at=now,
+        project_id=project_id or default_project_id(account.id),
+        member_id=member_id,
     )
     session.add(key)
     session.flush()
@@ -104,6 +137,8 @@ def api_key_body(key: ApiKey, allowed_models: list[str] | None) -> dict[str, Any
         "account_id": key.account_id,
         "name": key.name,
         "prefix": key.prefix,
+        "project_id": key.project_id,
+        "member_id": key.member_id,
         "allowed_models": allowed_models,
         "spend_limit_cents": None if limit is None else cents(limit),
         "spend_limit_microcents": limit,
@@ -265,6 +300,8 @@ def own_key_bodies(session: Session, keys: list[ApiKey], now: datetime) -> list[
                 "name": key.name,
                 "created_at": format_timestamp(key.created_at),
                 "revoked_at": format_timestamp(key.revoked_at) if key.revoked_at else None,
+                "project_id": key.project_id,
+                "member_id": key.member_id,
                 "allowed_models": lists[key.id],
                 "spend_limit_cents": None if limit is None else cents(limit),
                 "spend_limit_window": key.spend_limit_window,

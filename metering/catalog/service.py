@@ -9,7 +9,12 @@ from typing import Any
 from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
-from metering.accounts.access import account_sees, key_allows, listed_by_account_or_key
+from metering.accounts.access import (
+    account_sees,
+    key_allows,
+    listed_by_account_or_key,
+    project_allows,
+)
 from metering.accounts.keys import KeyPrincipal
 from metering.accounts.service import get_account
 from metering.catalog.prices import PriceInForce, price_in_force, price_of
@@ -25,6 +30,7 @@ from metering.models import (
     ApiKey,
     CatalogModel,
     PriceVersion,
+    Project,
     UsageEvent,
     table,
 )
@@ -84,6 +90,19 @@ def listed_models(
                 select(keys.c.restricts_models).where(keys.c.id == key.api_key_id).scalar_subquery()
             )
             query = query.where(key_allows(account_id, key.api_key_id, restricts, MODELS.c.id))
+            # The key's project's list narrows it too (its models: account ∩ project ∩ key).
+            projects = table(Project)
+            project_id = (
+                select(keys.c.project_id).where(keys.c.id == key.api_key_id).scalar_subquery()
+            )
+            project_restricts = (
+                select(projects.c.restricts_models)
+                .where(projects.c.account_id == account_id, projects.c.id == project_id)
+                .scalar_subquery()
+            )
+            query = query.where(
+                project_allows(account_id, project_id, project_restricts, MODELS.c.id)
+            )
     rows = session.execute(query).all()
     cards = []
     for row in rows:

@@ -45,6 +45,10 @@ COLUMNS = (
     "reasoning_tokens",
     "cost_microcents",
     "cost_usd",
+    # The key's project and member (fixed for its life; the member empty for a service key),
+    # after the columns that were there before them.
+    "project_id",
+    "member_id",
 )
 COUNTS = ("requests", "input_tokens", "cache_read_tokens", "output_tokens", "reasoning_tokens")
 
@@ -59,6 +63,8 @@ PARQUET_SCHEMA = pa.schema(
         *(pa.field(name, pa.int64(), nullable=False) for name in COUNTS),
         pa.field("cost_microcents", pa.int64(), nullable=True),
         pa.field("cost_usd", pa.string(), nullable=True),
+        pa.field("project_id", pa.string(), nullable=True),
+        pa.field("member_id", pa.string(), nullable=True),
     ]
 )
 MANIFEST = "manifest.json"
@@ -79,6 +85,8 @@ class Line:
     reasoning_tokens: int
     cost_microcents: int
     last_event_id: int
+    project_id: str | None = None
+    member_id: str | None = None  # None: a service key
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +133,8 @@ def frame(account_day: AccountDay) -> pd.DataFrame:
     columns["cost_usd"] = pd.array(
         [usd_text(line.cost_microcents) if billed else None for line in lines], dtype="str"
     )
+    for name in ("project_id", "member_id"):
+        columns[name] = pd.array([getattr(line, name) for line in lines], dtype="str")
     return pd.DataFrame(columns, columns=list(COLUMNS))
 
 

@@ -79,6 +79,8 @@ def account_days(session: Session, day: date, account_id: str | None = None) -> 
             r.reasoning_tokens,
             r.cost_microcents,
             r.last_event_id,
+            KEYS.c.project_id,
+            KEYS.c.member_id,
         )
         .join(ACCOUNTS, ACCOUNTS.c.id == r.account_id)
         .outerjoin(KEYS, and_(KEYS.c.id == r.api_key_id, KEYS.c.account_id == r.account_id))
@@ -99,6 +101,8 @@ def account_days(session: Session, day: date, account_id: str | None = None) -> 
                 reasoning_tokens=int(row.reasoning_tokens),
                 cost_microcents=int(row.cost_microcents),
                 last_event_id=int(row.last_event_id),
+                project_id=row.project_id,
+                member_id=row.member_id,
             )
         )
     return [

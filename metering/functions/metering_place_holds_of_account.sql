@@ -21,6 +21,14 @@ DECLARE
     v_h_spend_limit BIGINT;
     v_h_window_start TIMESTAMP WITH TIME ZONE;
     v_h_window_end TIMESTAMP WITH TIME ZONE;
+    v_h_project_id VARCHAR;
+    v_h_project_limit BIGINT;
+    v_h_project_window_start TIMESTAMP WITH TIME ZONE;
+    v_h_project_window_end TIMESTAMP WITH TIME ZONE;
+    v_h_member_id VARCHAR;
+    v_h_member_limit BIGINT;
+    v_h_member_window_start TIMESTAMP WITH TIME ZONE;
+    v_h_member_window_end TIMESTAMP WITH TIME ZONE;
     v_h_resolution TEXT;
     v_h_secret_hash VARCHAR;
     v_h_model_key VARCHAR;
@@ -43,9 +51,9 @@ DECLARE
     v_spent BIGINT;
 BEGIN
     PERFORM lock_shard_metadata(5, ARRAY[get_shard_id_for_distribution_column('accounts', p_account_id)]) AS shard_locked;
-    FOR v_h_id, v_h_account_id, v_h_api_key_id, v_h_request_id, v_h_request_fingerprint, v_h_model_id, v_h_api, v_h_prompt_tokens, v_h_requested_max_tokens, v_h_n, v_h_reasoning, v_h_max_tokens, v_h_estimate_microcents, v_h_created_at, v_h_expires_at, v_h_spend_limit, v_h_window_start, v_h_window_end, v_h_resolution, v_h_secret_hash, v_h_model_key IN
-    SELECT h.id, h.account_id, h.api_key_id, h.request_id, h.request_fingerprint, h.model_id, h.api, h.prompt_tokens, h.requested_max_tokens, h.n, h.reasoning, h.max_tokens, h.estimate_microcents, h.created_at, h.expires_at, h.spend_limit, h.window_start, h.window_end, h.resolution, h.secret_hash, h.model_key
-    FROM (SELECT * FROM ROWS FROM (json_to_recordset(CAST(p_holds AS json)) AS (id VARCHAR(64), account_id VARCHAR(32), api_key_id VARCHAR(32), request_id VARCHAR(64), request_fingerprint VARCHAR(64), model_id VARCHAR(100), api VARCHAR(20), prompt_tokens INTEGER, requested_max_tokens INTEGER, n INTEGER, reasoning BOOLEAN, max_tokens INTEGER, estimate_microcents BIGINT, created_at TIMESTAMP WITH TIME ZONE, expires_at TIMESTAMP WITH TIME ZONE, spend_limit BIGINT, window_start TIMESTAMP WITH TIME ZONE, window_end TIMESTAMP WITH TIME ZONE, resolution TEXT, secret_hash VARCHAR, model_key VARCHAR)) WITH ORDINALITY AS t(id, account_id, api_key_id, request_id, request_fingerprint, model_id, api, prompt_tokens, requested_max_tokens, n, reasoning, max_tokens, estimate_microcents, created_at, expires_at, spend_limit, window_start, window_end, resolution, secret_hash, model_key, position)) AS h ORDER BY h.account_id COLLATE "C", h.position
+    FOR v_h_id, v_h_account_id, v_h_api_key_id, v_h_request_id, v_h_request_fingerprint, v_h_model_id, v_h_api, v_h_prompt_tokens, v_h_requested_max_tokens, v_h_n, v_h_reasoning, v_h_max_tokens, v_h_estimate_microcents, v_h_created_at, v_h_expires_at, v_h_spend_limit, v_h_window_start, v_h_window_end, v_h_project_id, v_h_project_limit, v_h_project_window_start, v_h_project_window_end, v_h_member_id, v_h_member_limit, v_h_member_window_start, v_h_member_window_end, v_h_resolution, v_h_secret_hash, v_h_model_key IN
+    SELECT h.id, h.account_id, h.api_key_id, h.request_id, h.request_fingerprint, h.model_id, h.api, h.prompt_tokens, h.requested_max_tokens, h.n, h.reasoning, h.max_tokens, h.estimate_microcents, h.created_at, h.expires_at, h.spend_limit, h.window_start, h.window_end, h.project_id, h.project_limit, h.project_window_start, h.project_window_end, h.member_id, h.member_limit, h.member_window_start, h.member_window_end, h.resolution, h.secret_hash, h.model_key
+    FROM (SELECT * FROM ROWS FROM (json_to_recordset(CAST(p_holds AS json)) AS (id VARCHAR(64), account_id VARCHAR(32), api_key_id VARCHAR(32), request_id VARCHAR(64), request_fingerprint VARCHAR(64), model_id VARCHAR(100), api VARCHAR(20), prompt_tokens INTEGER, requested_max_tokens INTEGER, n INTEGER, reasoning BOOLEAN, max_tokens INTEGER, estimate_microcents BIGINT, created_at TIMESTAMP WITH TIME ZONE, expires_at TIMESTAMP WITH TIME ZONE, spend_limit BIGINT, window_start TIMESTAMP WITH TIME ZONE, window_end TIMESTAMP WITH TIME ZONE, project_id VARCHAR, project_limit BIGINT, project_window_start TIMESTAMP WITH TIME ZONE, project_window_end TIMESTAMP WITH TIME ZONE, member_id VARCHAR, member_limit BIGINT, member_window_start TIMESTAMP WITH TIME ZONE, member_window_end TIMESTAMP WITH TIME ZONE, resolution TEXT, secret_hash VARCHAR, model_key VARCHAR)) WITH ORDINALITY AS t(id, account_id, api_key_id, request_id, request_fingerprint, model_id, api, prompt_tokens, requested_max_tokens, n, reasoning, max_tokens, estimate_microcents, created_at, expires_at, spend_limit, window_start, window_end, project_id, project_limit, project_window_start, project_window_end, member_id, member_limit, member_window_start, member_window_end, resolution, secret_hash, model_key, position)) AS h ORDER BY h.account_id COLLATE "C", h.position
     LOOP
         IF v_h_account_id IS DISTINCT FROM v_account_id THEN
             IF v_changed THEN
@@ -92,13 +100,15 @@ BEGIN
             END IF;
         END IF;
         v_available := CASE WHEN (v_balance < CAST(-9223372036854775808 AS BIGINT) + v_held) THEN CAST(-9223372036854775808 AS BIGINT) ELSE v_balance - v_held END;
-        v_outcome := CASE WHEN (v_h_resolution IS NOT NULL AND (SELECT CAST(json_build_array(resolution.api_key_id, resolution.account_id, resolution.billing, resolution.spend_limit_microcents, resolution.spend_limit_window, resolution.max_concurrent_requests, resolution.model_id, resolution.context_length, resolution.max_output_tokens, resolution.reasoning_headroom_tokens, resolution.deprecation_date, resolution.price_version_id, resolution.account_sees, resolution.key_allows, resolution.input_microcents_per_million, resolution.output_microcents_per_million, resolution.cache_read_microcents_per_million) AS TEXT) AS json_build_array_1
-        FROM (SELECT api_keys.id AS api_key_id, api_keys.account_id AS account_id, accounts.billing AS billing, api_keys.monthly_spend_limit_microcents AS spend_limit_microcents, api_keys.spend_limit_window AS spend_limit_window, accounts.max_concurrent_requests AS max_concurrent_requests, model.id AS model_id, model.context_length AS context_length, model.max_output_tokens AS max_output_tokens, model.reasoning_headroom_tokens AS reasoning_headroom_tokens, model.deprecation_date AS deprecation_date, coalesce(override.id, listed.id) AS price_version_id, accounts.restricts_models IS false OR (EXISTS (SELECT *
+        v_outcome := CASE WHEN (v_h_resolution IS NOT NULL AND (SELECT CAST(json_build_array(resolution.api_key_id, resolution.account_id, resolution.billing, resolution.spend_limit_microcents, resolution.spend_limit_window, resolution.project_id, resolution.member_id, resolution.project_spend_limit_microcents, resolution.project_spend_limit_window, resolution.member_spend_limit_microcents, resolution.member_spend_limit_window, resolution.max_concurrent_requests, resolution.model_id, resolution.context_length, resolution.max_output_tokens, resolution.reasoning_headroom_tokens, resolution.deprecation_date, resolution.price_version_id, resolution.account_sees, resolution.key_allows, resolution.project_allows, resolution.input_microcents_per_million, resolution.output_microcents_per_million, resolution.cache_read_microcents_per_million) AS TEXT) AS json_build_array_1
+        FROM (SELECT api_keys.id AS api_key_id, api_keys.account_id AS account_id, accounts.billing AS billing, api_keys.monthly_spend_limit_microcents AS spend_limit_microcents, api_keys.spend_limit_window AS spend_limit_window, api_keys.project_id AS project_id, api_keys.member_id AS member_id, projects.spend_limit_microcents AS project_spend_limit_microcents, projects.spend_limit_window AS project_spend_limit_window, members.spend_limit_microcents AS member_spend_limit_microcents, members.spend_limit_window AS member_spend_limit_window, accounts.max_concurrent_requests AS max_concurrent_requests, model.id AS model_id, model.context_length AS context_length, model.max_output_tokens AS max_output_tokens, model.reasoning_headroom_tokens AS reasoning_headroom_tokens, model.deprecation_date AS deprecation_date, coalesce(override.id, listed.id) AS price_version_id, accounts.restricts_models IS false OR (EXISTS (SELECT *
         FROM (SELECT * FROM account_models WHERE account_models.account_id = p_account_id) AS account_models
         WHERE account_models.account_id = api_keys.account_id AND account_models.model_id = model.id)) AS account_sees, api_keys.restricts_models IS false OR (EXISTS (SELECT *
         FROM (SELECT * FROM api_key_models WHERE api_key_models.account_id = p_account_id) AS api_key_models
-        WHERE api_key_models.account_id = api_keys.account_id AND api_key_models.api_key_id = api_keys.id AND api_key_models.model_id = model.id)) AS key_allows, coalesce(override.input_microcents_per_million, listed.input_microcents_per_million) AS input_microcents_per_million, coalesce(override.output_microcents_per_million, listed.output_microcents_per_million) AS output_microcents_per_million, coalesce(override.cache_read_microcents_per_million, listed.cache_read_microcents_per_million) AS cache_read_microcents_per_million
-        FROM api_keys JOIN (SELECT * FROM accounts WHERE accounts.id = p_account_id) AS accounts ON accounts.id = api_keys.account_id LEFT OUTER JOIN catalog_models AS model ON model.id_key = v_h_model_key LEFT OUTER JOIN (SELECT * FROM account_rates WHERE account_rates.account_id = p_account_id) AS override ON override.account_id = api_keys.account_id AND override.id = (SELECT account_rates.id
+        WHERE api_key_models.account_id = api_keys.account_id AND api_key_models.api_key_id = api_keys.id AND api_key_models.model_id = model.id)) AS key_allows, projects.restricts_models IS NOT true OR (EXISTS (SELECT *
+        FROM (SELECT * FROM project_models WHERE project_models.account_id = p_account_id) AS project_models
+        WHERE project_models.account_id = api_keys.account_id AND project_models.project_id = api_keys.project_id AND project_models.model_id = model.id)) AS project_allows, coalesce(override.input_microcents_per_million, listed.input_microcents_per_million) AS input_microcents_per_million, coalesce(override.output_microcents_per_million, listed.output_microcents_per_million) AS output_microcents_per_million, coalesce(override.cache_read_microcents_per_million, listed.cache_read_microcents_per_million) AS cache_read_microcents_per_million
+        FROM api_keys JOIN (SELECT * FROM accounts WHERE accounts.id = p_account_id) AS accounts ON accounts.id = api_keys.account_id LEFT OUTER JOIN (SELECT * FROM projects WHERE projects.account_id = p_account_id) AS projects ON projects.account_id = api_keys.account_id AND projects.id = api_keys.project_id LEFT OUTER JOIN (SELECT * FROM members WHERE members.account_id = p_account_id) AS members ON members.account_id = api_keys.account_id AND members.id = api_keys.member_id LEFT OUTER JOIN catalog_models AS model ON model.id_key = v_h_model_key LEFT OUTER JOIN (SELECT * FROM account_rates WHERE account_rates.account_id = p_account_id) AS override ON override.account_id = api_keys.account_id AND override.id = (SELECT account_rates.id
         FROM (SELECT * FROM account_rates WHERE account_rates.account_id = p_account_id) AS account_rates
         WHERE account_rates.account_id = api_keys.account_id AND account_rates.model_id = model.id AND account_rates.effective_at <= v_h_created_at ORDER BY account_rates.effective_at DESC
          LIMIT 1) AND override.input_microcents_per_million IS NOT NULL LEFT OUTER JOIN price_versions AS listed ON listed.id = (SELECT price_versions.id
@@ -108,12 +118,34 @@ BEGIN
         WHERE api_keys.secret_hash = v_h_secret_hash AND api_keys.revoked_at IS NULL) AS resolution) IS DISTINCT FROM v_h_resolution) THEN 'stale' WHEN (v_h_request_id IS NOT NULL AND (EXISTS (SELECT *
         FROM (SELECT * FROM authorizations WHERE authorizations.account_id = p_account_id) AS authorizations
         WHERE authorizations.account_id = v_account_id AND authorizations.request_id = v_h_request_id))) THEN 'exists' WHEN (v_billing != 'prepaid' AND v_h_estimate_microcents > 9223372036854775807 - v_held) THEN 'out_of_range' WHEN (v_limit IS NOT NULL AND v_count >= v_limit) THEN 'concurrency_limit_exceeded' WHEN (v_billing = 'prepaid' AND v_h_estimate_microcents > v_available) THEN 'insufficient_credits' ELSE 'granted' END;
+        IF v_outcome = 'granted' AND v_h_project_limit IS NOT NULL THEN
+            v_outcome := CASE WHEN (v_billing = 'prepaid' AND v_h_project_limit IS NOT NULL AND (SELECT coalesce(sum(usage_rollups.cost_microcents), 0) AS coalesce_1
+            FROM (SELECT * FROM usage_rollups WHERE usage_rollups.account_id = p_account_id) AS usage_rollups
+            WHERE usage_rollups.account_id = v_account_id AND usage_rollups.bucket_width = '1d' AND usage_rollups.grouping = 'key' AND usage_rollups.bucket_start >= v_h_project_window_start AND usage_rollups.bucket_start < v_h_project_window_end AND usage_rollups.api_key_id IN (SELECT api_keys.id
+            FROM api_keys
+            WHERE api_keys.account_id = v_account_id AND api_keys.project_id = v_h_project_id)) + (SELECT coalesce(sum(authorizations.estimate_microcents), 0) AS coalesce_2
+            FROM (SELECT * FROM authorizations WHERE authorizations.account_id = p_account_id) AS authorizations
+            WHERE authorizations.account_id = v_account_id AND authorizations.api_key_id IN (SELECT api_keys.id
+            FROM api_keys
+            WHERE api_keys.account_id = v_account_id AND api_keys.project_id = v_h_project_id) AND authorizations.status = 'active' AND authorizations.expires_at > v_h_created_at) + v_h_estimate_microcents > v_h_project_limit) THEN 'project_spend_limit' ELSE 'granted' END;
+        END IF;
+        IF v_outcome = 'granted' AND v_h_member_limit IS NOT NULL THEN
+            v_outcome := CASE WHEN (v_billing = 'prepaid' AND v_h_member_limit IS NOT NULL AND (SELECT coalesce(sum(usage_rollups.cost_microcents), 0) AS coalesce_1
+            FROM (SELECT * FROM usage_rollups WHERE usage_rollups.account_id = p_account_id) AS usage_rollups
+            WHERE usage_rollups.account_id = v_account_id AND usage_rollups.bucket_width = '1d' AND usage_rollups.grouping = 'key' AND usage_rollups.bucket_start >= v_h_member_window_start AND usage_rollups.bucket_start < v_h_member_window_end AND usage_rollups.api_key_id IN (SELECT api_keys.id
+            FROM api_keys
+            WHERE api_keys.account_id = v_account_id AND api_keys.member_id = v_h_member_id)) + (SELECT coalesce(sum(authorizations.estimate_microcents), 0) AS coalesce_2
+            FROM (SELECT * FROM authorizations WHERE authorizations.account_id = p_account_id) AS authorizations
+            WHERE authorizations.account_id = v_account_id AND authorizations.api_key_id IN (SELECT api_keys.id
+            FROM api_keys
+            WHERE api_keys.account_id = v_account_id AND api_keys.member_id = v_h_member_id) AND authorizations.status = 'active' AND authorizations.expires_at > v_h_created_at) + v_h_estimate_microcents > v_h_member_limit) THEN 'member_spend_limit' ELSE 'granted' END;
+        END IF;
         IF v_outcome = 'granted' AND v_h_spend_limit IS NOT NULL THEN
             v_outcome := CASE WHEN (v_billing = 'prepaid' AND v_h_spend_limit IS NOT NULL AND (SELECT coalesce(sum(usage_rollups.cost_microcents), 0) AS coalesce_1
             FROM (SELECT * FROM usage_rollups WHERE usage_rollups.account_id = p_account_id) AS usage_rollups
             WHERE usage_rollups.account_id = v_account_id AND usage_rollups.bucket_width = '1d' AND usage_rollups.grouping = 'key' AND usage_rollups.bucket_start >= v_h_window_start AND usage_rollups.bucket_start < v_h_window_end AND usage_rollups.api_key_id = v_h_api_key_id) + (SELECT coalesce(sum(authorizations.estimate_microcents), 0) AS coalesce_2
             FROM (SELECT * FROM authorizations WHERE authorizations.account_id = p_account_id) AS authorizations
-            WHERE authorizations.account_id = v_account_id AND authorizations.api_key_id = v_h_api_key_id AND authorizations.status = 'active' AND authorizations.expires_at > v_h_created_at) + v_h_estimate_microcents > v_h_spend_limit) THEN 'member_spend_limit' ELSE 'granted' END;
+            WHERE authorizations.account_id = v_account_id AND authorizations.api_key_id = v_h_api_key_id AND authorizations.status = 'active' AND authorizations.expires_at > v_h_created_at) + v_h_estimate_microcents > v_h_spend_limit) THEN 'key_spend_limit' ELSE 'granted' END;
         END IF;
         IF v_outcome = 'granted' THEN
             INSERT INTO authorizations (id, account_id, api_key_id, request_id, request_fingerprint, model_id, api, prompt_tokens, requested_max_tokens, n, reasoning, max_tokens, estimate_microcents, status, created_at, expires_at, counted) VALUES (v_h_id, v_h_account_id, v_h_api_key_id, v_h_request_id, v_h_request_fingerprint, v_h_model_id, v_h_api, v_h_prompt_tokens, v_h_requested_max_tokens, v_h_n, v_h_reasoning, v_h_max_tokens, v_h_estimate_microcents, 'active', v_h_created_at, v_h_expires_at, true);
@@ -121,14 +153,38 @@ BEGIN
             v_count := v_count + 1;
             v_changed := true;
         END IF;
-        IF v_outcome = 'member_spend_limit' THEN
+        IF v_outcome = 'project_spend_limit' THEN
             v_spent := (SELECT coalesce(sum(usage_rollups.cost_microcents), 0) AS coalesce_1
             FROM (SELECT * FROM usage_rollups WHERE usage_rollups.account_id = p_account_id) AS usage_rollups
-            WHERE usage_rollups.account_id = v_account_id AND usage_rollups.bucket_width = '1d' AND usage_rollups.grouping = 'key' AND usage_rollups.bucket_start >= v_h_window_start AND usage_rollups.bucket_start < v_h_window_end AND usage_rollups.api_key_id = v_h_api_key_id) + (SELECT coalesce(sum(authorizations.estimate_microcents), 0) AS coalesce_2
+            WHERE usage_rollups.account_id = v_account_id AND usage_rollups.bucket_width = '1d' AND usage_rollups.grouping = 'key' AND usage_rollups.bucket_start >= v_h_project_window_start AND usage_rollups.bucket_start < v_h_project_window_end AND usage_rollups.api_key_id IN (SELECT api_keys.id
+            FROM api_keys
+            WHERE api_keys.account_id = v_account_id AND api_keys.project_id = v_h_project_id)) + (SELECT coalesce(sum(authorizations.estimate_microcents), 0) AS coalesce_2
             FROM (SELECT * FROM authorizations WHERE authorizations.account_id = p_account_id) AS authorizations
-            WHERE authorizations.account_id = v_account_id AND authorizations.api_key_id = v_h_api_key_id AND authorizations.status = 'active' AND authorizations.expires_at > v_h_created_at);
+            WHERE authorizations.account_id = v_account_id AND authorizations.api_key_id IN (SELECT api_keys.id
+            FROM api_keys
+            WHERE api_keys.account_id = v_account_id AND api_keys.project_id = v_h_project_id) AND authorizations.status = 'active' AND authorizations.expires_at > v_h_created_at);
         ELSE
-            v_spent := CAST(NULL AS BIGINT);
+            IF v_outcome = 'member_spend_limit' THEN
+                v_spent := (SELECT coalesce(sum(usage_rollups.cost_microcents), 0) AS coalesce_1
+                FROM (SELECT * FROM usage_rollups WHERE usage_rollups.account_id = p_account_id) AS usage_rollups
+                WHERE usage_rollups.account_id = v_account_id AND usage_rollups.bucket_width = '1d' AND usage_rollups.grouping = 'key' AND usage_rollups.bucket_start >= v_h_member_window_start AND usage_rollups.bucket_start < v_h_member_window_end AND usage_rollups.api_key_id IN (SELECT api_keys.id
+                FROM api_keys
+                WHERE api_keys.account_id = v_account_id AND api_keys.member_id = v_h_member_id)) + (SELECT coalesce(sum(authorizations.estimate_microcents), 0) AS coalesce_2
+                FROM (SELECT * FROM authorizations WHERE authorizations.account_id = p_account_id) AS authorizations
+                WHERE authorizations.account_id = v_account_id AND authorizations.api_key_id IN (SELECT api_keys.id
+                FROM api_keys
+                WHERE api_keys.account_id = v_account_id AND api_keys.member_id = v_h_member_id) AND authorizations.status = 'active' AND authorizations.expires_at > v_h_created_at);
+            ELSE
+                IF v_outcome = 'key_spend_limit' THEN
+                    v_spent := (SELECT coalesce(sum(usage_rollups.cost_microcents), 0) AS coalesce_1
+                    FROM (SELECT * FROM usage_rollups WHERE usage_rollups.account_id = p_account_id) AS usage_rollups
+                    WHERE usage_rollups.account_id = v_account_id AND usage_rollups.bucket_width = '1d' AND usage_rollups.grouping = 'key' AND usage_rollups.bucket_start >= v_h_window_start AND usage_rollups.bucket_start < v_h_window_end AND usage_rollups.api_key_id = v_h_api_key_id) + (SELECT coalesce(sum(authorizations.estimate_microcents), 0) AS coalesce_2
+                    FROM (SELECT * FROM authorizations WHERE authorizations.account_id = p_account_id) AS authorizations
+                    WHERE authorizations.account_id = v_account_id AND authorizations.api_key_id = v_h_api_key_id AND authorizations.status = 'active' AND authorizations.expires_at > v_h_created_at);
+                ELSE
+                    v_spent := CAST(NULL AS BIGINT);
+                END IF;
+            END IF;
         END IF;
         hold_id := v_h_id;
         outcome := v_outcome;

@@ -160,19 +160,7 @@ def _hold_steps(
     }
     placement: Placement
     if checked_under_lock(found.billing, found.max_concurrent_requests):
-        # The window is read only for a key with a spend limit.
-        window_start, window_end = (
-            (None, None)
-            if found.spend_limit_microcents is None
-            else window_bounds(found.spend_limit_window, now)
-        )
-        hold = {
-            **values,
-            "spend_limit": found.spend_limit_microcents,
-            "window_start": window_start,
-            "window_end": window_end,
-            **(confirm or _NOT_CONFIRMING),
-        }
+        hold = {**values, **_spend_limits(found, now), **(confirm or _NOT_CONFIRMING)}
         placement = yield lambda holds: holds.place(hold)
     else:
         # Unbilled accounts without a concurrency limit always pass; the hold is still
@@ -222,24 +210,66 @@ def _hold_steps(
             credits_available_cents=cents(placement.available),
             credits_required_cents_estimate=cents(estimate.total_microcents),
         )
-    if outcome is Outcome.MEMBER_SPEND_LIMIT:
-        assert found.spend_limit_microcents is not None and placement.spent is not None
-        window = found.spend_limit_window
-        raise InsufficientCredits(
-            f"this API key's spend limit for the {window} would be exceeded by this request's "
-            "maximum cost",
-            code="member_spend_limit",
-            spend_limit_cents=cents(found.spend_limit_microcents),
-            spend_limit_window=window,
-            spent_cents=cents(placement.spent),
-            # As the key's object shows it: the limit under its first name for a month only.
-            monthly_spend_limit_cents=(
-                cents(found.spend_limit_microcents) if window == "month" else None
-            ),
-            credits_required_cents_estimate=cents(estimate.total_microcents),
-        )
+    if outcome in _LIMIT_SCOPES:
+        raise _over_spend_limit(found, outcome, placement, estimate.total_microcents)
     assert outcome is Outcome.GRANTED, outcome
     return hold_body({**values, "status": HoldStatus.ACTIVE.value}, now), "granted"
+
+
+# The spend limits' outcomes, and the scope each names (``limit_scope``).
+_LIMIT_SCOPES = {
+    Outcome.PROJECT_SPEND_LIMIT: "project",
+    Outcome.MEMBER_SPEND_LIMIT: "member",
+    Outcome.KEY_SPEND_LIMIT: "key",
+}
+
+
+def _limits(found: Resolution) -> dict[str, tuple[int | None, str | None]]:
+    """Each scope's spend limit and window, by ``limit_scope``."""
+    return {
+        "project": (found.project_spend_limit_microcents, found.project_spend_limit_window),
+        "member": (found.member_spend_limit_microcents, found.member_spend_limit_window),
+        "key": (found.spend_limit_microcents, found.spend_limit_window),
+    }
+
+
+def _spend_limits(found: Resolution, now: datetime) -> dict[str, Any]:
+    """What the check-and-hold is given of the three spend limits: each limit and the bounds of
+    its current window (read only for a limit that is set)."""
+    given: dict[str, Any] = {"project_id": found.project_id, "member_id": found.member_id}
+    prefixes = {"project": "project_", "member": "member_", "key": ""}
+    for scope, (limit, window) in _limits(found).items():
+        start, end = (None, None) if limit is None or window is None else window_bounds(window, now)
+        prefix = prefixes[scope]
+        given[f"{prefix}limit" if prefix else "spend_limit"] = limit
+        given[f"{prefix}window_start"] = start
+        given[f"{prefix}window_end"] = end
+    return given
+
+
+def _over_spend_limit(
+    found: Resolution, outcome: Outcome, placement: Placement, estimate: int
+) -> InsufficientCredits:
+    """The 402 of a spend limit: ``project_spend_limit`` for a project's, ``member_spend_limit``
+    for a member's or a key's, each naming its ``limit_scope``."""
+    scope = _LIMIT_SCOPES[outcome]
+    limit, window = _limits(found)[scope]
+    assert limit is not None and window is not None and placement.spent is not None
+    whose = {"project": "this key's project", "member": "this key's member", "key": "this API key"}
+    # A key's limit also under its first name, as the key's object shows it: for a month only.
+    monthly = cents(limit) if window == "month" else None
+    extra = {"monthly_spend_limit_cents": monthly} if scope == "key" else {}
+    return InsufficientCredits(
+        f"{whose[scope]}'s spend limit for the {window} would be exceeded by this request's "
+        "maximum cost",
+        code="project_spend_limit" if scope == "project" else "member_spend_limit",
+        spend_limit_cents=cents(limit),
+        spend_limit_window=window,
+        spent_cents=cents(placement.spent),
+        limit_scope=scope,
+        **extra,
+        credits_required_cents_estimate=cents(estimate),
+    )
 
 
 def _fingerprint(api_key_id: str, request: AuthorizationCreate) -> str:
@@ -281,7 +311,7 @@ def _estimate(found: Resolution, request: AuthorizationCreate, now: datetime) ->
             code="model_not_found",
             param="model",
         )
-    if not found.key_allows:
+    if not (found.key_allows and found.project_allows):
         raise not_allowed(found.model_id)
     try:
         return estimate_cost(_estimate_request(request), found.limits, rates)

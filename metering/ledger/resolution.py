@@ -14,17 +14,19 @@ from dataclasses import dataclass, fields
 from datetime import date
 from typing import Any
 
-from sqlalchemy import Date, Select, String, Text, bindparam, cast, select
+from sqlalchemy import Date, Select, String, Text, and_, bindparam, cast, select
 
-from metering.accounts.access import account_sees, key_allows
+from metering.accounts.access import account_sees, key_allows, project_allows
 from metering.accounts.keys import ACCOUNTS, KEYS, live_key
 from metering.catalog.prices import RATE_COLUMNS, price_in_force
-from metering.models import CatalogModel, table
+from metering.models import CatalogModel, Member, Project, table
 from metering.models.base import UTCDateTime
 from metering.pricing import ModelLimits, Rates
 from metering.programs import json_row
 
 MODELS = table(CatalogModel)
+PROJECTS = table(Project)
+MEMBERS = table(Member)
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +39,13 @@ class Resolution:
     billing: str
     spend_limit_microcents: int | None
     spend_limit_window: str
+    # The key's project and member (null: a service key), and their spend limits.
+    project_id: str | None
+    member_id: str | None
+    project_spend_limit_microcents: int | None
+    project_spend_limit_window: str | None
+    member_spend_limit_microcents: int | None
+    member_spend_limit_window: str | None
     max_concurrent_requests: int | None
     model_id: str | None
     context_length: int | None
@@ -46,6 +55,7 @@ class Resolution:
     price_version_id: str | None
     account_sees: bool  # the account may use the model (else: as if unknown)
     key_allows: bool  # the key's own list lets it use the model
+    project_allows: bool  # the key's project's list lets it use the model
     rates: Rates | None  # the price's RATE_COLUMNS, when one is in force
 
     @property
@@ -91,6 +101,12 @@ def _parts(secret_hash: Any, model_key: Any, at: Any) -> tuple[dict[str, Any], A
         "billing": ACCOUNTS.c.billing,
         "spend_limit_microcents": KEYS.c.monthly_spend_limit_microcents,
         "spend_limit_window": KEYS.c.spend_limit_window,
+        "project_id": KEYS.c.project_id,
+        "member_id": KEYS.c.member_id,
+        "project_spend_limit_microcents": PROJECTS.c.spend_limit_microcents,
+        "project_spend_limit_window": PROJECTS.c.spend_limit_window,
+        "member_spend_limit_microcents": MEMBERS.c.spend_limit_microcents,
+        "member_spend_limit_window": MEMBERS.c.spend_limit_window,
         "max_concurrent_requests": ACCOUNTS.c.max_concurrent_requests,
         "model_id": models.c.id,
         "context_length": models.c.context_length,
@@ -102,11 +118,23 @@ def _parts(secret_hash: Any, model_key: Any, at: Any) -> tuple[dict[str, Any], A
         "key_allows": key_allows(
             KEYS.c.account_id, KEYS.c.id, KEYS.c.restricts_models, models.c.id
         ),
+        "project_allows": project_allows(
+            KEYS.c.account_id, KEYS.c.project_id, PROJECTS.c.restricts_models, models.c.id
+        ),
         **{name: price.rate(name) for name in RATE_COLUMNS},
     }
     assert tuple(columns) == NAMES
-    base = KEYS.join(ACCOUNTS, ACCOUNTS.c.id == KEYS.c.account_id).outerjoin(
-        models, models.c.id_key == model_key
+    base = (
+        KEYS.join(ACCOUNTS, ACCOUNTS.c.id == KEYS.c.account_id)
+        .outerjoin(
+            PROJECTS,
+            and_(PROJECTS.c.account_id == KEYS.c.account_id, PROJECTS.c.id == KEYS.c.project_id),
+        )
+        .outerjoin(
+            MEMBERS,
+            and_(MEMBERS.c.account_id == KEYS.c.account_id, MEMBERS.c.id == KEYS.c.member_id),
+        )
+        .outerjoin(models, models.c.id_key == model_key)
     )
     return columns, price.join(base), live_key(KEYS, secret_hash)
 
@@ -145,4 +173,4 @@ _DATE_COLUMNS = tuple(
     for name, column in _parts(SECRET_HASH, MODEL_KEY, AT)[0].items()
     if isinstance(column.type, Date)
 )
-_BOOLEAN_COLUMNS = ("account_sees", "key_allows")
+_BOOLEAN_COLUMNS = ("account_sees", "key_allows", "project_allows")

@@ -1,7 +1,15 @@
 """All ORM tables, imported in one place so Alembic sees the whole schema."""
 
 from metering.kit.ranges import add_integer_checks
-from metering.models.accounts import Account, AccountModel, ApiKey, ApiKeyModel
+from metering.models.accounts import (
+    Account,
+    AccountModel,
+    ApiKey,
+    ApiKeyModel,
+    Member,
+    Project,
+    ProjectModel,
+)
 from metering.models.audit import AuditEvent
 from metering.models.base import Base, table
 from metering.models.catalog import AccountRate, CatalogModel, PriceVersion
@@ -35,11 +43,14 @@ __all__ = [
     "ExportDay",
     "ExportRun",
     "LedgerEntry",
+    "Member",
     "Payment",
     "PaymentProfile",
     "PortalSession",
     "PortalSignInToken",
     "PriceVersion",
+    "Project",
+    "ProjectModel",
     "QuarantinedEvent",
     "SpendLimitNotice",
     "StripeEvent",

@@ -93,6 +93,85 @@ class ApiKey(Base):
     restricts_models: Mapped[bool] = mapped_column(Boolean, default=False, server_default="0")
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # The project and the member (null: a service key) the key belongs to, fixed for its life
+    # so that what it spent is never attributed anew. Every key has a project (the migration
+    # that made the column put the older keys in their account's ``Default`` project); the
+    # column is nullable only because SQLite cannot add a NOT NULL column without a default.
+    # No foreign keys: the service writes a project and a member it has just read in the same
+    # transaction, and neither is ever deleted (on Citus a reference table could not refer to
+    # them anyway: they are account data, and the keys are on every node).
+    project_id: Mapped[str | None] = mapped_column(String(32), index=True)
+    member_id: Mapped[str | None] = mapped_column(String(32), index=True)
+
+
+class Project(Base):
+    """A group of an account's keys with its own models and spend limit; every account has
+    one named ``Default``, made with it."""
+
+    __tablename__ = "projects"
+    __table_args__ = (
+        CheckConstraint(
+            "spend_limit_window IN ('day', 'week', 'month')", name="spend_limit_window"
+        ),
+    )
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"), index=True)
+    name: Mapped[str] = mapped_column(String(200))
+    spend_limit_microcents: Mapped[int | None] = mapped_column(BigInteger)
+    spend_limit_window: Mapped[str] = mapped_column(
+        String(8), default="month", server_default="month"
+    )
+    # false = every model of its account; true = the models of ``project_models`` (∩ the
+    # account's).
+    restricts_models: Mapped[bool] = mapped_column(Boolean, default=False, server_default="0")
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    archived_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+
+class ProjectModel(Base):
+    """A model a project that restricts its models names."""
+
+    __tablename__ = "project_models"
+    __table_args__ = (PrimaryKeyConstraint("project_id", "model_id"),)
+
+    account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"))
+    project_id: Mapped[str] = mapped_column(ForeignKey("projects.id"))
+    model_id: Mapped[str] = mapped_column(ForeignKey("catalog_models.id"))
+
+
+class Member(Base):
+    """A person of an account: signs in to the portal with a role, owns keys, may be limited."""
+
+    __tablename__ = "members"
+    __table_args__ = (
+        CheckConstraint("role IN ('viewer', 'developer', 'admin')", name="role"),
+        CheckConstraint(
+            "spend_limit_window IN ('day', 'week', 'month')", name="spend_limit_window"
+        ),
+        # An address names one member of an account at a time (of any case: ``email_key``).
+        Index(
+            "uq_members_account_id_email_key",
+            "account_id",
+            "email_key",
+            unique=True,
+            sqlite_where=text("removed_at IS NULL"),
+            postgresql_where=text("removed_at IS NULL"),
+        ),
+    )
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"), index=True)
+    email: Mapped[str] = mapped_column(String(320))
+    email_key: Mapped[str] = mapped_column(String(320))  # the address in lower case
+    name: Mapped[str] = mapped_column(String(200))
+    role: Mapped[str] = mapped_column(String(16))
+    spend_limit_microcents: Mapped[int | None] = mapped_column(BigInteger)
+    spend_limit_window: Mapped[str] = mapped_column(
+        String(8), default="month", server_default="month"
+    )
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    removed_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
 
 class AccountModel(Base):

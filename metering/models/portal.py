@@ -22,6 +22,8 @@ class PortalSignInToken(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
     expires_at: Mapped[datetime] = mapped_column(UTCDateTime)
     used_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # The member the link signs in as (null: the account's owner, every permission).
+    member_id: Mapped[str | None] = mapped_column(String(32))
 
 
 class PortalSession(Base):

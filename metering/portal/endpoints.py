@@ -12,11 +12,13 @@ from urllib.parse import parse_qs, urlsplit
 
 from fastapi import APIRouter, Depends, FastAPI, Query, Request, Response
 from fastapi.responses import HTMLResponse
+from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy.orm import Session
 
 from metering.accounts.keys import resolve_key
 from metering.audit.deps import AuditDep
 from metering.kit.errors import AuthenticationFailed, InvalidRequest, MeteringError, NotFound
+from metering.kit.text import Text
 from metering.kit.timeutil import format_timestamp
 from metering.portal import pages, roles, sessions, views
 from metering.portal.sessions import PortalUser
@@ -270,10 +272,16 @@ def sign_in_with_link(
     token: str, request: Request, form: FormDep, session: SessionDep, now: NowDep
 ) -> Response:
     check_sign_in_csrf(request, form)
-    account_id = sessions.spend_link(session, token, now)
-    if account_id is None:
+    spent = sessions.spend_link(session, token, now)
+    if spent is None:
         return pages.render(request, "link_refused.html", status_code=410)
-    return _signed_in(request, session, account_id, roles.method_of(roles.SessionKind.LINK))
+    account_id, member_id = spent
+    method = (
+        roles.method_of(roles.SessionKind.LINK)
+        if member_id is None
+        else roles.method_of(roles.SessionKind.MEMBER, member_id)
+    )
+    return _signed_in(request, session, account_id, method)
 
 
 @router.post("/sign-out")
@@ -386,11 +394,6 @@ def usage_csv(
     )
 
 
-@router.get("/keys")
-def keys(request: Request, user: UserDep, session: SessionDep, now: NowDep) -> Response:
-    return page_of(request, user, "keys.html", keys=views.keys(session, user.account_id, now))
-
-
 @router.get("/activity")
 def activity(request: Request, user: UserDep, session: SessionDep, now: NowDep) -> Response:
     found = views.activity(session, user.account_id, now)
@@ -471,12 +474,33 @@ def public_base_url(settings: Settings) -> str:
     return settings.public_base_url or EMBEDDED_BASE_URL
 
 
+class PortalSessionCreate(BaseModel):
+    """``POST /admin/v1/accounts/{id}/portal-sessions``' optional body."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    member_id: Annotated[Text, Field(min_length=1, max_length=64)] | None = None
+
+
+_NO_MEMBER = PortalSessionCreate()
+
+
 @admin_router.post("/accounts/{account_id}/portal-sessions", status_code=201)
 def create_portal_session(
-    account_id: str, request: Request, session: SessionDep, now: NowDep, audit: AuditDep
+    account_id: str,
+    request: Request,
+    session: SessionDep,
+    now: NowDep,
+    audit: AuditDep,
+    # Optional: no body (or ``{}``) signs in as the account's owner.
+    body: PortalSessionCreate = _NO_MEMBER,
 ) -> dict[str, Any]:
-    """A single-use sign-in link to the account's billing portal, valid for 15 minutes."""
-    link = sessions.create_link(session, account_id, public_base_url(get_settings(request)), now)
+    """A single-use sign-in link to the account's billing portal, valid for 15 minutes: as
+    the member ``member_id`` (with its role), or without one as the account's owner."""
+    member_id = body.member_id
+    link = sessions.create_link(
+        session, account_id, public_base_url(get_settings(request)), now, member_id
+    )
     expires_at = format_timestamp(link.expires_at)
     audit.record(
         session,
@@ -485,11 +509,12 @@ def create_portal_session(
         "account",
         account_id,
         account_id,
-        {"expires_at": expires_at},
+        {"expires_at": expires_at, **({"member_id": member_id} if member_id else {})},
     )
     return {
         "object": "portal_session",
         "account_id": account_id,
+        "member_id": member_id,
         "url": link.url,
         "expires_at": expires_at,
     }

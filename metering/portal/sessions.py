@@ -18,9 +18,10 @@ from sqlalchemy import delete, insert, select, update
 from sqlalchemy.orm import Session
 
 from metering.accounts.service import get_account
+from metering.kit.errors import InvalidRequest
 from metering.kit.ids import new_id
-from metering.models import Account, ApiKey, PortalSession, PortalSignInToken, table
-from metering.portal.roles import Permission, SessionKind, kind_of, permissions_of
+from metering.models import Account, ApiKey, Member, PortalSession, PortalSignInToken, table
+from metering.portal.roles import Permission, Role, SessionKind, kind_of, permissions_of
 
 LINK_LIFETIME = timedelta(minutes=15)
 SESSION_LIFETIME = timedelta(hours=12)
@@ -29,6 +30,7 @@ SIGN_IN_PATH = "/billing/sign-in/"
 TOKENS = table(PortalSignInToken)
 SESSIONS = table(PortalSession)
 ACCOUNTS = table(Account)
+MEMBERS = table(Member)
 KEYS = table(ApiKey)
 
 
@@ -43,9 +45,21 @@ class SignInLink:
     expires_at: datetime
 
 
-def create_link(session: Session, account_id: str, base_url: str, now: datetime) -> SignInLink:
-    """A new single-use sign-in link for ``account_id`` (404 when there is no such account)."""
+def create_link(
+    session: Session,
+    account_id: str,
+    base_url: str,
+    now: datetime,
+    member_id: str | None = None,
+) -> SignInLink:
+    """A new single-use sign-in link for ``account_id`` (404 when there is no such account),
+    as its member ``member_id`` (a member of the account, not removed; else 400) or, without
+    one, as the account's owner."""
     get_account(session, account_id)
+    if member_id is not None and not _member_is_current(session, account_id, member_id):
+        raise InvalidRequest(
+            f"the account has no member {member_id} (or it was removed)", param="member_id"
+        )
     token = secrets.token_urlsafe(32)
     expires_at = now + LINK_LIFETIME
     session.execute(
@@ -55,6 +69,7 @@ def create_link(session: Session, account_id: str, base_url: str, now: datetime)
             created_at=now,
             expires_at=expires_at,
             used_at=None,
+            member_id=member_id,
         )
     )
     return SignInLink(f"{base_url.rstrip('/')}{SIGN_IN_PATH}{token}", account_id, expires_at)
@@ -72,10 +87,11 @@ def link_is_usable(session: Session, token: str, now: datetime) -> bool:
     return row is not None
 
 
-def spend_link(session: Session, token: str, now: datetime) -> str | None:
-    """The account the link signs into, marking it used; None for a link that is unknown,
-    expired or already used (no hint which)."""
-    return session.execute(
+def spend_link(session: Session, token: str, now: datetime) -> tuple[str, str | None] | None:
+    """The account the link signs into and the member it signs in as (None: the owner),
+    marking it used; None for a link that is unknown, expired or already used (no hint
+    which)."""
+    row = session.execute(
         update(TOKENS)
         .where(
             TOKENS.c.token_hash == _hash(token),
@@ -83,8 +99,22 @@ def spend_link(session: Session, token: str, now: datetime) -> str | None:
             TOKENS.c.expires_at > now,
         )
         .values(used_at=now)
-        .returning(TOKENS.c.account_id)
-    ).scalar_one_or_none()
+        .returning(TOKENS.c.account_id, TOKENS.c.member_id)
+    ).first()
+    return None if row is None else (row.account_id, row.member_id)
+
+
+def _member_is_current(session: Session, account_id: str, member_id: str) -> bool:
+    return (
+        session.execute(
+            select(MEMBERS.c.id).where(
+                MEMBERS.c.account_id == account_id,
+                MEMBERS.c.id == member_id,
+                MEMBERS.c.removed_at.is_(None),
+            )
+        ).first()
+        is not None
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +127,12 @@ class PortalUser:
     billing: str
     expires_at: datetime
     permissions: frozenset[Permission]
+    member_id: str | None = None  # a member's session: whose keys are "own keys"
+
+    @property
+    def actor(self) -> str:
+        """Who the audit log names for this session's changes."""
+        return f"portal:{self.member_id or self.account_id}"
 
     def can(self, permission: Permission) -> bool:
         return permission in self.permissions
@@ -139,11 +175,32 @@ def user_of(session: Session, secret: str, now: datetime) -> PortalUser | None:
     ).first()
     if row is None:
         return None
-    kind, subject_id = kind_of(row.method)
-    if kind is SessionKind.API_KEY and not _key_is_live(session, row.account_id, subject_id):
+    kind, subject = kind_of(row.method)
+    if kind is SessionKind.API_KEY and not _key_is_live(session, row.account_id, subject):
         return None  # signed in with a key since revoked: over with the key
+    if kind is not SessionKind.MEMBER:
+        return PortalUser(
+            row.id, row.account_id, row.name, row.billing, row.expires_at, permissions_of(kind)
+        )
+    # A member's permissions are its role now: a role changed, or the member removed (its
+    # session over), applies at the next request.
+    role = session.execute(
+        select(MEMBERS.c.role).where(
+            MEMBERS.c.account_id == row.account_id,
+            MEMBERS.c.id == subject,
+            MEMBERS.c.removed_at.is_(None),
+        )
+    ).scalar_one_or_none()
+    if role is None:
+        return None
     return PortalUser(
-        row.id, row.account_id, row.name, row.billing, row.expires_at, permissions_of(kind)
+        row.id,
+        row.account_id,
+        row.name,
+        row.billing,
+        row.expires_at,
+        permissions_of(kind, Role(role)),
+        member_id=subject,
     )
 
 

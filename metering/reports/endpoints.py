@@ -53,16 +53,22 @@ def usage_report(
     ] = None,
     group_by: Annotated[
         str | None,
-        Query(description="model (default) or api_key", json_schema_extra=_enum(params.GROUP_BYS)),
+        Query(
+            description="model (default), api_key, project or member",
+            json_schema_extra=_enum(params.GROUP_BYS),
+        ),
     ] = None,
     models: Annotated[list[str] | None, Query(description="Repeatable model filter")] = None,
     api_key_ids: Annotated[list[str] | None, Query(description="Repeatable key filter")] = None,
+    project_ids: Annotated[list[str] | None, Query(description="Repeatable project filter")] = None,
+    member_ids: Annotated[list[str] | None, Query(description="Repeatable member filter")] = None,
     output_format: Annotated[
         str | None,
         Query(alias="format", description="json or csv", json_schema_extra=_enum(params.FORMATS)),
     ] = None,
 ) -> Response:
-    """Your account's requests, tokens and cost per UTC day or hour, by model or by API key."""
+    """Your account's requests, tokens and cost per UTC day or hour, by model, API key,
+    project or member."""
     params.check_parameter_names(name for name, _ in request.query_params.multi_items())
     query = params.parse_report_query(
         starting_at=starting_at,
@@ -73,6 +79,8 @@ def usage_report(
         api_key_ids=api_key_ids or (),
         output_format=output_format,
         now=now,
+        project_ids=project_ids or (),
+        member_ids=member_ids or (),
     )
     report = service.usage_report(session, key.account_id, key.billing, query)
     if query.output_format == "csv":

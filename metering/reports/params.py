@@ -15,9 +15,9 @@ from metering.kit.timeutil import format_timestamp, parse_timestamp
 
 BUCKET_WIDTHS = {"1d": timedelta(days=1), "1h": timedelta(hours=1)}
 MAX_BUCKETS = {"1d": 93, "1h": 168}
-GROUP_BYS = ("model", "api_key")
+GROUP_BYS = ("model", "api_key", "project", "member")
 FORMATS = ("json", "csv")
-REPEATABLE = frozenset({"models", "api_key_ids"})
+REPEATABLE = frozenset({"models", "api_key_ids", "project_ids", "member_ids"})
 KNOWN_PARAMETERS = frozenset(
     {"starting_at", "ending_at", "bucket_width", "group_by", "format"} | REPEATABLE
 )
@@ -31,10 +31,12 @@ class ReportQuery:
     starting_at: datetime  # aware UTC, aligned to the bucket width
     ending_at: datetime  # exclusive, aligned, after starting_at
     bucket_width: str  # "1d" | "1h"
-    group_by: str  # "model" | "api_key"
+    group_by: str  # "model" | "api_key" | "project" | "member"
     models: frozenset[str] | None  # lower-cased filter values; None: no filter
     api_key_ids: frozenset[str] | None  # exact filter values; None: no filter
     output_format: str  # "json" | "csv"
+    project_ids: frozenset[str] | None = None  # exact filter values; None: no filter
+    member_ids: frozenset[str] | None = None  # exact filter values; None: no filter
 
     @property
     def width(self) -> timedelta:
@@ -113,6 +115,8 @@ def parse_report_query(
     api_key_ids: Sequence[str],
     output_format: str | None,
     now: datetime,
+    project_ids: Sequence[str] = (),
+    member_ids: Sequence[str] = (),
 ) -> ReportQuery:
     """The checked query, or the first problem as a 400 naming its parameter: values one by one
     (missing, malformed, unsupported), then the window (alignment, order, size)."""
@@ -159,4 +163,6 @@ def parse_report_query(
         models=frozenset(m.lower() for m in models) if models else None,
         api_key_ids=frozenset(api_key_ids) if api_key_ids else None,
         output_format=fmt,
+        project_ids=frozenset(project_ids) if project_ids else None,
+        member_ids=frozenset(member_ids) if member_ids else None,
     )

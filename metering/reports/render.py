@@ -27,6 +27,31 @@ CSV_COLUMNS = {
         "cost_usd",
         "cost_microcents",
     ),
+    "project": (
+        "starting_at",
+        "ending_at",
+        "project",
+        "project_name",
+        *CSV_MEASURES,
+        "cost_usd",
+        "cost_microcents",
+    ),
+    "member": (
+        "starting_at",
+        "ending_at",
+        "member",
+        "member_email",
+        *CSV_MEASURES,
+        "cost_usd",
+        "cost_microcents",
+    ),
+}
+# The groupings whose results name a group and its name, and the two members' names; their
+# results' cost_usd is null (the microcents are exact), as the public API documents for keys.
+_NAMED_GROUPS = {
+    "api_key": ("api_key", "api_key_name"),
+    "project": ("project", "project_name"),
+    "member": ("member", "member_email"),
 }
 
 
@@ -90,10 +115,15 @@ def report_json(report: Report) -> bytes:
     by the standard library's encoder, amounts are exact (``usd``), the text is ASCII."""
     query, billed = report.query, report.billed
     names = report.key_names
-    if query.group_by == "api_key":
-        # Per-key cost_usd is null, as the public API documents; the microcents are exact.
+    named = _NAMED_GROUPS.get(query.group_by)
+    if named is not None:
+        # Per-group cost_usd is null, as the public API documents; the microcents are exact.
+        # The service keys' group (group_by=member) is the member null.
+        group, name = named
         prefixes = _Prefixes(
-            lambda key: f'{{"api_key":{_string(key)},"api_key_name":{_nullable(names.get(key))},'
+            lambda key: (
+                f'{{"{group}":{_nullable(key or None)},"{name}":{_nullable(names.get(key))},'
+            )
         )
         result_cost = _cost_members(billed, with_usd=False)
     else:
@@ -129,7 +159,7 @@ def report_csv(report: Report) -> str:
     one row with empty group columns and zero counts. Cost columns are empty where the JSON
     report has null (per-key cost_usd; every cost of an unbilled account)."""
     query, billed = report.query, report.billed
-    by_key = query.group_by == "api_key"
+    by_key = query.group_by in _NAMED_GROUPS
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\r\n")
     writer.writerow(CSV_COLUMNS[query.group_by])
@@ -137,6 +167,7 @@ def report_csv(report: Report) -> str:
         span = (format_timestamp(bucket.starting_at), format_timestamp(bucket.ending_at))
         # An empty bucket's one row: no group, every measure zero.
         rows = bucket.rows(*CSV_MEASURES, "cost_microcents") if bucket.groups else [_NO_GROUP]
+        # (The service keys' group, by member, is the empty member.)
         for key, *counts, cost in rows:
             label = (key, report.key_names.get(key, "") if key else "") if by_key else (key,)
             cost_usd = usd_text(cost) if billed and not by_key else ""

@@ -20,7 +20,7 @@ from sqlalchemy import BigInteger, String, and_, cast, exists, func, select, typ
 from sqlalchemy.orm import Session
 
 from metering.accounts.access import ACCOUNT_MODELS
-from metering.models import ApiKey, CatalogModel, UsageRollup, table
+from metering.models import ApiKey, CatalogModel, Member, Project, UsageRollup, table
 from metering.reports.params import ReportQuery
 
 UNAVAILABLE = "unavailable"  # the group of models the catalog hides now
@@ -73,7 +73,9 @@ class Report:
     billed: bool  # False: unbilled account, every cost is reported as null
     totals: Measures
     buckets: list[Bucket]
-    key_names: dict[str, str]  # api_key id → name (group_by=api_key only)
+    # Each group's name: an API key's name (group_by=api_key), a project's (group_by=project),
+    # a member's address (group_by=member; the service keys' group, "", has none).
+    key_names: dict[str, str]
 
 
 def assemble(
@@ -194,6 +196,42 @@ def _rollup_rows(
     return rows
 
 
+# A key's project and member ("" for a service key's), by key id.
+Owners = Mapping[str, tuple[str, str]]
+
+
+def _owners(session: Session, account_id: str, query: ReportQuery) -> Owners:
+    """Each of the account's keys' project and member, when the query groups or filters by
+    either (else nothing is read)."""
+    if query.group_by not in ("project", "member") and not (query.project_ids or query.member_ids):
+        return {}
+    return {
+        key_id: (project_id or "", member_id or "")
+        for key_id, project_id, member_id in session.execute(
+            select(ApiKey.id, ApiKey.project_id, ApiKey.member_id).where(
+                ApiKey.account_id == account_id
+            )
+        )
+    }
+
+
+def _owner_label(owners: Owners, index: int) -> Callable[[str], str]:
+    """A key's group: its project (``index`` 0) or its member (1; "" for a service key)."""
+    by_owner = {key_id: owner[index] for key_id, owner in owners.items()}
+    return lambda key_id: by_owner.get(key_id, "")
+
+
+def _key_filter(query: ReportQuery, owners: Owners) -> frozenset[str] | None:
+    """The keys the query's filters select (by key, project and member), None: every key."""
+    selected = query.api_key_ids
+    for wanted, index in ((query.project_ids, 0), (query.member_ids, 1)):
+        if wanted is None:
+            continue
+        keys = frozenset(key_id for key_id, owner in owners.items() if owner[index] in wanted)
+        selected = keys if selected is None else selected & keys
+    return selected
+
+
 def usage_report(session: Session, account_id: str, billing: str, query: ReportQuery) -> Report:
     """The report of ``account_id``'s usage for ``query``."""
     catalog: Sequence[tuple[str, str, bool]] = ()
@@ -214,12 +252,29 @@ def usage_report(session: Session, account_id: str, billing: str, query: ReportQ
                 select(ApiKey.id, ApiKey.name).where(ApiKey.account_id == account_id)
             ).all()
         )
+    elif query.group_by == "project":
+        key_names = dict(
+            session.execute(
+                select(Project.id, Project.name).where(Project.account_id == account_id)
+            ).all()
+        )
+    elif query.group_by == "member":
+        key_names = dict(
+            session.execute(
+                select(Member.id, Member.email).where(Member.account_id == account_id)
+            ).all()
+        )
+    owners = _owners(session, account_id, query)
+    key_ids = _key_filter(query, owners)
     model_ids = _model_filter(query, catalog)
     rows: RollupRows = {}
     if model_ids is None or model_ids:
-        rows = _rollup_rows(session, account_id, query, model_ids, query.api_key_ids)
+        rows = _rollup_rows(session, account_id, query, model_ids, key_ids)
     hidden = {model_id for model_id, _, is_hidden in catalog if is_hidden}
     label = _shown_as(hidden) if query.group_by == "model" and hidden else None
+    if query.group_by in ("project", "member"):
+        # Each key's rows under its project or member (fixed for the key's life).
+        label = _owner_label(owners, 0 if query.group_by == "project" else 1)
     buckets = assemble(query, rows, label)
     return Report(
         query=query,

@@ -10,6 +10,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Body, Query, Request, Response
 from starlette.datastructures import State
 
+from metering.accounts.deps import AccountKeyDep
 from metering.audit.deps import AuditDep
 from metering.db import Database, Kind, retry_transient
 from metering.kit.pagination import PageParams
@@ -38,6 +39,8 @@ router = APIRouter(
 admin_router = APIRouter(
     prefix="/admin/v1", route_class=MeteringRoute, dependencies=[AdminDep], tags=["admin: usage"]
 )
+# An account key's own requests.
+requests_router = APIRouter(prefix="/v1", route_class=MeteringRoute, tags=["requests"])
 
 
 # A recorded or duplicate result, written by a template: the hot path's answer is one of these
@@ -157,6 +160,13 @@ def _record_once(
 async def ingest_events(body: EventBatch, request: Request) -> Response:
     """Record 1–1000 usage events; each is recorded, a duplicate, quarantined or rejected."""
     return json_answer(await _ingest(request.app.state, body, request.path_params))
+
+
+@requests_router.get("/requests/{request_id}")
+def get_request(request_id: str, key: AccountKeyDep, session: SessionDep) -> dict[str, Any]:
+    """What one of your account's requests cost, component by component: the rates in force,
+    each component's exact and charged amount, the total, and the hold it settled."""
+    return support.request_body(session, key.account_id, request_id)
 
 
 @admin_router.get("/usage/events/{request_id}")

@@ -56,6 +56,12 @@ class World:
     model: str
     endpoint: str  # a webhook endpoint of the account
     event: str  # a webhook.test event sent to it
+    member: str  # a member of the account
+
+    @property
+    def project(self) -> str:
+        """The account's Default project."""
+        return "proj_" + self.account.removeprefix("acct_")
 
 
 # A public address (TEST-NET-3): saved without resolving anything.
@@ -75,7 +81,11 @@ def world(api: Api) -> World:
     endpoint_id = endpoint.json()["id"]
     event = api.admin("POST", f"/admin/v1/webhook-endpoints/{endpoint_id}/test")
     assert event.status_code == 200, event.text
-    return World(account, key, put_model(api), endpoint_id, event.json()["id"])
+    member = api.admin(
+        "POST", f"/admin/v1/accounts/{account}/members", json={"email": f"{unique('m')}@x.io"}
+    )
+    assert member.status_code == 201, member.text
+    return World(account, key, put_model(api), endpoint_id, event.json()["id"], member.json()["id"])
 
 
 @dataclass(frozen=True)
@@ -147,6 +157,46 @@ MUTATIONS: dict[tuple[str, str], Mutation] = {
         lambda api, w: api.admin("DELETE", f"/admin/v1/api-keys/{w.key.id}"),
         True,
         "api_key",
+    ),
+    ("POST", "/admin/v1/accounts/{account_id}/projects"): Mutation(
+        "project.create",
+        lambda api, w: api.admin(
+            "POST", f"/admin/v1/accounts/{w.account}/projects", json={"name": "p"}
+        ),
+        True,
+        "project",
+    ),
+    ("PATCH", "/admin/v1/projects/{project_id}"): Mutation(
+        "project.update",
+        lambda api, w: api.admin("PATCH", f"/admin/v1/projects/{w.project}", json={"name": "q"}),
+        True,
+        "project",
+    ),
+    ("DELETE", "/admin/v1/projects/{project_id}"): Mutation(
+        "project.archive",
+        lambda api, w: api.admin("DELETE", f"/admin/v1/projects/{w.project}"),
+        True,
+        "project",
+    ),
+    ("POST", "/admin/v1/accounts/{account_id}/members"): Mutation(
+        "member.create",
+        lambda api, w: api.admin(
+            "POST", f"/admin/v1/accounts/{w.account}/members", json={"email": "new@x.io"}
+        ),
+        True,
+        "member",
+    ),
+    ("PATCH", "/admin/v1/members/{member_id}"): Mutation(
+        "member.update",
+        lambda api, w: api.admin("PATCH", f"/admin/v1/members/{w.member}", json={"role": "admin"}),
+        True,
+        "member",
+    ),
+    ("DELETE", "/admin/v1/members/{member_id}"): Mutation(
+        "member.remove",
+        lambda api, w: api.admin("DELETE", f"/admin/v1/members/{w.member}"),
+        True,
+        "member",
     ),
     ("POST", "/admin/v1/accounts/{account_id}/grants"): Mutation(
         "grant.create",

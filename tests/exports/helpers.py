@@ -24,7 +24,7 @@ from metering.kit.timeutil import format_timestamp
 from metering.models import ExportDay, ExportRun, UsageEvent
 from tests import oracle
 from tests.conftest import Api
-from tests.factories import Key, create_account, create_key, priced_model, usage_object
+from tests.factories import Key, create_account, priced_model, usage_object
 
 PRICED_FROM = datetime(2026, 1, 1, tzinfo=UTC)
 DAY = date(2026, 11, 28)  # ended: the app's clock (tests.conftest.NOW) is 2026-11-29 12:00
@@ -42,6 +42,8 @@ COLUMNS = [
     "reasoning_tokens",
     "cost_microcents",
     "cost_usd",
+    "project_id",
+    "member_id",
 ]
 # (input, output, cache read) microcents per million tokens
 RATES = {
@@ -88,18 +90,33 @@ class Tenant:
     keys: list[Key]
     key_names: dict[str, str]
     models: dict[str, tuple[int, int, int]]  # model id → rates
+    key_members: dict[str, str] = field(default_factory=dict)  # key id → member id, if any
     sent: list[Sent] = field(default_factory=list)
 
 
 def tenant(api: Api, billing: str = "prepaid", names: Iterable[str] = ("prod", "ci")) -> Tenant:
     account_id = create_account(api, billing)
-    keys, key_names = [], {}
-    for name in names:
-        key = create_key(api, account_id, name=name)
+    names = tuple(names)
+    keys, key_names, key_members = [], {}, {}
+    # The last key is a member's (the export names it), the others service keys.
+    member = api.admin(
+        "POST", f"/admin/v1/accounts/{account_id}/members", json={"email": "dev@example.com"}
+    ).json()["id"]
+    for index, name in enumerate(names, start=1):
+        owner = {"member_id": member} if index == len(names) else {}
+        response = api.admin(
+            "POST", f"/admin/v1/accounts/{account_id}/api-keys", json={"name": name, **owner}
+        )
+        assert response.status_code == 201, response.text
+        key = Key(response.json()["id"], response.json()["key"], account_id)
         keys.append(key)
         key_names[key.id] = name
+        if owner:
+            key_members[key.id] = member
     models = {priced_model(api, PRICED_FROM, rates): rates for rates in RATES.values()}
-    return Tenant(account_id, billing == "prepaid", keys, key_names, models)
+    return Tenant(
+        account_id, billing == "prepaid", keys, key_names, models, key_members=key_members
+    )
 
 
 def send(
@@ -161,6 +178,8 @@ def expected_rows(t: Tenant, day: date) -> list[list[str]]:
                 *(str(v) for v in values[:5]),
                 str(cost) if t.billed else "",
                 usd(cost) if t.billed else "",
+                "proj_" + t.account_id.removeprefix("acct_"),  # the account's Default project
+                t.key_members.get(key_id, ""),
             ]
         )
     return rows

@@ -84,7 +84,7 @@ def test_files_hold_each_key_and_model_of_the_day_exactly(fresh_api: Api, tmp_pa
         schema = pq.read_schema(directory / f"{t.account_id}.parquet")
         assert [schema.field(c).type for c in COLUMNS] == [pa.string()] * 5 + [pa.int64()] * 6 + [
             pa.string()
-        ]
+        ] * 3
         assert schema.metadata is None or b"pandas" not in schema.metadata
     paid_rows = expected_rows(paid, DAY)
     assert len(paid_rows) == 4  # prod×glm, prod×odd, ci×glm, ci×odd

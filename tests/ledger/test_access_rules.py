@@ -351,6 +351,8 @@ def test_get_api_keys_lists_the_callers_account_only(api: Api) -> None:
         "spent_cents",
         "spent_microcents",
         "window_starts_at",
+        "project_id",
+        "member_id",
     }
     assert elsewhere.key.id not in str(page) + str(rest)
     assert_error(api.client.get("/v1/api-keys"), 401, "missing_api_key")

@@ -233,6 +233,36 @@ def test_the_portal_link_command(api: Api, tmp_path: Path) -> None:
     )
     assert missing.returncode == 1 and "acct_nope" in missing.stderr
 
+    # As a member: the link signs in with the member's role; a removed member gets none.
+    member = api.admin(
+        "POST",
+        f"/admin/v1/accounts/{account}/members",
+        json={"email": "v@example.com", "role": "viewer"},
+    ).json()["id"]
+    as_member = subprocess.run(
+        [str(metering), "portal-link", account, "--member", member],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert as_member.returncode == 0, as_member.stderr
+    client = _client(api)
+    path = as_member.stdout.strip().removeprefix("https://billing.example.com")
+    assert _sign_in(client, path).status_code == 303  # type: ignore[attr-defined]
+    keys_page = client.get("/billing/keys")
+    assert keys_page.status_code == 200 and 'id="make-key"' not in keys_page.text
+    api.admin("DELETE", f"/admin/v1/members/{member}")
+    assert client.get("/billing/keys").status_code == 401
+    removed = subprocess.run(
+        [str(metering), "portal-link", account, "--member", member],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert removed.returncode == 1 and member in removed.stderr
+
 
 def _signed_in_client(api: Api, account: str) -> TestClient:
     client = _client(api)

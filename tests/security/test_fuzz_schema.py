@@ -61,7 +61,15 @@ GATEWAY_ROUTES = {
     ("DELETE", "/v1/authorizations/{authorization_id}"),
     ("POST", "/v1/usage/events"),
 }
-ACCOUNT_KEY_ROUTES = {"/v1/usage", "/v1/credits", "/v1/models", "/v1/api-keys"}
+ACCOUNT_KEY_ROUTES = {
+    "/v1/usage",
+    "/v1/credits",
+    "/v1/models",
+    "/v1/api-keys",
+    "/v1/projects",
+    "/v1/members",
+    "/v1/requests/{request_id}",
+}
 HOOK_URL = "https://11.22.33.44/hook"  # public for the address rules, never resolved
 
 
@@ -110,6 +118,10 @@ def target(
             json={"url": HOOK_URL, "event_types": ["webhook.test"], "account_id": account},
         ).json()
         hook_event = api.admin("POST", f"/admin/v1/webhook-endpoints/{hook['id']}/test").json()
+        member = api.admin(
+            "POST", f"/admin/v1/accounts/{account}/members", json={"email": "fuzz@example.com"}
+        ).json()["id"]
+        project = "proj_" + account.removeprefix("acct_")
         values: dict[str, Any] = {
             "account_id": account,
             "key_id": spare.id,
@@ -132,6 +144,10 @@ def target(
             "url": HOOK_URL,
             "endpoint_id": hook["id"],
             "event_id": hook_event["id"],
+            "project_id": project,
+            "member_id": member,
+            "project_ids": [project],
+            "member_ids": [member],
         }
         event = usage_event(key, model, NOW, chat_usage(1200, 300, cached=200, reasoning=50))
         yield Target(api, key.secret, spare.id, values, event)
@@ -180,6 +196,10 @@ STATED_ONLY_IN_CODE = [
     (None, "invalid_parameter", "monthly_spend_limit_cents", "cannot be sent with"),
     (None, "invalid_parameter", "allowed_models", ""),
     (None, "invalid_parameter", "models", "unknown model"),
+    # A key's project and member, and a sign-in link's member, of the account and current
+    # (stored state).
+    (None, "invalid_parameter", "project_id", ""),
+    (None, "invalid_parameter", "member_id", ""),
     # a grant's expiry must be later than the clock's now
     (
         ("POST", "/admin/v1/accounts/{account_id}/grants"),

@@ -40,6 +40,9 @@ ACCOUNT_KEY_ROUTES = {
     ("GET", "/v1/credits"),
     ("GET", "/v1/models"),
     ("GET", "/v1/api-keys"),
+    ("GET", "/v1/projects"),
+    ("GET", "/v1/members"),
+    ("GET", "/v1/requests/{request_id}"),
     # The account's webhook endpoints (tests/notifications/test_endpoints.py: one account's key
     # never sees or changes another's).
     ("POST", "/v1/webhook-endpoints"),
@@ -153,6 +156,8 @@ def fill(path: str, victim: Tenant) -> str:
         "grant_id": victim.grant_id,
         "endpoint_id": "whep_victim",
         "event_id": "evt_victim",
+        "project_id": "proj_" + victim.account.removeprefix("acct_"),
+        "member_id": "mem_victim",
         "payment_id": "pay_victim",
     }
     for name, value in values.items():

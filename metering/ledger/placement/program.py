@@ -51,7 +51,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from metering import programs as p
 from metering.accounts.access import in_flight_limited
-from metering.accounts.spend import key_charges
+from metering.accounts.spend import key_charges, keys_of, owner_charges
 from metering.citus import of_account
 from metering.kit.ranges import INT64_MAX, INT64_MIN
 from metering.ledger.resolution import resolution_text
@@ -68,7 +68,11 @@ ACCOUNTS = table(Account)
 class Outcome(StrEnum):
     GRANTED = "granted"
     INSUFFICIENT_CREDITS = "insufficient_credits"
+    # The spend limits, checked in this order: the key's project's, its member's (over all of
+    # the member's keys), the key's own; each over its own window.
+    PROJECT_SPEND_LIMIT = "project_spend_limit"
     MEMBER_SPEND_LIMIT = "member_spend_limit"
+    KEY_SPEND_LIMIT = "key_spend_limit"
     CONCURRENCY_LIMIT = "concurrency_limit_exceeded"
     EXISTS = "exists"  # the account already has a hold with this request id
     STALE = "stale"  # the remembered resolution it was estimated from no longer holds
@@ -80,8 +84,8 @@ class Outcome(StrEnum):
 @dataclass(frozen=True, slots=True)
 class Placement:
     """A hold's outcome; ``available``: the account's balance minus its holds in force, before
-    this one; ``spent``: for a key refused by its spend limit, its charges in the window plus
-    its holds in force."""
+    this one; ``spent``: for a hold refused by a spend limit, the charges in that limit's window
+    plus the holds in force of what it limits (the project's, the member's or the key's)."""
 
     outcome: Outcome
     available: int
@@ -105,12 +109,20 @@ BODY_COLUMNS = (
 )
 
 # What the check-and-hold is given for each hold besides the hold itself: the key's spend limit
-# and the window it applies to, and (PostgreSQL) the remembered resolution it was estimated from
-# with what it was read for (null: resolved afresh).
+# and the window it applies to, its project's and its member's with theirs, and (PostgreSQL) the
+# remembered resolution it was estimated from with what it was read for (null: resolved afresh).
 _EXTRA: p.RowColumns = (
     ("spend_limit", BigInteger()),
     ("window_start", UTCDateTime()),
     ("window_end", UTCDateTime()),
+    ("project_id", String()),
+    ("project_limit", BigInteger()),
+    ("project_window_start", UTCDateTime()),
+    ("project_window_end", UTCDateTime()),
+    ("member_id", String()),
+    ("member_limit", BigInteger()),
+    ("member_window_start", UTCDateTime()),
+    ("member_window_end", UTCDateTime()),
     ("resolution", Text()),
     ("secret_hash", String()),
     ("model_key", String()),
@@ -129,6 +141,20 @@ def key_holds_in_force(account_id: Any, api_key_id: Any, at: Any) -> ColumnEleme
         .where(
             HOLDS.c.account_id == account_id,
             HOLDS.c.api_key_id == api_key_id,
+            holds.in_force(HOLDS, at),
+        )
+        .scalar_subquery()
+    )
+
+
+def owner_holds_in_force(account_id: Any, column: str, owner_id: Any, at: Any) -> Any:
+    """The estimates of the holds in force at ``at`` of every key of a project or a member
+    (``column``: ``project_id`` or ``member_id``), a scalar subquery."""
+    return (
+        select(func.coalesce(func.sum(HOLDS.c.estimate_microcents), 0))
+        .where(
+            HOLDS.c.account_id == account_id,
+            HOLDS.c.api_key_id.in_(keys_of(account_id, column, owner_id)),
             holds.in_force(HOLDS, at),
         )
         .scalar_subquery()
@@ -304,30 +330,60 @@ def _place_holds(on: p.Backend) -> list[p.Step]:
             Outcome.INSUFFICIENT_CREDITS.value,
         ),
     )
-    # The last check: the key's spend limit in its window.
-    over_spend_limit = and_(
-        billing.ref == "prepaid",
-        h["spend_limit"].ref.isnot(None),
-        spent + estimate > h["spend_limit"].ref,
-    )
-    limited = (over_spend_limit, Outcome.MEMBER_SPEND_LIMIT.value)
-    # The decision, then the spend limit's check. On PostgreSQL the spend limit is checked in a
-    # step of its own, for a key that has one and a hold that passed every other check: PL/pgSQL
-    # starts every subquery of an expression it runs as a query (index scans opened and all)
-    # whether its branch is taken or not, so in the CASE the spend-limit sums cost every hold,
-    # limited or not. On SQLite the CASE is the cheaper form (each step there is a statement of
-    # its own).
+    # The last checks: the project's, the member's and the key's spend limits, each in its
+    # window, in that order; a limit is checked only when it is set (null: none).
+    scopes = {
+        Outcome.PROJECT_SPEND_LIMIT: (
+            h["project_limit"].ref,
+            owner_charges(
+                account.ref,
+                "project_id",
+                h["project_id"].ref,
+                h["project_window_start"].ref,
+                h["project_window_end"].ref,
+            )
+            + owner_holds_in_force(
+                account.ref, "project_id", h["project_id"].ref, h["created_at"].ref
+            ),
+        ),
+        Outcome.MEMBER_SPEND_LIMIT: (
+            h["member_limit"].ref,
+            owner_charges(
+                account.ref,
+                "member_id",
+                h["member_id"].ref,
+                h["member_window_start"].ref,
+                h["member_window_end"].ref,
+            )
+            + owner_holds_in_force(
+                account.ref, "member_id", h["member_id"].ref, h["created_at"].ref
+            ),
+        ),
+        Outcome.KEY_SPEND_LIMIT: (h["spend_limit"].ref, spent),
+    }
+
+    def over(limit: Any, scope_spent: Any) -> ColumnElement[bool]:
+        return and_(billing.ref == "prepaid", limit.isnot(None), scope_spent + estimate > limit)
+
+    limited = [(over(limit, used), scope.value) for scope, (limit, used) in scopes.items()]
+    # The decision, then the spend limits' checks. On PostgreSQL each spend limit is checked in
+    # a step of its own, for a limit that is set and a hold that passed every check before it:
+    # PL/pgSQL starts every subquery of an expression it runs as a query (index scans opened
+    # and all) whether its branch is taken or not, so in the CASE the spend-limit sums would
+    # cost every hold, limited or not. On SQLite the CASE is the cheaper form (each step there
+    # is a statement of its own).
     decide, spend_check = on.choose(
         postgresql=(
             case(*decide_checks, else_=Outcome.GRANTED.value),
-            (
+            tuple(
                 p.When(
-                    and_(outcome.ref == Outcome.GRANTED.value, h["spend_limit"].ref.isnot(None)),
-                    (p.Assign(outcome, case(limited, else_=Outcome.GRANTED.value)),),
-                ),
+                    and_(outcome.ref == Outcome.GRANTED.value, limit.isnot(None)),
+                    (p.Assign(outcome, case(check, else_=Outcome.GRANTED.value)),),
+                )
+                for (limit, _), check in zip(scopes.values(), limited, strict=True)
             ),
         ),
-        sqlite=(case(*decide_checks, limited, else_=Outcome.GRANTED.value), ()),
+        sqlite=(case(*decide_checks, *limited, else_=Outcome.GRANTED.value), ()),
     )
     grant = p.When(
         outcome.ref == Outcome.GRANTED.value,
@@ -352,18 +408,18 @@ def _place_holds(on: p.Backend) -> list[p.Step]:
     # taken, so every hold paid for it; an IF on the outcome (a simple expression) costs the
     # others nothing. On SQLite the CASE is the cheaper form: each step there is a statement of
     # its own.
+    report: tuple[p.Step, ...] = (p.Assign(refused_spent, _NO_AMOUNT),)
+    for scope, (_, used) in reversed(scopes.items()):
+        report = (p.When(outcome.ref == scope.value, (p.Assign(refused_spent, used),), report),)
     report_spent, emitted_spent = on.choose(
-        postgresql=(
-            (
-                p.When(
-                    outcome.ref == Outcome.MEMBER_SPEND_LIMIT.value,
-                    (p.Assign(refused_spent, spent),),
-                    (p.Assign(refused_spent, _NO_AMOUNT),),
-                ),
+        postgresql=(report, refused_spent.ref),
+        sqlite=(
+            (),
+            case(
+                *((outcome.ref == scope.value, used) for scope, (_, used) in scopes.items()),
+                else_=None,
             ),
-            refused_spent.ref,
         ),
-        sqlite=((), case((outcome.ref == Outcome.MEMBER_SPEND_LIMIT.value, spent), else_=None)),
     )
     return [
         p.ForEach(

@@ -1,0 +1,230 @@
+"""The pre-flight's layered limits: a key's effective models are its account's ∩ its project's
+∩ its own; its spend is limited by its project's limit, then its member's (over all of the
+member's keys, in any project), then its own, each over its own window, after the credit check;
+spend recorded through ``POST /v1/usage/events``, money from tests/oracle.py."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+from decimal import Decimal
+from typing import Any
+
+import pytest
+
+from tests import oracle
+from tests.conftest import NOW, Api
+from tests.factories import (
+    GLM_RATES,
+    Key,
+    assert_error,
+    authorize,
+    create_account,
+    grant,
+    ingest,
+    priced_model,
+    unique,
+    usage_event,
+)
+from tests.ledger.helpers import DAY_BEFORE, expected_estimate
+
+ESTIMATE = expected_estimate(1000, 100, GLM_RATES)  # each authorization below
+
+
+def cents_text(microcents: int | None) -> str:
+    return "null" if microcents is None else format(Decimal(microcents) / 10**6, "f")
+
+
+def patch(api: Api, path: str, limit: int | None, window: str = "month") -> None:
+    body = f'{{"spend_limit_cents": {cents_text(limit)}, "spend_limit_window": "{window}"}}'
+    response = api.client.patch(
+        path, content=body, headers={**api.admin_headers, "Content-Type": "application/json"}
+    )
+    assert response.status_code == 200, response.text
+
+
+def post(api: Api, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    response = api.admin("POST", path, json=body)
+    assert response.status_code == 201, response.text
+    return dict(response.json())
+
+
+def key_in(api: Api, account: str, **owners: Any) -> Key:
+    body = post(api, f"/admin/v1/accounts/{account}/api-keys", {"name": unique("k"), **owners})
+    return Key(body["id"], body["key"], account)
+
+
+@dataclass
+class Team:
+    account: str
+    model: str
+    project: str
+    ada: str  # a member with keys in two projects
+    bob: str  # another member of the same project
+    ada_in_project: Key
+    ada_in_default: Key
+    bob_in_project: Key
+    spent_today: int  # what ada_in_project spent today (the oracle's figure)
+    spent_yesterday: int  # and yesterday (same week and month)
+
+
+@pytest.fixture
+def team(api: Api) -> Team:
+    account = create_account(api)
+    grant(api, account, 10**6)
+    model = priced_model(api, DAY_BEFORE)
+    project = post(api, f"/admin/v1/accounts/{account}/projects", {"name": "research"})["id"]
+    members = f"/admin/v1/accounts/{account}/members"
+    ada = post(api, members, {"email": f"{unique('ada')}@x.io"})["id"]
+    bob = post(api, members, {"email": f"{unique('bob')}@x.io"})["id"]
+    ada_in_project = key_in(api, account, project_id=project, member_id=ada)
+    ada_in_default = key_in(api, account, member_id=ada)
+    bob_in_project = key_in(api, account, project_id=project, member_id=bob)
+    today = usage_event(ada_in_project, model, NOW - timedelta(hours=1))
+    yesterday = usage_event(
+        ada_in_project, model, NOW - timedelta(days=1), usage={"prompt_tokens": 7}
+    )
+    ingest(api, today, yesterday)
+    return Team(
+        account,
+        model,
+        project,
+        ada,
+        bob,
+        ada_in_project,
+        ada_in_default,
+        bob_in_project,
+        oracle.event_charge(today, GLM_RATES).total_microcents,
+        oracle.event_charge(yesterday, GLM_RATES).total_microcents,
+    )
+
+
+# Each case: the key used, the project's, Ada's and the key's own limit as (room, window) where
+# room is what the limit leaves beyond what its scope spent in that window (None: no limit);
+# then the answer: None (granted) or the code and the limit_scope.
+FITS, SHORT = 0, -1  # the estimate fits exactly / is one microcent too many
+CASES: list[tuple[str, Any, Any, Any, tuple[str, str] | None]] = [
+    ("ada_in_project", (FITS, "month"), (FITS, "month"), (FITS, "month"), None),
+    ("ada_in_project", (SHORT, "month"), None, None, ("project_spend_limit", "project")),
+    (
+        "ada_in_project",
+        (SHORT, "month"),
+        (SHORT, "month"),
+        (SHORT, "month"),
+        ("project_spend_limit", "project"),
+    ),
+    ("ada_in_project", None, (SHORT, "month"), (SHORT, "month"), ("member_spend_limit", "member")),
+    ("ada_in_project", None, None, (SHORT, "month"), ("member_spend_limit", "key")),
+    (
+        "ada_in_project",
+        (FITS, "month"),
+        (FITS, "week"),
+        (SHORT, "day"),
+        ("member_spend_limit", "key"),
+    ),
+    # Ada's limit counts her key of the Default project too.
+    ("ada_in_default", None, (SHORT, "month"), None, ("member_spend_limit", "member")),
+    # The project's limit counts Ada's spend against Bob; Ada's limit is not Bob's.
+    ("bob_in_project", (SHORT, "week"), None, None, ("project_spend_limit", "project")),
+    ("bob_in_project", None, (SHORT, "month"), None, None),
+]
+
+
+def _spent(team: Team, scope: str, window: str, key: str) -> int:
+    """What the scope spent in the window (NOW is a Sunday: yesterday is in its week)."""
+    if scope == "key" and key != "ada_in_project":
+        return 0
+    if scope == "member" and key == "bob_in_project":
+        return 0
+    return team.spent_today + (0 if window == "day" else team.spent_yesterday)
+
+
+@pytest.mark.parametrize(("key", "project", "member", "own", "expected"), CASES)
+def test_limits_are_checked_project_then_member_then_key(
+    api: Api, team: Team, key: str, project: Any, member: Any, own: Any, expected: Any
+) -> None:
+    chosen: Key = getattr(team, key)
+    limits = {}
+    for scope, path, given in (
+        ("project", f"/admin/v1/projects/{team.project}", project),
+        ("member", f"/admin/v1/members/{team.ada}", member),
+        ("key", f"/admin/v1/api-keys/{chosen.id}", own),
+    ):
+        if given is None:
+            patch(api, path, None)
+            continue
+        room, window = given
+        limit = _spent(team, scope, window, key) + ESTIMATE + room
+        limits[scope] = (limit, window)
+        patch(api, path, limit, window)
+
+    response = authorize(api, chosen, team.model, prompt_tokens=1000, max_tokens=100)
+    if expected is None:
+        assert response.status_code == 200, response.text
+        assert response.json()["estimate_microcents"] == ESTIMATE
+        return
+    code, scope = expected
+    error = assert_error(response, 402, code)
+    limit, window = limits[scope]
+    assert error["limit_scope"] == scope
+    assert Decimal(str(error["spend_limit_cents"])) * 10**6 == limit
+    assert error["spend_limit_window"] == window
+    assert Decimal(str(error["spent_cents"])) * 10**6 == _spent(team, scope, window, key)
+
+
+def test_credit_is_checked_before_every_spend_limit(api: Api, team: Team) -> None:
+    patch(api, f"/admin/v1/projects/{team.project}", 0)
+    poor = create_account(api)
+    grant(api, poor, Decimal(ESTIMATE - 1) / 10**6)
+    project = post(
+        api, f"/admin/v1/accounts/{poor}/projects", {"name": "p", "spend_limit_cents": 0}
+    )
+    key = key_in(api, poor, project_id=project["id"])
+    assert_error(
+        authorize(api, key, team.model, prompt_tokens=1000, max_tokens=100),
+        402,
+        "insufficient_credits",
+    )
+    # With credit enough, the project's limit of 0 refuses it.
+    grant(api, poor, 1)
+    error = assert_error(
+        authorize(api, key, team.model, prompt_tokens=1000, max_tokens=100),
+        402,
+        "project_spend_limit",
+    )
+    assert error["limit_scope"] == "project"
+
+
+def test_effective_models_are_account_and_project_and_key(api: Api, team: Team) -> None:
+    other = priced_model(api, DAY_BEFORE)
+    narrowed = post(
+        api,
+        f"/admin/v1/accounts/{team.account}/projects",
+        {"name": "narrow", "allowed_models": [team.model]},
+    )
+    both = key_in(api, team.account, project_id=narrowed["id"])
+    response = api.admin(
+        "PATCH", f"/admin/v1/api-keys/{both.id}", json={"allowed_models": [team.model, other]}
+    )
+    assert response.status_code == 200, response.text
+    assert authorize(api, both, team.model, prompt_tokens=10, max_tokens=10).status_code == 200
+    listed = api.as_key(both.secret, "GET", "/v1/models").json()["data"]
+    assert [card["id"] for card in listed] == [team.model]
+    assert_error(
+        authorize(api, both, other, prompt_tokens=10, max_tokens=10),
+        403,
+        "model_not_allowed",
+        param="model",
+    )
+    # The project's list widened: the key's own list still narrows it.
+    api.admin("PATCH", f"/admin/v1/projects/{narrowed['id']}", json={"allowed_models": None})
+    assert authorize(api, both, other, prompt_tokens=10, max_tokens=10).status_code == 200
+    listed = api.as_key(both.secret, "GET", "/v1/models").json()["data"]
+    assert sorted(card["id"] for card in listed) == sorted([team.model, other])
+    api.admin("PATCH", f"/admin/v1/api-keys/{both.id}", json={"allowed_models": [other]})
+    assert_error(
+        authorize(api, both, team.model, prompt_tokens=10, max_tokens=10),
+        403,
+        "model_not_allowed",
+        param="model",
+    )
