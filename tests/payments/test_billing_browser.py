@@ -228,3 +228,31 @@ def test_save_a_card_pay_with_it_then_remove_it(browser: Browser, billing_site: 
         "responded with a status of 400 (Bad Request)"
     ]
     assert_verified(api)
+
+
+def test_a_viewer_sees_no_auto_recharge_form_and_may_not_post_it(
+    browser: Browser, billing_site: Api
+) -> None:
+    from tests.portal.test_member_keys import _member, _member_link
+
+    api = billing_site
+    account = create_account(api)
+    viewer = _member(api, account, "viewer")
+    browser.driver.get(_member_link(api, account, viewer["id"]))
+    browser.click("#confirm")
+    browser.open("/billing/payments")
+    assert browser.driver.find_elements(By.ID, "auto-recharge") == []
+    token = browser.driver.find_element(By.CSS_SELECTOR, "input[name=csrf_token]").get_attribute(
+        "value"
+    )
+    status = browser.driver.execute_script(
+        "const body = new URLSearchParams({csrf_token: arguments[0], enabled: '1', "
+        "threshold: '10', recharge_amount: '25', monthly_limit: '100'});"
+        "return fetch('/billing/payments/auto-recharge', {method: 'POST', body})"
+        ".then(r => r.status);",
+        token,
+    )
+    assert status == 403
+    answer = api.admin("GET", f"/admin/v1/accounts/{account}/auto-recharge").json()
+    assert answer["enabled"] is False
+    browser.console_errors()  # the refused POST's 403
