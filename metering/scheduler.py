@@ -366,6 +366,7 @@ def command(settings: Settings, interval_seconds: float, once: bool, heartbeat: 
         scheduler = Scheduler(database, settings, SystemClock(), heartbeat=heartbeat)
         if once:
             ok = scheduler.tick().ok
+            scheduler.recharge()
             scheduler.deliver()
             return 0 if ok else 1
         run(scheduler, interval_seconds)

@@ -301,3 +301,44 @@ def test_a_claim_whose_scheduler_died_before_stripe_is_taken_over_once(shop: Sho
     assert _pass(shop) == 0
     assert [tuple(r) for r in _recharges(shop, key)] == [("succeeded", 2000, None)]
     assert _balance(shop, key) == 2000 * MICROCENTS_PER_CENT
+
+
+def test_two_scheduler_processes_at_once_charge_once(shop: Shop, tmp_path: Any) -> None:
+    """Two ``metering scheduler --once`` processes on the same database, started together."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import SECRET_KEY
+    from tests.payments.conftest import stripe_settings
+
+    key = _with_saved_card(shop)
+    assert _put(shop, key, threshold_cents=1000, amount_cents=2000).status_code == 200
+    env = {k: v for k, v in os.environ.items() if not k.startswith("METERING_")}
+    env.update(
+        {
+            "METERING_DATABASE_URL": shop.api.url,
+            "METERING_SECRET_KEY": SECRET_KEY,
+            "METERING_EXPORT_DIR": str(tmp_path / "exports"),
+            "METERING_LOG_LEVEL": "INFO",
+            **{
+                f"METERING_{name.upper()}": str(value)
+                for name, value in stripe_settings(shop.stripe).items()
+            },
+        }
+    )
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-m", "metering.cli", "scheduler", "--once"],
+            env=env,
+            stdout=(tmp_path / f"scheduler-{n}.log").open("ab"),
+            stderr=subprocess.STDOUT,
+        )
+        for n in range(2)
+    ]
+    for process in processes:
+        process.wait(timeout=120)
+    logs = "".join((tmp_path / f"scheduler-{n}.log").read_text() for n in range(2))
+    assert "auto-recharge pass failed" not in logs, logs
+    assert [tuple(r) for r in _recharges(shop, key)] == [("succeeded", 2000, None)], logs
+    assert _balance(shop, key) == 2000 * MICROCENTS_PER_CENT
