@@ -306,7 +306,11 @@ async def _churn(
                     hold = response.json()
                     voided = await connection.request("DELETE", f"/v1/authorizations/{hold['id']}")
                     assert voided.status == 200, voided.body
-                    counts["voided"] += 1
+                    # Another client may have moved the clock past the hold's expiry meanwhile:
+                    # then the hold is answered as it stands, expired, not voided.
+                    status = voided.json()["status"]
+                    assert status in ("voided", "expired"), voided.body
+                    counts["voided"] += status == "voided"
         finally:
             await connection.close()
 
