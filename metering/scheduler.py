@@ -10,7 +10,9 @@ alone, so a restart, a crash or a second replica never misses or repeats work:
 * exports: every ended day (``METERING_EXPORT_AFTER_MINUTES`` past its end) whose rollups hold
   more than its last successful export included: never exported, failed, or late events since.
 
-A second job, every second, is the webhook delivery loop (metering.notifications.delivery).
+A second job, every second, is the webhook delivery loop (metering.notifications.delivery); a
+third, every 2 seconds while payments are on, charges the auto-recharges due
+(metering.payments.recharge).
 
 Replicas coordinate through the database (the day's row lock, see ``metering.exports.service``),
 never through process memory.
@@ -44,6 +46,7 @@ log = logging.getLogger("metering.scheduler")
 DEFAULT_INTERVAL_SECONDS = 60.0
 EXPIRY_BATCH = 100  # accounts per transaction when the scheduler writes due grant expiries
 WEBHOOK_INTERVAL_SECONDS = 1.0  # due messages are looked for every second
+RECHARGE_INTERVAL_SECONDS = 2.0  # due auto-recharges are looked for every 2 seconds
 
 
 @dataclass
@@ -110,6 +113,16 @@ class Scheduler:
             return None
         failure = "webhook delivery pass failed (retried in a second)"
         return _guarded(None, "webhooks", failure, self.deliverer.run_once)
+
+    def recharge(self) -> int | None:
+        """One pass of the auto-recharge loop (every 2 seconds while payments are on)."""
+        if not self.settings.payments_on:
+            return None
+        from metering.payments.recharge import Recharger
+
+        recharger = Recharger(self.database, self.settings, self.clock)
+        failure = "auto-recharge pass failed (retried in 2 seconds)"
+        return _guarded(None, "auto-recharge", failure, recharger.run_once)
 
     def close(self) -> None:
         if self.deliverer is not None:
@@ -274,6 +287,17 @@ def _add_tick(apscheduler: Any, scheduler: Scheduler, interval_seconds: float) -
         coalesce=True,
         misfire_grace_time=5,
     )
+    if scheduler.settings.payments_on:
+        apscheduler.add_job(
+            scheduler.recharge,
+            IntervalTrigger(seconds=RECHARGE_INTERVAL_SECONDS, timezone=UTC),
+            id="recharges",
+            name="auto-recharge",
+            next_run_time=datetime.now(UTC),
+            max_instances=1,
+            coalesce=True,
+            misfire_grace_time=5,
+        )
 
 
 def run(scheduler: Scheduler, interval_seconds: float = DEFAULT_INTERVAL_SECONDS) -> None:
@@ -342,6 +366,7 @@ def command(settings: Settings, interval_seconds: float, once: bool, heartbeat: 
         scheduler = Scheduler(database, settings, SystemClock(), heartbeat=heartbeat)
         if once:
             ok = scheduler.tick().ok
+            scheduler.recharge()
             scheduler.deliver()
             return 0 if ok else 1
         run(scheduler, interval_seconds)

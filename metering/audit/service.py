@@ -72,6 +72,9 @@ ACTIONS: dict[str, str] = {
     "payment.fail": "a payment failed (declined, canceled or abandoned)",
     "card.save": "an account's card was saved for later payments (brand and last 4 digits)",
     "card.remove": "an account's saved card was removed (by the portal, or detached in Stripe)",
+    "auto_recharge.update": "an account's auto-recharge settings changed",
+    "auto_recharge.disable": "auto-recharge was turned off by the service (failures in a row, or "
+    "the saved card gone)",
 }
 
 

@@ -81,7 +81,7 @@ BEGIN
         END IF;
         IF coalesce(cardinality(v_debits_account_id), 0) > 0 THEN
             WITH collected AS (
-            UPDATE accounts SET balance_microcents=(accounts.balance_microcents - d.total) FROM unnest(v_debits_account_id, v_debits_total) AS d(account_id, total) WHERE accounts.id = d.account_id AND accounts.id = p_account_id RETURNING accounts.id AS account_id, accounts.balance_microcents AS after_microcents, CASE WHEN (accounts.next_expiry_at <= p_now) THEN 1 ELSE 0 END AS expiring, CASE WHEN (accounts.next_expiry_at <= p_now OR accounts.low_balance_threshold_microcents IS NOT NULL AND accounts.balance_microcents + d.total >= accounts.low_balance_threshold_microcents AND accounts.balance_microcents < accounts.low_balance_threshold_microcents OR accounts.balance_microcents + d.total > 0 AND accounts.balance_microcents <= 0) THEN 1 ELSE 0 END AS crossing
+            UPDATE accounts SET balance_microcents=(accounts.balance_microcents - d.total), recharge_due_at=CASE WHEN (accounts.recharge_due_at IS NULL AND accounts.recharge_threshold_microcents IS NOT NULL AND accounts.balance_microcents - d.total < accounts.recharge_threshold_microcents) THEN p_now ELSE accounts.recharge_due_at END FROM unnest(v_debits_account_id, v_debits_total) AS d(account_id, total) WHERE accounts.id = d.account_id AND accounts.id = p_account_id RETURNING accounts.id AS account_id, accounts.balance_microcents AS after_microcents, CASE WHEN (accounts.next_expiry_at <= p_now) THEN 1 ELSE 0 END AS expiring, CASE WHEN (accounts.next_expiry_at <= p_now OR accounts.low_balance_threshold_microcents IS NOT NULL AND accounts.balance_microcents + d.total >= accounts.low_balance_threshold_microcents AND accounts.balance_microcents < accounts.low_balance_threshold_microcents OR accounts.balance_microcents + d.total > 0 AND accounts.balance_microcents <= 0) THEN 1 ELSE 0 END AS crossing
             )
             SELECT array_agg(collected.account_id), array_agg(collected.after_microcents), array_agg(collected.expiring), array_agg(collected.crossing) INTO v_moved_account_id, v_moved_after_microcents, v_moved_expiring, v_moved_crossing FROM collected;
             IF 1 = ANY (v_moved_expiring) THEN
@@ -103,7 +103,9 @@ BEGIN
                 FROM unnest(v_due_grant_id, v_due_account_id, v_due_amount, v_due_expires_at) AS ds(grant_id, account_id, amount, expires_at)
                 WHERE accounts.id = ds.account_id)), next_expiry_at=(SELECT min(nl.expires_at) AS min_1
                 FROM (SELECT * FROM credit_grants WHERE credit_grants.account_id = p_account_id) AS nl
-                WHERE nl.account_id = accounts.id AND nl.status = 'active' AND nl.remaining_microcents > 0 AND (nl.expires_at IS NULL OR nl.expires_at > p_now)) WHERE accounts.id IN (SELECT xd.account_id
+                WHERE nl.account_id = accounts.id AND nl.status = 'active' AND nl.remaining_microcents > 0 AND (nl.expires_at IS NULL OR nl.expires_at > p_now)), recharge_due_at=CASE WHEN (accounts.recharge_due_at IS NULL AND accounts.recharge_threshold_microcents IS NOT NULL AND accounts.balance_microcents - (SELECT coalesce(sum(ds.amount), 0) AS coalesce_1
+                FROM unnest(v_due_grant_id, v_due_account_id, v_due_amount, v_due_expires_at) AS ds(grant_id, account_id, amount, expires_at)
+                WHERE accounts.id = ds.account_id) < accounts.recharge_threshold_microcents) THEN p_now ELSE accounts.recharge_due_at END WHERE accounts.id IN (SELECT xd.account_id
                 FROM unnest(v_debits_account_id, v_debits_total) AS xd(account_id, total)) AND accounts.next_expiry_at <= p_now AND accounts.id = p_account_id;
             END IF;
             WITH collected AS (

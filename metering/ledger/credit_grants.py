@@ -23,7 +23,7 @@ from metering.kit.money import cents
 from metering.kit.pagination import newest_first
 from metering.kit.timeutil import format_timestamp
 from metering.ledger import grants as rules
-from metering.ledger.spending import add_allocations, pending_forfeits, spend
+from metering.ledger.spending import add_allocations, pending_forfeits, recharge_due, spend
 from metering.models import Account, CreditGrant, LedgerEntry, table
 from metering.models.base import UTCDateTime
 from metering.notifications import outbox
@@ -140,7 +140,12 @@ def void_grant(
     after = session.execute(
         update(ACCOUNTS)
         .where(ACCOUNTS.c.id == account_id)
-        .values(balance_microcents=ACCOUNTS.c.balance_microcents - forfeit)
+        .values(
+            balance_microcents=ACCOUNTS.c.balance_microcents - forfeit,
+            recharge_due_at=recharge_due(
+                ACCOUNTS.c.balance_microcents - forfeit, literal(now, UTCDateTime())
+            ),
+        )
         .returning(ACCOUNTS.c.balance_microcents)
     ).scalar_one()
     # The balance thresholds the void crosses, under the account's row lock (taken above).

@@ -37,6 +37,7 @@ from sqlalchemy import (
     BigInteger,
     FromClause,
     String,
+    and_,
     case,
     cast,
     func,
@@ -128,6 +129,11 @@ def expiry_steps(on: p.Backend, debits: p.Rows, now: BindParameter[Any]) -> list
     due = on.rows(_DUE, "due")
     due_sum = on.rows(_DUE, "ds")
     next_live = GRANTS.alias("nl")
+    forfeited = (
+        select(func.coalesce(func.sum(due_sum.c.amount), 0))
+        .where(due_sum.c.account_id == ACCOUNTS.c.id)
+        .scalar_subquery()
+    )
     return [
         p.Collect(
             select(
@@ -173,10 +179,8 @@ def expiry_steps(on: p.Backend, debits: p.Rows, now: BindParameter[Any]) -> list
         p.Run(
             ACCOUNTS.update()
             .values(
-                balance_microcents=ACCOUNTS.c.balance_microcents
-                - select(func.coalesce(func.sum(due_sum.c.amount), 0))
-                .where(due_sum.c.account_id == ACCOUNTS.c.id)
-                .scalar_subquery(),
+                balance_microcents=ACCOUNTS.c.balance_microcents - forfeited,
+                recharge_due_at=recharge_due(ACCOUNTS.c.balance_microcents - forfeited, now),
                 next_expiry_at=select(func.min(next_live.c.expires_at))
                 .where(next_live.c.account_id == ACCOUNTS.c.id, live_sql(next_live, now))
                 .scalar_subquery(),
@@ -224,6 +228,20 @@ def lock_accounts(on: p.Backend, debits: p.Rows, alias: str) -> p.Step:
     )
 
 
+def recharge_due(after: Any, now: Any) -> Any:
+    """The account's ``recharge_due_at`` once its balance is ``after``: marked ``now`` when
+    auto-recharge is on and the balance falls below its threshold, kept when already marked (the
+    scheduler clears it: metering.payments.recharge). Written by the balance's own update, so the
+    debit that takes the balance below the threshold records that a recharge is due at no cost of
+    a statement."""
+    due_at = ACCOUNTS.c.recharge_due_at
+    threshold = ACCOUNTS.c.recharge_threshold_microcents
+    return case(
+        (and_(due_at.is_(None), threshold.is_not(None), after < threshold), now),
+        else_=due_at,
+    )
+
+
 def debit_steps(on: p.Backend, debits: p.Rows, now: BindParameter[Any]) -> list[p.Step]:
     """Debit each account of ``debits`` (rows ``account_id``, ``total`` ≥ 0, one per account,
     their rows locked first when there are several) by its total: the balance, due expiries,
@@ -244,7 +262,10 @@ def debit_steps(on: p.Backend, debits: p.Rows, now: BindParameter[Any]) -> list[
     return [
         p.Collect(
             ACCOUNTS.update()
-            .values(balance_microcents=ACCOUNTS.c.balance_microcents - d.c.total)
+            .values(
+                balance_microcents=ACCOUNTS.c.balance_microcents - d.c.total,
+                recharge_due_at=recharge_due(ACCOUNTS.c.balance_microcents - d.c.total, now),
+            )
             .where(ACCOUNTS.c.id == d.c.account_id)
             .returning(
                 ACCOUNTS.c.id.label("account_id"),

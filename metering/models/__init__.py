@@ -22,7 +22,7 @@ from metering.models.notifications import (
     WebhookEndpoint,
     WebhookEvent,
 )
-from metering.models.payments import Payment, PaymentProfile, StripeEvent
+from metering.models.payments import AutoRecharge, Payment, PaymentProfile, StripeEvent
 from metering.models.portal import PortalSession, PortalSignInToken
 from metering.models.usage import QuarantinedEvent, UsageEvent, UsageRollup
 
@@ -34,6 +34,7 @@ __all__ = [
     "ApiKeyModel",
     "AuditEvent",
     "Authorization",
+    "AutoRecharge",
     "Base",
     "CatalogModel",
     "CreditAllocationDay",

@@ -28,6 +28,13 @@ class Account(Base):
             "max_concurrent_requests IS NULL OR max_concurrent_requests >= 1",
             name="max_concurrent_requests_positive",
         ),
+        # The scheduler's auto-recharge loop reads the accounts a recharge is due for.
+        Index(
+            "ix_accounts_recharge_due_at",
+            "recharge_due_at",
+            sqlite_where=text("recharge_due_at IS NOT NULL"),
+            postgresql_where=text("recharge_due_at IS NOT NULL"),
+        ),
     )
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
@@ -55,6 +62,12 @@ class Account(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
     # ``credit.balance_low`` fires when a transaction takes the balance below it.
     low_balance_threshold_microcents: Mapped[int | None] = mapped_column(BigInteger)
+    # Auto-recharge's threshold while it is enabled (null: off; its settings are the account's
+    # ``auto_recharges`` row), beside the balance so that the debit that takes the balance below
+    # it marks the recharge due (``recharge_due_at``) in its own statement (metering.payments
+    # .recharge); the scheduler clears the mark once the balance is back at the threshold.
+    recharge_threshold_microcents: Mapped[int | None] = mapped_column(BigInteger)
+    recharge_due_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
 
 class ApiKey(Base):

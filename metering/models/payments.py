@@ -7,6 +7,7 @@ from datetime import datetime
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     CheckConstraint,
     ForeignKey,
     Index,
@@ -18,7 +19,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import Mapped, mapped_column
 
 from metering.models.base import Base, UTCDateTime
-from metering.states.payments import KIND_CHECK, PENDING_ROWS, STATUS_CHECK
+from metering.states.payments import KIND_CHECK, PENDING_ROWS, RECHARGE_IN_FLIGHT, STATUS_CHECK
 
 
 class Payment(Base):
@@ -53,6 +54,14 @@ class Payment(Base):
             postgresql_where=text(PENDING_ROWS),
         ),
         Index("ix_payments_stripe_payment_intent_id", "stripe_payment_intent_id"),
+        # At most one auto-recharge in flight per account, whatever replicas race.
+        Index(
+            "uq_payments_recharge_in_flight",
+            "account_id",
+            unique=True,
+            sqlite_where=text(RECHARGE_IN_FLIGHT),
+            postgresql_where=text(RECHARGE_IN_FLIGHT),
+        ),
     )
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True)  # pay_…
@@ -100,3 +109,26 @@ class StripeEvent(Base):
     account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"))
     type: Mapped[str] = mapped_column(String(64))
     processed_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class AutoRecharge(Base):
+    """An account's auto-recharge settings (``PUT /admin/v1/accounts/{id}/auto-recharge``, the
+    portal's form) and what the monthly limit's event already said. Whether a recharge is due
+    is on the account (``recharge_due_at``); failures and the month's recharges are read from
+    the payments themselves."""
+
+    __tablename__ = "auto_recharges"
+    __table_args__ = (
+        CheckConstraint("threshold_cents >= 0", name="threshold_nonnegative"),
+        CheckConstraint("amount_cents > 0", name="amount_positive"),
+        CheckConstraint("monthly_limit_cents >= amount_cents", name="limit_within"),
+    )
+
+    account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"), primary_key=True)
+    enabled: Mapped[bool] = mapped_column(Boolean)
+    threshold_cents: Mapped[int] = mapped_column(BigInteger)
+    amount_cents: Mapped[int] = mapped_column(BigInteger)
+    monthly_limit_cents: Mapped[int] = mapped_column(BigInteger)
+    # The UTC month (YYYY-MM) whose ``auto_recharge.limit_reached`` was written (once a month).
+    limit_noticed_month: Mapped[str | None] = mapped_column(String(7))
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime)

@@ -59,6 +59,8 @@ EXPORT_COMPLETED = "export.completed"
 TEST = "webhook.test"
 PAYMENT_SUCCEEDED = "payment.succeeded"
 PAYMENT_FAILED = "payment.failed"
+AUTO_RECHARGE_DISABLED = "auto_recharge.disabled"
+AUTO_RECHARGE_LIMIT_REACHED = "auto_recharge.limit_reached"
 
 # Every type an endpoint may subscribe to (docs/api.md#event-types); those an account key may
 # not (the operator-only ones).
@@ -75,6 +77,8 @@ EVENT_TYPES = frozenset(
         TEST,
         PAYMENT_SUCCEEDED,
         PAYMENT_FAILED,
+        AUTO_RECHARGE_DISABLED,
+        AUTO_RECHARGE_LIMIT_REACHED,
     }
 )
 OPERATOR_ONLY = frozenset({EXPIRED_UNUSED, USAGE_QUARANTINED, EXPORT_COMPLETED})

@@ -16,7 +16,7 @@ from metering.audit.deps import AuditDep
 from metering.kit.errors import InvalidRequest, MeteringError, NotFound
 from metering.kit.pagination import PageParams
 from metering.ledger.schemas import IdempotencyKey
-from metering.payments import service
+from metering.payments import recharge, service
 from metering.payments.flows import Payments, checked_amount, payment_body
 from metering.payments.stripe_api import BadSignature, StripeUnavailable
 from metering.web.deps import AdminDep, SessionDep, get_clock, get_database, get_settings
@@ -113,6 +113,32 @@ def create_top_up(
     if not created:
         response.status_code = 200
     return payment_body(row, operator=True)
+
+
+class AutoRechargePut(BaseModel):
+    """``PUT /admin/v1/accounts/{id}/auto-recharge``: the four settings, all given."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: Annotated[bool, Strict()]
+    threshold_cents: Annotated[int, Strict()]
+    amount_cents: Annotated[int, Strict()]
+    monthly_limit_cents: Annotated[int, Strict()]
+
+
+@admin_router.get("/accounts/{account_id}/auto-recharge")
+def get_auto_recharge(account_id: str, session: SessionDep) -> dict[str, Any]:
+    """The account's auto-recharge settings."""
+    return recharge.settings_body(session, account_id)
+
+
+@admin_router.put("/accounts/{account_id}/auto-recharge")
+def put_auto_recharge(
+    account_id: str, body: AutoRechargePut, request: Request, session: SessionDep, audit: AuditDep
+) -> dict[str, Any]:
+    """Replace the account's auto-recharge settings (enabling needs a saved card)."""
+    wanted = recharge.checked_settings(body.model_dump(), get_settings(request))
+    return recharge.put_settings(session, account_id, wanted, get_clock(request).now(), audit)
 
 
 @admin_router.get("/payments")

@@ -30,6 +30,7 @@ from fastapi import APIRouter, Depends, Request, Response
 from metering.audit.service import Auditor
 from metering.kit.errors import InvalidRequest, MeteringError, NotFound
 from metering.ledger import service as ledger
+from metering.payments import recharge
 from metering.payments import service as payment_reads
 from metering.payments.flows import Payments, checked_amount, create_payment, find
 from metering.payments.stripe_api import Declined, StripeUnavailable
@@ -130,11 +131,45 @@ def cents_of(form: dict[str, str], settings: Settings) -> int:
     return checked_amount(cents, settings)
 
 
+def _dollars_in_cents(form: dict[str, str], name: str) -> int:
+    """A dollar amount of the auto-recharge form (at most 2 decimals), in cents."""
+    found = DOLLARS.fullmatch(form.get(name, "").strip())
+    if found is None:
+        raise InvalidRequest("enter an amount in dollars, e.g. 25 or 25.50", param=name)
+    return int(found.group(1)) * 100 + int((found.group(2) or "0").ljust(2, "0"))
+
+
+def _as_dollars(cents: int) -> str:
+    return f"{cents // 100}.{cents % 100:02d}"
+
+
+# What the auto-recharge form offers before it was ever saved.
+RECHARGE_DEFAULTS_CENTS = {
+    "threshold_cents": 1000,
+    "amount_cents": 2500,
+    "monthly_limit_cents": 10000,
+}
+
+
+def recharge_of(form: dict[str, str], settings: Settings) -> recharge.RechargeSettings:
+    """The portal's auto-recharge form (dollars), checked as the admin route checks it."""
+    return recharge.checked_settings(
+        {
+            "enabled": form.get("enabled") == "1",
+            "threshold_cents": _dollars_in_cents(form, "threshold"),
+            "amount_cents": _dollars_in_cents(form, "recharge_amount"),
+            "monthly_limit_cents": _dollars_in_cents(form, "monthly_limit"),
+        },
+        settings,
+    )
+
+
 def _billing_page(
     request: Request, user: PortalUser, session: Any, now: Any, status_code: int = 200, **extra: Any
 ) -> Response:
     settings = _on(request)
     payments = payment_reads.list_payments(session, 20, None, account_id=user.account_id)
+    recharged = recharge.settings_body(session, user.account_id)
     credits = ledger.credit_balance(session, user.account_id, now)
     return page_of(
         request,
@@ -147,6 +182,11 @@ def _billing_page(
         bounds=(settings.topup_min_cents, settings.topup_max_cents),
         may_pay=user.can(Permission.MANAGE_BILLING),
         card=_payments(request).card_of(user.account_id),
+        auto_recharge=recharged,
+        recharge_form={
+            name: _as_dollars(recharged[name] if recharged[name] is not None else default)
+            for name, default in RECHARGE_DEFAULTS_CENTS.items()
+        },
         **extra,
     )
 
@@ -209,6 +249,23 @@ def remove_card(request: Request, form: FormDep, user: CallerDep) -> Response:
         _payments(request).remove_card(user.account_id, _auditor(request, user))
     except StripeUnavailable:
         raise ProviderUnavailable("Stripe could not be reached: try again shortly") from None
+    return pages.see_other(PAGE)
+
+
+@router.post("/payments/auto-recharge")
+def set_auto_recharge(request: Request, form: FormDep, user: CallerDep, now: NowDep) -> Response:
+    settings = _on(request)
+    check_csrf(request, user, form)
+    require(user, Permission.MANAGE_BILLING)
+    database = get_database(request)
+    try:
+        wanted = recharge_of(form, settings)
+        with database.unit_of_work() as session:
+            recharge.put_settings(session, user.account_id, wanted, now, _auditor(request, user))
+            session.commit()
+    except InvalidRequest as problem:
+        with database.reading() as session:
+            return _billing_page(request, user, session, now, 400, recharge_problem=problem.message)
     return pages.see_other(PAGE)
 
 

@@ -61,3 +61,4 @@ def _in(column: str, values: type[StrEnum]) -> str:
 STATUS_CHECK = _in("status", PaymentStatus)
 KIND_CHECK = _in("kind", PaymentKind)
 PENDING_ROWS = f"status = '{PaymentStatus.PENDING}'"
+RECHARGE_IN_FLIGHT = f"kind = '{PaymentKind.AUTO_RECHARGE}' AND status = '{PaymentStatus.PENDING}'"

@@ -187,7 +187,72 @@ def test_save_a_card_pay_with_it_then_remove_it(browser: Browser, billing_site: 
     assert after - before == (50 + 10) * 100 * MICROCENTS_PER_CENT
 
     browser.open("/billing/payments")
+    assert browser.text("#recharge-state").startswith("Off.")
+    for field, dollars in (
+        ("recharge-threshold", "20"),
+        ("recharge-amount", "25.50"),
+        ("recharge-limit", "100"),
+    ):
+        element = browser.driver.find_element(By.ID, field)
+        element.clear()
+        element.send_keys(dollars)
+    browser.driver.find_element(By.ID, "recharge-enabled").click()
+    browser.click("#save-recharge")
+    assert browser.text("#recharge-state").startswith(
+        "On: when the balance falls below $20.00, the saved card is charged $25.50, at most "
+        "$100.00 a month."
+    )
+    answer = api.admin("GET", f"/admin/v1/accounts/{key.account_id}/auto-recharge").json()
+    assert (answer["enabled"], answer["threshold_cents"], answer["amount_cents"]) == (
+        True,
+        2000,
+        2550,
+    )
+    limit = browser.driver.find_element(By.ID, "recharge-limit")
+    limit.clear()
+    limit.send_keys("10")  # below the amount
+    browser.click("#save-recharge")
+    assert "at least amount_cents" in browser.text("#recharge-problem")
+    assert (
+        api.admin("GET", f"/admin/v1/accounts/{key.account_id}/auto-recharge").json()[
+            "monthly_limit_cents"
+        ]
+        == 10000
+    )
+
     browser.click("#remove-card")
     assert "No card is saved" in browser.text("#saved-card")
-    assert browser.console_errors() == []
+    # The one error: the refused form's 400.
+    assert [e["message"] for e in browser.console_errors()] == [
+        f"{browser.base}/billing/payments/auto-recharge - Failed to load resource: the server "
+        "responded with a status of 400 (Bad Request)"
+    ]
     assert_verified(api)
+
+
+def test_a_viewer_sees_no_auto_recharge_form_and_may_not_post_it(
+    browser: Browser, billing_site: Api
+) -> None:
+    from tests.portal.test_member_keys import _member, _member_link
+
+    api = billing_site
+    account = create_account(api)
+    viewer = _member(api, account, "viewer")
+    browser.driver.get(_member_link(api, account, viewer["id"]))
+    browser.click("#confirm")
+    browser.open("/billing/payments")
+    assert browser.driver.find_elements(By.ID, "auto-recharge") == []
+    token = browser.driver.find_element(By.CSS_SELECTOR, "input[name=csrf_token]").get_attribute(
+        "value"
+    )
+    status = browser.driver.execute_script(
+        "const body = new URLSearchParams({csrf_token: arguments[0], enabled: '1', "
+        "threshold: '10', recharge_amount: '25', monthly_limit: '100'});"
+        "return fetch('/billing/payments/auto-recharge', {method: 'POST', body})"
+        ".then(r => r.status);",
+        token,
+    )
+    assert status == 403
+    answer = api.admin("GET", f"/admin/v1/accounts/{account}/auto-recharge").json()
+    assert answer["enabled"] is False
+    browser.console_errors()  # the refused POST's 403

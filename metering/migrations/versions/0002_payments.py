@@ -1,5 +1,6 @@
 """Payments: the payments customers make through Stripe, each account's Stripe customer and saved
-card, and the Stripe events already processed (metering.payments).
+card, its auto-recharge settings (and, on the account, the recharge's threshold and due mark),
+and the Stripe events already processed (metering.payments).
 
 Every table is account data (a NOT NULL ``account_id``): a Citus coordinator shards them by
 account (metering.citus). On SQLite every integer column outside the primary key refuses a
@@ -99,6 +100,13 @@ def upgrade() -> None:
     op.create_index(
         "ix_payments_stripe_payment_intent_id", "payments", ["stripe_payment_intent_id"]
     )
+    op.create_index(
+        "uq_payments_recharge_in_flight",
+        "payments",
+        ["account_id"],
+        unique=True,
+        **_when("kind = 'auto_recharge' AND status = 'pending'"),
+    )
     _create_table(
         "payment_profiles",
         _account(),
@@ -121,9 +129,58 @@ def upgrade() -> None:
         _account_key("stripe_events"),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_stripe_events")),
     )
+    _create_table(
+        "auto_recharges",
+        _account(),
+        sa.Column("enabled", sa.Boolean(), nullable=False),
+        sa.Column("threshold_cents", sa.BigInteger(), nullable=False),
+        sa.Column("amount_cents", sa.BigInteger(), nullable=False),
+        sa.Column("monthly_limit_cents", sa.BigInteger(), nullable=False),
+        sa.Column("limit_noticed_month", sa.String(length=7), nullable=True),
+        sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
+        sa.CheckConstraint(
+            "threshold_cents >= 0", name=op.f("ck_auto_recharges_threshold_nonnegative")
+        ),
+        sa.CheckConstraint("amount_cents > 0", name=op.f("ck_auto_recharges_amount_positive")),
+        sa.CheckConstraint(
+            "monthly_limit_cents >= amount_cents", name=op.f("ck_auto_recharges_limit_within")
+        ),
+        _account_key("auto_recharges"),
+        sa.PrimaryKeyConstraint("account_id", name=op.f("pk_auto_recharges")),
+    )
+    # Auto-recharge's threshold and due mark, beside the balance the debits move.
+    for name, kind in (
+        ("recharge_threshold_microcents", "BIGINT"),
+        ("recharge_due_at", None),
+    ):
+        if kind is not None and op.get_bind().dialect.name == "sqlite":
+            op.execute(
+                f"ALTER TABLE accounts ADD COLUMN {name} {kind} "
+                f"CONSTRAINT ck_accounts_{name}_integer CHECK (typeof({name}) IN ('integer', 'null'))"
+            )
+        elif kind is not None:
+            op.add_column("accounts", sa.Column(name, sa.BigInteger(), nullable=True))
+        else:
+            op.add_column("accounts", sa.Column(name, sa.DateTime(timezone=True), nullable=True))
+    op.create_index(
+        "ix_accounts_recharge_due_at",
+        "accounts",
+        ["recharge_due_at"],
+        **_when("recharge_due_at IS NOT NULL"),
+    )
 
 
 def downgrade() -> None:
+    op.drop_index("ix_accounts_recharge_due_at", table_name="accounts")
+    with op.batch_alter_table("accounts") as batch:
+        if op.get_bind().dialect.name == "sqlite":
+            batch.drop_constraint(
+                op.f("ck_accounts_recharge_threshold_microcents_integer"), type_="check"
+            )
+        batch.drop_column("recharge_due_at")
+        batch.drop_column("recharge_threshold_microcents")
+    op.drop_table("auto_recharges")
+    op.drop_index("uq_payments_recharge_in_flight", table_name="payments")
     op.drop_table("stripe_events")
     op.drop_table("payment_profiles")
     op.drop_index("ix_payments_stripe_payment_intent_id", table_name="payments")
