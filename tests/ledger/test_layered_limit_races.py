@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
-from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -48,7 +47,7 @@ async def _spend(cluster: Cluster, key_ids: list[str]) -> int:
             "model": cluster.model,
             "api": "chat_completions",
             "usage": chat_usage(1234 + i, 56),
-            "occurred_at": datetime.now(UTC).isoformat(),
+            "occurred_at": cluster.clock.now().isoformat(),
             "outcome": "completed",
         }
         for i, key_id in enumerate(key_ids)
