@@ -77,10 +77,15 @@ def test_a_trailing_slash_is_404_and_never_a_redirect(api: Api, token: str) -> N
 
 
 def test_405_names_every_allowed_method(api: Api) -> None:
+    routes = list(http_routes(api.client.app))  # type: ignore[arg-type]
     checked = 0
-    for path, methods in _paths(api).items():
+    for path in _paths(api):
+        concrete = _concrete(path)
+        # Every route that matches this URL answers some methods on it: a fixed path such as
+        # /billing/payments/auto-recharge is also /billing/payments/{payment_id}.
+        methods = {m for route in routes if route.path_regex.match(concrete) for m in route.methods}
         for method in set(METHODS) - methods:
-            response = api.admin(method, _concrete(path))
+            response = api.admin(method, concrete)
             _assert_refused(response, path, 405, "method_not_allowed")
             allowed = {m.strip() for m in response.headers["allow"].split(",")}
             assert allowed == methods, (method, path)
