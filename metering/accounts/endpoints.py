@@ -32,22 +32,7 @@ router = APIRouter(prefix="/v1", route_class=MeteringRoute, tags=["api keys"])
 
 def _keys_page(session: Any, account_id: str, limit: int, after: str | None) -> list[ApiKey]:
     """A page of the account's keys (revoked ones included), oldest first."""
-    query = (
-        select(ApiKey)
-        .where(ApiKey.account_id == account_id)
-        .order_by(ApiKey.created_at, ApiKey.id)
-        .limit(limit + 1)
-    )
-    if after:
-        created, last_id = decode_cursor(after, 2)
-        created_at = parse_timestamp(created, "after")
-        query = query.where(
-            or_(
-                ApiKey.created_at > created_at,
-                and_(ApiKey.created_at == created_at, ApiKey.id > str(last_id)),
-            )
-        )
-    return list(session.execute(query).scalars().all())
+    return projects.page_of(session, ApiKey, account_id, limit, after)
 
 
 @router.get("/api-keys")

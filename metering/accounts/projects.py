@@ -333,7 +333,8 @@ def _limit_fields(limit: int | None, window: str) -> dict[str, Any]:
 def page_of(
     session: Session, model: Any, account_id: str, limit: int, after: str | None
 ) -> list[Any]:
-    """A page of an account's projects or members, oldest first, after the cursor ``after``."""
+    """A page of an account's projects, members or keys, oldest first, after the cursor
+    ``after``."""
     query = (
         select(model)
         .where(model.account_id == account_id)
