@@ -758,20 +758,27 @@ class Payments:
                 is not None
             )
 
+    def _record_event(self, session: Session, account_id: str, event_id: str, kind: str) -> bool:
+        """Stripe's event recorded as processed, in ``session``'s transaction: False when it
+        already was (the event's effect is then not to be had again)."""
+        try:
+            with session.begin_nested():
+                session.execute(
+                    insert(STRIPE_EVENTS).values(
+                        id=event_id,
+                        account_id=account_id,
+                        type=kind,
+                        processed_at=self.clock.now(),
+                    )
+                )
+        except IntegrityError:
+            return False
+        return True
+
     def _processed(self, account_id: str, event_id: str, kind: str) -> None:
         """An event whose effect is idempotent, recorded once it had it."""
         with self.database.unit_of_work() as session:
-            try:
-                with session.begin_nested():
-                    session.execute(
-                        insert(STRIPE_EVENTS).values(
-                            id=event_id,
-                            account_id=account_id,
-                            type=kind,
-                            processed_at=self.clock.now(),
-                        )
-                    )
-            except IntegrityError:
+            if not self._record_event(session, account_id, event_id, kind):
                 return
             session.commit()
 
@@ -839,17 +846,7 @@ class Payments:
         auditor = Auditor("stripe")
         with self.database.unit_of_work() as session:
             ledger.lock_account(session, account_id)
-            try:
-                with session.begin_nested():
-                    session.execute(
-                        insert(STRIPE_EVENTS).values(
-                            id=event_id,
-                            account_id=account_id,
-                            type=kind,
-                            processed_at=self.clock.now(),
-                        )
-                    )
-            except IntegrityError:
+            if not self._record_event(session, account_id, event_id, kind):
                 return "already processed"
             converge(
                 session, account_id, payment_id, intent, self.clock.now(), auditor, self.settings
