@@ -330,6 +330,12 @@ def _limit_fields(limit: int | None, window: str) -> dict[str, Any]:
     }
 
 
+def all_of(session: Session, model: Any, account_id: str) -> list[Any]:
+    """Every one of an account's projects or members, oldest first (the portal's pages)."""
+    query = select(model).where(model.account_id == account_id)
+    return list(session.execute(query.order_by(model.created_at, model.id)).scalars().all())
+
+
 def page_of(
     session: Session, model: Any, account_id: str, limit: int, after: str | None
 ) -> list[Any]:

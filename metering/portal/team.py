@@ -40,15 +40,7 @@ def _auditor(request: Request, user: PortalUser) -> Auditor:
 def _members(
     request: Request, user: PortalUser, session: Session, status: int = 200, **context: Any
 ) -> Response:
-    rows = (
-        session.execute(
-            select(Member)
-            .where(Member.account_id == user.account_id)
-            .order_by(Member.created_at, Member.id)
-        )
-        .scalars()
-        .all()
-    )
+    rows = projects.all_of(session, Member, user.account_id)
     return page_of(
         request,
         user,
@@ -62,15 +54,7 @@ def _members(
 def _projects(
     request: Request, user: PortalUser, session: Session, status: int = 200, **context: Any
 ) -> Response:
-    rows = (
-        session.execute(
-            select(Project)
-            .where(Project.account_id == user.account_id)
-            .order_by(Project.created_at, Project.id)
-        )
-        .scalars()
-        .all()
-    )
+    rows = projects.all_of(session, Project, user.account_id)
     return page_of(
         request,
         user,
