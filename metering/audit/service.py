@@ -70,6 +70,9 @@ ACTIONS: dict[str, str] = {
     "payment.create": "a payment was started (a top-up, before Stripe was asked)",
     "payment.succeed": "a payment succeeded and was credited (its paid grant named)",
     "payment.fail": "a payment failed (declined, canceled or abandoned)",
+    "payment.refund": "a payment was refunded (an operator's refund, or one made in Stripe): "
+    "its grant lost that much",
+    "payment.dispute": "Stripe reported a dispute of a payment (no credit changed)",
     "card.save": "an account's card was saved for later payments (brand and last 4 digits)",
     "card.remove": "an account's saved card was removed (by the portal, or detached in Stripe)",
     "auto_recharge.update": "an account's auto-recharge settings changed",

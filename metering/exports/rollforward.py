@@ -1,17 +1,19 @@
 """The daily credit roll-forward (of the grants of docs/api.md#credit-ledger): finance's
 deferred-revenue report of one UTC day, one row per account × category (``paid``,
 ``promotional``, ``adjustment``, ``deficit``) with integer columns
-``opening, granted, spent, expired, voided, closing`` (microcents).
+``opening, granted, spent, expired, voided, refunded, closing`` (microcents).
 
 Computed from the books in one statement: every movement of credit as a (account, category,
 before the day or within it, column, amount) row — a grant's full amount (``granted``), what
 each grant paid of a debit or of a deficit (``spent``, from the allocation days: one row per
 account, UTC day, kind and grant, so the opening sums days, not debits), expiries (``expired``,
-at their ``effective_at``), voids (``voided``); for the ``deficit`` row, what charges ran beyond
-the grants (``spent``) and what later credit paid off (``granted``) — summed before the day
-(opening) and within it. So for every row closing = opening + granted − spent − expired −
-voided, and an account's closing rows sum to its balance at the end of the day (the ledger sum
-by ``effective_at``). The ``deficit`` row carries the deficit as a negative amount.
+at their ``effective_at``), voids (``voided``), refunds of paid credit (``refunded``: what the
+grant still held of the money refunded); for the ``deficit`` row, what charges ran beyond the
+grants (``spent``), what later credit paid off (``granted``) and what refunds took beyond what
+their grants held (``refunded``) — summed before the day (opening) and within it. So for every
+row closing = opening + granted − spent − expired − voided − refunded, and an account's closing
+rows sum to its balance at the end of the day (the ledger sum by ``effective_at``). The
+``deficit`` row carries the deficit as a negative amount.
 
 The roll-forward starts on the day the schema was made (``credit_rollforward.start_date``, written
 by the baseline migration); earlier days are not written.
@@ -57,7 +59,7 @@ ENTRIES = table(LedgerEntry)
 CSV_NAME, PARQUET_NAME = "credits.csv", "credits.parquet"
 KIND = "credit_rollforward"  # the manifest's ``kind`` of the roll-forward files
 CATEGORIES = ("adjustment", "deficit", "paid", "promotional")  # byte order
-MOVEMENTS = ("granted", "spent", "expired", "voided")
+MOVEMENTS = ("granted", "spent", "expired", "voided", "refunded")
 COLUMNS = (
     "date",
     "account_id",
@@ -67,6 +69,7 @@ COLUMNS = (
     "spent_microcents",
     "expired_microcents",
     "voided_microcents",
+    "refunded_microcents",
     "closing_microcents",
 )
 PARQUET_SCHEMA = pa.schema(
@@ -89,6 +92,7 @@ class Row:
     spent_microcents: int
     expired_microcents: int
     voided_microcents: int
+    refunded_microcents: int
     closing_microcents: int
 
 
@@ -113,6 +117,7 @@ def _movements(start: datetime, colocated: bool = False) -> object:
             case(
                 (ENTRIES.c.kind == "expiry", "expired"),
                 (ENTRIES.c.kind == "void", "voided"),
+                (ENTRIES.c.kind == "refund", "refunded"),
                 else_="granted",
             ).label("movement"),
             func.abs(ENTRIES.c.amount_microcents).label("amount"),
@@ -121,13 +126,19 @@ def _movements(start: datetime, colocated: bool = False) -> object:
         .where(ENTRIES.c.grant_id.isnot(None), at < end)
     )
     before = case((ALLOCATIONS.c.allocation_date < day, 1), else_=0).label("opening")
+    # A refund's entry counts its whole amount against its grant; the part the grant no longer
+    # held (its ``refund`` allocation) is the deficit's, so it is given back to the grant here.
+    is_refund = ALLOCATIONS.c.kind == "refund"
     by_grant_allocation = (
         select(
             ALLOCATIONS.c.account_id,
             GRANTS.c.category,
             before,
-            literal("spent", String()).label("movement"),
-            ALLOCATIONS.c.amount_microcents.label("amount"),
+            case((is_refund, "refunded"), else_="spent").label("movement"),
+            case(
+                (is_refund, -ALLOCATIONS.c.amount_microcents),
+                else_=ALLOCATIONS.c.amount_microcents,
+            ).label("amount"),
         )
         .join(GRANTS, of_grant(ALLOCATIONS))
         .where(ALLOCATIONS.c.allocation_date <= day)
@@ -136,9 +147,16 @@ def _movements(start: datetime, colocated: bool = False) -> object:
         ALLOCATIONS.c.account_id,
         literal("deficit", String()).label("category"),
         before,
-        case((ALLOCATIONS.c.kind == "payoff", "granted"), else_="spent").label("movement"),
+        case(
+            (ALLOCATIONS.c.kind == "payoff", "granted"),
+            (ALLOCATIONS.c.kind == "refund", "refunded"),
+            else_="spent",
+        ).label("movement"),
         ALLOCATIONS.c.amount_microcents.label("amount"),
-    ).where(ALLOCATIONS.c.kind.in_(("payoff", "deficit")), ALLOCATIONS.c.allocation_date <= day)
+    ).where(
+        ALLOCATIONS.c.kind.in_(("payoff", "deficit", "refund")),
+        ALLOCATIONS.c.allocation_date <= day,
+    )
     return union_all(by_entry, by_grant_allocation, by_deficit).subquery("moves")
 
 
@@ -165,11 +183,9 @@ def rows_of_day(session: Session, day: date) -> list[Row]:
         ),
     ).group_by(m.account_id, m.category)
     rows = []
-    for account_id, category, opening, granted, spent, expired, voided in session.execute(
-        statement
-    ):
-        values = [int(v) for v in (opening, granted, spent, expired, voided)]
-        closing = values[0] + values[1] - values[2] - values[3] - values[4]
+    for account_id, category, opening, *moved in session.execute(statement):
+        values = [int(v) for v in (opening, *moved)]
+        closing = values[0] + values[1] - sum(values[2:])
         if any(values) or closing:
             rows.append(
                 Row(
@@ -181,6 +197,7 @@ def rows_of_day(session: Session, day: date) -> list[Row]:
                     spent_microcents=values[2],
                     expired_microcents=values[3],
                     voided_microcents=values[4],
+                    refunded_microcents=values[5],
                     closing_microcents=closing,
                 )
             )

@@ -156,6 +156,75 @@ def void_grant(
     return grant_body(grant._mapping, now), {**entry, "id": entry_id}
 
 
+def live_remainder(session: Session, account_id: str, grant_id: str, now: datetime) -> int:
+    """What the grant still holds at ``now`` (0 unless it is live)."""
+    grant = session.execute(
+        select(GRANTS.c.status, GRANTS.c.remaining_microcents, GRANTS.c.expires_at).where(
+            GRANTS.c.account_id == account_id, GRANTS.c.id == grant_id
+        )
+    ).one()
+    remaining = int(grant.remaining_microcents)
+    return remaining if is_live(grant.status, remaining, grant.expires_at, now) else 0
+
+
+def refund_grant(
+    session: Session, account_id: str, grant_id: str, amount: int, note: str | None, now: datetime
+) -> tuple[int, int]:
+    """Take ``amount`` (> 0) of money refunded out of the grant it bought, at once: a ``refund``
+    entry of ``-amount`` naming the grant; the grant loses what it still holds of it, and the
+    rest (what the customer had spent) becomes deficit, recorded as a ``refund`` allocation of
+    the grant. The caller holds the account's row lock. Returns (the entry's id, the part taken
+    as deficit)."""
+    assert amount > 0
+    write_due_expiries(session, account_id, now)
+    taken = min(live_remainder(session, account_id, grant_id, now), amount)
+    short = amount - taken
+    entry = {
+        "account_id": account_id,
+        "kind": "refund",
+        "amount_microcents": -amount,
+        "note": note,
+        "grant_id": grant_id,
+        "created_at": now,
+    }
+    entry_id = session.execute(insert(ENTRIES).values(entry).returning(ENTRIES.c.id)).scalar_one()
+    if taken:
+        session.execute(
+            update(GRANTS)
+            .where(GRANTS.c.account_id == account_id, GRANTS.c.id == grant_id)
+            .values(remaining_microcents=GRANTS.c.remaining_microcents - taken)
+        )
+    after = session.execute(
+        update(ACCOUNTS)
+        .where(ACCOUNTS.c.id == account_id)
+        .values(
+            balance_microcents=ACCOUNTS.c.balance_microcents - amount,
+            deficit_microcents=ACCOUNTS.c.deficit_microcents + short,
+            recharge_due_at=recharge_due(
+                ACCOUNTS.c.balance_microcents - amount, literal(now, UTCDateTime())
+            ),
+        )
+        .returning(ACCOUNTS.c.balance_microcents)
+    ).scalar_one()
+    if short:
+        on = p.backend(session.get_bind().dialect.name)
+        session.execute(
+            add_allocations(
+                on,
+                {
+                    "account_id": account_id,
+                    "allocation_date": on.utc_date(literal(now, UTCDateTime())),
+                    "kind": "refund",
+                    "grant_id": grant_id,
+                    "amount_microcents": short,
+                },
+            )
+        )
+    # The balance thresholds the refund crosses, under the account's row lock.
+    outbox.note_balance_move(session, account_id, int(after) + amount, int(after), now)
+    return int(entry_id), short
+
+
 def grant_body(grant: Any, now: datetime) -> dict[str, Any]:
     status = grant_states.reads_as(
         grant["status"], int(grant["remaining_microcents"]), grant["expires_at"], now

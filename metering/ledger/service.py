@@ -320,7 +320,7 @@ def entry_body(entry: Any) -> dict[str, Any]:
         "amount_microcents": amount,
         "idempotency_key": entry["idempotency_key"],
         "note": entry["note"] if kind == "grant" else None,
-        "reason": entry["note"] if kind in ("adjustment", "void") else None,
+        "reason": entry["note"] if kind in ("adjustment", "void", "refund") else None,
         "usage_event_id": entry["usage_event_id"],
         "api_key_id": entry["api_key_id"],
         "grant_id": entry.get("grant_id"),

@@ -22,7 +22,13 @@ from metering.models.notifications import (
     WebhookEndpoint,
     WebhookEvent,
 )
-from metering.models.payments import AutoRecharge, Payment, PaymentProfile, StripeEvent
+from metering.models.payments import (
+    AutoRecharge,
+    Payment,
+    PaymentProfile,
+    PaymentRefund,
+    StripeEvent,
+)
 from metering.models.portal import PortalSession, PortalSignInToken
 from metering.models.usage import QuarantinedEvent, UsageEvent, UsageRollup
 
@@ -46,6 +52,7 @@ __all__ = [
     "Member",
     "Payment",
     "PaymentProfile",
+    "PaymentRefund",
     "PortalSession",
     "PortalSignInToken",
     "PriceVersion",

@@ -29,6 +29,7 @@ from metering.states.grants import ACTIVE_ROWS, STATUS_CHECK
 # one per debit.
 # Grants with an expiry whose credit.grant_expiring is still to be written or skipped.
 UNNOTICED_EXPIRY_ROWS = "expires_at IS NOT NULL AND NOT expiring_noticed"
+ALLOCATION_KINDS = "kind IN ('spend', 'deficit', 'payoff', 'refund')"
 
 
 class CreditGrant(Base):
@@ -82,14 +83,15 @@ class CreditGrant(Base):
 class CreditAllocationDay(Base):
     """What paid the debits of one account on one UTC day, per kind and grant: ``spend`` (a grant
     paid part of a charge or negative adjustment), ``deficit`` (no live grant could: the deficit
-    grew; ``grant_id`` is ``''``, so that the key is unique and ``ON CONFLICT`` finds the row)
-    or ``payoff`` (a new grant paid off part of the deficit). Each debit adds its parts in its
-    own transaction (``INSERT … ON CONFLICT DO UPDATE``): the roll-forward reads days, never one
-    row per debit."""
+    grew; ``grant_id`` is ``''``, so that the key is unique and ``ON CONFLICT`` finds the row),
+    ``payoff`` (a new grant paid off part of the deficit) or ``refund`` (the part of a refund of
+    the grant ``grant_id`` that the grant no longer held: the deficit grew by it). Each debit
+    adds its parts in its own transaction (``INSERT … ON CONFLICT DO UPDATE``): the roll-forward
+    reads days, never one row per debit."""
 
     __tablename__ = "credit_allocation_days"
     __table_args__ = (
-        CheckConstraint("kind IN ('spend', 'deficit', 'payoff')", name="kind"),
+        CheckConstraint(ALLOCATION_KINDS, name="kind"),
         CheckConstraint("amount_microcents > 0", name="amount_positive"),
         CheckConstraint("(kind = 'deficit') = (grant_id = '')", name="grant_named"),
     )

@@ -21,11 +21,11 @@ from sqlalchemy.orm import Mapped, mapped_column
 from metering.models.base import Base, BigIntPK, UTCDateTime
 from metering.states.holds import ACTIVE_ROWS, RELEASED_ROWS, STATUS_CHECK, UNNOTICED_ROWS
 
-ENTRY_KINDS = "kind IN ('grant', 'adjustment', 'charge', 'expiry', 'void')"
+ENTRY_KINDS = "kind IN ('grant', 'adjustment', 'charge', 'expiry', 'void', 'refund')"
 ENTRY_SIGNS = (
     "(kind = 'grant' AND amount_microcents > 0) OR (kind = 'adjustment' AND "
     "amount_microcents <> 0) OR (kind = 'charge' AND amount_microcents <= 0) OR "
-    "(kind IN ('expiry', 'void') AND amount_microcents < 0)"
+    "(kind IN ('expiry', 'void', 'refund') AND amount_microcents < 0)"
 )
 
 
@@ -62,7 +62,7 @@ class LedgerEntry(Base):
     usage_event_id: Mapped[int | None] = mapped_column(BigInteger)
     api_key_id: Mapped[str | None] = mapped_column(String(32))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
-    # The grant a grant, positive adjustment, expiry or void entry is about.
+    # The grant a grant, positive adjustment, expiry, void or refund entry is about.
     grant_id: Mapped[str | None] = mapped_column(String(32))
     # When it counts: an expiry's is its grant's expires_at; null means created_at.
     effective_at: Mapped[datetime | None] = mapped_column(UTCDateTime)

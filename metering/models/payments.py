@@ -19,7 +19,14 @@ from sqlalchemy import (
 from sqlalchemy.orm import Mapped, mapped_column
 
 from metering.models.base import Base, UTCDateTime
-from metering.states.payments import KIND_CHECK, PENDING_ROWS, RECHARGE_IN_FLIGHT, STATUS_CHECK
+from metering.states.payments import (
+    KIND_CHECK,
+    PENDING_ROWS,
+    RECHARGE_IN_FLIGHT,
+    REFUND_SOURCE_CHECK,
+    REFUND_STATUS_CHECK,
+    STATUS_CHECK,
+)
 
 
 class Payment(Base):
@@ -78,6 +85,47 @@ class Payment(Base):
     # An operator's off-session top-up: its idempotency key and request's fingerprint.
     idempotency_key: Mapped[str | None] = mapped_column(String(200))
     request_fingerprint: Mapped[str | None] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    succeeded_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+
+class PaymentRefund(Base):
+    """A refund of a payment: an operator's (written ``pending`` before Stripe is called, its id
+    Stripe's idempotency key and ``metadata.refund_id``) or one made in Stripe's dashboard
+    (written when its ``charge.refunded`` arrives). Its effect (a ``refund`` ledger entry, the
+    grant's remainder, the payment's ``refunded_cents``) is written once, in the transaction
+    that makes it ``succeeded`` (metering.payments.refunds)."""
+
+    __tablename__ = "payment_refunds"
+    __table_args__ = (
+        CheckConstraint(REFUND_STATUS_CHECK, name="status"),
+        CheckConstraint(REFUND_SOURCE_CHECK, name="source"),
+        CheckConstraint("amount_cents > 0", name="amount_positive"),
+        Index("ix_payment_refunds_account_id_payment_id", "account_id", "payment_id"),
+        # Each Stripe refund is applied once, whichever way it is learnt.
+        Index(
+            "uq_payment_refunds_account_id_stripe_refund_id",
+            "account_id",
+            "stripe_refund_id",
+            unique=True,
+            sqlite_where=text("stripe_refund_id IS NOT NULL"),
+            postgresql_where=text("stripe_refund_id IS NOT NULL"),
+        ),
+    )
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)  # refund_…
+    account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"))
+    payment_id: Mapped[str] = mapped_column(String(32))
+    source: Mapped[str] = mapped_column(String(16))
+    amount_cents: Mapped[int] = mapped_column(BigInteger)
+    status: Mapped[str] = mapped_column(String(16))
+    reason: Mapped[str | None] = mapped_column(Text)  # ours only: Stripe is never sent it
+    stripe_refund_id: Mapped[str | None] = mapped_column(String(255))
+    # Once succeeded: its ledger entry, and the part its grant no longer held (a deficit).
+    entry_id: Mapped[int | None] = mapped_column(BigInteger)
+    deficit_microcents: Mapped[int] = mapped_column(BigInteger, server_default="0")
+    failure_message: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
     succeeded_at: Mapped[datetime | None] = mapped_column(UTCDateTime)

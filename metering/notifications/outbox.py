@@ -59,6 +59,8 @@ EXPORT_COMPLETED = "export.completed"
 TEST = "webhook.test"
 PAYMENT_SUCCEEDED = "payment.succeeded"
 PAYMENT_FAILED = "payment.failed"
+PAYMENT_REFUNDED = "payment.refunded"
+PAYMENT_DISPUTED = "payment.disputed"
 AUTO_RECHARGE_DISABLED = "auto_recharge.disabled"
 AUTO_RECHARGE_LIMIT_REACHED = "auto_recharge.limit_reached"
 
@@ -77,11 +79,15 @@ EVENT_TYPES = frozenset(
         TEST,
         PAYMENT_SUCCEEDED,
         PAYMENT_FAILED,
+        PAYMENT_REFUNDED,
+        PAYMENT_DISPUTED,
         AUTO_RECHARGE_DISABLED,
         AUTO_RECHARGE_LIMIT_REACHED,
     }
 )
-OPERATOR_ONLY = frozenset({EXPIRED_UNUSED, USAGE_QUARANTINED, EXPORT_COMPLETED})
+OPERATOR_ONLY = frozenset(
+    {EXPIRED_UNUSED, USAGE_QUARANTINED, EXPORT_COMPLETED, PAYMENT_REFUNDED, PAYMENT_DISPUTED}
+)
 
 
 def stored_account(account_id: str | None) -> str:

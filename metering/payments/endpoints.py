@@ -8,7 +8,7 @@ import logging
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request, Response
-from pydantic import BaseModel, ConfigDict, Strict
+from pydantic import BaseModel, ConfigDict, Strict, StringConstraints
 from starlette.concurrency import run_in_threadpool
 
 from metering.accounts.deps import AccountKeyDep
@@ -16,7 +16,7 @@ from metering.audit.deps import AuditDep
 from metering.kit.errors import InvalidRequest, MeteringError, NotFound
 from metering.kit.pagination import PageParams
 from metering.ledger.schemas import IdempotencyKey
-from metering.payments import recharge, service
+from metering.payments import recharge, refunds, service
 from metering.payments.flows import Payments, checked_amount, payment_body
 from metering.payments.stripe_api import BadSignature, StripeUnavailable
 from metering.web.deps import AdminDep, SessionDep, get_clock, get_database, get_settings
@@ -70,6 +70,19 @@ def get_payment(payment_id: str, key: AccountKeyDep, session: SessionDep) -> dic
     return service.get_payment(session, payment_id, account_id=key.account_id)
 
 
+def on_stripe_event(payments: Payments, payload: bytes, signature: str | None) -> str:
+    """A webhook's event, verified (``BadSignature`` otherwise), handed to the flow of its type
+    (refunds and disputes, or payments and cards), which processes it once."""
+    event = payments.stripe.event_from(payload, signature)
+    kind, event_id = str(event.get("type")), str(event.get("id"))
+    obj = (event.get("data") or {}).get("object") or {}
+    if kind == "charge.refunded":
+        return refunds.on_charge_refunded(payments, event_id, kind, obj)
+    if kind == "charge.dispute.created":
+        return refunds.on_dispute(payments, event_id, kind, obj)
+    return payments.on_event(event)
+
+
 @router.post("/stripe/webhook")
 async def stripe_webhook(request: Request) -> dict[str, Any]:
     """Stripe's events (verified by their ``Stripe-Signature``; each processed once)."""
@@ -77,7 +90,7 @@ async def stripe_webhook(request: Request) -> dict[str, Any]:
     signature = request.headers.get("stripe-signature")
     payments = payments_of(request)
     try:
-        outcome = await run_in_threadpool(payments.on_event, payload, signature)
+        outcome = await run_in_threadpool(on_stripe_event, payments, payload, signature)
     except BadSignature:
         raise InvalidRequest(
             "the Stripe-Signature header does not verify", code="invalid_signature", param=None
@@ -154,6 +167,29 @@ def admin_list_payments(
     return service.list_payments(
         session, limit, after, account_id=account_id, status=status, kind=kind, operator=True
     )
+
+
+class RefundCreate(BaseModel):
+    """``POST /admin/v1/payments/{id}/refund``: how much (default: the most refundable), and
+    why (kept here: Stripe is not told)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    amount_cents: Annotated[int, Strict()] | None = None
+    reason: Annotated[str, Strict(), StringConstraints(max_length=500)] | None = None
+
+
+@admin_router.post("/payments/{payment_id}/refund", status_code=201)
+def refund_payment(
+    payment_id: str, body: RefundCreate, request: Request, audit: AuditDep
+) -> dict[str, Any]:
+    """Refund (part of) a payment: its grant loses that much at once (at most what it holds)."""
+    try:
+        return refunds.refund(
+            payments_of(request), payment_id, body.amount_cents, body.reason, audit
+        )
+    except refunds.RefundFailed:
+        raise PaymentsUnavailable("Stripe did not refund it: nothing was refunded") from None
 
 
 @admin_router.get("/payments/{payment_id}")

@@ -38,7 +38,7 @@ from metering.notifications import outbox
 from metering.payments.stripe_api import Card, Declined, Intent, Stripe, StripeUnavailable
 from metering.settings import Settings
 from metering.states import payments as states
-from metering.states.payments import PaymentKind, PaymentStatus
+from metering.states.payments import UNPAID, IntentStatus, PaymentKind, PaymentStatus
 
 log = logging.getLogger("metering.payments")
 
@@ -51,8 +51,6 @@ MICROCENTS_PER_CENT = 1_000_000
 # The scheduler asks Stripe about payments pending this long, and gives up on them after a day.
 RECONCILE_AFTER = timedelta(minutes=5)
 ABANDON_AFTER = timedelta(hours=24)
-# PaymentIntent statuses in which nothing was or will be paid without the customer.
-UNPAID = frozenset({"requires_payment_method", "requires_confirmation", "requires_action"})
 
 PAYMENTS_TOTAL = REGISTRY.counter(
     "metering_payments_total", "Payments that ended, by kind and result.", ("kind", "result")
@@ -120,7 +118,7 @@ def find(session: Session, account_id: str, payment_id: str) -> Row:
     return row._mapping
 
 
-def _locked(session: Session, account_id: str, payment_id: str) -> Row:
+def locked(session: Session, account_id: str, payment_id: str) -> Row:
     row = session.execute(
         select(PAYMENTS)
         .where(PAYMENTS.c.account_id == account_id, PAYMENTS.c.id == payment_id)
@@ -170,7 +168,7 @@ def _record_intent(session: Session, account_id: str, payment_id: str, intent_id
     """The payment's PaymentIntent: ``intent_id`` unless another was recorded first (two
     requests paying one payment at once), under the payment's row lock. Returns the one kept."""
     ledger.lock_account(session, account_id)
-    recorded = _locked(session, account_id, payment_id)["stripe_payment_intent_id"]
+    recorded = locked(session, account_id, payment_id)["stripe_payment_intent_id"]
     if recorded is not None:
         return str(recorded)
     session.execute(
@@ -207,7 +205,7 @@ def converge(
     """The one place a payment's status moves, from a PaymentIntent just retrieved from Stripe:
     succeeded (one paid grant, in this transaction), failed, or unchanged. Returns the row."""
     ledger.lock_account(session, account_id)
-    payment = _locked(session, account_id, payment_id)
+    payment = locked(session, account_id, payment_id)
     if payment["status"] == PaymentStatus.SUCCEEDED:
         return payment
     problem = mismatch(payment, intent)
@@ -217,9 +215,9 @@ def converge(
         )
         MISMATCHES.inc(payment["kind"])
         return payment
-    if intent.status == "succeeded":
+    if intent.status is IntentStatus.SUCCEEDED:
         return _succeed(session, payment, intent, now, auditor, settings)
-    if intent.status == "canceled" or (intent.status in UNPAID and intent.error_code):
+    if intent.status is IntentStatus.CANCELED or (intent.status in UNPAID and intent.error_code):
         code = intent.error_code or "canceled"
         return fail(
             session,
@@ -346,7 +344,7 @@ def fail(
     return find(session, account_id, payment_id)
 
 
-def _counted(session: Session) -> None:
+def counted(session: Session) -> None:
     for count in session.info.pop("after_commit", []):
         count()
 
@@ -370,7 +368,7 @@ class Payments:
                 session, account_id, payment_id, intent, self.clock.now(), auditor, self.settings
             )
             session.commit()
-            _counted(session)
+            counted(session)
         return row
 
     def _fail(
@@ -380,14 +378,14 @@ class Payments:
             ledger.lock_account(session, account_id)
             row = fail(
                 session,
-                _locked(session, account_id, payment_id),
+                locked(session, account_id, payment_id),
                 code,
                 message,
                 self.clock.now(),
                 auditor,
             )
             session.commit()
-            _counted(session)
+            counted(session)
         return row
 
     # -- customers and cards --------------------------------------------------------------------
@@ -643,9 +641,9 @@ class Payments:
                     intent = self.stripe.retrieve_payment_intent(kept)
             else:
                 intent = self.stripe.retrieve_payment_intent(intent_id)
-            if intent.status == "requires_confirmation":
+            if intent.status is IntentStatus.REQUIRES_CONFIRMATION:
                 intent = self.stripe.confirm_payment_intent(payment_id, intent.id)
-            if off_session and intent.status == "requires_action":
+            if off_session and intent.status is IntentStatus.REQUIRES_ACTION:
                 # Nobody is there to pass 3-D Secure: a failure, the intent canceled.
                 self.stripe.cancel_payment_intent(intent.id)
                 message = "The card needs authentication, which an off-session charge cannot ask."
@@ -723,7 +721,7 @@ class Payments:
         intent = self.stripe.retrieve_payment_intent(row.stripe_payment_intent_id)
         if abandoned and intent.status in UNPAID:
             intent = self.stripe.cancel_payment_intent(intent.id)
-            if intent.status == "canceled":
+            if intent.status is IntentStatus.CANCELED:
                 after = self._fail(
                     row.account_id, row.id, "abandoned", "The payment was not completed.", auditor
                 )
@@ -733,10 +731,9 @@ class Payments:
 
     # -- Stripe's events ------------------------------------------------------------------------
 
-    def on_event(self, payload: bytes, signature: str | None) -> str:
-        """A webhook's event, verified, processed once (``BadSignature`` otherwise). Returns
-        what was done (for the log)."""
-        event = self.stripe.event_from(payload, signature)
+    def on_event(self, event: dict[str, Any]) -> str:
+        """A verified event of a payment or a card, processed once. Returns what was done (for
+        the log); types it does not handle are ignored."""
         kind = str(event.get("type"))
         obj = (event.get("data") or {}).get("object") or {}
         if kind in ("payment_intent.succeeded", "payment_intent.payment_failed"):
@@ -758,7 +755,7 @@ class Payments:
                 is not None
             )
 
-    def _record_event(self, session: Session, account_id: str, event_id: str, kind: str) -> bool:
+    def record_event(self, session: Session, account_id: str, event_id: str, kind: str) -> bool:
         """Stripe's event recorded as processed, in ``session``'s transaction: False when it
         already was (the event's effect is then not to be had again)."""
         try:
@@ -778,7 +775,7 @@ class Payments:
     def _processed(self, account_id: str, event_id: str, kind: str) -> None:
         """An event whose effect is idempotent, recorded once it had it."""
         with self.database.unit_of_work() as session:
-            if not self._record_event(session, account_id, event_id, kind):
+            if not self.record_event(session, account_id, event_id, kind):
                 return
             session.commit()
 
@@ -846,11 +843,11 @@ class Payments:
         auditor = Auditor("stripe")
         with self.database.unit_of_work() as session:
             ledger.lock_account(session, account_id)
-            if not self._record_event(session, account_id, event_id, kind):
+            if not self.record_event(session, account_id, event_id, kind):
                 return "already processed"
             converge(
                 session, account_id, payment_id, intent, self.clock.now(), auditor, self.settings
             )
             session.commit()
-            _counted(session)
+            counted(session)
         return "processed"

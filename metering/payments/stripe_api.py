@@ -21,6 +21,7 @@ from typing import Any
 import stripe
 
 from metering.settings import Settings
+from metering.states.payments import IntentStatus
 
 CURRENCY = "usd"
 
@@ -50,7 +51,7 @@ class Intent:
     """What the service reads of a PaymentIntent."""
 
     id: str
-    status: str
+    status: IntentStatus
     amount: int
     currency: str
     metadata: dict[str, str]
@@ -72,6 +73,16 @@ class Setup:
     payment_method: str | None
     metadata: dict[str, str]
     client_secret: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Refund:
+    """What the service reads of a Stripe refund."""
+
+    id: str
+    amount: int  # cents
+    status: str
+    metadata: dict[str, str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,9 +192,13 @@ class Stripe:
     def _intent(self, intent: Any) -> Intent:
         data = _plain(intent)
         error = data.get("last_payment_error") or {}
+        try:
+            status = IntentStatus(str(data.get("status")))
+        except ValueError:
+            raise StripeUnavailable(f"PaymentIntent status {data.get('status')!r}") from None
         return Intent(
             id=str(data["id"]),
-            status=str(data.get("status")),
+            status=status,
             amount=int(data.get("amount") or 0),
             currency=str(data.get("currency") or ""),
             metadata={str(k): str(v) for k, v in (data.get("metadata") or {}).items()},
@@ -204,6 +219,29 @@ class Stripe:
             charge = _plain(_call(self._client.v1.charges.retrieve, charge, None))
         url = charge.get("receipt_url")
         return str(url) if url else None
+
+    # -- refunds --------------------------------------------------------------------------------
+
+    def create_refund(
+        self, refund_id: str, intent_id: str, amount_cents: int, metadata: dict[str, str]
+    ) -> Refund:
+        """Refund ``amount_cents`` of the PaymentIntent's charge (``refund_id`` the idempotency
+        key). The reason stays ours: it is never sent (localstripe refuses the parameter)."""
+        params = {"payment_intent": intent_id, "amount": amount_cents, "metadata": metadata}
+        refund = _call(self._client.v1.refunds.create, params, {"idempotency_key": refund_id})
+        return _refund(refund)
+
+    def list_refunds(self, intent_id: str) -> list[Refund]:
+        """The refunds of the PaymentIntent's charge, as Stripe has them now (at most 100: a
+        payment is refunded a few times at most)."""
+        params = {"payment_intent": intent_id, "limit": 100}
+        found = _call(self._client.v1.refunds.list, params, None)
+        return [_refund(refund) for refund in _plain(found).get("data") or []]
+
+    def intent_of_charge(self, charge_id: str) -> str | None:
+        """The PaymentIntent a charge belongs to (None: none)."""
+        charge = _plain(_call(self._client.v1.charges.retrieve, charge_id, None))
+        return _id_of(charge.get("payment_intent"))
 
     # -- events ---------------------------------------------------------------------------------
 
@@ -256,4 +294,14 @@ def _setup(setup: Any) -> Setup:
         payment_method=_id_of(data.get("payment_method")),
         metadata={str(k): str(v) for k, v in (data.get("metadata") or {}).items()},
         client_secret=data.get("client_secret"),
+    )
+
+
+def _refund(refund: Any) -> Refund:
+    data = _plain(refund)
+    return Refund(
+        id=str(data["id"]),
+        amount=int(data.get("amount") or 0),
+        status=str(data.get("status")),
+        metadata={str(k): str(v) for k, v in (data.get("metadata") or {}).items()},
     )

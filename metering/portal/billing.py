@@ -46,7 +46,7 @@ from metering.portal.endpoints import (
 from metering.portal.roles import Permission
 from metering.portal.sessions import PortalUser
 from metering.settings import Settings
-from metering.states.payments import PaymentKind, PaymentStatus
+from metering.states.payments import IntentStatus, PaymentKind, PaymentStatus
 from metering.web.deps import NowDep, SessionDep, get_clock, get_database, get_settings
 from metering.web.middleware import request_id_of
 
@@ -226,7 +226,8 @@ def _after_paying(
     request: Request, user: PortalUser, payment_id: str, intent: Any, settings: Settings
 ) -> Response:
     """The return page, or first the 3-D Secure step when the bank asks for it."""
-    if intent is not None and intent.status == "requires_action" and intent.client_secret:
+    authenticate = intent is not None and intent.status is IntentStatus.REQUIRES_ACTION
+    if intent is not None and authenticate and intent.client_secret:
         return page_of(
             request,
             user,

@@ -1,5 +1,5 @@
 """The payment's state machine, in one place: its statuses, the legal transitions, and the
-table's check constraint.
+table's check constraint; beside it a refund's, and the statuses Stripe gives a PaymentIntent.
 
     pending ──succeed──▶ succeeded   (Stripe says the PaymentIntent succeeded: one paid grant,
        │                     ▲         written in the same transaction)
@@ -22,6 +22,28 @@ class PaymentStatus(StrEnum):
     PENDING = "pending"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
+
+
+class IntentStatus(StrEnum):
+    """A Stripe PaymentIntent's status, as Stripe reports it (the service never writes one)."""
+
+    REQUIRES_PAYMENT_METHOD = "requires_payment_method"
+    REQUIRES_CONFIRMATION = "requires_confirmation"
+    REQUIRES_ACTION = "requires_action"
+    PROCESSING = "processing"
+    REQUIRES_CAPTURE = "requires_capture"
+    CANCELED = "canceled"
+    SUCCEEDED = "succeeded"
+
+
+# PaymentIntent statuses in which nothing was or will be paid without the customer.
+UNPAID = frozenset(
+    {
+        IntentStatus.REQUIRES_PAYMENT_METHOD,
+        IntentStatus.REQUIRES_CONFIRMATION,
+        IntentStatus.REQUIRES_ACTION,
+    }
+)
 
 
 class PaymentKind(StrEnum):
@@ -62,3 +84,45 @@ STATUS_CHECK = _in("status", PaymentStatus)
 KIND_CHECK = _in("kind", PaymentKind)
 PENDING_ROWS = f"status = '{PaymentStatus.PENDING}'"
 RECHARGE_IN_FLIGHT = f"kind = '{PaymentKind.AUTO_RECHARGE}' AND status = '{PaymentStatus.PENDING}'"
+
+
+# -- refunds -------------------------------------------------------------------------------------
+#
+#     pending ──succeed──▶ succeeded   (Stripe refunded it: the grant loses it, in that transaction)
+#        │                     ▲
+#        └────fail────▶ failed ┘ late  (Stripe refused or could not be asked; a refund Stripe
+#                                       reports afterwards, by ``charge.refunded``, is applied)
+#
+# An operator's refund is written ``pending`` before Stripe is called (its id is the idempotency
+# key and ``metadata.refund_id`` of Stripe's refund); one made in Stripe's dashboard is written
+# ``succeeded`` when its ``charge.refunded`` arrives. Applied once: a refund's effect is written
+# only by the step that makes it ``succeeded``.
+
+
+class RefundStatus(StrEnum):
+    PENDING = "pending"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+
+class RefundSource(StrEnum):
+    OPERATOR = "operator"  # POST /admin/v1/payments/{id}/refund
+    STRIPE = "stripe"  # made in Stripe's dashboard: learnt from charge.refunded
+
+
+REFUND_SUCCEED = (
+    frozenset({RefundStatus.PENDING, RefundStatus.FAILED}),
+    RefundStatus.SUCCEEDED,
+)
+REFUND_FAIL = (frozenset({RefundStatus.PENDING}), RefundStatus.FAILED)
+REFUND_TRANSITIONS = {"succeed": REFUND_SUCCEED, "fail": REFUND_FAIL}
+
+
+def refund_may(transition: str, status: str) -> bool:
+    """Whether a refund in ``status`` may take ``transition``."""
+    sources, _ = REFUND_TRANSITIONS[transition]
+    return RefundStatus(status) in sources
+
+
+REFUND_STATUS_CHECK = _in("status", RefundStatus)
+REFUND_SOURCE_CHECK = _in("source", RefundSource)

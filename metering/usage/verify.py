@@ -11,9 +11,10 @@
   equal its balance; remainders of grants already expired at the clock whose ``expiry`` entry
   is not yet written are **pending** (counted and reported, not a mismatch): the balance as the
   clock sees it is the written balance less them; its deficit equals its allocation days'
-  ``deficit`` less ``payoff`` amounts;
+  ``deficit`` and ``refund`` amounts less its ``payoff`` amounts;
 * every payment (metering.payments): a succeeded one names a paid grant of its account of
-  exactly its amount (cents × 1,000,000), no other names one, and no grant is named twice.
+  exactly its amount (cents × 1,000,000), no other names one, and no grant is named twice; its
+  ``refunded_cents`` (× 1,000,000) is what its grant's ``refund`` entries took.
 
 Read in one snapshot (REPEATABLE READ on PostgreSQL; on a Citus cluster one per worker,
 ``citus.one_snapshot``), so it may run beside live ingest.
@@ -254,7 +255,7 @@ def _check_grants(session: Session, now: datetime, mismatches: list[str], report
                 )
             ).label("owed"),
         )
-        .where(days.c.kind.in_(("deficit", "payoff")))
+        .where(days.c.kind.in_(("deficit", "payoff", "refund")))
         .group_by(days.c.account_id)
         .subquery()
     )
@@ -282,7 +283,7 @@ def _check_grants(session: Session, now: datetime, mismatches: list[str], report
         if int(owed) != int(deficit):
             mismatches.append(
                 f"account {account_id}: deficit {deficit} microcents, its allocation days' "
-                f"deficits less payoffs {owed}"
+                f"deficits and refunds less payoffs {owed}"
             )
         if int(deficit) < 0:
             mismatches.append(f"account {account_id}: negative deficit {deficit}")
@@ -295,22 +296,38 @@ def _check_grants(session: Session, now: datetime, mismatches: list[str], report
 
 
 def _check_payments(session: Session, mismatches: list[str]) -> None:
-    payments, grants = table(Payment), table(CreditGrant)
+    payments, grants, entries = table(Payment), table(CreditGrant), table(LedgerEntry)
+    refunded = (
+        select(
+            entries.c.account_id,
+            entries.c.grant_id,
+            func.sum(-entries.c.amount_microcents).label("total"),
+        )
+        .where(entries.c.kind == "refund")
+        .group_by(entries.c.account_id, entries.c.grant_id)
+        .subquery()
+    )
     query = (
         select(
             payments.c.id,
             payments.c.status,
             payments.c.amount_cents,
+            payments.c.refunded_cents,
             payments.c.grant_id,
             grants.c.id.label("found"),
             grants.c.category,
             grants.c.amount_microcents,
+            func.coalesce(refunded.c.total, 0).label("refunded"),
         )
         .select_from(
             payments.outerjoin(
                 grants,
                 (grants.c.account_id == payments.c.account_id)
                 & (grants.c.id == payments.c.grant_id),
+            ).outerjoin(
+                refunded,
+                (refunded.c.account_id == payments.c.account_id)
+                & (refunded.c.grant_id == payments.c.grant_id),
             )
         )
         .order_by(payments.c.id)
@@ -332,6 +349,11 @@ def _check_payments(session: Session, mismatches: list[str]) -> None:
         elif row.found in named:
             mismatches.append(f"payment {row.id}: its grant {row.found} is another's too")
         named.add(row.found or "")
+        if int(row.refunded) != int(row.refunded_cents) * 1_000_000:
+            mismatches.append(
+                f"payment {row.id}: refunded {row.refunded_cents} cents, its grant's refund "
+                f"entries {row.refunded} microcents"
+            )
 
 
 def verify(session: Session, now: datetime | None = None) -> Report:

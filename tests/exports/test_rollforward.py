@@ -90,6 +90,7 @@ def rows(directory: Path) -> list[list[str]]:
         "spent_microcents",
         "expired_microcents",
         "voided_microcents",
+        "refunded_microcents",
         "closing_microcents",
     ]
     parquet = pq.read_table(directory / "credits.parquet").to_pydict()
@@ -102,17 +103,17 @@ def rows(directory: Path) -> list[list[str]]:
 def check_identities(api: Api, day_rows: dict[date, list[list[str]]], accounts: list[str]) -> None:
     for day, table in day_rows.items():
         for row in table:
-            opening, granted, spent, expired, voided, closing = map(int, row[3:])
-            assert closing == opening + granted - spent - expired - voided, row
+            opening, granted, spent, expired, voided, refunded, closing = map(int, row[3:])
+            assert closing == opening + granted - spent - expired - voided - refunded, row
             if row[2] == "deficit":
                 assert opening <= 0 and closing <= 0, row
         end = datetime(day.year, day.month, day.day, tzinfo=UTC) + timedelta(days=1)
         for account in accounts:
-            closing = sum(int(row[8]) for row in table if row[1] == account)
+            closing = sum(int(row[9]) for row in table if row[1] == account)
             assert closing == balance_at(api, account, end), (day, account)
         previous = day_rows.get(day - timedelta(days=1))
         if previous is not None:
-            closings = {(r[1], r[2]): int(r[8]) for r in previous}
+            closings = {(r[1], r[2]): int(r[9]) for r in previous}
             for row in table:
                 assert int(row[3]) == closings.get((row[1], row[2]), 0), row
 

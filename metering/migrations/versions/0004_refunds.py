@@ -1,0 +1,146 @@
+"""Refunds: a payment's refunds (``payment_refunds``), the ledger entry kind ``refund`` (negative,
+naming its grant) and the allocation kind ``refund`` (the part of a refund its grant no longer
+held, taken as a deficit).
+
+PostgreSQL keeps the ledger entries' checks in the compact form the baseline gave them (one
+``text[]`` constant; the same values). SQLite remakes the two tables to change their checks.
+
+Revision ID: 0004
+Revises: 0003
+Create Date: 2026-12-05 03:30:00
+"""
+
+from collections.abc import Sequence
+from typing import Any
+
+import sqlalchemy as sa
+from alembic import op
+from alembic.operations import ops
+
+revision: str = "0004"
+down_revision: str | Sequence[str] | None = "0003"
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
+
+
+def _kinds(kinds: tuple[str, ...], expiring: tuple[str, ...]) -> dict[str, dict[str, str]]:
+    """The ledger entries' two checks with ``kinds`` (``expiring``: the negative-only ones), as
+    SQLite and PostgreSQL write them."""
+    quoted = ", ".join(f"'{kind}'" for kind in kinds)
+    negative = ", ".join(f"'{kind}'" for kind in expiring)
+    return {
+        "sqlite": {
+            "ck_ledger_entries_kind": f"kind IN ({quoted})",
+            "ck_ledger_entries_amount_sign": (
+                "(kind = 'grant' AND amount_microcents > 0) OR (kind = 'adjustment' AND "
+                "amount_microcents <> 0) OR (kind = 'charge' AND amount_microcents <= 0) OR "
+                f"(kind IN ({negative}) AND amount_microcents < 0)"
+            ),
+        },
+        "postgresql": {
+            "ck_ledger_entries_kind": f"kind::text = ANY ('{{{','.join(kinds)}}}'::text[])",
+            "ck_ledger_entries_amount_sign": (
+                "kind::text = 'grant' AND amount_microcents > 0"
+                " OR kind::text = 'adjustment' AND amount_microcents <> 0"
+                " OR kind::text = 'charge' AND amount_microcents <= 0"
+                f" OR kind::text = ANY ('{{{','.join(expiring)}}}'::text[])"
+                " AND amount_microcents < 0"
+            ),
+        },
+    }
+
+
+_NEW = _kinds(
+    ("grant", "adjustment", "charge", "expiry", "void", "refund"), ("expiry", "void", "refund")
+)
+_OLD = _kinds(("grant", "adjustment", "charge", "expiry", "void"), ("expiry", "void"))
+_ALLOCATIONS_NEW = "kind IN ('spend', 'deficit', 'payoff', 'refund')"
+_ALLOCATIONS_OLD = "kind IN ('spend', 'deficit', 'payoff')"
+
+
+def _replace_checks(table: str, checks: dict[str, str]) -> None:
+    if op.get_bind().dialect.name == "sqlite":
+        with op.batch_alter_table(table, recreate="always") as batch:
+            for name, condition in checks.items():
+                batch.drop_constraint(op.f(name), type_="check")
+                batch.create_check_constraint(op.f(name), condition)
+        return
+    for name, condition in checks.items():
+        op.execute(f"ALTER TABLE {table} DROP CONSTRAINT {name}")
+        op.execute(f"ALTER TABLE {table} ADD CONSTRAINT {name} CHECK ({condition})")
+
+
+def _create_table(name: str, *elements: Any) -> None:
+    """``op.create_table``, with SQLite's integer checks (as the baseline makes them)."""
+    table = sa.Table(name, sa.MetaData(), *elements)
+    if op.get_bind().dialect.name == "sqlite":
+        for column in table.columns:
+            if isinstance(column.type, sa.Integer) and not column.primary_key:
+                condition = (
+                    f"typeof({column.name}) IN ('integer', 'null')"
+                    if column.nullable
+                    else f"typeof({column.name}) = 'integer'"
+                )
+                table.append_constraint(
+                    sa.CheckConstraint(condition, name=op.f(f"ck_{name}_{column.name}_integer"))
+                )
+    op.invoke(ops.CreateTableOp.from_table(table))
+
+
+def upgrade() -> None:
+    dialect = "sqlite" if op.get_bind().dialect.name == "sqlite" else "postgresql"
+    _replace_checks("ledger_entries", _NEW[dialect])
+    _replace_checks("credit_allocation_days", {"ck_credit_allocation_days_kind": _ALLOCATIONS_NEW})
+    _create_table(
+        "payment_refunds",
+        sa.Column("id", sa.String(length=32), nullable=False),
+        sa.Column("account_id", sa.String(length=32), nullable=False),
+        sa.Column("payment_id", sa.String(length=32), nullable=False),
+        sa.Column("source", sa.String(length=16), nullable=False),
+        sa.Column("amount_cents", sa.BigInteger(), nullable=False),
+        sa.Column("status", sa.String(length=16), nullable=False),
+        sa.Column("reason", sa.Text(), nullable=True),
+        sa.Column("stripe_refund_id", sa.String(length=255), nullable=True),
+        sa.Column("entry_id", sa.BigInteger(), nullable=True),
+        sa.Column("deficit_microcents", sa.BigInteger(), server_default="0", nullable=False),
+        sa.Column("failure_message", sa.Text(), nullable=True),
+        sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+        sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
+        sa.Column("succeeded_at", sa.DateTime(timezone=True), nullable=True),
+        sa.CheckConstraint(
+            "status IN ('pending', 'succeeded', 'failed')", name=op.f("ck_payment_refunds_status")
+        ),
+        sa.CheckConstraint(
+            "source IN ('operator', 'stripe')", name=op.f("ck_payment_refunds_source")
+        ),
+        sa.CheckConstraint("amount_cents > 0", name=op.f("ck_payment_refunds_amount_positive")),
+        sa.ForeignKeyConstraint(
+            ["account_id"], ["accounts.id"], name=op.f("fk_payment_refunds_account_id_accounts")
+        ),
+        sa.PrimaryKeyConstraint("id", name=op.f("pk_payment_refunds")),
+    )
+    op.create_index(
+        "ix_payment_refunds_account_id_payment_id",
+        "payment_refunds",
+        ["account_id", "payment_id"],
+    )
+    op.create_index(
+        "uq_payment_refunds_account_id_stripe_refund_id",
+        "payment_refunds",
+        ["account_id", "stripe_refund_id"],
+        unique=True,
+        sqlite_where=sa.text("stripe_refund_id IS NOT NULL"),
+        postgresql_where=sa.text("stripe_refund_id IS NOT NULL"),
+    )
+
+
+def downgrade() -> None:
+    dialect = "sqlite" if op.get_bind().dialect.name == "sqlite" else "postgresql"
+    op.drop_index("uq_payment_refunds_account_id_stripe_refund_id", table_name="payment_refunds")
+    op.drop_index("ix_payment_refunds_account_id_payment_id", table_name="payment_refunds")
+    op.drop_table("payment_refunds")
+    # What the refunds wrote goes with them: the books as they were before refunds existed.
+    op.execute("DELETE FROM credit_allocation_days WHERE kind = 'refund'")
+    op.execute("DELETE FROM ledger_entries WHERE kind = 'refund'")
+    _replace_checks("credit_allocation_days", {"ck_credit_allocation_days_kind": _ALLOCATIONS_OLD})
+    _replace_checks("ledger_entries", _OLD[dialect])
