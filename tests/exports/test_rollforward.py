@@ -156,17 +156,17 @@ def test_the_roll_forward_of_two_days(fresh_api: Api, tmp_path: Path) -> None:
     got = {day: rows(export_dir / day.isoformat()) for day in (D1, D2)}
     m = str(M)
     assert got[D1] == [
-        [str(D1), a, "paid", "0", str(10 * M), "0", "0", "0", str(10 * M)],
-        [str(D1), a, "promotional", "0", str(8 * M), str(7 * M), "0", "0", m],
-        [str(D1), b, "deficit", "0", "0", str(2 * M), "0", "0", str(-2 * M)],
-        [str(D1), b, "paid", "0", m, m, "0", "0", "0"],
+        [str(D1), a, "paid", "0", str(10 * M), "0", "0", "0", "0", str(10 * M)],
+        [str(D1), a, "promotional", "0", str(8 * M), str(7 * M), "0", "0", "0", m],
+        [str(D1), b, "deficit", "0", "0", str(2 * M), "0", "0", "0", str(-2 * M)],
+        [str(D1), b, "paid", "0", m, m, "0", "0", "0", "0"],
     ]
     assert got[D2] == [
-        [str(D2), a, "adjustment", "0", str(2 * M), str(M // 2), "0", "0", str(3 * M // 2)],
-        [str(D2), a, "paid", str(10 * M), "0", m, "0", str(9 * M), "0"],
-        [str(D2), a, "promotional", m, "0", "0", m, "0", "0"],
-        [str(D2), b, "deficit", str(-2 * M), str(2 * M), "0", "0", "0", "0"],
-        [str(D2), b, "paid", "0", str(5 * M), str(2 * M), "0", "0", str(3 * M)],
+        [str(D2), a, "adjustment", "0", str(2 * M), str(M // 2), "0", "0", "0", str(3 * M // 2)],
+        [str(D2), a, "paid", str(10 * M), "0", m, "0", str(9 * M), "0", "0"],
+        [str(D2), a, "promotional", m, "0", "0", m, "0", "0", "0"],
+        [str(D2), b, "deficit", str(-2 * M), str(2 * M), "0", "0", "0", "0", "0"],
+        [str(D2), b, "paid", "0", str(5 * M), str(2 * M), "0", "0", "0", str(3 * M)],
     ]
     check_identities(api, got, [a, b])
 
@@ -200,7 +200,7 @@ def test_a_day_without_usage_and_a_late_expiry(fresh_api: Api, tmp_path: Path) -
         assert by_hand.export_day(day).outcome == "exported"
     for day in (D2, D3):
         assert rows(export_dir / str(day)) == [
-            [str(day), account, "promotional", str(4 * M), "0", "0", "0", "0", str(4 * M)]
+            [str(day), account, "promotional", str(4 * M), "0", "0", "0", "0", "0", str(4 * M)]
         ]
     # ... then a balance write two days later writes the expiry dated in D2: D2 is due again,
     # and so is D3, whose opening it moves.
@@ -217,7 +217,7 @@ def test_a_day_without_usage_and_a_late_expiry(fresh_api: Api, tmp_path: Path) -
         assert by_hand.export_day(day).outcome == "exported"
     got = {day: rows(export_dir / str(day)) for day in (D1, D2, D3)}
     assert got[D2] == [
-        [str(D2), account, "promotional", str(4 * M), "0", "0", str(4 * M), "0", "0"]
+        [str(D2), account, "promotional", str(4 * M), "0", "0", str(4 * M), "0", "0", "0"]
     ]
     assert got[D3] == []  # nothing left, nothing moved
     check_identities(api, got, [account])
