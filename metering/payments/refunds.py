@@ -46,7 +46,7 @@ from metering.payments.flows import (
 )
 from metering.payments.stripe_api import Declined, Refund, StripeUnavailable
 from metering.states import payments as states
-from metering.states.payments import PaymentStatus, RefundSource, RefundStatus
+from metering.states.payments import UNREFUNDED, PaymentStatus, RefundSource, RefundStatus
 
 log = logging.getLogger("metering.payments")
 
@@ -302,9 +302,9 @@ def _ours(payments: Payments, intent_id: str) -> tuple[str, str] | None:
 
 def _learn_refund(
     session: Session, payment: Row, stripe_refund: Refund, now: datetime, auditor: Auditor
-) -> bool:
+) -> None:
     """One refund Stripe lists for the payment, applied unless it already was (by its Stripe
-    id, or ours by ``metadata.refund_id``). Returns whether it was applied now."""
+    id, or ours by ``metadata.refund_id``)."""
     account_id = payment["account_id"]
     known = session.execute(
         select(REFUNDS.c.id).where(
@@ -312,7 +312,7 @@ def _learn_refund(
         )
     ).first()
     if known is not None:
-        return False
+        return
     ours = stripe_refund.metadata.get("refund_id")
     row = None
     if ours:
@@ -342,8 +342,7 @@ def _learn_refund(
         mapping = _refund_row(session, account_id, refund_id)
     else:
         mapping = row._mapping
-    after = apply(session, mapping, stripe_refund.id, now, auditor)
-    return bool(after["stripe_refund_id"] == stripe_refund.id)
+    apply(session, mapping, stripe_refund.id, now, auditor)
 
 
 def on_charge_refunded(payments: Payments, event_id: str, kind: str, obj: Row) -> str:
@@ -356,7 +355,7 @@ def on_charge_refunded(payments: Payments, event_id: str, kind: str, obj: Row) -
     if found is None:
         return "not ours"
     account_id, payment_id = found
-    listed = [r for r in payments.stripe.list_refunds(intent_id) if r.status == "succeeded"]
+    listed = [r for r in payments.stripe.list_refunds(intent_id) if r.status not in UNREFUNDED]
     auditor = Auditor("stripe")
     with payments.database.unit_of_work() as session:
         ledger.lock_account(session, account_id)

@@ -6,6 +6,8 @@ table's check constraint and partial-index predicates written from the same enum
 * ``grants``: a credit grant (active → expired | voided; depleted as read);
 * ``deliveries``: a webhook delivery (pending → delivered | failed | dropped; resent: pending);
 * ``exports``: a day's export (pending → succeeded | failed, again at every run).
+* ``payments``: a payment (pending → succeeded | failed) and a refund (the same), beside the
+  statuses Stripe reports for a PaymentIntent and a refund.
 
 They import nothing of the service but ``metering.kit``: the tables (``metering.models``) and
 every domain that moves a record take their states from here.

@@ -124,5 +124,19 @@ def refund_may(transition: str, status: str) -> bool:
     return RefundStatus(status) in sources
 
 
+class StripeRefundStatus(StrEnum):
+    """A Stripe refund's status, as Stripe reports it."""
+
+    PENDING = "pending"
+    REQUIRES_ACTION = "requires_action"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELED = "canceled"
+
+
+# Stripe refund statuses in which no money went back (any other is money leaving: a card
+# refund may stay pending a while).
+UNREFUNDED = frozenset({StripeRefundStatus.FAILED, StripeRefundStatus.CANCELED})
+
 REFUND_STATUS_CHECK = _in("status", RefundStatus)
 REFUND_SOURCE_CHECK = _in("source", RefundSource)

@@ -10,10 +10,14 @@ from datetime import date
 from decimal import Decimal
 from typing import Any
 
+import pytest
 from sqlalchemy import select
 
+from metering.audit.service import Auditor
 from metering.exports.rollforward import rows_of_day
 from metering.models import LedgerEntry, PaymentRefund, WebhookEvent, table
+from metering.payments import refunds
+from metering.payments.flows import Payments
 from tests.exports.test_rollforward import post
 from tests.factories import Key, assert_error, credits_of
 from tests.oracle import MICROCENTS_PER_CENT
@@ -342,3 +346,27 @@ class TestDispute:
             json={"url": "https://11.22.33.44/hook", "event_types": ["payment.disputed"]},
         )
         assert made.status_code == 400, made.text
+
+
+class TestStripeUnreachable:
+    def test_a_refund_stripe_did_not_make_changes_no_credit_and_is_failed(self, shop: Shop) -> None:
+        key, payment = _paid(shop, 800)
+        before = _credits(shop, key)
+        nowhere = shop.api.settings.model_copy(update={"stripe_api_base": "http://127.0.0.1:9"})
+        cut_off = Payments(shop.api.database, nowhere, shop.api.clock)
+
+        with pytest.raises(refunds.RefundFailed):
+            refunds.refund(cut_off, payment["id"], 300, "x", Auditor("test"))
+
+        assert _credits(shop, key) == before
+        assert _operator_payment(shop, payment["id"])["refunded_cents"] == 0
+        with shop.api.database.reading() as session:
+            stored = session.execute(
+                select(REFUNDS.c.status, REFUNDS.c.amount_cents, REFUNDS.c.stripe_refund_id).where(
+                    REFUNDS.c.account_id == key.account_id
+                )
+            ).all()
+        assert [tuple(row) for row in stored] == [("failed", 300, None)]
+        # Nothing reserved by it: the whole amount may still be refunded.
+        answer = _refund(shop, payment["id"])
+        assert (answer.status_code, answer.json()["amount_cents"]) == (201, 800), answer.text
