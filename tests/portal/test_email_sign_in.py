@@ -20,6 +20,7 @@ from sqlalchemy import select
 
 from metering.models import PortalMail
 from metering.portal.sessions import LINK_LIFETIME
+from metering.scheduler import Scheduler
 from metering.settings import Settings, describe_error
 from tests.conftest import APP_BACKENDS, NOW, Api, migrated_database
 from tests.factories import create_account, unique
@@ -315,6 +316,34 @@ class TestDelivery:
         assert guarded.logins == [("mailer", "p@ss:word/1")]
         (mail,) = guarded.to(address)
         assert len(mail.links) == 1
+
+
+class TestTidyUp:
+    def test_the_tick_deletes_a_sent_mail_an_hour_after_it_was_asked_for(
+        self, api: Api, inbox: Inbox, client: httpx.Client
+    ) -> None:
+        address = f"{unique('tidy')}@example.com"
+        _member(api, create_account(api), address)
+        _answered(_ask(client, address), address)
+        assert send_mails(api) == 1
+
+        def outcomes() -> list[str | None]:
+            with api.database.reading() as session:
+                query = select(PortalMail.outcome).where(PortalMail.address == address)
+                return list(session.execute(query).scalars())
+
+        jobs = Scheduler(api.database, api.settings, api.clock)
+        try:
+            api.clock.set(NOW + timedelta(minutes=59))
+            report = jobs.tick()
+            assert report.mails_deleted is not None and report.ok, report.errors
+            assert outcomes() == ["sent"]  # still counted: asked for within the hour
+            api.clock.set(NOW + timedelta(hours=1))
+            report = jobs.tick()
+            assert report.mails_deleted is not None and report.mails_deleted >= 1, report
+            assert outcomes() == []
+        finally:
+            jobs.close()
 
 
 class TestSettings:
