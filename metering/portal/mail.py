@@ -192,7 +192,7 @@ class Mailer:
                     )
                 ).first()
                 if row is not None:
-                    claimed.append(Claimed(*row))
+                    claimed.append(Claimed(**row._mapping))
             session.commit()
         return claimed
 
@@ -229,8 +229,8 @@ class Mailer:
         query = (
             select(
                 MEMBERS.c.account_id,
-                ACCOUNTS.c.name,
-                MEMBERS.c.id,
+                ACCOUNTS.c.name.label("account_name"),
+                MEMBERS.c.id.label("member_id"),
                 MEMBERS.c.email,
                 MEMBERS.c.role,
             )
@@ -244,7 +244,7 @@ class Mailer:
             query = query.where(
                 MEMBERS.c.account_id == mail.account_id, MEMBERS.c.id == mail.member_id
             )
-        return [Membership(*row) for row in session.execute(query)]
+        return [Membership(**row._mapping) for row in session.execute(query)]
 
     def compose(
         self,
