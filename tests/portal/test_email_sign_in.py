@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
@@ -257,6 +259,42 @@ class TestAtMostFiveAnHour:
                 select(PortalMail.outcome).where(PortalMail.address == address)
             ).scalars()
             assert sorted(rows) == ["sent"] * 6
+
+    def test_twelve_requests_at_once_on_two_servers_record_five(
+        self, api: Api, inbox: Inbox
+    ) -> None:
+        account = create_account(api)
+        address = f"{unique('race')}@example.com"
+        _member(api, account, address)
+        with serving(
+            api.backend,
+            api.url,
+            api.settings.data_dir,
+            smtp_url=api.settings.smtp_url,
+            mail_from=SENDER,
+        ) as other:
+            other.clock.set(api.clock.now())
+            bases = [str(server.client.base_url) for server in (api, other)] * 6
+            browsers = [httpx.Client(base_url=base, timeout=60) for base in bases]
+            try:
+                forms = [_csrf(b.get("/billing/sign-in").text) for b in browsers]
+                start = threading.Barrier(len(browsers))
+
+                def ask(index: int) -> httpx.Response:
+                    start.wait()
+                    return browsers[index].post(
+                        "/billing/sign-in/email",
+                        data={"csrf_token": forms[index], "email": address},
+                    )
+
+                with ThreadPoolExecutor(len(browsers)) as pool:
+                    answers = list(pool.map(ask, range(len(browsers))))
+            finally:
+                for browser in browsers:
+                    browser.close()
+        assert len({_answered(answer, address) for answer in answers}) == 1
+        assert send_mails(api) == 5
+        assert len(inbox.to(address)) == 5
 
 
 class TestAnAdminAddsAMember:
