@@ -29,7 +29,7 @@ from metering.models.payments import (
     PaymentRefund,
     StripeEvent,
 )
-from metering.models.portal import PortalSession, PortalSignInToken
+from metering.models.portal import PortalMail, PortalSession, PortalSignInToken
 from metering.models.usage import QuarantinedEvent, UsageEvent, UsageRollup
 
 __all__ = [
@@ -53,6 +53,7 @@ __all__ = [
     "Payment",
     "PaymentProfile",
     "PaymentRefund",
+    "PortalMail",
     "PortalSession",
     "PortalSignInToken",
     "PriceVersion",

@@ -5,8 +5,8 @@ held, taken as a deficit).
 PostgreSQL keeps the ledger entries' checks in the compact form the baseline gave them (one
 ``text[]`` constant; the same values). SQLite remakes the two tables to change their checks.
 
-Revision ID: 0004
-Revises: 0003
+Revision ID: 0005
+Revises: 0004
 Create Date: 2026-12-05 03:30:00
 """
 
@@ -17,8 +17,8 @@ import sqlalchemy as sa
 from alembic import op
 from alembic.operations import ops
 
-revision: str = "0004"
-down_revision: str | Sequence[str] | None = "0003"
+revision: str = "0005"
+down_revision: str | Sequence[str] | None = "0004"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
