@@ -103,6 +103,15 @@ class PaymentRefund(Base):
         CheckConstraint(REFUND_SOURCE_CHECK, name="source"),
         CheckConstraint("amount_cents > 0", name="amount_positive"),
         Index("ix_payment_refunds_account_id_payment_id", "account_id", "payment_id"),
+        # An operator's refund is idempotent on its key (per account).
+        Index(
+            "uq_payment_refunds_account_id_idempotency_key",
+            "account_id",
+            "idempotency_key",
+            unique=True,
+            sqlite_where=text("idempotency_key IS NOT NULL"),
+            postgresql_where=text("idempotency_key IS NOT NULL"),
+        ),
         # Each Stripe refund is applied once, whichever way it is learnt.
         Index(
             "uq_payment_refunds_account_id_stripe_refund_id",
@@ -122,6 +131,9 @@ class PaymentRefund(Base):
     status: Mapped[str] = mapped_column(String(16))
     reason: Mapped[str | None] = mapped_column(Text)  # ours only: Stripe is never sent it
     stripe_refund_id: Mapped[str | None] = mapped_column(String(255))
+    # An operator's refund made with a key: the key and the request's fingerprint.
+    idempotency_key: Mapped[str | None] = mapped_column(String(200))
+    request_fingerprint: Mapped[str | None] = mapped_column(String(64))
     # Once succeeded: its ledger entry, and the part its grant no longer held (a deficit).
     entry_id: Mapped[int | None] = mapped_column(BigInteger)
     deficit_microcents: Mapped[int] = mapped_column(BigInteger, server_default="0")

@@ -177,19 +177,28 @@ class RefundCreate(BaseModel):
 
     amount_cents: Annotated[int, Strict()] | None = None
     reason: Annotated[str, Strict(), StringConstraints(max_length=500)] | None = None
+    idempotency_key: IdempotencyKey | None = None
 
 
 @admin_router.post("/payments/{payment_id}/refund", status_code=201)
 def refund_payment(
-    payment_id: str, body: RefundCreate, request: Request, audit: AuditDep
+    payment_id: str, body: RefundCreate, request: Request, response: Response, audit: AuditDep
 ) -> dict[str, Any]:
     """Refund (part of) a payment: its grant loses that much at once (at most what it holds)."""
     try:
-        return refunds.refund(
-            payments_of(request), payment_id, body.amount_cents, body.reason, audit
+        refund, created = refunds.refund(
+            payments_of(request),
+            payment_id,
+            body.amount_cents,
+            body.reason,
+            body.idempotency_key,
+            audit,
         )
     except refunds.RefundFailed:
         raise PaymentsUnavailable("Stripe did not refund it: nothing was refunded") from None
+    if not created:
+        response.status_code = 200
+    return refund
 
 
 @admin_router.get("/payments/{payment_id}")

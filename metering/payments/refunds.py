@@ -27,7 +27,7 @@ from sqlalchemy import func, insert, select, update
 from sqlalchemy.orm import Session
 
 from metering.audit.service import Auditor
-from metering.kit.errors import InvalidRequest, NotFound
+from metering.kit.errors import Conflict, InvalidRequest, NotFound
 from metering.kit.ids import new_id
 from metering.kit.timeutil import format_timestamp
 from metering.ledger import credit_grants
@@ -197,21 +197,48 @@ def _payment_by_id(payments: Payments, payment_id: str) -> Row:
     return row._mapping
 
 
+def _replayed(session: Session, account_id: str, key: str, fingerprint: str) -> Row | None:
+    """The refund made before with ``key`` (None: none), if it was the same request (409
+    ``idempotency_conflict`` otherwise)."""
+    row = session.execute(
+        select(REFUNDS).where(REFUNDS.c.account_id == account_id, REFUNDS.c.idempotency_key == key)
+    ).first()
+    if row is None:
+        return None
+    if row.request_fingerprint != fingerprint:
+        raise Conflict(
+            f"idempotency_key {key!r} was already used for another refund of this account",
+            code="idempotency_conflict",
+            param="idempotency_key",
+        )
+    return row._mapping
+
+
 def refund(
     payments: Payments,
     payment_id: str,
     amount_cents: int | None,
     reason: str | None,
+    idempotency_key: str | None,
     auditor: Auditor,
-) -> dict[str, Any]:
+) -> tuple[dict[str, Any], bool]:
     """An operator's refund: checked and written ``pending`` (one transaction), asked of Stripe
     (no transaction open), then applied (another). ``amount_cents`` None: the most refundable.
+    With ``idempotency_key``, the same request again answers the refund made first, as it
+    stands (never refunded twice). Returns the refund's body and whether this request made it;
     ``RefundFailed`` when Stripe did not refund it."""
     account_id = _payment_by_id(payments, payment_id)["account_id"]
     now = payments.clock.now()
+    fingerprint = ledger.fingerprint(
+        {"payment_id": payment_id, "amount_cents": amount_cents, "reason": reason}
+    )
     with payments.database.unit_of_work() as session:
         ledger.lock_account(session, account_id)
         payment = locked(session, account_id, payment_id)
+        if idempotency_key is not None:
+            before = _replayed(session, account_id, idempotency_key, fingerprint)
+            if before is not None:
+                return refund_body(before, payment), False
         most = refundable_cents(session, payment, now)
         amount = most if amount_cents is None else amount_cents
         if amount_cents is not None and amount_cents <= 0:
@@ -237,6 +264,8 @@ def refund(
                 amount_cents=amount,
                 status=RefundStatus.PENDING.value,
                 reason=reason,
+                idempotency_key=idempotency_key,
+                request_fingerprint=fingerprint if idempotency_key is not None else None,
                 deficit_microcents=0,
                 created_at=now,
                 updated_at=now,
@@ -276,7 +305,7 @@ def refund(
         payment = locked(session, account_id, payment_id)
         session.commit()
         counted(session)
-    return refund_body(row, payment)
+    return refund_body(row, payment), True
 
 
 # -- Stripe's events -----------------------------------------------------------------------------

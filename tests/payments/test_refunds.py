@@ -236,6 +236,26 @@ class TestOperatorRefund:
         intent = _operator_payment(shop, payment["id"])["stripe_payment_intent_id"]
         assert _charge_of(shop, intent)["amount_refunded"] == 666
 
+    def test_the_same_request_with_its_key_refunds_once(self, shop: Shop) -> None:
+        key, payment = _paid(shop, 1200)
+        before = _credits(shop, key)
+        request = {"amount_cents": 250, "reason": "late delivery", "idempotency_key": "r-1"}
+
+        first = _refund(shop, payment["id"], **request)
+        again = _refund(shop, payment["id"], **request)
+
+        assert first.status_code == 201, first.text
+        assert again.status_code == 200, again.text
+        assert again.json()["id"] == first.json()["id"]
+        assert again.json()["payment"]["refunded_cents"] == 250
+        dropped = before["balance_microcents"] - _credits(shop, key)["balance_microcents"]
+        assert dropped == 250 * MICROCENTS_PER_CENT
+        intent = _operator_payment(shop, payment["id"])["stripe_payment_intent_id"]
+        assert _charge_of(shop, intent)["amount_refunded"] == 250
+        other = _refund(shop, payment["id"], **{**request, "amount_cents": 251})
+        assert_error(other, 409, "idempotency_conflict", param="idempotency_key")
+        assert len(_refund_entries(shop, key.account_id)) == 1
+
 
 class TestStripeRefund:
     def test_a_dashboard_refund_beyond_the_remainder_is_a_deficit_once(self, shop: Shop) -> None:
@@ -356,7 +376,7 @@ class TestStripeUnreachable:
         cut_off = Payments(shop.api.database, nowhere, shop.api.clock)
 
         with pytest.raises(refunds.RefundFailed):
-            refunds.refund(cut_off, payment["id"], 300, "x", Auditor("test"))
+            refunds.refund(cut_off, payment["id"], 300, "x", None, Auditor("test"))
 
         assert _credits(shop, key) == before
         assert _operator_payment(shop, payment["id"])["refunded_cents"] == 0

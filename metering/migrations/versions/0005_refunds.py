@@ -101,6 +101,8 @@ def upgrade() -> None:
         sa.Column("status", sa.String(length=16), nullable=False),
         sa.Column("reason", sa.Text(), nullable=True),
         sa.Column("stripe_refund_id", sa.String(length=255), nullable=True),
+        sa.Column("idempotency_key", sa.String(length=200), nullable=True),
+        sa.Column("request_fingerprint", sa.String(length=64), nullable=True),
         sa.Column("entry_id", sa.BigInteger(), nullable=True),
         sa.Column("deficit_microcents", sa.BigInteger(), server_default="0", nullable=False),
         sa.Column("failure_message", sa.Text(), nullable=True),
@@ -125,6 +127,14 @@ def upgrade() -> None:
         ["account_id", "payment_id"],
     )
     op.create_index(
+        "uq_payment_refunds_account_id_idempotency_key",
+        "payment_refunds",
+        ["account_id", "idempotency_key"],
+        unique=True,
+        sqlite_where=sa.text("idempotency_key IS NOT NULL"),
+        postgresql_where=sa.text("idempotency_key IS NOT NULL"),
+    )
+    op.create_index(
         "uq_payment_refunds_account_id_stripe_refund_id",
         "payment_refunds",
         ["account_id", "stripe_refund_id"],
@@ -137,6 +147,7 @@ def upgrade() -> None:
 def downgrade() -> None:
     dialect = "sqlite" if op.get_bind().dialect.name == "sqlite" else "postgresql"
     op.drop_index("uq_payment_refunds_account_id_stripe_refund_id", table_name="payment_refunds")
+    op.drop_index("uq_payment_refunds_account_id_idempotency_key", table_name="payment_refunds")
     op.drop_index("ix_payment_refunds_account_id_payment_id", table_name="payment_refunds")
     op.drop_table("payment_refunds")
     # What the refunds wrote goes with them: the books as they were before refunds existed.
