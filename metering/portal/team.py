@@ -1,5 +1,6 @@
 """The Members and Projects pages, for an account's admins (and its owner's session): add a
-member (its sign-in link shown to copy: there is no mail here), remove one (its keys revoked);
+member (its sign-in link emailed to it with ``METERING_SMTP_URL``, otherwise shown to copy),
+remove one (its keys revoked);
 make a project, archive one (its keys revoked). Audited as the session's actor."""
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from metering.accounts.schemas import MemberCreate, ProjectCreate
 from metering.audit.service import Auditor
 from metering.kit.errors import MeteringError, NotFound
 from metering.models import Member, Project
-from metering.portal import pages, sessions
+from metering.portal import mail, pages, sessions
 from metering.portal.endpoints import (
     FormDep,
     UserDep,
@@ -103,20 +104,14 @@ def add_member(
     _auditor(request, user).record(
         session, now, "member.create", "member", member.id, account.id, changes
     )
-    link = sessions.create_link(
-        session, account.id, public_base_url(get_settings(request)), now, member.id
-    )
-    return _members(
-        request,
-        user,
-        session,
-        created={
-            "id": member.id,
-            "email": member.email,
-            "url": link.url,
-            "expires_at": link.expires_at,
-        },
-    )
+    created: dict[str, Any] = {"id": member.id, "email": member.email}
+    settings = get_settings(request)
+    if settings.mail_on:
+        mail.mail_new_member(session, member, now)  # sent by the scheduler, after this commits
+    else:
+        link = sessions.create_link(session, account.id, public_base_url(settings), now, member.id)
+        created.update(url=link.url, expires_at=link.expires_at)
+    return _members(request, user, session, created=created)
 
 
 @router.post("/members/{member_id}/remove")
