@@ -6,9 +6,10 @@ One server process (uvicorn, one worker) of the code under test, one sequential 
 keep-alive connection (the benchmarks' own client, ``bench.loadgen``), on a fresh database set
 up as the ledger and ingest benchmarks set theirs up (a priced model, accounts with three
 grants, access rules). Each operation is sent ``--warmup`` times, then ``--requests`` times
-counted: instrumentation is switched on for the counted requests only (``callgrind_control``),
-so start-up and warm-up (imports, the first statements' preparation, the remembered
-resolutions) are left out, and the total divided by the count is one request. The operations:
+counted: the counters are zeroed before the counted requests and read after them
+(``callgrind_control``), so start-up and warm-up (imports, the first statements' preparation,
+the remembered resolutions) are left out, and the total divided by the count is one request.
+The operations:
 
 - ``ingest``: ``POST /v1/usage/events`` with one new, billable event;
 - ``authorize``: ``POST /v1/authorizations`` of a known key (its resolution remembered after
@@ -22,8 +23,11 @@ benchmarks report.
 Statements are counted only when the database has ``pg_stat_statements`` loaded
 (``shared_preload_libraries``; ``pg_stat_statements.track = all`` counts those run inside
 functions too): "round trips" are the statements the server sent, "in functions" those the
-server-side functions ran. Backend CPU (``/proc``, 10 ms ticks) is the database's CPU over the
-counted requests, a rough figure under load.
+server-side functions ran (``pg_stat_statements_reset()`` clears the whole server's: use a
+PostgreSQL of your own). WAL bytes are what the server's WAL grew by over the counted requests.
+Backend CPU (``/proc``, 10 ms ticks) is the database's CPU over them, a rough figure under load.
+``--database-callgrind USER``: the database runs under callgrind too (docs/performance.md says
+how), and its backends' instructions are counted the same way.
 
 Run: ``python -m bench.per_request [--code DIR] [--profile] [ingest authorize]`` with
 ``METERING_TEST_PG_URL`` naming the PostgreSQL server (its maintenance database).
@@ -67,7 +71,7 @@ from bench.common import (
 from bench.loadgen import Connection, expect
 
 OPERATIONS = ("ingest", "authorize")
-# A thread's count in ``callgrind_control --events`` ("Th 1  1,234,567").
+# A thread's count in ``callgrind_control -e`` ("Th 1  1,234,567").
 _THREAD_TOTAL = re.compile(r"^\s*Th \d+\s+([\d,]+)", re.MULTILINE)
 # The server of the code under test, with a cProfile switched on by SIGUSR1 and written out by
 # SIGUSR2 (argv: app, port, profile file); uvicorn handles only SIGINT and SIGTERM itself.
