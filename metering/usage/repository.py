@@ -39,33 +39,45 @@ from metering.catalog.prices import RATE_COLUMNS, price_in_force, price_of
 from metering.citus import ACCOUNT
 from metering.db import driver_connection, is_cluster
 from metering.forms import Forms
-from metering.models import AccountRate, CatalogModel, PriceVersion, table
+from metering.models import AccountRate, CatalogModel, Member, PriceVersion, Project, table
 from metering.models.base import UTCDateTime
+from metering.notifications.spend_limits import KeyScopes
 from metering.pricing import NormalizedUsage
 from metering.usage.events import ChargeValues, Content, Event
 from metering.usage.prices import PriceBook
 from metering.usage.recording import EVENT_COLUMNS, EVENTS, EVENTS_IN, NOW, insert_events
 
 MODELS, PRICES, RATES = table(CatalogModel), table(PriceVersion), table(AccountRate)
+PROJECTS, MEMBERS = table(Project), table(Member)
 
 EventKey = tuple[str, str]  # (account_id, request_id): the dedup key
 
 
 class KeyInfo(NamedTuple):
-    """What the lookup tells of a key id: its account, whether it is prepaid, and its spend
-    limit (None: none) and window."""
+    """What the lookup tells of a key id: its account, whether it is prepaid, and its project,
+    member and the spend limits its charges count against (the key's, its project's, its
+    member's)."""
 
     account_id: str
     prepaid: bool
-    spend_limit_microcents: int | None
-    spend_limit_window: str
+    scopes: KeyScopes
 
 
 # -- The lookup: keys, models, and the price timelines of the batch's (key, model) pairs. --------
 
 PAIRS_IN = p.Records("p_pairs", (("api_key_id", String()), ("model_key", String())))
-# The key's spend limit and window (only on 'key' rows).
-_LIMIT_COLUMNS = ("spend_limit", "spend_window")
+# The key's project and member, and the spend limit and window of each of the three (only on
+# 'key' rows).
+_LIMIT_COLUMNS = (
+    "project_id",
+    "member_id",
+    "spend_limit",
+    "spend_window",
+    "project_limit",
+    "project_window",
+    "member_limit",
+    "member_window",
+)
 _KINDS = ("kind", "a", "b", "c", "at", "price_version_id", *RATE_COLUMNS, *_LIMIT_COLUMNS)
 
 
@@ -79,14 +91,31 @@ def _lookup(on: p.Backend) -> Any:
             KEYS.c.id.label("api_key_id"),
             KEYS.c.account_id,
             ACCOUNTS.c.billing,
+            KEYS.c.project_id,
+            KEYS.c.member_id,
             KEYS.c.monthly_spend_limit_microcents.label("spend_limit"),
             KEYS.c.spend_limit_window.label("spend_window"),
+            PROJECTS.c.spend_limit_microcents.label("project_limit"),
+            PROJECTS.c.spend_limit_window.label("project_window"),
+            MEMBERS.c.spend_limit_microcents.label("member_limit"),
+            MEMBERS.c.spend_limit_window.label("member_window"),
             pairs.c.model_key,
             MODELS.c.id.label("model_id"),
         )
         .select_from(
             pairs.join(KEYS, KEYS.c.id == pairs.c.api_key_id)
             .join(ACCOUNTS, ACCOUNTS.c.id == KEYS.c.account_id)
+            .outerjoin(
+                PROJECTS,
+                and_(
+                    PROJECTS.c.account_id == KEYS.c.account_id,
+                    PROJECTS.c.id == KEYS.c.project_id,
+                ),
+            )
+            .outerjoin(
+                MEMBERS,
+                and_(MEMBERS.c.account_id == KEYS.c.account_id, MEMBERS.c.id == KEYS.c.member_id),
+            )
             .outerjoin(MODELS, MODELS.c.id_key == pairs.c.model_key)
         )
         .cte("keyed")
@@ -96,7 +125,9 @@ def _lookup(on: p.Backend) -> Any:
         cast(null(), String),
         *(cast(null(), BigInteger) for _ in RATE_COLUMNS),
     )
-    no_limit: tuple[ColumnElement[Any], ...] = (cast(null(), BigInteger), cast(null(), String))
+    no_limit: tuple[ColumnElement[Any], ...] = tuple(
+        cast(null(), BigInteger if name.endswith("_limit") else String) for name in _LIMIT_COLUMNS
+    )
     keys = select(
         literal("key", String).label("kind"),
         keyed.c.api_key_id,
@@ -104,8 +135,7 @@ def _lookup(on: p.Backend) -> Any:
         keyed.c.billing,
         no_time,
         *no_price,
-        keyed.c.spend_limit,
-        keyed.c.spend_window,
+        *(keyed.c[name] for name in _LIMIT_COLUMNS),
     ).distinct()
     models = (
         select(
@@ -217,14 +247,25 @@ def read_lookup(rows: Sequence[Any]) -> tuple[dict[str, KeyInfo], PriceBook]:
         named = dict(zip(_KINDS, row, strict=True))
         kind, a, b = named["kind"], named["a"], named["b"]
         if kind == "key":
-            keys[a] = KeyInfo(
-                b, named["c"] == "prepaid", named["spend_limit"], named["spend_window"]
-            )
+            keys[a] = KeyInfo(b, named["c"] == "prepaid", _scopes(a, named))
         elif kind == "model":
             models[a] = b
         else:
             points.append((a, b, named["at"], price_of(named)))
     return keys, PriceBook.from_breakpoints(models, points)
+
+
+def _scopes(api_key_id: str, named: dict[str, Any]) -> KeyScopes:
+    return KeyScopes.of(
+        api_key_id,
+        named["project_id"],
+        named["member_id"],
+        {
+            "project": (named["project_limit"], named["project_window"]),
+            "member": (named["member_limit"], named["member_window"]),
+            "key": (named["spend_limit"], named["spend_window"]),
+        },
+    )
 
 
 # -- Recording events (first of each key, sorted by key). ---------------------------------------
