@@ -45,9 +45,8 @@ from metering.notifications.outbox import EVENTS, SPEND_LIMIT_REACHED, event_id,
 NOTICES = table(SpendLimitNotice)
 
 PERCENTS = (80, 100)
-# The scopes of a limit (``limit_scope``), and the key column that names a project's or a
-# member's keys (metering.accounts.spend).
-SCOPES = ("project", "member", "key")
+# The key column that names a project's or a member's keys (metering.accounts.spend), by
+# ``limit_scope`` (a key's own limit is the third scope, ``key``).
 _OWNER_COLUMN = {"project": "project_id", "member": "member_id"}
 
 # One row per limited scope of the batch and percent (``limit_rows``).
