@@ -258,3 +258,62 @@ def test_existing_keys_move_into_their_accounts_default_project(
         if backend == "citus":
             placed = {p.table: p for p in citus.placements(url)}
             assert placed["projects"].kind == placed["members"].kind == "distributed"
+
+
+@pytest.mark.parametrize("backend", APP_BACKENDS)
+def test_accounts_with_project_or_member_limits_are_marked(backend: str, tmp_path: Path) -> None:
+    """Upgrading from 0003: an account whose project or member has a spend limit is marked
+    (``scope_limits``: the ingest then reads those limits), the others are not."""
+    stamp = "2026-11-02 10:00:00+00:00"
+    with fresh_database(backend, tmp_path) as url:
+        command.upgrade(migrate.alembic_config(url), "0003")
+        citus.distribute(url)
+        engine = create_engine(url)
+        try:
+            with engine.begin() as connection:
+                for n, limited in (("a", "project"), ("b", "member"), ("c", None)):
+                    account = "acct_" + n * 20
+                    connection.execute(
+                        text(
+                            "INSERT INTO accounts (id, name, billing, balance_microcents, "
+                            "created_at) VALUES (:id, 'old', 'prepaid', 0, :at)"
+                        ),
+                        {"id": account, "at": stamp},
+                    )
+                    project_limit = 5 if limited == "project" else None
+                    connection.execute(
+                        text(
+                            "INSERT INTO projects (id, account_id, name, spend_limit_microcents, "
+                            "spend_limit_window, restricts_models, created_at) VALUES "
+                            "(:id, :account, 'p', :limit, 'month', false, :at)"
+                        ),
+                        {
+                            "id": "proj_" + n * 20,
+                            "account": account,
+                            "limit": project_limit,
+                            "at": stamp,
+                        },
+                    )
+                    connection.execute(
+                        text(
+                            "INSERT INTO members (id, account_id, email, email_key, name, role, "
+                            "spend_limit_microcents, spend_limit_window, created_at) VALUES "
+                            "(:id, :account, 'x@y.z', 'x@y.z', '', 'viewer', :limit, 'day', :at)"
+                        ),
+                        {
+                            "id": "mem_" + n * 20,
+                            "account": account,
+                            "limit": 7 if limited == "member" else None,
+                            "at": stamp,
+                        },
+                    )
+        finally:
+            engine.dispose()
+
+        migrate.upgrade(url)
+
+        assert rows(url, "SELECT id, scope_limits FROM accounts ORDER BY id") == [
+            ("acct_" + "a" * 20, True),
+            ("acct_" + "b" * 20, True),
+            ("acct_" + "c" * 20, False),
+        ]

@@ -39,6 +39,7 @@ PROJECT_FIELDS = ("name", "spend_limit_cents", "spend_limit_window", "allowed_mo
 MEMBER_FIELDS = ("email", "name", "role", "spend_limit_cents", "spend_limit_window")
 
 PROJECT_MODELS = table(ProjectModel)
+ACCOUNTS = table(Account)
 ACCOUNT_MODELS = table(AccountModel)
 KEYS = table(ApiKey)
 
@@ -65,6 +66,7 @@ def create_project(
     )
     session.add(project)
     session.flush()
+    note_scope_limit(session, project)
     if models is not None:
         set_project_models(session, project, models)
     return project
@@ -87,6 +89,7 @@ def change_project(
     if "name" in body.model_fields_set:
         project.name = body.name
     apply_limit(project, limit)
+    note_scope_limit(session, project)
     if "allowed_models" in body.model_fields_set:
         set_project_models(session, project, body.allowed_models)
     session.flush()
@@ -99,6 +102,18 @@ def apply_limit(row: Project | Member, limit: SpendLimit) -> None:
         row.spend_limit_microcents = limit.amount
     if limit.window is not None:
         row.spend_limit_window = limit.window
+
+
+def note_scope_limit(session: Session, row: Project | Member) -> None:
+    """Mark the account as having project or member limits once ``row`` has one (never
+    unmarked: a plain write, whatever the concurrency); the ingest reads them only for such
+    accounts (metering.usage.repository)."""
+    if row.spend_limit_microcents is not None:
+        session.execute(
+            update(ACCOUNTS)
+            .where(ACCOUNTS.c.id == row.account_id, ACCOUNTS.c.scope_limits.is_(False))
+            .values(scope_limits=True)
+        )
 
 
 def set_project_models(session: Session, project: Project, names: list[str] | None) -> None:
@@ -223,6 +238,7 @@ def create_member(
     )
     _refuse_taken_address(session, account.id, email, None)
     _flush_unique(session, member, email)
+    note_scope_limit(session, member)
     return member
 
 
@@ -241,6 +257,7 @@ def change_member(
     if "role" in given:
         member.role = body.role
     apply_limit(member, limit)
+    note_scope_limit(session, member)
     session.flush()
     (after,) = member_bodies([member])
     return after, {f: after[f] for f in MEMBER_FIELDS if after[f] != before[f]}

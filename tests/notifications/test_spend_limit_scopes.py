@@ -11,8 +11,11 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from sqlalchemy import select
+
 from metering.accounts.windows import window_bounds
 from metering.kit.timeutil import format_timestamp
+from metering.models import Account
 from tests import oracle
 from tests.conftest import Api
 from tests.factories import Key, chat_usage, create_account, grant, ingest, priced_model, unique
@@ -264,6 +267,27 @@ class TestEveryScope:
     def test_a_project_and_member_without_limits_fire_nothing(self, hooks: Hooks) -> None:
         api = hooks.api
         team = _team(api)
+        # Unmarked: the ingest reads no project or member limit for this account.
+        assert _marked(api, team.account) is False
         team.spend(team.ada_in_project, 30)
         team.spend(team.ada_in_default, 30)
         assert reached(api, team.account) == []
+        response = api.admin(
+            "PATCH", f"/admin/v1/members/{team.ada}", json={"spend_limit_cents": 100}
+        )
+        assert response.status_code == 200, response.text
+        assert _marked(api, team.account) is True
+        team.spend(team.ada_in_project, 20)  # 80 of 100 cents
+        (event,) = reached(api, team.account)
+        assert (event["limit_scope"], event["member_id"], event["percent"]) == (
+            "member",
+            team.ada,
+            80,
+        )
+
+
+def _marked(api: Api, account: str) -> bool:
+    """Whether the account is marked as having project or member limits."""
+    with api.database.reading() as session:
+        found = session.execute(select(Account.scope_limits).where(Account.id == account))
+        return bool(found.scalar_one())

@@ -6,6 +6,9 @@ A notice gains ``limit_scope`` and ``scope_id`` (the project's, member's or key'
 by the scope's id in place of the key's; ``api_key_id`` stays, the key whose charge reached it.
 The notices there were are keys' (``scope_id``: their key), so none fires again.
 
+An account gains ``scope_limits``, set once a project or a member of it has a spend limit: the
+ingest reads their limits only for such accounts (metering.usage.repository).
+
 Revision ID: 0004
 Revises: 0003
 Create Date: 2026-12-05 03:30:00
@@ -28,6 +31,15 @@ SCOPE_CHECK = "limit_scope IN ('project', 'member', 'key')"
 
 
 def upgrade() -> None:
+    op.add_column(
+        "accounts",
+        sa.Column("scope_limits", sa.Boolean(), server_default="0", nullable=False),
+    )
+    for owners in ("projects", "members"):
+        op.execute(
+            "UPDATE accounts SET scope_limits = true WHERE id IN (SELECT account_id FROM "
+            f"{owners} WHERE spend_limit_microcents IS NOT NULL)"
+        )
     op.add_column(TABLE, sa.Column("limit_scope", sa.String(length=8), nullable=True))
     op.add_column(TABLE, sa.Column("scope_id", sa.String(length=32), nullable=True))
     op.execute(f"UPDATE {TABLE} SET limit_scope = 'key', scope_id = api_key_id")
@@ -48,3 +60,5 @@ def downgrade() -> None:
         batch.drop_constraint(op.f("ck_spend_limit_notices_limit_scope"), type_="check")
         batch.drop_column("scope_id")
         batch.drop_column("limit_scope")
+    with op.batch_alter_table("accounts") as batch:
+        batch.drop_column("scope_limits")
