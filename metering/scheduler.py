@@ -6,13 +6,15 @@ alone, so a restart, a crash or a second replica never misses or repeats work:
 * tidy-up: holds past their expiry are marked 'expired' (nothing depends on it: an active hold
   stops counting at its ``expires_at`` anyway), and those that expired unused are announced
   (``authorization.expired_unused``);
-* portal: sessions that are over and sign-in links that can no longer be used are deleted;
+* portal: sessions that are over, sign-in links that can no longer be used and sign-in mails
+  past their hour are deleted;
 * exports: every ended day (``METERING_EXPORT_AFTER_MINUTES`` past its end) whose rollups hold
   more than its last successful export included: never exported, failed, or late events since.
 
 A second job, every second, is the webhook delivery loop (metering.notifications.delivery); a
 third, every 2 seconds while payments are on, charges the auto-recharges due
-(metering.payments.recharge).
+(metering.payments.recharge); a fourth, every second while ``METERING_SMTP_URL`` is set, sends
+the portal's sign-in mails (metering.portal.mail).
 
 Replicas coordinate through the database (the day's row lock, see ``metering.exports.service``),
 never through process memory.
@@ -47,6 +49,7 @@ DEFAULT_INTERVAL_SECONDS = 60.0
 EXPIRY_BATCH = 100  # accounts per transaction when the scheduler writes due grant expiries
 WEBHOOK_INTERVAL_SECONDS = 1.0  # due messages are looked for every second
 RECHARGE_INTERVAL_SECONDS = 2.0  # due auto-recharges are looked for every 2 seconds
+MAIL_INTERVAL_SECONDS = 1.0  # the portal's sign-in mails are looked for every second
 
 
 @dataclass
@@ -56,6 +59,7 @@ class TickReport:
     expiry_accounts: int | None = None  # accounts whose due grant expiries were written
     expiring_grants: int | None = None  # credit.grant_expiring events written
     portal_deleted: tuple[int, int] | None = None  # (portal sessions, sign-in links) deleted
+    mails_deleted: int | None = None  # sign-in mails past their hour, deleted
     payments_moved: int | None = None  # pending payments Stripe's answer moved (payments on)
     exports: list[DayResult] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
@@ -124,6 +128,17 @@ class Scheduler:
         failure = "auto-recharge pass failed (retried in 2 seconds)"
         return _guarded(None, "auto-recharge", failure, recharger.run_once)
 
+    def mail(self) -> int | None:
+        """One pass of the sign-in mails (every second while METERING_SMTP_URL is set): how
+        many were sent."""
+        if not self.settings.mail_on:
+            return None
+        from metering.portal.mail import Mailer
+
+        mailer = Mailer(self.database, self.settings, self.clock)
+        failure = "sign-in mail pass failed (retried in a second)"
+        return _guarded(None, "mail", failure, mailer.run_once)
+
     def close(self) -> None:
         if self.deliverer is not None:
             self.deliverer.close()
@@ -137,6 +152,7 @@ class Scheduler:
         report.expiry_accounts = self._write_expiries(now, report)
         report.expiring_grants = self._notice_expiring(now, report)
         report.portal_deleted = self._tidy_portal(now, report)
+        report.mails_deleted = self._tidy_mails(now, report)
         report.payments_moved = self._reconcile_payments(report)
         due = _guarded(
             report,
@@ -250,6 +266,17 @@ class Scheduler:
         failure = "deleting finished portal sessions and links failed"
         return _guarded(report, "portal sessions", failure, work)
 
+    def _tidy_mails(self, now: datetime, report: TickReport) -> int | None:
+        from metering.portal.mail import delete_finished
+
+        def work() -> int:
+            with self.database.unit_of_work() as session:
+                deleted = delete_finished(session, now)
+                session.commit()
+            return deleted
+
+        return _guarded(report, "portal mails", "deleting finished sign-in mails failed", work)
+
     def _beat(self, now: datetime) -> None:
         """The heartbeat file a container healthcheck reads: rewritten after every tick."""
         if self.heartbeat is None:
@@ -298,6 +325,23 @@ def _add_tick(apscheduler: Any, scheduler: Scheduler, interval_seconds: float) -
             coalesce=True,
             misfire_grace_time=5,
         )
+    if scheduler.settings.mail_on:
+        _add_mail(apscheduler, scheduler)
+
+
+def _add_mail(apscheduler: Any, scheduler: Scheduler) -> None:
+    from apscheduler.triggers.interval import IntervalTrigger
+
+    apscheduler.add_job(
+        scheduler.mail,
+        IntervalTrigger(seconds=MAIL_INTERVAL_SECONDS, timezone=UTC),
+        id="mail",
+        name="sign-in mails",
+        next_run_time=datetime.now(UTC),
+        max_instances=1,
+        coalesce=True,
+        misfire_grace_time=5,
+    )
 
 
 def run(scheduler: Scheduler, interval_seconds: float = DEFAULT_INTERVAL_SECONDS) -> None:
@@ -368,6 +412,7 @@ def command(settings: Settings, interval_seconds: float, once: bool, heartbeat: 
             ok = scheduler.tick().ok
             scheduler.recharge()
             scheduler.deliver()
+            scheduler.mail()
             return 0 if ok else 1
         run(scheduler, interval_seconds)
     finally:

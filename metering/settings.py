@@ -10,6 +10,7 @@ from typing import Annotated
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from metering.kit.smtp import smtp_target
 from metering.kit.tokens import duplicate_secrets
 
 DEFAULT_BODY_LIMIT = 16 * 1024 * 1024
@@ -83,6 +84,11 @@ class Settings(BaseSettings):
     topup_min_cents: int = Field(default=500, ge=1, le=9 * 10**12)
     topup_max_cents: int = Field(default=1_000_000, ge=1, le=9 * 10**12)
     topup_expiry_days: int | None = Field(default=None, ge=1, le=36500)
+    # Sign-in links by email (the portal's "email me a sign-in link", and a new member's link):
+    # off unless the SMTP server is set, ``smtp://`` (STARTTLS when the server offers it) or
+    # ``smtps://`` (TLS from the start), ``[user:password@]host[:port]``; the sender's address.
+    smtp_url: str = Field(default="", repr=False)
+    mail_from: str = ""
 
     _split = field_validator(
         "gateway_tokens", "admin_tokens", "admin_readonly_tokens", "secret_key", mode="before"
@@ -115,6 +121,29 @@ class Settings(BaseSettings):
             raise ValueError("must be an http:// or https:// address")
         return url
 
+    @field_validator("smtp_url")
+    @classmethod
+    def _an_smtp_address(cls, url: str) -> str:
+        url = url.strip()
+        if url:
+            smtp_target(url)  # a ValueError that never repeats the URL (it holds a password)
+        return url
+
+    @field_validator("mail_from")
+    @classmethod
+    def _a_mailbox(cls, address: str) -> str:
+        address = address.strip()
+        mailbox = r"[^\s@<>]+@[^\s@<>]+"  # an address alone, or "Name <address>"
+        if address and not re.fullmatch(rf"{mailbox}|[^<>]*<{mailbox}>", address):
+            raise ValueError("must be an email address, e.g. billing@example.com")
+        return address
+
+    @model_validator(mode="after")
+    def _mail_needs_a_sender(self) -> Settings:
+        if self.smtp_url and not self.mail_from:
+            raise ValueError("METERING_MAIL_FROM is required with METERING_SMTP_URL")
+        return self
+
     @model_validator(mode="after")
     def _topup_bounds(self) -> Settings:
         if self.topup_min_cents > self.topup_max_cents:
@@ -146,6 +175,11 @@ class Settings(BaseSettings):
     def payments_on(self) -> bool:
         """Payments are on exactly when the Stripe secret key is set."""
         return bool(self.stripe_secret_key)
+
+    @property
+    def mail_on(self) -> bool:
+        """Sign-in links are emailed exactly when the SMTP server is set."""
+        return bool(self.smtp_url)
 
     @property
     def webhooks_may_reach_private(self) -> bool:

@@ -262,11 +262,11 @@ def test_existing_keys_move_into_their_accounts_default_project(
 
 @pytest.mark.parametrize("backend", APP_BACKENDS)
 def test_accounts_with_project_or_member_limits_are_marked(backend: str, tmp_path: Path) -> None:
-    """Upgrading from 0003: an account whose project or member has a spend limit is marked
+    """Upgrading from 0004: an account whose project or member has a spend limit is marked
     (``scope_limits``: the ingest then reads those limits), the others are not."""
     stamp = "2026-11-02 10:00:00+00:00"
     with fresh_database(backend, tmp_path) as url:
-        command.upgrade(migrate.alembic_config(url), "0003")
+        command.upgrade(migrate.alembic_config(url), "0004")
         citus.distribute(url)
         engine = create_engine(url)
         try:

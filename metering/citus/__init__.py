@@ -22,6 +22,7 @@ from metering.citus.one_account import ACCOUNT, of_account, text_of_account
 from metering.citus.operations import (
     EXPORT_DAY_LOCK,
     QUARANTINE_REPROCESS_LOCK,
+    SIGN_IN_MAIL_LOCK,
     accounts_with,
     by_account,
     execute_of_account,
@@ -38,6 +39,7 @@ __all__ = [
     "QUARANTINE_REPROCESS_LOCK",
     "REBALANCE",
     "SCOPE",
+    "SIGN_IN_MAIL_LOCK",
     "Distribution",
     "Placement",
     "TableFacts",

@@ -62,6 +62,8 @@ def one_snapshot(session: Session) -> None:
 EXPORT_DAY_LOCK = 0x6D657864  # "mexd": a day's export (metering.exports.repository.lock_day)
 # "mqrp": the quarantine's reprocess (metering.usage.quarantine.reprocess), one at a time.
 QUARANTINE_REPROCESS_LOCK = 0x6D717270
+# "mmal": an address's sign-in mails (metering.portal.mail), counted and recorded one at a time.
+SIGN_IN_MAIL_LOCK = 0x6D6D616C
 
 
 def lock(session: Session, namespace: int, key: int, *, wait: bool) -> bool:

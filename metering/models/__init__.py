@@ -23,7 +23,7 @@ from metering.models.notifications import (
     WebhookEvent,
 )
 from metering.models.payments import AutoRecharge, Payment, PaymentProfile, StripeEvent
-from metering.models.portal import PortalSession, PortalSignInToken
+from metering.models.portal import PortalMail, PortalSession, PortalSignInToken
 from metering.models.usage import QuarantinedEvent, UsageEvent, UsageRollup
 
 __all__ = [
@@ -46,6 +46,7 @@ __all__ = [
     "Member",
     "Payment",
     "PaymentProfile",
+    "PortalMail",
     "PortalSession",
     "PortalSignInToken",
     "PriceVersion",

@@ -167,7 +167,8 @@ class Member(Base):
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
     account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"), index=True)
     email: Mapped[str] = mapped_column(String(320))
-    email_key: Mapped[str] = mapped_column(String(320))  # the address in lower case
+    # The address in lower case (indexed alone too: the sign-in page finds its members by it).
+    email_key: Mapped[str] = mapped_column(String(320), index=True)
     name: Mapped[str] = mapped_column(String(200))
     role: Mapped[str] = mapped_column(String(16))
     spend_limit_microcents: Mapped[int | None] = mapped_column(BigInteger)

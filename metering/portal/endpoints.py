@@ -12,19 +12,19 @@ from urllib.parse import parse_qs, urlsplit
 
 from fastapi import APIRouter, Depends, FastAPI, Query, Request, Response
 from fastapi.responses import HTMLResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from sqlalchemy.orm import Session
 
 from metering.accounts.keys import resolve_key
+from metering.accounts.schemas import Email
 from metering.audit.deps import AuditDep
 from metering.kit.errors import AuthenticationFailed, InvalidRequest, MeteringError, NotFound
 from metering.kit.text import Text
 from metering.kit.timeutil import format_timestamp
-from metering.portal import pages, roles, sessions, views
-from metering.portal.sessions import PortalUser
+from metering.portal import mail, pages, roles, sessions, views
+from metering.portal.sessions import PortalUser, public_base_url
 from metering.portal.signing import Signer
 from metering.reports import render as report_render
-from metering.runtime import EMBEDDED_BASE_URL
 from metering.settings import Settings
 from metering.usage import support as usage_support
 from metering.web.deps import AdminDep, NowDep, SessionDep, get_clock, get_settings
@@ -36,6 +36,8 @@ SESSION_COOKIE = "metering_portal"
 NONCE_COOKIE = "metering_portal_nonce"  # binds the sign-in forms' CSRF tokens to a browser
 CSRF_FIELD = "csrf_token"
 MAX_FORM_BYTES = 8 * 1024
+# An address as a member's is written: the one rule of the members' own routes.
+EMAIL: TypeAdapter[str] = TypeAdapter(Email)
 STATIC_DIR = Path(__file__).resolve().parent.parent / "web" / "static"
 # Every file served under /billing/static, fixed when the process starts (no path is joined
 # from a request, so nothing outside the directory can be named).
@@ -237,6 +239,7 @@ def sign_in_page(request: Request, status_code: int = 200, problem: str | None =
         status_code=status_code,
         problem=problem,
         csrf=signer_of(request).token("sign-in", nonce),
+        mail_on=get_settings(request).mail_on,
     )
     return _with_nonce(request, response, cookie)
 
@@ -255,6 +258,21 @@ def sign_in_with_key(request: Request, form: FormDep, session: SessionDep) -> Re
         return sign_in_page(request, 401, "That API key is not valid (or was revoked).")
     method = roles.method_of(roles.SessionKind.API_KEY, key.api_key_id)
     return _signed_in(request, session, key.account_id, method)
+
+
+@router.post("/sign-in/email")
+def email_a_link(request: Request, form: FormDep, session: SessionDep, now: NowDep) -> Response:
+    """The sign-in page's "email me a sign-in link": recorded for the scheduler to send, and
+    answered with the same page whether or not the address is a member's (metering.portal.mail)."""
+    if not get_settings(request).mail_on:
+        raise NotFound("sign-in links are not sent by email here (no METERING_SMTP_URL)")
+    check_sign_in_csrf(request, form)
+    try:
+        address = EMAIL.validate_python(form.get("email", "").strip())
+    except ValidationError:
+        return sign_in_page(request, 400, "Enter your email address, such as ada@example.com.")
+    mail.ask_for_link(session, address, now)
+    return pages.render(request, "link_sent.html", address=address)
 
 
 @router.get("/sign-in/{token}")
@@ -485,10 +503,6 @@ def static(name: str) -> Response:
 
 
 # -- the operator's sign-in links ----------------------------------------------------------------
-
-
-def public_base_url(settings: Settings) -> str:
-    return settings.public_base_url or EMBEDDED_BASE_URL
 
 
 class PortalSessionCreate(BaseModel):

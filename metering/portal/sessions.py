@@ -22,6 +22,8 @@ from metering.kit.errors import InvalidRequest
 from metering.kit.ids import new_id
 from metering.models import Account, ApiKey, Member, PortalSession, PortalSignInToken, table
 from metering.portal.roles import Permission, Role, SessionKind, kind_of, permissions_of
+from metering.runtime import EMBEDDED_BASE_URL
+from metering.settings import Settings
 
 LINK_LIFETIME = timedelta(minutes=15)
 SESSION_LIFETIME = timedelta(hours=12)
@@ -36,6 +38,12 @@ KEYS = table(ApiKey)
 
 def _hash(secret: str) -> str:
     return hashlib.sha256(secret.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def public_base_url(settings: Settings) -> str:
+    """Where the sign-in links point: the service's public address (the embedded server's own
+    by default)."""
+    return settings.public_base_url or EMBEDDED_BASE_URL
 
 
 @dataclass(frozen=True, slots=True)

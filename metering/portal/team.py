@@ -1,9 +1,9 @@
 """The Members and Projects pages, for an account's admins (and its owner's session): add a
-member (its sign-in link shown to copy: there is no mail here), change its name, role and spend
-limit, remove one (its keys revoked); make a project, rename it and set its spend limit, archive
-one (its keys revoked; never the Default project). Each change is the admin routes' own
-(metering.accounts.projects), audited as the session's actor; a refused one shows the page again
-with the problem (400)."""
+member (its sign-in link emailed to it with ``METERING_SMTP_URL``, otherwise shown to copy),
+change its name, role and spend limit, remove one (its keys revoked); make a project, rename it
+and set its spend limit, archive one (its keys revoked; never the Default project). Each change
+is the admin routes' own (metering.accounts.projects), audited as the session's actor; a refused
+one shows the page again with the problem (400)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from metering.accounts.schemas import MemberCreate, MemberUpdate, ProjectCreate,
 from metering.audit.service import Auditor
 from metering.kit.errors import InvalidRequest, MeteringError, NotFound
 from metering.models import Member, Project
-from metering.portal import pages, sessions
+from metering.portal import mail, pages, sessions
 from metering.portal.endpoints import (
     FormDep,
     UserDep,
@@ -128,20 +128,14 @@ def add_member(
     _auditor(request, user).record(
         session, now, "member.create", "member", member.id, account.id, changes
     )
-    link = sessions.create_link(
-        session, account.id, public_base_url(get_settings(request)), now, member.id
-    )
-    return _members(
-        request,
-        user,
-        session,
-        created={
-            "id": member.id,
-            "email": member.email,
-            "url": link.url,
-            "expires_at": link.expires_at,
-        },
-    )
+    created: dict[str, Any] = {"id": member.id, "email": member.email}
+    settings = get_settings(request)
+    if settings.mail_on:
+        mail.mail_new_member(session, member, now)  # sent by the scheduler, after this commits
+    else:
+        link = sessions.create_link(session, account.id, public_base_url(settings), now, member.id)
+        created.update(url=link.url, expires_at=link.expires_at)
+    return _members(request, user, session, created=created)
 
 
 @router.post("/members/{member_id}/edit")

@@ -9,8 +9,8 @@ The notices there were are keys' (``scope_id``: their key), so none fires again.
 An account gains ``scope_limits``, set once a project or a member of it has a spend limit: the
 ingest reads their limits only for such accounts (metering.usage.repository).
 
-Revision ID: 0004
-Revises: 0003
+Revision ID: 0005
+Revises: 0004
 Create Date: 2026-12-05 03:30:00
 """
 
@@ -19,8 +19,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0004"
-down_revision: str | Sequence[str] | None = "0003"
+revision: str = "0005"
+down_revision: str | Sequence[str] | None = "0004"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
