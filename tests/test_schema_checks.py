@@ -1,5 +1,5 @@
 """The ledger's sign rule and the allocation days' kinds as the schema enforces them, on every
-backend: PostgreSQL holds them in compact forms of its own (migration 0005), SQLite as the models
+backend: PostgreSQL holds them in compact forms of its own (migration 0006), SQLite as the models
 write them; both must allow and refuse the same rows."""
 
 from __future__ import annotations

@@ -16,8 +16,8 @@ checks, more than a tenth of its database work (docs/performance.md), most of it
 
 SQLite keeps the models' forms (``ENTRY_SIGNS``, ``kind IN (…)``).
 
-Revision ID: 0005
-Revises: 0004
+Revision ID: 0006
+Revises: 0005
 Create Date: 2026-12-05 04:00:00
 """
 
@@ -25,8 +25,8 @@ from collections.abc import Sequence
 
 from alembic import op
 
-revision: str = "0005"
-down_revision: str | Sequence[str] | None = "0004"
+revision: str = "0006"
+down_revision: str | Sequence[str] | None = "0005"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
