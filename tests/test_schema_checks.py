@@ -1,6 +1,6 @@
 """The ledger's sign rule and the allocation days' kinds as the schema enforces them, on every
-backend: PostgreSQL holds them in compact forms of its own (migration 0006), SQLite as the models
-write them; both must allow and refuse the same rows."""
+backend: PostgreSQL holds them in compact forms of its own (migrations 0006 and 0007), SQLite as
+the models write them; both must allow and refuse the same rows."""
 
 from __future__ import annotations
 
@@ -17,14 +17,15 @@ AMOUNTS = (-INT64_MAX - 1, -5, -1, 0, 1, 7, INT64_MAX)
 
 
 def _allowed(kind: str, amount: int) -> bool:
-    """The rule, written out here: grants add, adjustments change, charges never add, expiries
-    and voids take away; no other kind."""
+    """The rule, written out here: grants add, adjustments change, charges never add, expiries,
+    voids and refunds take away; no other kind."""
     return {
         "grant": amount > 0,
         "adjustment": amount != 0,
         "charge": amount <= 0,
         "expiry": amount < 0,
         "void": amount < 0,
+        "refund": amount < 0,
     }.get(kind, False)
 
 
@@ -62,7 +63,7 @@ def test_each_kind_and_sign_of_a_ledger_entry(backend: str, tmp_path: Path) -> N
                     text("SELECT kind, amount_microcents FROM ledger_entries ORDER BY id")
                 ).all()
             assert [tuple(row) for row in rows] == stored
-            assert len(stored) == 3 + 6 + 4 + 3 + 3  # the allowed pairs of AMOUNTS
+            assert len(stored) == 3 + 6 + 4 + 3 + 3 + 3  # the allowed pairs of AMOUNTS
         finally:
             engine.dispose()
 
@@ -84,10 +85,11 @@ def test_the_kinds_of_an_allocation_day(backend: str, tmp_path: Path) -> None:
                 "INSERT INTO credit_allocation_days (account_id, allocation_date, kind, grant_id, "
                 "amount_microcents) VALUES ('acct_checks', '2026-01-01', :kind, :grant, 5)"
             )
-            for kind, grant in (("spend", "cg_1"), ("payoff", "cg_1"), ("deficit", "")):
+            allowed = (("spend", "cg_1"), ("payoff", "cg_1"), ("deficit", ""), ("refund", "cg_1"))
+            for kind, grant in allowed:
                 with engine.begin() as connection:
                     connection.execute(insert, {"kind": kind, "grant": grant})
-            for kind, grant in (("refund", "cg_1"), ("Spend", "cg_2"), ("", "cg_3")):
+            for kind, grant in (("Refund", "cg_1"), ("Spend", "cg_2"), ("", "cg_3")):
                 with pytest.raises(IntegrityError) as refused, engine.begin() as connection:
                     connection.execute(insert, {"kind": kind, "grant": grant})
                 assert "ck_credit_allocation_days_kind" in str(refused.value.orig), refused.value
@@ -95,6 +97,6 @@ def test_the_kinds_of_an_allocation_day(backend: str, tmp_path: Path) -> None:
                 kinds = connection.execute(
                     text("SELECT kind FROM credit_allocation_days ORDER BY kind")
                 ).scalars()
-                assert list(kinds) == ["deficit", "payoff", "spend"]
+                assert list(kinds) == ["deficit", "payoff", "refund", "spend"]
         finally:
             engine.dispose()

@@ -2,12 +2,12 @@
 naming its grant) and the allocation kind ``refund`` (the part of a refund its grant no longer
 held, taken as a deficit).
 
-PostgreSQL keeps the ledger entries' checks in the compact form the baseline gave them (one
-``text[]`` constant; the same values). SQLite remakes the two tables to change their checks.
+PostgreSQL keeps the three checks in the compact forms migrations 0001 and 0006 gave them (one
+``text[]`` constant each; the same rows allowed). SQLite remakes the two tables to change them.
 
-Revision ID: 0005
-Revises: 0004
-Create Date: 2026-12-05 03:30:00
+Revision ID: 0007
+Revises: 0006
+Create Date: 2026-12-05 04:15:00
 """
 
 from collections.abc import Sequence
@@ -17,57 +17,70 @@ import sqlalchemy as sa
 from alembic import op
 from alembic.operations import ops
 
-revision: str = "0005"
-down_revision: str | Sequence[str] | None = "0004"
+revision: str = "0007"
+down_revision: str | Sequence[str] | None = "0006"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
 
-def _kinds(kinds: tuple[str, ...], expiring: tuple[str, ...]) -> dict[str, dict[str, str]]:
-    """The ledger entries' two checks with ``kinds`` (``expiring``: the negative-only ones), as
-    SQLite and PostgreSQL write them."""
-    quoted = ", ".join(f"'{kind}'" for kind in kinds)
-    negative = ", ".join(f"'{kind}'" for kind in expiring)
-    return {
-        "sqlite": {
-            "ck_ledger_entries_kind": f"kind IN ({quoted})",
+def _checks(refund: bool) -> dict[str, tuple[str, str]]:
+    """The three checks with ``refund`` (or without it: as before), by name: (table, condition)
+    as this backend keeps them (SQLite: the models' forms)."""
+    more = ("refund",) if refund else ()
+    kinds = ("grant", "adjustment", "charge", "expiry", "void", *more)
+    negative = ("expiry", "void", *more)
+    allocations = ("spend", "deficit", "payoff", *more)
+
+    def listed(values: tuple[str, ...]) -> str:
+        return ", ".join(f"'{value}'" for value in values)
+
+    if op.get_bind().dialect.name == "sqlite":
+        return {
+            "ck_ledger_entries_kind": ("ledger_entries", f"kind IN ({listed(kinds)})"),
             "ck_ledger_entries_amount_sign": (
+                "ledger_entries",
                 "(kind = 'grant' AND amount_microcents > 0) OR (kind = 'adjustment' AND "
                 "amount_microcents <> 0) OR (kind = 'charge' AND amount_microcents <= 0) OR "
-                f"(kind IN ({negative}) AND amount_microcents < 0)"
+                f"(kind IN ({listed(negative)}) AND amount_microcents < 0)",
             ),
-        },
-        "postgresql": {
-            "ck_ledger_entries_kind": f"kind::text = ANY ('{{{','.join(kinds)}}}'::text[])",
-            "ck_ledger_entries_amount_sign": (
-                "kind::text = 'grant' AND amount_microcents > 0"
-                " OR kind::text = 'adjustment' AND amount_microcents <> 0"
-                " OR kind::text = 'charge' AND amount_microcents <= 0"
-                f" OR kind::text = ANY ('{{{','.join(expiring)}}}'::text[])"
-                " AND amount_microcents < 0"
+            "ck_credit_allocation_days_kind": (
+                "credit_allocation_days",
+                f"kind IN ({listed(allocations)})",
             ),
-        },
+        }
+    pairs = ["grant1", "adjustment1", "adjustment-1", "charge0", "charge-1"]
+    pairs += [f"{kind}-1" for kind in negative]
+    return {
+        "ck_ledger_entries_kind": (
+            "ledger_entries",
+            "kind::text = ANY ('{" + ",".join(kinds) + "}'::text[])",
+        ),
+        "ck_ledger_entries_amount_sign": (
+            "ledger_entries",
+            "kind::text || sign(amount_microcents)::text = ANY ('{"
+            + ",".join(pairs)
+            + "}'::text[])",
+        ),
+        "ck_credit_allocation_days_kind": (
+            "credit_allocation_days",
+            "kind::text = ANY ('{" + ",".join(allocations) + "}'::text[])",
+        ),
     }
 
 
-_NEW = _kinds(
-    ("grant", "adjustment", "charge", "expiry", "void", "refund"), ("expiry", "void", "refund")
-)
-_OLD = _kinds(("grant", "adjustment", "charge", "expiry", "void"), ("expiry", "void"))
-_ALLOCATIONS_NEW = "kind IN ('spend', 'deficit', 'payoff', 'refund')"
-_ALLOCATIONS_OLD = "kind IN ('spend', 'deficit', 'payoff')"
-
-
-def _replace_checks(table: str, checks: dict[str, str]) -> None:
-    if op.get_bind().dialect.name == "sqlite":
-        with op.batch_alter_table(table, recreate="always") as batch:
-            for name, condition in checks.items():
-                batch.drop_constraint(op.f(name), type_="check")
-                batch.create_check_constraint(op.f(name), condition)
-        return
-    for name, condition in checks.items():
-        op.execute(f"ALTER TABLE {table} DROP CONSTRAINT {name}")
-        op.execute(f"ALTER TABLE {table} ADD CONSTRAINT {name} CHECK ({condition})")
+def _replace_checks(refund: bool) -> None:
+    checks = _checks(refund)
+    for table in ("ledger_entries", "credit_allocation_days"):
+        mine = {name: condition for name, (of, condition) in checks.items() if of == table}
+        if op.get_bind().dialect.name == "sqlite":
+            with op.batch_alter_table(table, recreate="always") as batch:
+                for name, condition in mine.items():
+                    batch.drop_constraint(op.f(name), type_="check")
+                    batch.create_check_constraint(op.f(name), condition)
+            continue
+        for name, condition in mine.items():
+            op.drop_constraint(op.f(name), table, type_="check")
+            op.create_check_constraint(op.f(name), table, condition)
 
 
 def _create_table(name: str, *elements: Any) -> None:
@@ -88,9 +101,7 @@ def _create_table(name: str, *elements: Any) -> None:
 
 
 def upgrade() -> None:
-    dialect = "sqlite" if op.get_bind().dialect.name == "sqlite" else "postgresql"
-    _replace_checks("ledger_entries", _NEW[dialect])
-    _replace_checks("credit_allocation_days", {"ck_credit_allocation_days_kind": _ALLOCATIONS_NEW})
+    _replace_checks(refund=True)
     _create_table(
         "payment_refunds",
         sa.Column("id", sa.String(length=32), nullable=False),
@@ -145,7 +156,6 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    dialect = "sqlite" if op.get_bind().dialect.name == "sqlite" else "postgresql"
     op.drop_index("uq_payment_refunds_account_id_stripe_refund_id", table_name="payment_refunds")
     op.drop_index("uq_payment_refunds_account_id_idempotency_key", table_name="payment_refunds")
     op.drop_index("ix_payment_refunds_account_id_payment_id", table_name="payment_refunds")
@@ -153,5 +163,4 @@ def downgrade() -> None:
     # What the refunds wrote goes with them: the books as they were before refunds existed.
     op.execute("DELETE FROM credit_allocation_days WHERE kind = 'refund'")
     op.execute("DELETE FROM ledger_entries WHERE kind = 'refund'")
-    _replace_checks("credit_allocation_days", {"ck_credit_allocation_days_kind": _ALLOCATIONS_OLD})
-    _replace_checks("ledger_entries", _OLD[dialect])
+    _replace_checks(refund=False)
