@@ -119,6 +119,7 @@ CITUS_MODULES = frozenset(
         "tests/payments/test_saved_cards.py",
         "tests/payments/test_top_ups.py",
         "tests/portal/test_email_sign_in.py",
+        "tests/portal/test_member_audit.py",
         "tests/reliability/test_model_based.py",
         "tests/reliability/test_multi_process.py",
         "tests/reports/test_assembly.py",

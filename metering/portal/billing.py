@@ -98,7 +98,7 @@ CallerDep = Annotated[PortalUser, Depends(_signed_in)]
 
 
 def _auditor(request: Request, user: PortalUser) -> Auditor:
-    return Auditor(f"portal:{user.account_id}", request_id_of(request.scope))
+    return Auditor(user.actor, request_id_of(request.scope))
 
 
 def _payments(request: Request) -> Payments:

@@ -36,7 +36,7 @@ TYPE_FIELD = "type:"  # a checkbox per event type: ``type:credit.balance_low``
 
 
 def _auditor(request: Request, user: PortalUser) -> Auditor:
-    return Auditor(f"portal:{user.account_id}", request_id_of(request.scope))
+    return Auditor(user.actor, request_id_of(request.scope))
 
 
 def _show(
