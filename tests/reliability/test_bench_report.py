@@ -57,6 +57,7 @@ LEDGER_FIGURES = [
     "ledger.hot",
     "ledger.hot_voids",
     "ledger.half_refused",
+    "ledger.layered",
 ]
 INGEST_FIGURES = ["ingest.batches", "ingest.singles", "ingest.rss"]
 
