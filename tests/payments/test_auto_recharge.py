@@ -115,6 +115,8 @@ class TestSettings:
             json={"email": "finance@example.com", "role": "admin"},
         )
         assert member.status_code == 201, member.text
+        # Above the threshold: nothing due for the other tests' recharge passes to charge.
+        grant(shop.api, key.account_id, 5000)
         client, csrf = _signed_in_as(shop.api, key.account_id, member.json()["id"])
         form = {
             "csrf_token": csrf,
@@ -136,6 +138,7 @@ class TestSettings:
             "GET", f"/admin/v1/audit-events?account_id={key.account_id}&action=auto_recharge.update"
         ).json()["data"]
         assert [e["actor"] for e in audit] == [f"portal:{member.json()['id']}"]
+        assert _due_at(shop, key) is None
 
     def test_bad_settings_change_nothing(self, shop: Shop) -> None:
         key = _with_saved_card(shop)
