@@ -99,8 +99,10 @@ class Config:
     hot_clients: int = 16
     code: CodeUnderTest = field(default_factory=CodeUnderTest)
     # Called with the database URL after each of our rounds, before it is checked (tests break
-    # the books with it, to show the figure is then not met).
+    # the books with it, to show the figure is then not met); and after the setup, before (e)'s
+    # limits are probed (tests lift a limit with it).
     after_round: Callable[[str], None] | None = None
+    after_setup: Callable[[str], None] | None = None
 
 
 @dataclass
@@ -157,6 +159,8 @@ def _setup(config: Config, url: str, base_url: str, workdir: Path) -> Fixture:
                 },
             )
         layered, layers, charged = _setup_layers(config, admin, books)
+        if config.after_setup:
+            config.after_setup(url)
         problems = _probe_layers(admin, layered) if layers else []
     fixture = Fixture(
         keys[: config.accounts], keys[config.accounts], full, books, layered, layers, problems
