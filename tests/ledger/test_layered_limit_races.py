@@ -12,11 +12,18 @@ from typing import Any
 
 import pytest
 
-from bench.loadgen import Connection, Response
 from tests import oracle
 from tests.conftest import SERVER_BACKENDS
 from tests.factories import GLM_RATES, chat_usage, unique
-from tests.ledger.test_concurrency import ADMIN, ESTIMATE, GATEWAY, Cluster, _connection, _start
+from tests.ledger.test_concurrency import (
+    ADMIN,
+    ESTIMATE,
+    GATEWAY,
+    Cluster,
+    _connection,
+    _start,
+    answered,
+)
 
 pytestmark = pytest.mark.usefixtures("needs_postgresql")
 ROOM = 37  # holds the limit leaves room for
@@ -86,21 +93,18 @@ async def _burst(cluster: Cluster, secrets: list[str], count: int) -> list[objec
         voided = await connections[i].request("DELETE", f"/v1/authorizations/{warm.json()['id']}")
         assert voided.status == 200, voided.body
     body = {"model": cluster.model, "api": "chat_completions", "prompt_tokens": 1000}
-
-    async def authorize(index: int, connection: Connection) -> Response:
-        """One authorization, sent again after a 503 as a gateway does (Retry-After): on a
-        loaded machine a request can wait out its turn for a pooled connection. A 503 holds
-        nothing; the holds left standing are counted after the race."""
-        request = {**body, "max_tokens": 100, "api_key": secrets[index % len(secrets)]}
-        for attempt in range(5):
-            response = await connection.request("POST", "/v1/authorizations", request)
-            if response.status != 503:
-                break
-            await asyncio.sleep(0.5 * (attempt + 1))
-        return response
-
     try:
-        responses = await asyncio.gather(*(authorize(i, c) for i, c in enumerate(connections)))
+        responses = await asyncio.gather(
+            *(
+                answered(
+                    c,
+                    "POST",
+                    "/v1/authorizations",
+                    {**body, "max_tokens": 100, "api_key": secrets[i % len(secrets)]},
+                )
+                for i, c in enumerate(connections)
+            )
+        )
     finally:
         for connection in connections:
             await connection.close()
