@@ -91,8 +91,21 @@ class TestSavedCard:
             headers={"Authorization": f"Bearer {SECRET_KEY}"},
         )
         assert detached.status_code == 200, detached.text
-        assert _post_event(shop, event("payment_method.detached", detached.json())).status_code
+        # Saving it labelled it with its account: the event says whose card it was.
+        assert detached.json()["customer"] is None
+        assert detached.json()["metadata"] == {"account_id": key.account_id}
+        other = _with_saved_card(shop)
+        # The card named by the event must be the account's saved card: another account's
+        # card, or this one under another account's name, is left as it is.
+        forged = dict(detached.json(), metadata={"account_id": other.account_id})
+        answer = _post_event(shop, event("payment_method.detached", forged))
+        assert answer.status_code == 200 and answer.json() == {"received": True}, answer.text
+        assert shop.payments.card_of(other.account_id) is not None
+        assert shop.payments.card_of(key.account_id) is not None
+        answer = _post_event(shop, event("payment_method.detached", detached.json()))
+        assert answer.status_code == 200 and answer.json() == {"received": True}, answer.text
         assert shop.payments.card_of(key.account_id) is None
+        assert shop.payments.card_of(other.account_id) is not None
         answer = _top_up(shop, key, 1000, "after-detach")
         assert_error(answer, 400, "payment_method_required")
 
@@ -210,3 +223,4 @@ class TestOperatorTopUp:
             if intent["customer"] == customer and intent["status"] == "succeeded"
         ]
         assert len(charged) == 1
+
