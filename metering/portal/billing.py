@@ -282,6 +282,7 @@ def _card_page(
 
 @router.get("/payments/card")
 def add_card_page(request: Request, user: CallerDep) -> Response:
+    """The "add a card" page: a card set up in Stripe Elements, saved without paying."""
     settings = _on(request)
     require(user, Permission.MANAGE_BILLING)
     return _card_page(request, user, settings)
