@@ -187,7 +187,8 @@ def test_existing_keys_move_into_their_accounts_default_project(
     backend: str, tmp_path: Path
 ) -> None:
     """A database made before projects (schema 0001, distributed on a cluster as it was then)
-    gets a ``Default`` project per account with every key in it; nothing else changes."""
+    gets a ``Default`` project per account with every key in it, and its spend-limit notices
+    become their keys' (scope ``key``); nothing else changes."""
     stamp = "2026-11-02 10:00:00+00:00"
     with fresh_database(backend, tmp_path) as url:
         command.upgrade(migrate.alembic_config(url), "0001")
@@ -216,6 +217,16 @@ def test_existing_keys_move_into_their_accounts_default_project(
                         ),
                         {"id": key, "account": account, "hash": key * 8, "at": stamp},
                     )
+                # A key's threshold reached: it stays reached, as the key's (it fires no more).
+                connection.execute(
+                    text(
+                        "INSERT INTO spend_limit_notices (account_id, api_key_id, "
+                        "spend_limit_window, window_starts_at, percent, limit_microcents, "
+                        "spent_microcents, created_at) VALUES ('acct_aaaaaaaaaaaaaaaaaaaa', "
+                        "'key_1', 'month', :start, 80, 700, 600, :at)"
+                    ),
+                    {"start": "2026-11-01 00:00:00+00:00", "at": stamp},
+                )
         finally:
             engine.dispose()
         before = rows(url, "SELECT id, balance_microcents FROM accounts ORDER BY id")
@@ -239,6 +250,70 @@ def test_existing_keys_move_into_their_accounts_default_project(
             ("key_2", "proj_aaaaaaaaaaaaaaaaaaaa", None, 700),
             ("key_3", "proj_bbbbbbbbbbbbbbbbbbbb", None, 700),
         ]
+        assert rows(
+            url,
+            "SELECT limit_scope, scope_id, api_key_id, percent, spent_microcents "
+            "FROM spend_limit_notices",
+        ) == [("key", "key_1", "key_1", 80, 600)]
         if backend == "citus":
             placed = {p.table: p for p in citus.placements(url)}
             assert placed["projects"].kind == placed["members"].kind == "distributed"
+
+
+@pytest.mark.parametrize("backend", APP_BACKENDS)
+def test_accounts_with_project_or_member_limits_are_marked(backend: str, tmp_path: Path) -> None:
+    """Upgrading from 0004: an account whose project or member has a spend limit is marked
+    (``scope_limits``: the ingest then reads those limits), the others are not."""
+    stamp = "2026-11-02 10:00:00+00:00"
+    with fresh_database(backend, tmp_path) as url:
+        command.upgrade(migrate.alembic_config(url), "0004")
+        citus.distribute(url)
+        engine = create_engine(url)
+        try:
+            with engine.begin() as connection:
+                for n, limited in (("a", "project"), ("b", "member"), ("c", None)):
+                    account = "acct_" + n * 20
+                    connection.execute(
+                        text(
+                            "INSERT INTO accounts (id, name, billing, balance_microcents, "
+                            "created_at) VALUES (:id, 'old', 'prepaid', 0, :at)"
+                        ),
+                        {"id": account, "at": stamp},
+                    )
+                    project_limit = 5 if limited == "project" else None
+                    connection.execute(
+                        text(
+                            "INSERT INTO projects (id, account_id, name, spend_limit_microcents, "
+                            "spend_limit_window, restricts_models, created_at) VALUES "
+                            "(:id, :account, 'p', :limit, 'month', false, :at)"
+                        ),
+                        {
+                            "id": "proj_" + n * 20,
+                            "account": account,
+                            "limit": project_limit,
+                            "at": stamp,
+                        },
+                    )
+                    connection.execute(
+                        text(
+                            "INSERT INTO members (id, account_id, email, email_key, name, role, "
+                            "spend_limit_microcents, spend_limit_window, created_at) VALUES "
+                            "(:id, :account, 'x@y.z', 'x@y.z', '', 'viewer', :limit, 'day', :at)"
+                        ),
+                        {
+                            "id": "mem_" + n * 20,
+                            "account": account,
+                            "limit": 7 if limited == "member" else None,
+                            "at": stamp,
+                        },
+                    )
+        finally:
+            engine.dispose()
+
+        migrate.upgrade(url)
+
+        assert rows(url, "SELECT id, scope_limits FROM accounts ORDER BY id") == [
+            ("acct_" + "a" * 20, True),
+            ("acct_" + "b" * 20, True),
+            ("acct_" + "c" * 20, False),
+        ]

@@ -19,11 +19,13 @@ from sqlalchemy import and_, delete, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from metering.accounts.schemas import MemberUpdate, ProjectUpdate
 from metering.accounts.service import (
     SpendLimit,
     catalog_ids,
     default_project_id,
     get_account,
+    spend_limit_of,
 )
 from metering.kit.errors import Conflict, InvalidRequest, NotFound
 from metering.kit.ids import new_id
@@ -32,7 +34,12 @@ from metering.kit.pagination import decode_cursor
 from metering.kit.timeutil import format_timestamp, parse_timestamp
 from metering.models import Account, AccountModel, ApiKey, Member, Project, ProjectModel, table
 
+# What a project's and a member's audit events record of them.
+PROJECT_FIELDS = ("name", "spend_limit_cents", "spend_limit_window", "allowed_models")
+MEMBER_FIELDS = ("email", "name", "role", "spend_limit_cents", "spend_limit_window")
+
 PROJECT_MODELS = table(ProjectModel)
+ACCOUNTS = table(Account)
 ACCOUNT_MODELS = table(AccountModel)
 KEYS = table(ApiKey)
 
@@ -59,6 +66,7 @@ def create_project(
     )
     session.add(project)
     session.flush()
+    note_scope_limit(session, project)
     if models is not None:
         set_project_models(session, project, models)
     return project
@@ -71,11 +79,41 @@ def get_project(session: Session, project_id: str, *, param: str = "project_id")
     return project
 
 
+def change_project(
+    session: Session, project: Project, body: ProjectUpdate
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Apply a ``PATCH`` of the project (omitted fields unchanged; a null limit removes it):
+    the project's body after, and the fields that changed (``PROJECT_FIELDS``)."""
+    (before,) = project_bodies(session, [project])
+    limit = spend_limit_of(body)
+    if "name" in body.model_fields_set:
+        project.name = body.name
+    apply_limit(project, limit)
+    note_scope_limit(session, project)
+    if "allowed_models" in body.model_fields_set:
+        set_project_models(session, project, body.allowed_models)
+    session.flush()
+    (after,) = project_bodies(session, [project])
+    return after, {f: after[f] for f in PROJECT_FIELDS if after[f] != before[f]}
+
+
 def apply_limit(row: Project | Member, limit: SpendLimit) -> None:
     if limit.given:
         row.spend_limit_microcents = limit.amount
     if limit.window is not None:
         row.spend_limit_window = limit.window
+
+
+def note_scope_limit(session: Session, row: Project | Member) -> None:
+    """Mark the account as having project or member limits once ``row`` has one (never
+    unmarked: a plain write, whatever the concurrency); the ingest reads them only for such
+    accounts (metering.usage.repository)."""
+    if row.spend_limit_microcents is not None:
+        session.execute(
+            update(ACCOUNTS)
+            .where(ACCOUNTS.c.id == row.account_id, ACCOUNTS.c.scope_limits.is_(False))
+            .values(scope_limits=True)
+        )
 
 
 def set_project_models(session: Session, project: Project, names: list[str] | None) -> None:
@@ -155,7 +193,14 @@ def project_bodies(session: Session, projects: Sequence[Project]) -> list[dict[s
 
 def archive_project(session: Session, project: Project, now: datetime) -> list[str]:
     """Archive the project and revoke its live keys (the caller's transaction); the keys
-    revoked, by id. Archiving again changes nothing."""
+    revoked, by id. Archiving again changes nothing. The account's ``Default`` project is never
+    archived (400 ``default_project``): it is where a key goes when no project is named."""
+    if project.id == default_project_id(project.account_id):
+        raise InvalidRequest(
+            "the Default project cannot be archived: a key made without a project goes there",
+            code="default_project",
+            param="project_id",
+        )
     if project.archived_at is not None:
         return []
     project.archived_at = now
@@ -193,7 +238,29 @@ def create_member(
     )
     _refuse_taken_address(session, account.id, email, None)
     _flush_unique(session, member, email)
+    note_scope_limit(session, member)
     return member
+
+
+def change_member(
+    session: Session, member: Member, body: MemberUpdate
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Apply a ``PATCH`` of the member (omitted fields unchanged; a null limit removes it): the
+    member's body after, and the fields that changed (``MEMBER_FIELDS``)."""
+    (before,) = member_bodies([member])
+    limit = spend_limit_of(body)
+    given = body.model_fields_set
+    if "email" in given:
+        change_email(session, member, body.email)
+    if "name" in given:
+        member.name = body.name
+    if "role" in given:
+        member.role = body.role
+    apply_limit(member, limit)
+    note_scope_limit(session, member)
+    session.flush()
+    (after,) = member_bodies([member])
+    return after, {f: after[f] for f in MEMBER_FIELDS if after[f] != before[f]}
 
 
 def change_email(session: Session, member: Member, email: str) -> None:

@@ -18,8 +18,14 @@ KEYS = table(ApiKey)
 
 def keys_of(account_id: Any, column: str, owner_id: Any) -> Any:
     """The ids of the account's keys whose ``column`` (``project_id`` or ``member_id``) is
-    ``owner_id``, revoked ones included (what they spent still counts)."""
-    return select(KEYS.c.id).where(KEYS.c.account_id == account_id, KEYS.c[column] == owner_id)
+    ``owner_id``, revoked ones included (what they spent still counts). Any other relation
+    named is correlated to an enclosing statement, however deep (a row of the thresholds'
+    limits: metering.notifications.spend_limits)."""
+    return (
+        select(KEYS.c.id)
+        .where(KEYS.c.account_id == account_id, KEYS.c[column] == owner_id)
+        .correlate_except(KEYS)
+    )
 
 
 def _charges(account_id: Any, start: Any, end: Any, which: ColumnElement[bool]) -> Any:

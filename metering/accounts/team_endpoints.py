@@ -26,8 +26,8 @@ admin_router = APIRouter(
 router = APIRouter(prefix="/v1", route_class=MeteringRoute, tags=["projects and members"])
 
 # What a project's and a member's audit events record of them.
-_PROJECT_FIELDS = ("name", "spend_limit_cents", "spend_limit_window", "allowed_models")
-_MEMBER_FIELDS = ("email", "name", "role", "spend_limit_cents", "spend_limit_window")
+_PROJECT_FIELDS = projects.PROJECT_FIELDS
+_MEMBER_FIELDS = projects.MEMBER_FIELDS
 
 
 def _cursor(row: Project | Member) -> tuple[str, str]:
@@ -86,16 +86,7 @@ def update_project(
     """Rename a project, change its spend limit or window (null removes the limit), or its
     model list (null: every model of its account)."""
     project = projects.get_project(session, project_id)
-    (before,) = projects.project_bodies(session, [project])
-    limit = service.spend_limit_of(body)
-    if "name" in body.model_fields_set:
-        project.name = body.name
-    projects.apply_limit(project, limit)
-    if "allowed_models" in body.model_fields_set:
-        projects.set_project_models(session, project, body.allowed_models)
-    session.flush()
-    (after,) = projects.project_bodies(session, [project])
-    changes = {f: after[f] for f in _PROJECT_FIELDS if after[f] != before[f]}
+    after, changes = projects.change_project(session, project, body)
     if changes:
         audit.record(
             session, now, "project.update", "project", project.id, project.account_id, changes
@@ -108,7 +99,7 @@ def archive_project(
     project_id: str, session: SessionDep, now: NowDep, audit: AuditDep
 ) -> dict[str, Any]:
     """Archive a project and revoke its keys, in one transaction; no key can be made in it
-    afterwards. Archiving twice is harmless."""
+    afterwards. Archiving twice is harmless; the account's Default project is never archived."""
     project = projects.get_project(session, project_id)
     if project.archived_at is None:
         revoked = projects.archive_project(session, project, now)
@@ -159,19 +150,7 @@ def update_member(
     """Change a member's address, name, role (it applies to its portal sessions at once) or
     spend limit and window (null removes the limit)."""
     member = projects.get_member(session, member_id)
-    (before,) = projects.member_bodies([member])
-    limit = service.spend_limit_of(body)
-    given = body.model_fields_set
-    if "email" in given:
-        projects.change_email(session, member, body.email)
-    if "name" in given:
-        member.name = body.name
-    if "role" in given:
-        member.role = body.role
-    projects.apply_limit(member, limit)
-    session.flush()
-    (after,) = projects.member_bodies([member])
-    changes = {f: after[f] for f in _MEMBER_FIELDS if after[f] != before[f]}
+    after, changes = projects.change_member(session, member, body)
     if changes:
         audit.record(session, now, "member.update", "member", member.id, member.account_id, changes)
     return after

@@ -54,6 +54,10 @@ class Account(Base):
     max_concurrent_requests: Mapped[int | None] = mapped_column(Integer)
     # False = every catalog model; true = exactly the models of ``account_models``.
     restricts_models: Mapped[bool] = mapped_column(Boolean, default=False, server_default="0")
+    # Set once a project or a member of the account is given a spend limit (never cleared): the
+    # ingest then reads their limits for the spend-limit thresholds, in a statement of its own,
+    # so an account without such limits pays nothing for them (metering.usage.repository).
+    scope_limits: Mapped[bool] = mapped_column(Boolean, default=False, server_default="0")
     # What charges ran beyond the live grants: balance = Σ remainders − deficit.
     deficit_microcents: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     # No grant of the account with a remainder expires before this instant (null: none

@@ -105,25 +105,31 @@ class WebhookDelivery(Base):
 
 
 class SpendLimitNotice(Base):
-    """A key's spend-limit threshold reached in one window
-    (``spend_limit.threshold_reached``), written with its event in the transaction whose charges
-    reached it: its key makes the event fire once per key, window and percent, whatever the
-    concurrency (metering.notifications.spend_limits)."""
+    """A spend-limit threshold reached in one window (``spend_limit.threshold_reached``): a
+    project's, a member's or a key's (``limit_scope``; ``scope_id`` its id), written with its
+    event in the transaction whose charges reached it: its key makes the event fire once per
+    project, member or key, window and percent, whatever the concurrency
+    (metering.notifications.spend_limits). The ids' prefixes (``proj_``, ``mem_``, ``key_``)
+    keep the scopes apart."""
 
     __tablename__ = "spend_limit_notices"
     __table_args__ = (
         PrimaryKeyConstraint(
-            "account_id", "api_key_id", "spend_limit_window", "window_starts_at", "percent"
+            "account_id", "scope_id", "spend_limit_window", "window_starts_at", "percent"
         ),
         CheckConstraint("percent IN (80, 100)", name="percent"),
+        CheckConstraint("limit_scope IN ('project', 'member', 'key')", name="limit_scope"),
     )
 
     account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"))
+    limit_scope: Mapped[str] = mapped_column(String(8))  # project, member, key
+    scope_id: Mapped[str] = mapped_column(String(32))  # the project's, member's or key's id
+    # The key whose charge reached it (for a key's limit, that key).
     api_key_id: Mapped[str] = mapped_column(ForeignKey("api_keys.id"))
     spend_limit_window: Mapped[str] = mapped_column(String(8))  # day, week, month
     window_starts_at: Mapped[datetime] = mapped_column(UTCDateTime)
     percent: Mapped[int] = mapped_column(Integer)
-    # The limit, and the key's charges in the window, when it was reached.
+    # The limit, and the scope's charges in the window, when it was reached.
     limit_microcents: Mapped[int] = mapped_column(BigInteger)
     spent_microcents: Mapped[int] = mapped_column(BigInteger)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)

@@ -26,6 +26,7 @@ from metering.portal.sessions import PortalUser, public_base_url
 from metering.portal.signing import Signer
 from metering.reports import render as report_render
 from metering.settings import Settings
+from metering.usage import support as usage_support
 from metering.web.deps import AdminDep, NowDep, SessionDep, get_clock, get_settings
 from metering.web.errors import add_error_pages
 from metering.web.jsonio import MeteringRoute
@@ -416,6 +417,22 @@ def usage_csv(
 def activity(request: Request, user: UserDep, session: SessionDep, now: NowDep) -> Response:
     found = views.activity(session, user.account_id, now)
     return page_of(request, user, "activity.html", **found)
+
+
+@router.get("/requests")
+def one_request(
+    request: Request, user: UserDep, session: SessionDep, request_id: str = ""
+) -> Response:
+    """What one request cost (as ``GET /v1/requests/{request_id}``), found from Activity's
+    search box; a request id the account has no recorded event of is a 404 page that says so."""
+    wanted = request_id.strip()
+    if not wanted:
+        raise InvalidRequest("enter a request id to look up", param="request_id")
+    try:
+        found = usage_support.request_body(session, user.account_id, wanted)
+    except NotFound:
+        return page_of(request, user, "request.html", status_code=404, missing=wanted)
+    return page_of(request, user, "request.html", found=found)
 
 
 @router.get("/exports")

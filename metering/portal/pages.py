@@ -49,6 +49,11 @@ def money(microcents: int | None) -> str:
     return f"{'-' if microcents < 0 else ''}${whole}.{fraction}"
 
 
+def dollars_field(microcents: int | None) -> str:
+    """An amount as a form's dollars field holds it (``25.5``), exact; empty for none."""
+    return "" if microcents is None else usd_text(microcents)
+
+
 def count(value: int) -> str:
     return f"{value:,}"
 
@@ -105,7 +110,12 @@ ENVIRONMENT = Environment(
     lstrip_blocks=True,
 )
 ENVIRONMENT.filters.update(
-    money=money, count=count, when=when, json_script=json_script, report_rows=report_rows
+    money=money,
+    dollars_field=dollars_field,
+    count=count,
+    when=when,
+    json_script=json_script,
+    report_rows=report_rows,
 )
 ENVIRONMENT.globals.update(static=STATIC, chart_js=CHART_JS, prefix=PREFIX)
 

@@ -1,10 +1,14 @@
 """The Members and Projects pages, for an account's admins (and its owner's session): add a
 member (its sign-in link emailed to it with ``METERING_SMTP_URL``, otherwise shown to copy),
-remove one (its keys revoked);
-make a project, archive one (its keys revoked). Audited as the session's actor."""
+change its name, role and spend limit, remove one (its keys revoked); make a project, rename it
+and set its spend limit, archive one (its keys revoked; never the Default project). Each change
+is the admin routes' own (metering.accounts.projects), audited as the session's actor; a refused
+one shows the page again with the problem (400)."""
 
 from __future__ import annotations
 
+import re
+from decimal import Decimal
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
@@ -13,9 +17,9 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from metering.accounts import projects, service
-from metering.accounts.schemas import MemberCreate, ProjectCreate
+from metering.accounts.schemas import MemberCreate, MemberUpdate, ProjectCreate, ProjectUpdate
 from metering.audit.service import Auditor
-from metering.kit.errors import MeteringError, NotFound
+from metering.kit.errors import InvalidRequest, MeteringError, NotFound
 from metering.models import Member, Project
 from metering.portal import mail, pages, sessions
 from metering.portal.endpoints import (
@@ -62,8 +66,28 @@ def _projects(
         "projects.html",
         status_code=status,
         projects=projects.project_bodies(session, rows),
+        default_project_id=service.default_project_id(user.account_id),
         **context,
     )
+
+
+# A spend limit as the forms take it: dollars, at most 8 decimals (a microcent); blank: none.
+_DOLLARS = re.compile(r"[0-9]{1,11}(\.[0-9]{1,8})?")
+
+
+def _limit_fields(form: dict[str, str]) -> dict[str, Any]:
+    """The form's ``spend_limit`` (dollars; blank removes the limit) and
+    ``spend_limit_window`` as the admin routes' body fields (their schema checks the rest)."""
+    text = form.get("spend_limit", "").strip().removeprefix("$")
+    if text and not _DOLLARS.fullmatch(text):
+        raise InvalidRequest(
+            "spend limit: enter dollars, e.g. 25 or 25.50, or leave it blank for no limit",
+            param="spend_limit",
+        )
+    return {
+        "spend_limit_cents": Decimal(text) * 100 if text else None,
+        "spend_limit_window": form.get("spend_limit_window", "month"),
+    }
 
 
 def _problem(error: ValidationError) -> str:
@@ -114,6 +138,36 @@ def add_member(
     return _members(request, user, session, created=created)
 
 
+@router.post("/members/{member_id}/edit")
+def edit_member(
+    member_id: str, request: Request, form: FormDep, user: UserDep, session: SessionDep, now: NowDep
+) -> Response:
+    """Change a member's name, role and spend limit (``PATCH /admin/v1/members/{id}``'s
+    rules)."""
+    check_csrf(request, user, form)
+    require(user, Permission.MANAGE_MEMBERS)
+    member = _of_account(session, Member, user.account_id, member_id)
+    try:
+        fields = {
+            "name": form.get("name", "").strip(),
+            "role": form.get("role", member.role),
+            **_limit_fields(form),
+        }
+        body = MemberUpdate.model_validate(fields)
+        if member.removed_at is not None:
+            raise InvalidRequest("a removed member cannot be changed", param="member_id")
+        _, changes = projects.change_member(session, member, body)
+    except ValidationError as error:
+        return _members(request, user, session, 400, problem=_problem(error))
+    except MeteringError as error:
+        return _members(request, user, session, 400, problem=error.message)
+    if changes:
+        _auditor(request, user).record(
+            session, now, "member.update", "member", member.id, member.account_id, changes
+        )
+    return pages.see_other(f"{pages.PREFIX}/members")
+
+
 @router.post("/members/{member_id}/remove")
 def remove_member(
     member_id: str, request: Request, form: FormDep, user: UserDep, session: SessionDep, now: NowDep
@@ -157,6 +211,36 @@ def add_project(
     return pages.see_other(f"{pages.PREFIX}/projects")
 
 
+@router.post("/projects/{project_id}/edit")
+def edit_project(
+    project_id: str,
+    request: Request,
+    form: FormDep,
+    user: UserDep,
+    session: SessionDep,
+    now: NowDep,
+) -> Response:
+    """Rename a project and set its spend limit (``PATCH /admin/v1/projects/{id}``'s rules)."""
+    check_csrf(request, user, form)
+    require(user, Permission.MANAGE_PROJECTS)
+    project = _of_account(session, Project, user.account_id, project_id)
+    try:
+        fields = {"name": form.get("name", "").strip(), **_limit_fields(form)}
+        body = ProjectUpdate.model_validate(fields)
+        if project.archived_at is not None:
+            raise InvalidRequest("an archived project cannot be changed", param="project_id")
+        _, changes = projects.change_project(session, project, body)
+    except ValidationError as error:
+        return _projects(request, user, session, 400, problem=_problem(error))
+    except MeteringError as error:
+        return _projects(request, user, session, 400, problem=error.message)
+    if changes:
+        _auditor(request, user).record(
+            session, now, "project.update", "project", project.id, project.account_id, changes
+        )
+    return pages.see_other(f"{pages.PREFIX}/projects")
+
+
 @router.post("/projects/{project_id}/archive")
 def archive_project(
     project_id: str,
@@ -170,7 +254,10 @@ def archive_project(
     require(user, Permission.MANAGE_PROJECTS)
     project = _of_account(session, Project, user.account_id, project_id)
     if project.archived_at is None:
-        revoked = projects.archive_project(session, project, now)
+        try:
+            revoked = projects.archive_project(session, project, now)
+        except MeteringError as error:  # the Default project
+            return _projects(request, user, session, 400, problem=error.message)
         changes = {"archived_at": now, "revoked_api_key_ids": revoked}
         _auditor(request, user).record(
             session, now, "project.archive", "project", project.id, project.account_id, changes

@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 from metering.kit.errors import InvalidRequest
 from metering.kit.text import storable
 from metering.kit.timeutil import parse_timestamp
+from metering.notifications.spend_limits import NO_SCOPES, KeyScopes
 from metering.pricing import API_NAMES, Charge, InvalidUsage, NormalizedUsage, normalize_usage
 
 REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
@@ -112,9 +113,9 @@ class Event:
     # Resolved against the database by the batch pipeline:
     account_id: str | None = None
     prepaid: bool = False  # the account is prepaid (unbilled: a zero charge)
-    # The key's spend limit (None: none), for its thresholds (spend_limit.threshold_reached).
-    spend_limit_microcents: int | None = None
-    spend_limit_window: str = "month"
+    # The key's project, member and spend limits, for their thresholds
+    # (spend_limit.threshold_reached).
+    scopes: KeyScopes = NO_SCOPES
     model_id: str | None = None  # catalog spelling
     # Priced (billable now): the charge and the price version used (None: unbilled account).
     charge: Charge | None = None

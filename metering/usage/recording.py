@@ -7,8 +7,9 @@ both backends.
 * ``RECORD_USAGE`` (one event, PostgreSQL's lean path): the insert, and only if the event was
   new, the same settlement and rollups, as one statement and one transaction.
 
-Both end with the spend-limit thresholds of the charges' keys (``spend_limit.threshold_reached``,
-metering.notifications.spend_limits): no statement when no key of the batch has a limit.
+Both end with the spend-limit thresholds the charges count against
+(``spend_limit.threshold_reached``, metering.notifications.spend_limits): no statement when no
+key, project or member of the batch has a limit.
 
 The columns come from the tables: an event row is every column of ``usage_events`` but its id
 and ``recorded_at`` (the statement's ``now``); a rollup row is every column of
@@ -34,7 +35,7 @@ from metering.ledger.settlement import CHARGES_IN, ChargeToSettle, settle_steps
 from metering.models import UsageEvent, table
 from metering.models.base import UTCDateTime
 from metering.notifications import spend_limits
-from metering.notifications.spend_limits import KeyLimit
+from metering.notifications.spend_limits import ScopeLimit
 from metering.usage import rollups
 from metering.usage.rollups import (
     COUNTERS,
@@ -236,13 +237,13 @@ def settle_usage(
     charges: Sequence[ChargeToSettle],
     rollup_rows: Sequence[Mapping[str, Any]],
     now: datetime,
-    limits: Sequence[KeyLimit] = (),
+    limits: Sequence[ScopeLimit] = (),
     account_id: str | None = None,
 ) -> None:
     """Book the charges of events just inserted and add their usage to the rollups
     (``SETTLE_USAGE``; ``rollup_rows``: ``HOURLY_IN``'s rows, metering.usage.rollups.rows), in
-    the session's transaction: one round trip on PostgreSQL. ``limits``: the charges' keys with
-    a spend limit (their thresholds are checked, metering.notifications.spend_limits).
+    the session's transaction: one round trip on PostgreSQL. ``limits``: the spend limits
+    the charges count against (their thresholds are checked, metering.notifications.spend_limits).
     ``account_id`` (a Citus cluster): all of them are that account's (``SETTLE_USAGE_OF_ACCOUNT``,
     each statement routed to its shard)."""
     if not charges and not rollup_rows:

@@ -15,7 +15,7 @@ table, on every node): ``key_accounts``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any, NamedTuple
 
@@ -39,38 +39,45 @@ from metering.catalog.prices import RATE_COLUMNS, price_in_force, price_of
 from metering.citus import ACCOUNT
 from metering.db import driver_connection, is_cluster
 from metering.forms import Forms
-from metering.models import AccountRate, CatalogModel, PriceVersion, table
+from metering.models import AccountRate, CatalogModel, Member, PriceVersion, Project, table
 from metering.models.base import UTCDateTime
+from metering.notifications.spend_limits import KeyScopes
 from metering.pricing import NormalizedUsage
 from metering.usage.events import ChargeValues, Content, Event
 from metering.usage.prices import PriceBook
 from metering.usage.recording import EVENT_COLUMNS, EVENTS, EVENTS_IN, NOW, insert_events
 
 MODELS, PRICES, RATES = table(CatalogModel), table(PriceVersion), table(AccountRate)
+PROJECTS, MEMBERS = table(Project), table(Member)
 
 EventKey = tuple[str, str]  # (account_id, request_id): the dedup key
 
 
 class KeyInfo(NamedTuple):
-    """What the lookup tells of a key id: its account, whether it is prepaid, and its spend
-    limit (None: none) and window."""
+    """What the lookup tells of a key id: its account, whether it is prepaid, its project and
+    member with the spend limits its charges count against (``scopes``: the key's own from the
+    lookup, ``key_limit``; its project's and member's added by ``with_scopes`` when its account
+    has such limits, ``scope_limited``)."""
 
     account_id: str
     prepaid: bool
-    spend_limit_microcents: int | None
-    spend_limit_window: str
+    scopes: KeyScopes
+    key_limit: tuple[int | None, str | None]
+    scope_limited: bool
 
 
 # -- The lookup: keys, models, and the price timelines of the batch's (key, model) pairs. --------
 
 PAIRS_IN = p.Records("p_pairs", (("api_key_id", String()), ("model_key", String())))
-# The key's spend limit and window (only on 'key' rows).
-_LIMIT_COLUMNS = ("spend_limit", "spend_window")
+# The key's project, member, spend limit and window, and whether its account has project or
+# member limits (only on 'key' rows).
+_LIMIT_COLUMNS = ("project_id", "member_id", "spend_limit", "spend_window", "scope_limits")
 _KINDS = ("kind", "a", "b", "c", "at", "price_version_id", *RATE_COLUMNS, *_LIMIT_COLUMNS)
 
 
 def _lookup(on: p.Backend) -> Any:
-    """Rows of ``_KINDS``: 'key' (key id, account id, billing, spend limit and window), 'model'
+    """Rows of ``_KINDS``: 'key' (key id, account id, billing, project, member, spend limit and
+    window, whether the account has project or member limits), 'model'
     (id_key, catalog id) and 'price' (account id, model id, an instant where its price may
     change, and the price in force from then: metering.usage.prices)."""
     pairs = on.records(PAIRS_IN, "pair")
@@ -79,8 +86,11 @@ def _lookup(on: p.Backend) -> Any:
             KEYS.c.id.label("api_key_id"),
             KEYS.c.account_id,
             ACCOUNTS.c.billing,
+            KEYS.c.project_id,
+            KEYS.c.member_id,
             KEYS.c.monthly_spend_limit_microcents.label("spend_limit"),
             KEYS.c.spend_limit_window.label("spend_window"),
+            ACCOUNTS.c.scope_limits,
             pairs.c.model_key,
             MODELS.c.id.label("model_id"),
         )
@@ -96,7 +106,9 @@ def _lookup(on: p.Backend) -> Any:
         cast(null(), String),
         *(cast(null(), BigInteger) for _ in RATE_COLUMNS),
     )
-    no_limit: tuple[ColumnElement[Any], ...] = (cast(null(), BigInteger), cast(null(), String))
+    no_limit: tuple[ColumnElement[Any], ...] = tuple(
+        cast(null(), keyed.c[name].type) for name in _LIMIT_COLUMNS
+    )
     keys = select(
         literal("key", String).label("kind"),
         keyed.c.api_key_id,
@@ -104,8 +116,7 @@ def _lookup(on: p.Backend) -> Any:
         keyed.c.billing,
         no_time,
         *no_price,
-        keyed.c.spend_limit,
-        keyed.c.spend_window,
+        *(keyed.c[name] for name in _LIMIT_COLUMNS),
     ).distinct()
     models = (
         select(
@@ -202,10 +213,16 @@ def accounts_on_cluster(
 def lookup(
     session: Session, pairs: Sequence[tuple[str, str]], account_id: str | None = None
 ) -> tuple[dict[str, KeyInfo], PriceBook]:
-    """The batch's keys (``KeyInfo``) and a price book of the models its (key, model) pairs
-    name. ``account_id`` (a Citus cluster): the pairs' keys are that account's, and a key of
-    another account is not found."""
-    return read_lookup(_LOOKUP.rows(session, lambda on: lookup_params(pairs, on), account_id))
+    """The batch's keys (``KeyInfo``, with their project's and member's limits when their
+    account has such limits: a second statement) and a price book of the models its (key,
+    model) pairs name. ``account_id`` (a Citus cluster): the pairs' keys are that account's,
+    and a key of another account is not found."""
+    keys, book = read_lookup(_LOOKUP.rows(session, lambda on: lookup_params(pairs, on), account_id))
+    limited = scope_pairs(keys, pairs)
+    if limited:
+        rows = _SCOPE_LIMITS.rows(session, lambda on: lookup_params(limited, on), account_id)
+        keys = with_scopes(keys, rows)
+    return keys, book
 
 
 def read_lookup(rows: Sequence[Any]) -> tuple[dict[str, KeyInfo], PriceBook]:
@@ -217,14 +234,77 @@ def read_lookup(rows: Sequence[Any]) -> tuple[dict[str, KeyInfo], PriceBook]:
         named = dict(zip(_KINDS, row, strict=True))
         kind, a, b = named["kind"], named["a"], named["b"]
         if kind == "key":
-            keys[a] = KeyInfo(
-                b, named["c"] == "prepaid", named["spend_limit"], named["spend_window"]
-            )
+            own = (named["spend_limit"], named["spend_window"])
+            scopes = KeyScopes.of(a, named["project_id"], named["member_id"], {"key": own})
+            keys[a] = KeyInfo(b, named["c"] == "prepaid", scopes, own, bool(named["scope_limits"]))
         elif kind == "model":
             models[a] = b
         else:
             points.append((a, b, named["at"], price_of(named)))
     return keys, PriceBook.from_breakpoints(models, points)
+
+
+# -- Project and member limits: read only for the keys of accounts that have them. -------------
+
+
+def _scope_limits(on: p.Backend) -> Any:
+    """Each key of the pairs with its project's and its member's spend limit and window (null
+    for none): what ``with_scopes`` adds to the lookup's keys. Apart from the lookup, so that
+    the lookup (planned anew for each batch) joins no more tables for them."""
+    pairs = on.records(PAIRS_IN, "pair")
+    return (
+        select(
+            KEYS.c.id,
+            PROJECTS.c.spend_limit_microcents,
+            PROJECTS.c.spend_limit_window,
+            MEMBERS.c.spend_limit_microcents,
+            MEMBERS.c.spend_limit_window,
+        )
+        .select_from(
+            pairs.join(KEYS, KEYS.c.id == pairs.c.api_key_id)
+            .outerjoin(
+                PROJECTS,
+                and_(
+                    PROJECTS.c.account_id == KEYS.c.account_id,
+                    PROJECTS.c.id == KEYS.c.project_id,
+                ),
+            )
+            .outerjoin(
+                MEMBERS,
+                and_(MEMBERS.c.account_id == KEYS.c.account_id, MEMBERS.c.id == KEYS.c.member_id),
+            )
+        )
+        .distinct()
+    )
+
+
+_SCOPE_LIMITS = Forms.of_statement(_scope_limits)
+PG_SCOPE_LIMITS = _SCOPE_LIMITS.postgresql
+CITUS_SCOPE_LIMITS = _SCOPE_LIMITS.citus
+
+
+def scope_pairs(
+    keys: Mapping[str, KeyInfo], pairs: Sequence[tuple[str, str]]
+) -> list[tuple[str, str]]:
+    """The pairs whose keys' project and member limits are to be read: those of prepaid
+    accounts that have such limits (none: no statement)."""
+    return [
+        pair for pair in pairs if (key := keys.get(pair[0])) and key.prepaid and key.scope_limited
+    ]
+
+
+def with_scopes(keys: dict[str, KeyInfo], rows: Sequence[Any]) -> dict[str, KeyInfo]:
+    """``keys`` with their project's and member's limits (``_scope_limits``' rows) added."""
+    for key_id, project_limit, project_window, member_limit, member_window in rows:
+        key = keys[key_id]
+        limits = {
+            "project": (project_limit, project_window),
+            "member": (member_limit, member_window),
+            "key": key.key_limit,
+        }
+        scopes = KeyScopes.of(key_id, key.scopes.project_id, key.scopes.member_id, limits)
+        keys[key_id] = key._replace(scopes=scopes)
+    return keys
 
 
 # -- Recording events (first of each key, sorted by key). ---------------------------------------

@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 
 from metering.kit.errors import InvalidRequest
 from metering.ledger.settlement import ChargeToSettle
-from metering.notifications.spend_limits import KeyLimit
+from metering.notifications.spend_limits import ScopeLimit
 from metering.pricing import Charge, NormalizedUsage, price_usage
 from metering.usage import recording, repository, rollups
 from metering.usage.events import (
@@ -292,8 +292,7 @@ def price_events(
             event.problem = _UNKNOWN_KEY
             continue
         event.account_id, event.prepaid = key.account_id, key.prepaid
-        event.spend_limit_microcents = key.spend_limit_microcents
-        event.spend_limit_window = key.spend_limit_window
+        event.scopes = key.scopes
         if event.problem is not None:
             continue
         model_id = models.get(event.model.lower()) if event.model else None
@@ -342,13 +341,12 @@ def _to_settle(event: Event, event_id: int) -> ChargeToSettle:
     )
 
 
-def spend_limited(events: Iterable[Event]) -> list[KeyLimit]:
-    """The keys of recorded ``events`` whose spend-limit thresholds their charges may reach:
-    those with a limit, of prepaid accounts (the only ones the limit applies to)."""
+def spend_limited(events: Iterable[Event]) -> list[ScopeLimit]:
+    """The spend limits whose thresholds recorded ``events``' charges may reach: those set on
+    their keys, projects or members, of prepaid accounts (the only ones limits apply to)."""
     return [
-        KeyLimit(
-            e.account_id or "", e.api_key_id or "", e.spend_limit_microcents, e.spend_limit_window
-        )
+        limit
         for e in events
-        if e.prepaid and e.spend_limit_microcents is not None
+        if e.prepaid and e.scopes.limits
+        for limit in e.scopes.of_charge(e.account_id or "", e.api_key_id or "")
     ]

@@ -2,10 +2,11 @@
 
 A request of one event is the gateway's most frequent shape. When that event is billable now
 and new, it is recorded in two autocommit statements on the request's own event loop: the
-lookup (the batch path's statement), then the program ``RECORD_USAGE``
-(metering.usage.recording), which inserts it and, only if it was new, settles its charge and
-adds it to its rollups, as one transaction. The checks, the pricing and the rollup rows are
-the batch path's own functions.
+lookup (the batch path's statement; then, only for an account with project or member spend
+limits, their limits: metering.usage.repository ``with_scopes``), then the program
+``RECORD_USAGE`` (metering.usage.recording), which inserts it and, only if it was new, settles
+its charge and adds it to its rollups, as one transaction. The checks, the pricing and the
+rollup rows are the batch path's own functions.
 
 On a Citus cluster (docs/citus.md#what-runs-on-a-cluster), three: the key's account (``api_keys``, a
 reference table), then that account's lookup (routed to its shard), then
@@ -49,8 +50,14 @@ async def record_one(
 
 
 def _steps(event: Event, now: datetime) -> Steps[service.BatchOutcome | None]:
-    rows = yield lambda db: db.lookup(service.lookup_pairs([event]))
+    pairs = service.lookup_pairs([event])
+    rows = yield lambda db: db.lookup(pairs)
     keys, book = repository.read_lookup(rows)
+    limited = repository.scope_pairs(keys, pairs)
+    if limited:
+        # Its account has project or member limits: theirs, by a statement of its own.
+        found = yield lambda db: db.scope_limits(limited, keys[limited[0][0]].account_id)
+        keys = repository.with_scopes(keys, found)
     if not service.price_events([event], keys, book):
         return None
     new_id = yield lambda db: db.record(event, now)
@@ -71,6 +78,11 @@ class _Statements:
     async def lookup(self, pairs: list[tuple[str, str]]) -> list[Any]:
         params = repository.lookup_params(pairs, POSTGRESQL)
         cursor = await self._connection.execute(repository.PG_LOOKUP, params)
+        return await cursor.fetchall()
+
+    async def scope_limits(self, pairs: list[tuple[str, str]], account_id: str) -> list[Any]:
+        params = repository.lookup_params(pairs, POSTGRESQL)
+        cursor = await self._connection.execute(repository.PG_SCOPE_LIMITS, params)
         return await cursor.fetchall()
 
     async def record(self, event: Event, now: datetime) -> int | None:
@@ -113,6 +125,11 @@ class _OneAccount(_Statements):
         [(_key, account_id)] = found
         params = repository.of_account(params, account_id)
         cursor = await self._connection.execute(repository.CITUS_LOOKUP, params)
+        return await cursor.fetchall()
+
+    async def scope_limits(self, pairs: list[tuple[str, str]], account_id: str) -> list[Any]:
+        params = repository.of_account(repository.lookup_params(pairs, POSTGRESQL), account_id)
+        cursor = await self._connection.execute(repository.CITUS_SCOPE_LIMITS, params)
         return await cursor.fetchall()
 
     def _params(self, event: Event, now: datetime) -> dict[str, Any]:

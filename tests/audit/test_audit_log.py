@@ -58,11 +58,7 @@ class World:
     endpoint: str  # a webhook endpoint of the account
     event: str  # a webhook.test event sent to it
     member: str  # a member of the account
-
-    @property
-    def project(self) -> str:
-        """The account's Default project."""
-        return "proj_" + self.account.removeprefix("acct_")
+    project: str  # a project of the account (not its Default one, which is never archived)
 
 
 # A public address (TEST-NET-3): saved without resolving anything.
@@ -86,7 +82,17 @@ def world(api: Api) -> World:
         "POST", f"/admin/v1/accounts/{account}/members", json={"email": f"{unique('m')}@x.io"}
     )
     assert member.status_code == 201, member.text
-    return World(account, key, put_model(api), endpoint_id, event.json()["id"], member.json()["id"])
+    project = api.admin("POST", f"/admin/v1/accounts/{account}/projects", json={"name": "w"})
+    assert project.status_code == 201, project.text
+    return World(
+        account,
+        key,
+        put_model(api),
+        endpoint_id,
+        event.json()["id"],
+        member.json()["id"],
+        project.json()["id"],
+    )
 
 
 @dataclass(frozen=True)

@@ -61,6 +61,11 @@ def _spend(api: Api, key: Key, model: str, cents: int, at: Any = None) -> dict[s
     return ingest(api, *_events(key, model, cents, api.clock.now() if at is None else at))
 
 
+def default_project(account: str) -> str:
+    """The account's Default project's id: its own after ``proj_`` (docs/api.md#projects)."""
+    return "proj_" + account.removeprefix("acct_")
+
+
 def reached(api: Api, account: str) -> list[dict[str, Any]]:
     return [e["data"] for e in events_of(api, account, REACHED)]
 
@@ -77,7 +82,10 @@ class TestThresholds:
         start, _ = window_bounds("week", api.clock.now())
         common = {
             "account_id": account,
+            "limit_scope": "key",
             "api_key_id": key.id,
+            "project_id": default_project(account),
+            "member_id": None,
             "window": "week",
             "window_starts_at": format_timestamp(start),
             "spent_cents": "12",
@@ -194,7 +202,10 @@ class TestDelivery:
         by_percent = {b["data"]["percent"]: b["data"] for b in bodies}
         assert by_percent[100] == {
             "account_id": account,
+            "limit_scope": "key",
             "api_key_id": key.id,
+            "project_id": default_project(account),
+            "member_id": None,
             "window": "month",
             "window_starts_at": format_timestamp(start),
             "spent_cents": 5,

@@ -8,7 +8,10 @@ deficit, and spends each charge in the spending order), authorizations (fresh, r
 conflicting, refused), voids, the clock moving past hold expiries and month ends, usage batches
 (new events, duplicates, conflicts, events naming holds, and every quarantine reason), reprocess
 of the quarantine, list-price and account-rate changes, and the access rules: accounts' limits on
-requests in flight (429), accounts' and keys' model lists (404 vs 403). The model is plain
+requests in flight (429), accounts' and keys' model lists (404 vs 403), and the spend limits of
+projects, members and keys (a project and a member with keys in two projects; 402
+``project_spend_limit`` / ``member_spend_limit``, checked project, then member, then key). The
+model is plain
 Python and integer arithmetic written from docs/api.md — it does not import
 ``metering.pricing`` — and after every step ``GET /v1/credits`` (balance, held, available) and
 ``GET /v1/usage`` (totals and each day) must equal it for a prepaid and an unbilled account, and
@@ -22,9 +25,10 @@ more steps (``METERING_MODEL_EXAMPLES``, ``METERING_MODEL_STEPS``). Hypothesis a
 failure's steps as code and a ``@reproduce_failure(...)`` blob.
 
 A run must reach each path that matters (``REQUIRED``: an expiry at its very instant, a hold's
-and a grant's; the 429 of the concurrency limit; a key's spend limit refused in each window; a
-deficit paid off by a grant; an event quarantined then recorded by a reprocess): a few steps steer
-there on purpose, and the test fails, naming what was missed, when a run did not get there.
+and a grant's; the 429 of the concurrency limit; a key's spend limit refused in each window, and
+a project's and a member's; a deficit paid off by a grant; an event quarantined then recorded by
+a reprocess): a few steps steer there on purpose, and the test fails, naming what was missed,
+when a run did not get there.
 """
 
 from __future__ import annotations
@@ -70,6 +74,8 @@ REQUIRED = (
     "spend limit day",
     "spend limit week",
     "spend limit month",
+    "project spend limit",
+    "member spend limit",
     "deficit paid off",
     "reprocess recorded",
 )
@@ -203,6 +209,11 @@ class Account:
     billed: bool
     keys: dict[str, int | None] = field(default_factory=dict)  # key id -> spend limit (µ¢)
     windows: dict[str, str] = field(default_factory=dict)  # key id -> its window (month)
+    # Each key's project and member (None: a service key), fixed for its life; each project's
+    # and member's spend limit (µ¢, None: none) and window.
+    key_project: dict[str, str] = field(default_factory=dict)
+    key_member: dict[str, str | None] = field(default_factory=dict)
+    limits: dict[str, tuple[int | None, str]] = field(default_factory=dict)
     secrets: dict[str, str] = field(default_factory=dict)
     grants: dict[str, CreditGrant] = field(default_factory=dict)
     deficit: int = 0
@@ -344,21 +355,73 @@ class Billing(RuleBasedStateMachine):
             )
             account = Account(self.check(response, 201)["id"], billing == "prepaid")
             self.accounts[name] = account
-        # A's second key has a monthly limit of 30 cents; U's key has none.
-        for name, limit in (("A", None), ("A", 30 * MICRO), ("U", None)):
+        # A has a project P beside its Default one, and a member (Ada); no limits yet.
+        a = self.accounts["A"]
+        made = self.api.admin("POST", f"/admin/v1/accounts/{a.id}/projects", json={"name": "P"})
+        project = self.check(made, 201)["id"]
+        made = self.api.admin(
+            "POST", f"/admin/v1/accounts/{a.id}/members", json={"email": f"{self.prefix}@x.io"}
+        )
+        ada = self.check(made, 201)["id"]
+        for account in self.accounts.values():
+            account.limits[self.default_project(account)] = (None, "month")
+        a.limits.update({project: (None, "month"), ada: (None, "month")})
+        # A's second key has a monthly limit of 30 cents; its third is Ada's in P, its fourth
+        # Ada's in Default; U's key has none.
+        for name, limit, owners in (
+            ("A", None, {}),
+            ("A", 30 * MICRO, {}),
+            ("U", None, {}),
+            ("A", None, {"project_id": project, "member_id": ada}),
+            ("A", None, {"member_id": ada}),
+        ):
             account = self.accounts[name]
             body = {"name": "k", "monthly_spend_limit_cents": None if limit is None else 30}
             created = self.check(
-                self.api.admin("POST", f"/admin/v1/accounts/{account.id}/api-keys", json=body),
+                self.api.admin(
+                    "POST", f"/admin/v1/accounts/{account.id}/api-keys", json={**body, **owners}
+                ),
                 201,
             )
             account.keys[created["id"]] = limit
             account.secrets[created["id"]] = created["key"]
+            account.key_project[created["id"]] = owners.get(
+                "project_id", self.default_project(account)
+            )
+            account.key_member[created["id"]] = owners.get("member_id")
+            assert (created["project_id"], created["member_id"]) == (
+                account.key_project[created["id"]],
+                account.key_member[created["id"]],
+            )
             self.key_owner[created["id"]] = name
         self.ledger_entry("A", "grant", 60 * MICRO, False, "seed", None)
 
     def keys(self) -> list[str]:
         return [key for account in self.accounts.values() for key in account.keys]
+
+    @staticmethod
+    def default_project(account: Account) -> str:
+        """The account's Default project (docs/api.md#projects-and-members: its id is the
+        account's with ``proj_`` for ``acct_``)."""
+        return "proj_" + account.id.removeprefix("acct_")
+
+    def scopes(self, account: Account, key: str) -> list[tuple[str, str, set[str]]]:
+        """The spend limits a key's requests count against, in the order they are checked:
+        its project's, its member's (when it has one), its own; each as (scope, the project's,
+        member's or key's id, the keys whose spend counts)."""
+        project = account.key_project[key]
+        member = account.key_member[key]
+        found = [("project", project, {k for k, p in account.key_project.items() if p == project})]
+        if member is not None:
+            found.append(
+                ("member", member, {k for k, m in account.key_member.items() if m == member})
+            )
+        return [*found, ("key", key, {key})]
+
+    def limit_of(self, account: Account, scope: str, owner: str) -> tuple[int | None, str]:
+        if scope == "key":
+            return account.keys[owner], account.windows.get(owner, "month")
+        return account.limits[owner]
 
     # -- credits ---------------------------------------------------------------------------
 
@@ -506,19 +569,21 @@ class Billing(RuleBasedStateMachine):
             1 for h in self.holds if h.account == account.id and h.status_at(self.now) == "active"
         )
 
-    def held(self, account: Account, key: str | None = None) -> int:
+    def held(self, account: Account, keys: set[str] | None = None) -> int:
         return sum(
             h.estimate
             for h in self.holds
             if h.account == account.id
-            and (key is None or h.key == key)
+            and (keys is None or h.key in keys)
             and h.status_at(self.now) == "active"
         )
 
-    def window_spent(self, key: str, window: str) -> int:
+    def window_spent(self, keys: set[str], window: str) -> int:
         start, end = window_of(window, self.now)
         return sum(
-            r.total for r in self.recorded.values() if r.key == key and start <= r.occurred_at < end
+            r.total
+            for r in self.recorded.values()
+            if r.key in keys and start <= r.occurred_at < end
         )
 
     @rule(
@@ -624,18 +689,21 @@ class Billing(RuleBasedStateMachine):
             return
         if account.billed:
             available = account.balance_at(self.now) - self.held(account)
-            spend_limit = account.keys[key]
-            window = account.windows.get(key, "month")
             if estimate > available:
                 self.check(response, 402, "insufficient_credits")
                 return
-            if spend_limit is not None and (
-                self.window_spent(key, window) + self.held(account, key) + estimate > spend_limit
-            ):
-                error = self.check(response, 402, "member_spend_limit")["error"]
-                assert error["spend_limit_window"] == window, error
-                seen(f"spend limit {window}")
-                return
+            for scope, owner, keys in self.scopes(account, key):
+                spend_limit, window = self.limit_of(account, scope, owner)
+                spent = self.window_spent(keys, window) + self.held(account, keys)
+                if spend_limit is not None and spent + estimate > spend_limit:
+                    code = "project_spend_limit" if scope == "project" else "member_spend_limit"
+                    self.check(response, 402, code)
+                    error = exact_json(response)["error"]
+                    assert (error["limit_scope"], error["spend_limit_window"]) == (scope, window)
+                    assert error["spend_limit_cents"] == Decimal(spend_limit) / MICRO, error
+                    assert error["spent_cents"] == Decimal(spent) / MICRO, (error, spent)
+                    seen(f"spend limit {window}" if scope == "key" else f"{scope} spend limit")
+                    return
         got = self.check(response, 200)
         seen("authorization granted")
         assert (got["estimate_microcents"], got["max_tokens"], got["status"]) == (
@@ -735,6 +803,30 @@ class Billing(RuleBasedStateMachine):
         account.keys[key] = limit
         account.windows[key] = window
 
+    @rule(
+        data=st.data(),
+        limit=st.one_of(st.none(), values([0, 1, 30 * MICRO, 1_000 * MICRO], 0, 2_000 * MICRO)),
+        window=st.sampled_from(["day", "week", "month"]),
+    )
+    def set_scope_limit(self, data: st.DataObject, limit: int | None, window: str) -> None:
+        """A spend limit set on one of A's projects or on its member (or removed)."""
+        owner = data.draw(st.sampled_from(sorted(self.accounts["A"].limits)), label="owner")
+        self.put_scope_limit(self.accounts["A"], owner, limit, window)
+
+    def put_scope_limit(self, account: Account, owner: str, limit: int | None, window: str) -> None:
+        """``PATCH`` a project's or a member's spend limit (exact cents, as text)."""
+        path = "projects" if owner.startswith("proj_") else "members"
+        amount = "null" if limit is None else cents_text(limit)
+        text = f'{{"spend_limit_cents": {amount}, "spend_limit_window": "{window}"}}'
+        response = self.api.client.patch(
+            f"/admin/v1/{path}/{owner}",
+            content=text.encode(),
+            headers={**self.api.admin_headers, "Content-Type": "application/json"},
+        )
+        body = self.check(response, 200)
+        assert (body["spend_limit_microcents"], body["spend_limit_window"]) == (limit, window)
+        account.limits[owner] = (limit, window)
+
     def open_model(self, key: str) -> str:
         """M1, made usable with ``key``: its account's and its own model lists opened when they
         leave it out."""
@@ -804,10 +896,54 @@ class Billing(RuleBasedStateMachine):
         assert rates is not None
         outcome = self.expected_estimate(self.models[model_id], rates, body)
         assert not isinstance(outcome, str) and outcome[1] > 0, outcome
-        room = self.window_spent(key, window) + self.held(account, key) + outcome[1]
+        room = self.window_spent({key}, window) + self.held(account, {key}) + outcome[1]
         self.put_key_limit(key, room - 1, window)
         self.send_authorization(body, key)
         self.put_key_limit(key, room, window)
+        self.send_authorization({**body, "request_id": self.next_id("auth")}, key)
+
+    @rule(
+        scope=st.sampled_from(["project", "member"]),
+        window=st.sampled_from(["day", "week", "month"]),
+    )
+    def scope_limit_in_window(self, scope: str, window: str) -> None:
+        """Ada's key in P spends in ``window`` (an event now); then, with the limits of its
+        scopes checked before ``scope`` opened (none) and the key's own removed, ``scope``'s
+        limit (P's, or Ada's over both of her keys) is what its keys have spent there and hold
+        plus an estimate, less one microcent: that request is refused (project_spend_limit or
+        member_spend_limit, naming the scope); with the microcent back it is granted."""
+        account = self.accounts["A"]
+        key = list(account.keys)[2]  # Ada's key in P
+        model_id = self.open_model(key)
+        self.set_concurrency(account="A", limit=None)
+        if account.balance_at(self.now) - self.held(account) < 100 * MICRO:
+            self.credit_grant(
+                account="A", promotional=False, priority=None, expires_in=None, amount=500 * MICRO
+            )
+        order = [found[0] for found in self.scopes(account, key)]
+        for _, owner, _ in self.scopes(account, key)[: order.index(scope)]:
+            self.put_scope_limit(account, owner, None, "month")
+        self.put_key_limit(key, None, "month")
+        spent = {
+            "request_id": self.next_id("ev"),
+            "api_key_id": key,
+            "model": model_id,
+            "api": "chat_completions",
+            "usage": usage_object("chat_completions", 1000, 0, 100, 0),
+            "occurred_at": iso(self.now),
+            "outcome": "completed",
+        }
+        self.send_batch([spent])
+        body = self.small_request(key, prompt=100_000)
+        rates = self.price_at(account, model_id, self.now)
+        assert rates is not None
+        outcome = self.expected_estimate(self.models[model_id], rates, body)
+        assert not isinstance(outcome, str) and outcome[1] > 0, outcome
+        ((_, owner, keys),) = [found for found in self.scopes(account, key) if found[0] == scope]
+        room = self.window_spent(keys, window) + self.held(account, keys) + outcome[1]
+        self.put_scope_limit(account, owner, room - 1, window)
+        self.send_authorization(body, key)
+        self.put_scope_limit(account, owner, room, window)
         self.send_authorization({**body, "request_id": self.next_id("auth")}, key)
 
     @rule(amount=values([1, 999_999, 25 * MICRO], 1, 100 * MICRO), share=st.integers(1, 3))
@@ -1302,6 +1438,8 @@ class Billing(RuleBasedStateMachine):
             "spend limit day": lambda: self.spend_limit_in_window(0, "day"),
             "spend limit week": lambda: self.spend_limit_in_window(1, "week"),
             "spend limit month": lambda: self.spend_limit_in_window(1, "month"),
+            "project spend limit": lambda: self.scope_limit_in_window("project", "week"),
+            "member spend limit": lambda: self.scope_limit_in_window("member", "day"),
             "deficit paid off": lambda: self.deficit_paid_off(999_999, 1),
             "reprocess recorded": self.quarantine_then_reprocess,
         }
