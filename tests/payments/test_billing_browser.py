@@ -10,7 +10,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
@@ -251,20 +250,17 @@ def test_add_a_card_without_paying(browser: Browser, billing_site: Api) -> None:
     first_setup = browser.driver.find_element(By.NAME, "setup_intent").get_attribute("value")
 
     _type_card(browser, CARD_DECLINED)
-    browser.driver.find_element(By.ID, "save-new-card").click()
-    # The page answered anew (its form read while the old one is replaced: a stale element is
-    # that moment, waited out).
-    WebDriverWait(browser.driver, 30, ignored_exceptions=(StaleElementReferenceException,)).until(
-        lambda d: d.find_element(By.NAME, "setup_intent").get_attribute("value") != first_setup
-    )
+    browser.click("#save-new-card")  # Stripe.js's answer, then the form's POST
+    second_setup = browser.driver.find_element(By.NAME, "setup_intent").get_attribute("value")
+    assert second_setup != first_setup  # a new card page, a new SetupIntent
     assert browser.text("h1") == "Add a card"
     assert "declined" in browser.text("#card-problem").lower()
     assert browser.axe_violations() == []
     assert api.as_key(key.secret, "GET", "/v1/payments").json()["data"] == []
 
     _type_card(browser, CARD_OK)
-    browser.driver.find_element(By.ID, "save-new-card").click()
-    WebDriverWait(browser.driver, 30).until(lambda d: d.current_url.endswith("/billing/payments"))
+    browser.click("#save-new-card")
+    assert browser.driver.current_url.endswith("/billing/payments")
     assert "ending 4242, expires 12/2031" in browser.text("#saved-card")
     assert browser.text("#add-card") == "Replace the saved card"
     assert browser.axe_violations() == []
