@@ -13,7 +13,8 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 CITUS_URL ?= postgresql+psycopg://postgres@127.0.0.1:9700/postgres
 
-.PHONY: serve test test-long lint typecheck unit promtool browser citus citus-stop bench bench-compare lock \
+.PHONY: serve test test-long lint typecheck unit promtool browser citus citus-stop bench bench-compare \
+	bench-per-request lock \
 	lock-gateway gateway-demo clean
 
 # The service, its dev tools, and the gateway's client library (clients/python, editable).
@@ -88,12 +89,23 @@ promtool:
 bench: $(STAMP)
 	$(BIN)/python -m bench $(BENCH)
 
-# `make bench-compare BASE=<rev> [BENCH="ledger ingest"]`: those benchmarks on a clean checkout
-# of BASE and on the working tree, alternated three times; one table of medians and ratios,
-# flagging any figure more than 10% worse (see docs/performance.md).
+# `make bench-compare [BASE=<rev>] [BENCH="ledger ingest"]`: those benchmarks on a clean checkout
+# of BASE (default: the commit before HEAD), on the working tree and on the pinned REFERENCE,
+# alternated three times; one table of medians and ratios, flagging any figure more than 10%
+# worse than BASE's, or whose ratio to its ceiling is more than 10% below REFERENCE's
+# (`REFERENCE=` leaves it out; see docs/performance.md).
+BASE ?= HEAD~1
+# The gateway's routes as measured on 2026-12-01, before grants, access rules, webhooks and the
+# Citus forms (docs/performance.md, "Figures").
+REFERENCE ?= 2d348c8
 bench-compare: $(STAMP)
-	@test -n "$(BASE)" || { echo 'usage: make bench-compare BASE=<rev> [BENCH="ledger ingest"]' >&2; exit 2; }
-	$(BIN)/python -m bench.compare --base "$(BASE)" $(BENCH)
+	$(BIN)/python -m bench.compare --base "$(BASE)" $(if $(REFERENCE),--reference "$(REFERENCE)") $(BENCH)
+
+# `make bench-per-request [BENCH="ingest authorize"] [CODE=<dir>]`: instructions, statements and
+# WAL per gateway request, which a busy machine does not change (bench/per_request.py;
+# docs/performance.md, "Costs too small for throughput").
+bench-per-request: $(STAMP)
+	$(BIN)/python -m bench.per_request $(if $(CODE),--code "$(CODE)") $(BENCH)
 
 # Re-pin every dependency to what is installed in .venv now.
 lock: $(STAMP)

@@ -14,6 +14,12 @@ figure got worse by more than ``--tolerance`` (10%): lower for a rate, higher fo
 size. A run whose figure was not met for errors is flagged, whatever its number. Each benchmark
 run does ``BENCH_ROUNDS`` (default here: 1) rounds against its own ceiling; ``--runs`` (3) sets
 how often each side runs. The exit status is 1 when a figure is flagged.
+
+``--reference REV`` (``make bench-compare``: ``REFERENCE``, a pinned commit) runs a third side,
+alternated with the two: each figure's ratio to its ceiling is shown beside the reference's, and
+flagged when it fell below it by more than the tolerance. A change that keeps each figure within
+10% of the commit before it can still, feature after feature, halve a ratio; the reference holds
+the ratio to the state it was measured at, whatever the number of commits since.
 """
 
 from __future__ import annotations
@@ -45,6 +51,8 @@ HEADER = (
     "after ÷ ceiling",
     "flag",
 )
+REFERENCE_HEADER = (*HEADER[:-1], "reference ÷ ceiling", "flag")
+SIDES = ("before", "after", "reference")
 
 
 def git(*args: str) -> bytes:
@@ -68,9 +76,9 @@ class Figure:
     unit: str = ""
     statistic: str = ""
     higher_is_better: bool = True
-    values: dict[str, list[float]] = field(default_factory=lambda: {"before": [], "after": []})
-    ratios: dict[str, list[float]] = field(default_factory=lambda: {"before": [], "after": []})
-    problems: dict[str, list[str]] = field(default_factory=lambda: {"before": [], "after": []})
+    values: dict[str, list[float]] = field(default_factory=lambda: {s: [] for s in SIDES})
+    ratios: dict[str, list[float]] = field(default_factory=lambda: {s: [] for s in SIDES})
+    problems: dict[str, list[str]] = field(default_factory=lambda: {s: [] for s in SIDES})
 
     def add(self, side: str, result: dict[str, Any]) -> None:
         self.figure, self.unit = result["figure"], result["unit"]
@@ -91,9 +99,9 @@ class Figure:
             return None
         return 1 - change if self.higher_is_better else change - 1
 
-    def flag(self, tolerance: float) -> str:
+    def flag(self, tolerance: float, reference: bool = False) -> str:
         flags = []
-        for side in ("before", "after"):
+        for side in ("before", "after", "reference") if reference else ("before", "after"):
             if self.problems[side]:
                 flags.append(f"{side}: ERRORS")
             if not self.values[side]:
@@ -101,7 +109,19 @@ class Figure:
         worse = self.worse_by()
         if worse is not None and worse > tolerance:
             flags.append(f"WORSE by {worse:.0%}" + (" (ranges overlap)" if self.overlap() else ""))
+        below = self.below_reference() if reference else None
+        if below is not None and below > tolerance:
+            flags.append(f"RATIO {below:.0%} WORSE THAN THE REFERENCE'S")
         return "; ".join(flags)
+
+    def below_reference(self) -> float | None:
+        """How much worse after's ratio to its ceiling is than the reference's (0.2: 20%
+        worse), in the figure's direction; None for a figure without a ceiling."""
+        after, reference = self.ratios["after"], self.ratios["reference"]
+        if not after or not reference or not median(reference):
+            return None
+        change = median(after) / median(reference)
+        return 1 - change if self.higher_is_better else change - 1
 
     def overlap(self) -> bool:
         """Whether some run of one side measured within the range of the other's: on a busy
@@ -109,7 +129,7 @@ class Figure:
         before, after = self.values["before"], self.values["after"]
         return bool(before and after) and min(after) <= max(before) and min(before) <= max(after)
 
-    def row(self, tolerance: float) -> tuple[str, ...]:
+    def row(self, tolerance: float, reference: bool = False) -> tuple[str, ...]:
         def value(side: str) -> str:
             values = self.values[side]
             if not values:
@@ -131,7 +151,8 @@ class Figure:
             f"{change:.3f}" if change is not None else "-",
             ratio("before"),
             ratio("after"),
-            self.flag(tolerance),
+            *((ratio("reference"),) if reference else ()),
+            self.flag(tolerance, reference),
         )
 
 
@@ -148,7 +169,11 @@ def _run_side(side: str, code: Path, names: Sequence[str], out: Path, log: Path)
 
 
 def compare(
-    base: str, names: Sequence[str], runs: int = 3, tolerance: float = 0.10
+    base: str,
+    names: Sequence[str],
+    runs: int = 3,
+    tolerance: float = 0.10,
+    reference: str | None = None,
 ) -> tuple[list[str], int]:
     """(the report's lines, the exit status)."""
     names = [m.removeprefix("bench_") for m in modules(names)]
@@ -157,6 +182,10 @@ def compare(
         before_root = Path(tmp) / "base"
         commit = checkout(base, before_root)
         sides = {"before": before_root, "after": HARNESS_ROOT}
+        pinned = ""
+        if reference:
+            sides["reference"] = Path(tmp) / "reference"
+            pinned = checkout(reference, sides["reference"])
         load_start = load_average()
         # One benchmark at a time, so the two sides of a pair run minutes apart at most.
         for index in range(runs):
@@ -175,18 +204,22 @@ def compare(
                         flush=True,
                     )
         load_end = load_average()
+    pinned_side = f", reference: {reference} ({pinned[:12]})" if reference else ""
     lines = [
         "",
-        f"before: {base} ({commit[:12]}), after: the working tree {HARNESS_ROOT}; "
+        f"before: {base} ({commit[:12]}), after: the working tree {HARNESS_ROOT}{pinned_side}; "
         f"benchmarks: {' '.join(names)}; {runs} run(s) of each, alternated; 1-minute load "
         f"average {load_start:.1f} at the start, {load_end:.1f} at the end",
-        *table(HEADER, [figure.row(tolerance) for figure in figures.values()]),
+        *table(
+            REFERENCE_HEADER if reference else HEADER,
+            [figure.row(tolerance, bool(reference)) for figure in figures.values()],
+        ),
     ]
     for figure in figures.values():
-        for side in ("before", "after"):
+        for side in sides:
             for problem in dict.fromkeys(figure.problems[side]):
                 lines.append(f"ERRORS {side} {figure.name}: {problem}")
-    flagged = [f.name for f in figures.values() if f.flag(tolerance)]
+    flagged = [f.name for f in figures.values() if f.flag(tolerance, bool(reference))]
     lines.append(
         f"FLAGGED: {', '.join(flagged)}"
         if flagged
@@ -200,10 +233,13 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--base", required=True, help="the revision to compare with (BASE)")
     parser.add_argument("--runs", type=int, default=3, help="runs of each side (default 3)")
     parser.add_argument("--tolerance", type=float, default=0.10, help="default 0.10 (10%%)")
+    parser.add_argument(
+        "--reference", help="a pinned revision whose ratios to the ceilings after's must keep"
+    )
     parser.add_argument("names", nargs="*", help="benchmarks (default: ledger ingest)")
     args = parser.parse_args(argv)
     lines, status = compare(
-        args.base, args.names or ["ledger", "ingest"], args.runs, args.tolerance
+        args.base, args.names or ["ledger", "ingest"], args.runs, args.tolerance, args.reference
     )
     print("\n".join(lines))
     return status

@@ -139,6 +139,7 @@ CITUS_MODULES = frozenset(
         "tests/test_functions.py",
         "tests/test_migrations.py",
         "tests/test_projects_members_api.py",
+        "tests/test_schema_checks.py",
         "tests/usage/test_answer.py",
         "tests/usage/test_catalog_guard.py",
         "tests/usage/test_crash_and_concurrency.py",

@@ -15,7 +15,15 @@ import pytest
 from tests import oracle
 from tests.conftest import SERVER_BACKENDS
 from tests.factories import GLM_RATES, chat_usage, unique
-from tests.ledger.test_concurrency import ADMIN, ESTIMATE, GATEWAY, Cluster, _connection, _start
+from tests.ledger.test_concurrency import (
+    ADMIN,
+    ESTIMATE,
+    GATEWAY,
+    Cluster,
+    _connection,
+    _start,
+    answered,
+)
 
 pytestmark = pytest.mark.usefixtures("needs_postgresql")
 ROOM = 37  # holds the limit leaves room for
@@ -88,7 +96,8 @@ async def _burst(cluster: Cluster, secrets: list[str], count: int) -> list[objec
     try:
         responses = await asyncio.gather(
             *(
-                c.request(
+                answered(
+                    c,
                     "POST",
                     "/v1/authorizations",
                     {**body, "max_tokens": 100, "api_key": secrets[i % len(secrets)]},

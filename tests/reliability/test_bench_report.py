@@ -499,3 +499,43 @@ class TestCompare:
         assert status == 1
         assert "ERRORS after faster latency: ours: 1 of 10 operations failed" in lines
         assert lines[-1] == "FLAGGED: rate, latency, faster latency"
+
+    def test_a_pinned_reference_keeps_the_ratios(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Within 10% of the commit before, yet its ratio to the ceiling far below the pinned
+        reference's: flagged; a figure without a ceiling has no ratio to keep."""
+        # (measured, ceiling) per side, the same in every run
+        sides = {
+            "before": {"rate": (1000.0, 2000.0), "kept": (900.0, 1000.0), "plain": (50.0, None)},
+            "after": {"rate": (950.0, 2000.0), "kept": (880.0, 1000.0), "plain": (40.0, None)},
+            "reference": {"rate": (800.0, 1000.0), "kept": (450.0, 500.0), "plain": (90.0, None)},
+        }
+        calls: list[str] = []
+
+        def fake_run(side: str, code: Path, names: Any, out: Path, log: Path) -> None:
+            calls.append(side)
+            results = [
+                self.result(name, measured, ceiling)
+                for name, (measured, ceiling) in sides[side].items()
+            ]
+            out.write_text(json.dumps({"results": results}))
+
+        monkeypatch.setattr(compare, "_run_side", fake_run)
+        lines, status = compare.compare("HEAD", ["ingest"], runs=3, reference="HEAD")
+
+        assert calls == ["before", "after", "reference"] * 3
+        table = [line for line in lines if line.startswith("|")]
+        assert [c.strip() for c in table[0].strip("|").split("|")][-2:] == [
+            "reference ÷ ceiling",
+            "flag",
+        ]
+        rows = {
+            cells[0]: cells
+            for cells in ([c.strip() for c in line.strip("|").split("|")] for line in table[2:])
+        }
+        # 47.5% of the ceiling against the reference's 80%: 41% worse
+        assert rows["rate"][4:] == ["0.950", "50.0%", "47.5%", "80.0%",
+                                    "RATIO 41% WORSE THAN THE REFERENCE'S"]  # fmt: skip
+        assert rows["kept"][4:] == ["0.978", "90.0%", "88.0%", "90.0%", ""]
+        assert rows["plain"][4:] == ["0.800", "-", "-", "-", "WORSE by 20%"]
+        assert status == 1
+        assert lines[-1] == "FLAGGED: rate, plain"
