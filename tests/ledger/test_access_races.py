@@ -16,7 +16,7 @@ from sqlalchemy import insert, update
 from metering.accounts.windows import window_bounds
 from metering.models import Account, ApiKey, UsageRollup
 from tests.conftest import SERVER_BACKENDS
-from tests.ledger.test_concurrency import ESTIMATE, GATEWAY, Cluster, _connection, _start
+from tests.ledger.test_concurrency import ESTIMATE, GATEWAY, Cluster, _connection, _start, answered
 
 pg_only = pytest.mark.usefixtures("needs_postgresql")
 
@@ -57,7 +57,7 @@ async def _burst(
     try:
         responses = await asyncio.gather(
             *(
-                c.request("POST", "/v1/authorizations", {**body, "request_id": f"{prefix}-{i}"})
+                answered(c, "POST", "/v1/authorizations", {**body, "request_id": f"{prefix}-{i}"})
                 for i, c in enumerate(connections)
             )
         )
@@ -205,7 +205,7 @@ async def _burst_any(cluster: Cluster, secret: str, count: int, prefix: str) -> 
     try:
         responses = await asyncio.gather(
             *(
-                c.request("POST", "/v1/authorizations", {**body, "request_id": f"{prefix}-{i}"})
+                answered(c, "POST", "/v1/authorizations", {**body, "request_id": f"{prefix}-{i}"})
                 for i, c in enumerate(connections)
             )
         )

@@ -26,6 +26,7 @@ from tests.ledger.test_concurrency import (
     Cluster,
     _connection,
     _start,
+    answered,
 )
 
 PAID, PROMOTIONAL = 50 * ESTIMATE, 30 * ESTIMATE
@@ -67,7 +68,8 @@ async def _burst(
     try:
         responses = await asyncio.gather(
             *(
-                c.request(
+                answered(
+                    c,
                     "POST",
                     "/v1/authorizations",
                     {
