@@ -1,7 +1,10 @@
 """Pre-flight authorizations over loopback HTTP against PostgreSQL (issue 3's benchmark).
 
 (a) throughput, 16 clients over 100 accounts; (b) p99 latency of an authorization, 4 clients;
-(c) throughput, 16 clients on one hot account. Every client releases each hold it gets before its
+(c) throughput, 16 clients on one hot account; (e) (a) again over 100 other accounts whose
+keys each belong to a project and a member, with a spend limit on all three (each its own
+window), so the project's, the member's and the key's checks all run on every authorization.
+Every client releases each hold it gets before its
 next request (DELETE, as a gateway does for a request rejected before generation; in (c) every
 fourth is settled by a usage event instead, so the hot account's balance moves under the same
 row lock), so each run measures a steady state. An operation is one authorization plus its
@@ -15,6 +18,9 @@ one usage event per settlement), ``metering verify`` must pass (balances = ledge
 counters = the holds they count, aggregates = their events), and every account's balance must
 be its grants less the settlements the harness counted, each at the price oracle's charge
 (``tests/oracle.py``), with nothing held: a lost update shows there whatever ``verify`` says.
+Before (e), each of its keys has spent something (a usage event: the limits' windows are not
+empty), and three authorizations per key, each estimated beyond one more of the key's, the
+member's and the project's limit, must be refused by that limit: 402 with its ``limit_scope``.
 
 The same loads are driven at ``bench.baseline_app`` (FastAPI endpoints of the same shape doing
 no work) with the same number of workers, alternating with ours for ``ROUNDS`` rounds; each
@@ -66,6 +72,17 @@ SETTLE_USAGE = {"prompt_tokens": 1000, "completion_tokens": 100}  # a settling e
 SETTLE_CHARGE = oracle.event_charge(
     {"api": "chat_completions", "usage": SETTLE_USAGE}, GLM_RATES
 ).total_microcents
+# (e)'s limits, in cents, each over its own window: far above what the load keeps held (an
+# authorization's estimate is about 0.11 cents), below what one authorization can ask for.
+LAYER_LIMITS = {"key": (10, "day"), "member": (20, "week"), "project": (30, "month")}
+# max_tokens of an authorization (1 prompt token) that one scope's limit refuses and the
+# earlier ones admit: 40,000 output tokens at 339 µ¢ each is 13.56 cents, beyond the key's
+# 10; 70,000 is 23.73, beyond the member's 20; 100,000 is 33.9, beyond the project's 30.
+LAYER_PROBES = (
+    (40_000, "member_spend_limit", "key"),
+    (70_000, "member_spend_limit", "member"),
+    (100_000, "project_spend_limit", "project"),
+)
 
 
 @dataclass
@@ -82,8 +99,10 @@ class Config:
     hot_clients: int = 16
     code: CodeUnderTest = field(default_factory=CodeUnderTest)
     # Called with the database URL after each of our rounds, before it is checked (tests break
-    # the books with it, to show the figure is then not met).
+    # the books with it, to show the figure is then not met); and after the setup, before (e)'s
+    # limits are probed (tests lift a limit with it).
     after_round: Callable[[str], None] | None = None
+    after_setup: Callable[[str], None] | None = None
 
 
 @dataclass
@@ -92,6 +111,9 @@ class Fixture:
     hot_secret: str
     full_secret: str | None  # an account at its concurrency limit: every request is a 429
     books: Books  # every account but the full one (its one hold stays)
+    layered: list[str]  # one key per account of (e), limited by its project, member and itself
+    layers: bool  # False on code without projects: (e)'s keys are then plain keys
+    layer_problems: list[str]  # the limits' refusals that were not as set
     charged: Counter[str] = field(default_factory=Counter)  # by key id, over every round
 
 
@@ -136,7 +158,81 @@ def _setup(config: Config, url: str, base_url: str, workdir: Path) -> Fixture:
                     "hold_ttl_seconds": 604800,
                 },
             )
-    return Fixture(keys[: config.accounts], keys[config.accounts], full, books)
+        layered, layers, charged = _setup_layers(config, admin, books)
+        if config.after_setup:
+            config.after_setup(url)
+        problems = _probe_layers(admin, layered) if layers else []
+    fixture = Fixture(
+        keys[: config.accounts], keys[config.accounts], full, books, layered, layers, problems
+    )
+    fixture.charged.update(charged)
+    return fixture
+
+
+def _setup_layers(
+    config: Config, admin: Admin, books: Books
+) -> tuple[list[str], bool, Counter[str]]:
+    """(e)'s accounts, set up as (a)'s, each key of a project and a member, with the three
+    limits; each key then spends once (one usage event, at the oracle's charge)."""
+    secrets_: list[str] = []
+    charged: Counter[str] = Counter()
+    layers = True
+    for index in range(config.accounts):
+        account = admin.account(f"bench-layered-{index}")
+        key = admin.layered_key(account, LAYER_LIMITS) if layers else None
+        layers = key is not None
+        key_id, secret = key or admin.key(account)
+        admin.three_grants(account, GRANT_CENTS)
+        books.open(account, GRANT_CENTS, [(key_id, secret)])
+        admin.access_rules(account, [MODEL], CONCURRENCY)
+        response = admin.client.post(
+            "/v1/usage/events",
+            headers={"Authorization": f"Bearer {GATEWAY_TOKEN}"},
+            json={
+                "events": [
+                    {
+                        "request_id": f"layered-spent-{key_id}",
+                        "api_key_id": key_id,
+                        "model": MODEL,
+                        "api": "chat_completions",
+                        "usage": SETTLE_USAGE,
+                        "occurred_at": format_timestamp(datetime.now(UTC)),
+                        "outcome": "completed",
+                    }
+                ]
+            },
+        )
+        if response.status_code != 200 or response.json().get("recorded") != 1:
+            raise RuntimeError(f"setup: usage event {response.status_code} {response.text[:300]}")
+        charged[key_id] += SETTLE_CHARGE
+        secrets_.append(secret)
+    return secrets_, layers, charged
+
+
+def _probe_layers(admin: Admin, secrets_: list[str]) -> list[str]:
+    """Each key's three limits refuse what they must, the key's own first: an authorization
+    beyond one more limit is refused by it (402, its code and limit_scope)."""
+    problems = []
+    for secret in secrets_:
+        for max_tokens, code, scope in LAYER_PROBES:
+            response = admin.client.post(
+                "/v1/authorizations",
+                headers={"Authorization": f"Bearer {GATEWAY_TOKEN}"},
+                json={
+                    "api_key": secret,
+                    "model": MODEL,
+                    "api": "chat_completions",
+                    "prompt_tokens": 1,
+                    "max_tokens": max_tokens,
+                },
+            )
+            error = response.json().get("error", {}) if response.status_code == 402 else {}
+            if (error.get("code"), error.get("limit_scope")) != (code, scope):
+                problems.append(
+                    f"limit probe of {max_tokens} tokens: {response.status_code} "
+                    f"{response.text[:160]}, expected 402 {code} ({scope})"
+                )
+    return problems[:3] + ([f"... {len(problems) - 3} more"] if len(problems) > 3 else [])
 
 
 @dataclass
@@ -337,6 +433,13 @@ def run(config: Config | None = None) -> list[Result]:
             c = _compare(config, url, cli, urls, config.hot_clients, hot, fixture)
             c_voids = _compare(config, url, cli, urls, config.hot_clients, hot_voids, fixture)
             refused = _compare(config, url, cli, urls, config.spread_clients, half_refused, fixture)
+
+            def layered(ours: bool) -> Load:
+                if not ours:
+                    return Load(lambda c, i: "k")
+                return Load(lambda c, i: fixture.layered[(c * 7 + i) % accounts])
+
+            e = _compare(config, url, cli, urls, config.spread_clients, layered, fixture)
         finally:
             server.stop()
             baseline.stop()
@@ -348,17 +451,28 @@ def run(config: Config | None = None) -> list[Result]:
         f"p99 {[round(x, 1) for x in b.p('ours', 99)]} ms; (c) rates "
         f"{[round(x) for x in c.rates('ours')]}/s, settled by usage events {settled}"
     )
+    a_ours, a_base = median(a.rates("ours")), median(a.rates("base"))
     r_ours, r_base = median(refused.rates("ours")), median(refused.rates("base"))
     refusals = sum(r.load.refused for r in refused.ours)
     print(
         f"   (d) half refused with 429: rates {[round(x) for x in refused.rates('ours')]}/s, "
         f"refused {refusals}"
     )
-    for pair in (a, b, c, c_voids, refused):
+    e_ours, e_base = median(e.rates("ours")), median(e.rates("base"))
+    print(
+        f"   (e) project, member and key limits: rates {[round(x) for x in e.rates('ours')]}/s, "
+        + (
+            f"{e_ours / a_ours:.0%} of (a)'s"
+            if fixture.layers and a_ours
+            else "no projects in this checkout: plain keys"
+        )
+    )
+    for pair in (a, b, c, c_voids, refused, e):
         for problem in pair.problems():
             print(f"   PROBLEM {problem}")
+    for problem in fixture.layer_problems:
+        print(f"   PROBLEM {problem}")
     label = rounds_label(config.rounds)
-    a_ours, a_base = median(a.rates("ours")), median(a.rates("base"))
     b_p99, b_base = median(b.p("ours", 99)), median(b.p("base", 99))
     c_ours, c_base = median(c.rates("ours")), median(c.rates("base"))
     v_ours, v_base = median(c_voids.rates("ours")), median(c_voids.rates("base"))
@@ -426,5 +540,18 @@ def run(config: Config | None = None) -> list[Result]:
             _ratio(r_ours, r_base),
             r_base,
             problems=refused.problems(),
+        ),
+        Result(
+            "ledger.layered",
+            f"authorizations/s, {config.spread_clients} clients, {accounts} other accounts, "
+            "each key limited by its project, its member and itself (three checks each)",
+            "-",
+            e_ours,
+            "/s",
+            None,
+            label,
+            _ratio(e_ours, e_base),
+            e_base,
+            problems=e.problems() + tuple(fixture.layer_problems),
         ),
     ]

@@ -341,6 +341,46 @@ class Admin:
                 raise RuntimeError(f"setup: {response.status_code} {response.text[:300]}")
         return True
 
+    def layered_key(
+        self, account_id: str, limits: Mapping[str, tuple[int, str]]
+    ) -> tuple[str, str] | None:
+        """A key of a new project, owned by a new member, with a spend limit on each of the
+        three (``limits``: scope → (cents, window), for ``project``, ``member`` and ``key``):
+        (its id, its secret). None on code that has no projects (a commit from before them),
+        which then measures without them."""
+        project = self.client.post(
+            f"/admin/v1/accounts/{account_id}/projects",
+            json={
+                "name": "bench",
+                "spend_limit_cents": limits["project"][0],
+                "spend_limit_window": limits["project"][1],
+            },
+        )
+        if project.status_code in (404, 405):
+            return None
+        if project.status_code != 201:
+            raise RuntimeError(f"setup: {project.status_code} {project.text[:300]}")
+        member = self._post(
+            f"/admin/v1/accounts/{account_id}/members",
+            {
+                "email": f"bench@{account_id.lower()}.example",
+                "role": "developer",
+                "spend_limit_cents": limits["member"][0],
+                "spend_limit_window": limits["member"][1],
+            },
+        )
+        body = self._post(
+            f"/admin/v1/accounts/{account_id}/api-keys",
+            {
+                "name": "bench",
+                "project_id": project.json()["id"],
+                "member_id": member["id"],
+                "spend_limit_cents": limits["key"][0],
+                "spend_limit_window": limits["key"][1],
+            },
+        )
+        return str(body["id"]), str(body["key"])
+
     def grant(self, account_id: str, cents: int) -> None:
         self._post(
             f"/admin/v1/accounts/{account_id}/grants",

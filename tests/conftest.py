@@ -120,6 +120,7 @@ CITUS_MODULES = frozenset(
         "tests/payments/test_saved_cards.py",
         "tests/payments/test_top_ups.py",
         "tests/portal/test_email_sign_in.py",
+        "tests/portal/test_member_audit.py",
         "tests/portal/test_request_page.py",
         "tests/portal/test_team_edits.py",
         "tests/reliability/test_model_based.py",

@@ -225,3 +225,50 @@ def test_a_sign_in_link_names_a_current_member_of_the_account(api: Api) -> None:
     api.admin("DELETE", f"/admin/v1/members/{member['id']}")
     removed = api.admin("POST", path, json={"member_id": member["id"]})
     assert_error(removed, 400, "invalid_parameter", param="member_id")
+
+
+def _pages(api: Api, secret: str, path: str, limit: int) -> list[dict[str, Any]]:
+    """Every page of an account key's list, following ``next_cursor``."""
+    pages: list[dict[str, Any]] = []
+    params: dict[str, Any] = {"limit": limit}
+    while True:
+        response = api.as_key(secret, "GET", path, params=params)
+        assert response.status_code == 200, response.text
+        body = response.json()
+        assert body["object"] == "list"
+        pages.append(body)
+        if not body["has_more"]:
+            assert body["next_cursor"] is None
+            return pages
+        params = {"limit": limit, "after": body["next_cursor"]}
+
+
+def test_the_account_keys_lists_of_projects_and_members_are_paginated(api: Api) -> None:
+    account = create_account(api)
+    key = create_key(api, account)
+    other = create_account(api)
+    make_project(api, other)
+    make_member(api, other)
+    default = api.admin("GET", f"/admin/v1/projects/proj_{account.removeprefix('acct_')}").json()
+    made_projects = [default] + [make_project(api, account) for _ in range(4)]
+    made_members = [make_member(api, account) for _ in range(5)]
+    archived = api.admin("DELETE", f"/admin/v1/projects/{made_projects[2]['id']}")
+    removed = api.admin("DELETE", f"/admin/v1/members/{made_members[1]['id']}")
+    assert archived.status_code == 200 and archived.json()["archived_at"] is not None
+    assert removed.status_code == 200 and removed.json()["removed_at"] is not None
+    made_projects[2], made_members[1] = archived.json(), removed.json()
+
+    for path, made in (("/v1/projects", made_projects), ("/v1/members", made_members)):
+        # Oldest first (ties by id); archived and removed ones included; the bodies the
+        # operator's routes answer.
+        expected = sorted(made, key=lambda row: (row["created_at"], row["id"]))
+        pages = _pages(api, key.secret, path, limit=2)
+        assert [len(page["data"]) for page in pages] == [2, 2, 1]
+        assert [page["has_more"] for page in pages] == [True, True, False]
+        assert [row for page in pages for row in page["data"]] == expected
+        whole = api.as_key(key.secret, "GET", path, params={"limit": 5})
+        assert whole.status_code == 200, whole.text
+        assert (whole.json()["data"], whole.json()["has_more"]) == (expected, False)
+        for bad in ({"limit": 0}, {"limit": 1001}, {"after": "not a cursor!"}):
+            refused = api.as_key(key.secret, "GET", path, params=bad)
+            assert_error(refused, 400, "invalid_parameter", param=next(iter(bad)))

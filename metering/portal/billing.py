@@ -27,7 +27,6 @@ from urllib.parse import urlsplit
 
 from fastapi import APIRouter, Depends, Request, Response
 
-from metering.audit.service import Auditor
 from metering.kit.errors import InvalidRequest, MeteringError, NotFound
 from metering.ledger import service as ledger
 from metering.payments import recharge
@@ -38,6 +37,7 @@ from metering.portal import pages
 from metering.portal.endpoints import (
     FormDep,
     UserDep,
+    auditor_of,
     check_csrf,
     current_user,
     page_of,
@@ -48,7 +48,6 @@ from metering.portal.sessions import PortalUser
 from metering.settings import Settings
 from metering.states.payments import PaymentKind, PaymentStatus
 from metering.web.deps import NowDep, SessionDep, get_clock, get_database, get_settings
-from metering.web.middleware import request_id_of
 
 router = APIRouter(prefix=pages.PREFIX, include_in_schema=False)
 
@@ -95,10 +94,6 @@ def _signed_in(request: Request, now: NowDep) -> PortalUser:
 
 # The user of the routes that call Stripe (``UserDep`` keeps the request's transaction open).
 CallerDep = Annotated[PortalUser, Depends(_signed_in)]
-
-
-def _auditor(request: Request, user: PortalUser) -> Auditor:
-    return Auditor(f"portal:{user.account_id}", request_id_of(request.scope))
 
 
 def _payments(request: Request) -> Payments:
@@ -201,7 +196,7 @@ def start_top_up(request: Request, form: FormDep, user: CallerDep, now: NowDep) 
     settings = _on(request)
     check_csrf(request, user, form)
     require(user, Permission.MANAGE_BILLING)
-    database, auditor = get_database(request), _auditor(request, user)
+    database, auditor = get_database(request), auditor_of(request, user)
     try:
         cents = cents_of(form, settings)
     except InvalidRequest as problem:
@@ -246,7 +241,7 @@ def remove_card(request: Request, form: FormDep, user: CallerDep) -> Response:
     check_csrf(request, user, form)
     require(user, Permission.MANAGE_BILLING)
     try:
-        _payments(request).remove_card(user.account_id, _auditor(request, user))
+        _payments(request).remove_card(user.account_id, auditor_of(request, user))
     except StripeUnavailable:
         raise ProviderUnavailable("Stripe could not be reached: try again shortly") from None
     return pages.see_other(PAGE)
@@ -261,7 +256,7 @@ def set_auto_recharge(request: Request, form: FormDep, user: CallerDep, now: Now
     try:
         wanted = recharge_of(form, settings)
         with database.unit_of_work() as session:
-            recharge.put_settings(session, user.account_id, wanted, now, _auditor(request, user))
+            recharge.put_settings(session, user.account_id, wanted, now, auditor_of(request, user))
             session.commit()
     except InvalidRequest as problem:
         with database.reading() as session:
@@ -298,7 +293,7 @@ def confirm(payment_id: str, request: Request, form: FormDep, user: CallerDep) -
     settings = _on(request)
     check_csrf(request, user, form)
     require(user, Permission.MANAGE_BILLING)
-    payments, auditor = _payments(request), _auditor(request, user)
+    payments, auditor = _payments(request), auditor_of(request, user)
     setup_intent = form.get("setup_intent", "")
     if not re.fullmatch(r"seti_[A-Za-z0-9_]{1,200}", setup_intent):
         raise InvalidRequest("the card's set-up is missing: reload the page", param="setup_intent")
@@ -330,7 +325,9 @@ def return_page(payment_id: str, request: Request, user: CallerDep) -> Response:
     if payment["status"] == PaymentStatus.PENDING and payment["stripe_payment_intent_id"]:
         # Stripe out of reach: shown as pending; Stripe's event or the scheduler settles it.
         with contextlib.suppress(StripeUnavailable):
-            payment = _payments(request).learn(user.account_id, payment_id, _auditor(request, user))
+            payment = _payments(request).learn(
+                user.account_id, payment_id, auditor_of(request, user)
+            )
     # Read after the payment was settled (a snapshot of its own, not the request's).
     with get_database(request).reading() as session:
         credits = ledger.credit_balance(session, user.account_id, get_clock(request).now())

@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session
 from metering.accounts.keys import resolve_key
 from metering.accounts.schemas import Email
 from metering.audit.deps import AuditDep
+from metering.audit.service import Auditor
 from metering.kit.errors import AuthenticationFailed, InvalidRequest, MeteringError, NotFound
 from metering.kit.text import Text
 from metering.kit.timeutil import format_timestamp
@@ -186,6 +187,12 @@ def check_origin(request: Request) -> None:
             "the form was sent from another site: open the page here and send it again",
             code="cross_origin_form",
         )
+
+
+def auditor_of(request: Request, user: PortalUser) -> Auditor:
+    """The audit log's writer for a change the session makes: its actor is the member signed
+    in (``portal:<mem_…>``), or the account for the owner's or a key's session."""
+    return Auditor(user.actor, request_id_of(request.scope))
 
 
 def check_csrf(request: Request, user: PortalUser, form: FormFields) -> None:

@@ -15,23 +15,24 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from metering.accounts import projects, service
-from metering.audit.service import Auditor
 from metering.kit.errors import MeteringError, NotFound
 from metering.models import ApiKey, Project
 from metering.portal import pages, views
-from metering.portal.endpoints import FormDep, NotPermitted, UserDep, check_csrf, page_of
+from metering.portal.endpoints import (
+    FormDep,
+    NotPermitted,
+    UserDep,
+    auditor_of,
+    check_csrf,
+    page_of,
+)
 from metering.portal.roles import Permission
 from metering.portal.sessions import PortalUser
 from metering.web.deps import NowDep, SessionDep
-from metering.web.middleware import request_id_of
 
 router = APIRouter(prefix=pages.PREFIX, include_in_schema=False)
 MAX_NAME = 200
 NAME_PROBLEM = "Give the key a name (1 to 200 characters)."
-
-
-def _auditor(request: Request, user: PortalUser) -> Auditor:
-    return Auditor(user.actor, request_id_of(request.scope))
 
 
 def may_change(user: PortalUser, key_member_id: str | None) -> bool:
@@ -106,7 +107,7 @@ def make_key(
         session, account, name, None, now, project_id=project_id, member_id=member_id
     )
     changes = {"name": name, "project_id": project_id, "member_id": member_id, "key": secret}
-    _auditor(request, user).record(
+    auditor_of(request, user).record(
         session, now, "api_key.create", "api_key", key.id, account.id, changes
     )
     return show(request, user, session, now, created={"id": key.id, "secret": secret, "name": name})
@@ -133,7 +134,7 @@ def revoke_key(
     if key.revoked_at is None:
         key.revoked_at = now
         session.flush()
-        _auditor(request, user).record(
+        auditor_of(request, user).record(
             session, now, "api_key.revoke", "api_key", key.id, key.account_id, {"revoked_at": now}
         )
     return pages.see_other(f"{pages.PREFIX}/keys")
@@ -152,7 +153,7 @@ def rename_key(
     if name != key.name:
         key.name = name
         session.flush()
-        _auditor(request, user).record(
+        auditor_of(request, user).record(
             session, now, "api_key.update", "api_key", key.id, key.account_id, {"name": name}
         )
     return pages.see_other(f"{pages.PREFIX}/keys")

@@ -16,7 +16,6 @@ from fastapi import APIRouter, Request, Response
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
-from metering.audit.service import Auditor
 from metering.kit.errors import MeteringError
 from metering.kit.text import check_url_text
 from metering.notifications import changes
@@ -24,19 +23,21 @@ from metering.notifications.endpoints import rules_of
 from metering.notifications.schemas import EndpointCreate
 from metering.notifications.service import Scope
 from metering.portal import pages, views
-from metering.portal.endpoints import FormDep, UserDep, check_csrf, page_of, require
+from metering.portal.endpoints import (
+    FormDep,
+    UserDep,
+    auditor_of,
+    check_csrf,
+    page_of,
+    require,
+)
 from metering.portal.roles import Permission
 from metering.portal.sessions import PortalUser
 from metering.web.deps import NowDep, SessionDep
-from metering.web.middleware import request_id_of
 
 router = APIRouter(prefix=pages.PREFIX, include_in_schema=False)
 PAGE = f"{pages.PREFIX}/notifications"
 TYPE_FIELD = "type:"  # a checkbox per event type: ``type:credit.balance_low``
-
-
-def _auditor(request: Request, user: PortalUser) -> Auditor:
-    return Auditor(f"portal:{user.account_id}", request_id_of(request.scope))
 
 
 def _show(
@@ -94,7 +95,7 @@ def add_endpoint(
         body = EndpointCreate.model_validate(fields)
         endpoint, secret = changes.create(
             session,
-            _auditor(request, user),
+            auditor_of(request, user),
             Scope(user.account_id),
             rules_of(request),
             url=body.url,
@@ -142,7 +143,7 @@ def _set_enabled(
 ) -> Response:
     scope, endpoint_id = _change(request, user, form)
     changes.update(
-        session, _auditor(request, user), scope, rules_of(request), endpoint_id,
+        session, auditor_of(request, user), scope, rules_of(request), endpoint_id,
         {"enabled": enabled}, now,
     )  # fmt: skip
     return pages.see_other(PAGE)
@@ -153,7 +154,7 @@ def delete_endpoint(
     request: Request, form: FormDep, user: UserDep, session: SessionDep, now: NowDep
 ) -> Response:
     scope, endpoint_id = _change(request, user, form)
-    changes.delete(session, _auditor(request, user), scope, endpoint_id, now)
+    changes.delete(session, auditor_of(request, user), scope, endpoint_id, now)
     return pages.see_other(PAGE)
 
 
@@ -162,5 +163,5 @@ def test_endpoint(
     request: Request, form: FormDep, user: UserDep, session: SessionDep, now: NowDep
 ) -> Response:
     scope, endpoint_id = _change(request, user, form)
-    changes.send_test(session, _auditor(request, user), scope, endpoint_id, now)
+    changes.send_test(session, auditor_of(request, user), scope, endpoint_id, now)
     return pages.see_other(PAGE)

@@ -18,13 +18,13 @@ from sqlalchemy.orm import Session
 
 from metering.accounts import projects, service
 from metering.accounts.schemas import MemberCreate, MemberUpdate, ProjectCreate, ProjectUpdate
-from metering.audit.service import Auditor
 from metering.kit.errors import InvalidRequest, MeteringError, NotFound
 from metering.models import Member, Project
 from metering.portal import mail, pages, sessions
 from metering.portal.endpoints import (
     FormDep,
     UserDep,
+    auditor_of,
     check_csrf,
     page_of,
     public_base_url,
@@ -33,13 +33,8 @@ from metering.portal.endpoints import (
 from metering.portal.roles import Permission
 from metering.portal.sessions import PortalUser
 from metering.web.deps import NowDep, SessionDep, get_settings
-from metering.web.middleware import request_id_of
 
 router = APIRouter(prefix=pages.PREFIX, include_in_schema=False)
-
-
-def _auditor(request: Request, user: PortalUser) -> Auditor:
-    return Auditor(user.actor, request_id_of(request.scope))
 
 
 def _members(
@@ -125,7 +120,7 @@ def add_member(
         return _members(request, user, session, 400, problem=error.message)
     (shown,) = projects.member_bodies([member])
     changes = {f: shown[f] for f in ("email", "name", "role")}
-    _auditor(request, user).record(
+    auditor_of(request, user).record(
         session, now, "member.create", "member", member.id, account.id, changes
     )
     created: dict[str, Any] = {"id": member.id, "email": member.email}
@@ -162,7 +157,7 @@ def edit_member(
     except MeteringError as error:
         return _members(request, user, session, 400, problem=error.message)
     if changes:
-        _auditor(request, user).record(
+        auditor_of(request, user).record(
             session, now, "member.update", "member", member.id, member.account_id, changes
         )
     return pages.see_other(f"{pages.PREFIX}/members")
@@ -178,7 +173,7 @@ def remove_member(
     if member.removed_at is None:
         revoked = projects.remove_member(session, member, now)
         changes = {"removed_at": now, "revoked_api_key_ids": revoked}
-        _auditor(request, user).record(
+        auditor_of(request, user).record(
             session, now, "member.remove", "member", member.id, member.account_id, changes
         )
     return pages.see_other(f"{pages.PREFIX}/members")
@@ -205,7 +200,7 @@ def add_project(
     except ValidationError as error:
         return _projects(request, user, session, 400, problem=_problem(error))
     (shown,) = projects.project_bodies(session, [project])
-    _auditor(request, user).record(
+    auditor_of(request, user).record(
         session, now, "project.create", "project", project.id, account.id, {"name": shown["name"]}
     )
     return pages.see_other(f"{pages.PREFIX}/projects")
@@ -235,7 +230,7 @@ def edit_project(
     except MeteringError as error:
         return _projects(request, user, session, 400, problem=error.message)
     if changes:
-        _auditor(request, user).record(
+        auditor_of(request, user).record(
             session, now, "project.update", "project", project.id, project.account_id, changes
         )
     return pages.see_other(f"{pages.PREFIX}/projects")
@@ -259,7 +254,7 @@ def archive_project(
         except MeteringError as error:  # the Default project
             return _projects(request, user, session, 400, problem=error.message)
         changes = {"archived_at": now, "revoked_api_key_ids": revoked}
-        _auditor(request, user).record(
+        auditor_of(request, user).record(
             session, now, "project.archive", "project", project.id, project.account_id, changes
         )
     return pages.see_other(f"{pages.PREFIX}/projects")

@@ -91,6 +91,7 @@ class Tenant:
     key_names: dict[str, str]
     models: dict[str, tuple[int, int, int]]  # model id → rates
     key_members: dict[str, str] = field(default_factory=dict)  # key id → member id, if any
+    key_projects: dict[str, str] = field(default_factory=dict)  # key id → project, if not Default
     sent: list[Sent] = field(default_factory=list)
 
 
@@ -178,7 +179,8 @@ def expected_rows(t: Tenant, day: date) -> list[list[str]]:
                 *(str(v) for v in values[:5]),
                 str(cost) if t.billed else "",
                 usd(cost) if t.billed else "",
-                "proj_" + t.account_id.removeprefix("acct_"),  # the account's Default project
+                # the key's project (the account's Default unless the test made it in another)
+                t.key_projects.get(key_id, "proj_" + t.account_id.removeprefix("acct_")),
                 t.key_members.get(key_id, ""),
             ]
         )

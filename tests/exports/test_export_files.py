@@ -32,7 +32,7 @@ from tests.exports.helpers import (
     sha256,
     tenant,
 )
-from tests.factories import create_key
+from tests.factories import Key, create_key
 
 START = midnight(DAY)
 AFTER_DAY = START + timedelta(days=1)
@@ -131,6 +131,60 @@ def test_files_hold_each_key_and_model_of_the_day_exactly(fresh_api: Api, tmp_pa
     assert [(r.status, r.trigger, r.files) for r in runs(api, DAY)] == [
         ("succeeded", "scheduled", 4)
     ]
+
+
+def test_a_keys_project_and_member_stay_in_its_rows_after_both_are_gone(
+    fresh_api: Api, tmp_path: Path
+) -> None:
+    """The columns project_id and member_id name the key's project and member as they were
+    when it spent, whatever became of them before the day was exported."""
+    api = fresh_api
+    t = tenant(api, "prepaid", names=("dev",))  # a key of the tenant's own member
+    account = t.account_id
+    made = {}
+    for path, body in (
+        ("projects", {"name": "research"}),
+        ("members", {"email": "ada@example.com", "role": "developer"}),
+    ):
+        response = api.admin("POST", f"/admin/v1/accounts/{account}/{path}", json=body)
+        assert response.status_code == 201, response.text
+        made[path] = response.json()["id"]
+    response = api.admin(
+        "POST",
+        f"/admin/v1/accounts/{account}/api-keys",
+        json={"name": "ada", "project_id": made["projects"], "member_id": made["members"]},
+    )
+    assert response.status_code == 201, response.text
+    ada = Key(response.json()["id"], response.json()["key"], account)
+    t.keys.append(ada)
+    t.key_names[ada.id] = "ada"
+    t.key_members[ada.id] = made["members"]
+    t.key_projects[ada.id] = made["projects"]
+    glm, odd = sorted(t.models)
+    (dev,) = t.keys[:1]
+    send(api, t, dev, glm, START + timedelta(hours=1), 700, 0, 70)
+    send(api, t, ada, glm, START + timedelta(hours=2), 1500, 300, 120)
+    send(api, t, ada, odd, START + timedelta(hours=3), 90, 0, 9, api_name="messages")
+
+    removed = api.admin("DELETE", f"/admin/v1/members/{made['members']}")
+    assert removed.status_code == 200 and removed.json()["removed_at"] is not None, removed.text
+    archived = api.admin("DELETE", f"/admin/v1/projects/{made['projects']}")
+    assert archived.status_code == 200 and archived.json()["archived_at"] is not None
+    assert archived.json()["id"] == made["projects"]
+
+    export, _ = exporter(api, tmp_path / "exports", AFTER_DAY + timedelta(minutes=20))
+    result = export.export_day(DAY, trigger="scheduled")
+    assert (result.outcome, result.accounts, result.files) == ("exported", 1, 2)
+    directory = tmp_path / "exports" / DAY.isoformat()
+    rows = expected_rows(t, DAY)
+    assert read_csv(directory / f"{account}.csv") == [COLUMNS, *rows]
+    assert read_parquet_rows(directory / f"{account}.parquet") == rows
+    by_key = {(row[2], row[4]): (row[12], row[13]) for row in rows}
+    assert by_key == {
+        (dev.id, glm): ("proj_" + account.removeprefix("acct_"), t.key_members[dev.id]),
+        (ada.id, glm): (made["projects"], made["members"]),
+        (ada.id, odd): (made["projects"], made["members"]),
+    }
 
 
 def body_requests(body: dict[str, object]) -> int:

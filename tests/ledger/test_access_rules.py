@@ -362,9 +362,23 @@ def test_get_api_keys_lists_the_callers_account_only(api: Api) -> None:
 
 
 def _order_case(api: Api, failing: set[str]) -> tuple[Any, Key, str]:
-    """An account and key for which exactly the ``failing`` checks fail; the request body."""
+    """An account and key (a member's, in a project of its own) for which exactly the
+    ``failing`` checks fail; the request body."""
     setup = prepaid(api, 1000)
-    key = setup.key
+    made = {}
+    for scope in ("project", "member"):
+        limit = {"spend_limit_cents": 0.000001} if scope in failing else {}
+        fields = {"name": "p"} if scope == "project" else {"email": "m@example.com"}
+        response = api.admin(
+            "POST", f"/admin/v1/accounts/{setup.account}/{scope}s", json={**fields, **limit}
+        )
+        assert response.status_code == 201, response.text
+        made[f"{scope}_id"] = response.json()["id"]
+    response = api.admin(
+        "POST", f"/admin/v1/accounts/{setup.account}/api-keys", json={"name": "m", **made}
+    )
+    assert response.status_code == 201, response.text
+    key = Key(response.json()["id"], response.json()["key"], setup.account)
     other = priced_model(api, DAY_BEFORE)
     if "model_404" in failing:
         model_access(api, setup.account, [other])
@@ -372,7 +386,8 @@ def _order_case(api: Api, failing: set[str]) -> tuple[Any, Key, str]:
         patch_key(api, key, allowed_models=[other])
     if "concurrency" in failing:
         patch_account(api, setup.account, max_concurrent_requests=1)
-        assert authorize(api, key, other).status_code == 200  # the one request in flight
+        # the one request in flight, by the account's other key (no spend limit)
+        assert authorize(api, setup.key, other).status_code == 200
     if "credit" in failing:
         adjustment = {"amount_cents": -1000, "idempotency_key": "drain", "reason": "test"}
         response = api.admin(
@@ -391,16 +406,29 @@ def _order_case(api: Api, failing: set[str]) -> tuple[Any, Key, str]:
     return body, key, setup.account
 
 
-CHECKS = ["body", "key", "model_404", "model_403", "estimate", "concurrency", "credit", "spend"]
-EXPECTED = {
-    "body": (400, "invalid_parameter"),
-    "key": (401, "invalid_api_key"),
-    "model_404": (404, "model_not_found"),
-    "model_403": (403, "model_not_allowed"),
-    "estimate": (400, "context_length_exceeded"),
-    "concurrency": (429, "concurrency_limit_exceeded"),
-    "credit": (402, "insufficient_credits"),
-    "spend": (402, "member_spend_limit"),
+CHECKS = [
+    "body",
+    "key",
+    "model_404",
+    "model_403",
+    "estimate",
+    "concurrency",
+    "credit",
+    "project",
+    "member",
+    "spend",
+]
+EXPECTED = {  # status, code, limit_scope
+    "body": (400, "invalid_parameter", None),
+    "key": (401, "invalid_api_key", None),
+    "model_404": (404, "model_not_found", None),
+    "model_403": (403, "model_not_allowed", None),
+    "estimate": (400, "context_length_exceeded", None),
+    "concurrency": (429, "concurrency_limit_exceeded", None),
+    "credit": (402, "insufficient_credits", None),
+    "project": (402, "project_spend_limit", "project"),
+    "member": (402, "member_spend_limit", "member"),
+    "spend": (402, "member_spend_limit", "key"),
 }
 
 
@@ -410,8 +438,13 @@ def test_the_order_of_the_checks(api: Api, first: str) -> None:
     failing = set(CHECKS[CHECKS.index(first) :])
     body, _key, _account = _order_case(api, failing)
     response = api.gateway("POST", "/v1/authorizations", json=body)
-    status, code = EXPECTED[first]
-    assert (response.status_code, response.json()["error"]["code"]) == (status, code), response.text
+    status, code, scope = EXPECTED[first]
+    error = response.json()["error"]
+    assert (response.status_code, error["code"], error.get("limit_scope")) == (
+        status,
+        code,
+        scope,
+    ), response.text
 
 
 def test_a_replay_comes_before_the_model_checks(api: Api) -> None:

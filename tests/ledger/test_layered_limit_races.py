@@ -118,14 +118,25 @@ async def _burst(cluster: Cluster, secrets: list[str], count: int) -> list[objec
     ]
 
 
+SEEDED = 10**12  # each account's credit, in microcents
+
+
 async def _people(cluster: Cluster) -> tuple[str, str, str, str]:
     """An account with ample credit, a project, and two members: (account, project, ada, bob)."""
-    account, _key, _secret = cluster.seed(10**12)
+    account, _key, _secret = cluster.seed(SEEDED)
     project = await _admin(cluster, "POST", f"/admin/v1/accounts/{account}/projects", {"name": "p"})
     members = f"/admin/v1/accounts/{account}/members"
     ada = await _admin(cluster, "POST", members, {"email": f"{unique('ada')}@x.io"})
     bob = await _admin(cluster, "POST", members, {"email": f"{unique('bob')}@x.io"})
     return account, project["id"], ada["id"], bob["id"]
+
+
+def _assert_held_exactly_the_room(cluster: Cluster, account: str, spent: int) -> None:
+    """After the race: the granted holds stand, each at the oracle's estimate, and the balance
+    is the credit less what the events cost; nothing else was held."""
+    books = cluster.books(account)
+    assert (books["active"], books["active_sum"]) == (ROOM, ROOM * ESTIMATE), books
+    assert books["balance"] == books["ledger"] == SEEDED - spent, books
 
 
 async def _key(cluster: Cluster, account: str, **owners: str) -> tuple[str, str]:
@@ -138,26 +149,27 @@ async def _key(cluster: Cluster, account: str, **owners: str) -> tuple[str, str]
 def test_two_members_against_their_projects_limit_get_exactly_the_room_it_leaves(
     cluster: Cluster,
 ) -> None:
-    async def race() -> tuple[int, list[object]]:
+    async def race() -> tuple[str, int, list[object]]:
         account, project, ada, bob = await _people(cluster)
         ada_key = await _key(cluster, account, project_id=project, member_id=ada)
         bob_key = await _key(cluster, account, project_id=project, member_id=bob)
         spent = await _spend(cluster, [ada_key[0], bob_key[0]])
         limit = spent + ROOM * ESTIMATE
         await _patch_exact(cluster, f"/admin/v1/projects/{project}", _cents(limit))
-        return spent, await _burst(cluster, [ada_key[1], bob_key[1]], 200)
+        return account, spent, await _burst(cluster, [ada_key[1], bob_key[1]], 200)
 
-    _, results = asyncio.run(race())
+    account, spent, results = asyncio.run(race())
     assert results.count(200) == ROOM
     assert results.count((402, "project_spend_limit", "project")) == 200 - ROOM, {
         str(r) for r in results
     }
+    _assert_held_exactly_the_room(cluster, account, spent)
 
 
 def test_a_members_limit_over_three_keys_in_two_projects_grants_exactly_its_room(
     cluster: Cluster,
 ) -> None:
-    async def race() -> list[object]:
+    async def race() -> tuple[str, int, list[object]]:
         account, project, ada, _bob = await _people(cluster)
         keys = [
             await _key(cluster, account, project_id=project, member_id=ada),
@@ -167,11 +179,14 @@ def test_a_members_limit_over_three_keys_in_two_projects_grants_exactly_its_room
         spent = await _spend(cluster, [key_id for key_id, _ in keys])
         limit = spent + ROOM * ESTIMATE
         await _patch_exact(cluster, f"/admin/v1/members/{ada}", _cents(limit))
-        return await _burst(cluster, [secret for _, secret in keys], 200)
+        return account, spent, await _burst(cluster, [secret for _, secret in keys], 200)
 
-    results = asyncio.run(race())
+    account, spent, results = asyncio.run(race())
     assert results.count(200) == ROOM
-    assert results.count((402, "member_spend_limit", "member")) == 200 - ROOM
+    assert results.count((402, "member_spend_limit", "member")) == 200 - ROOM, {
+        str(r) for r in results
+    }
+    _assert_held_exactly_the_room(cluster, account, spent)
 
 
 async def _patch_exact(cluster: Cluster, path: str, cents: str) -> None:

@@ -5,9 +5,11 @@ spend recorded through ``POST /v1/usage/events``, money from tests/oracle.py."""
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from datetime import timedelta
 from decimal import Decimal
+from functools import partial
 from typing import Any
 
 import pytest
@@ -20,6 +22,7 @@ from tests.factories import (
     assert_error,
     authorize,
     create_account,
+    credits_of,
     grant,
     ingest,
     priced_model,
@@ -27,6 +30,7 @@ from tests.factories import (
     usage_event,
 )
 from tests.ledger.helpers import DAY_BEFORE, expected_estimate
+from tests.threads import run_together
 
 ESTIMATE = expected_estimate(1000, 100, GLM_RATES)  # each authorization below
 
@@ -227,4 +231,119 @@ def test_effective_models_are_account_and_project_and_key(api: Api, team: Team) 
         403,
         "model_not_allowed",
         param="model",
+    )
+
+
+# Each case: the model lists of the account, the project and the key, as letters of three models
+# (None: every model); a model the account does not list is unknown to the key (404), one it
+# lists but the project or the key does not is refused (403), the rest are the key's models.
+MODEL_CASES = [
+    (None, None, None),
+    ("ab", None, None),
+    (None, "bc", None),
+    (None, None, "ac"),
+    ("ab", "bc", None),
+    ("ab", None, "bc"),
+    (None, "ab", "bc"),
+    ("abc", "ab", "bc"),
+    ("ab", "bc", "ac"),
+    ("b", "abc", "abc"),
+]
+
+
+@pytest.mark.parametrize(("account_list", "project_list", "key_list"), MODEL_CASES)
+def test_a_keys_models_are_its_accounts_and_its_projects_and_its_own(
+    api: Api, account_list: str | None, project_list: str | None, key_list: str | None
+) -> None:
+    account = create_account(api)
+    grant(api, account, 100)
+    models = {letter: priced_model(api, DAY_BEFORE) for letter in "abc"}
+
+    def named(letters: str | None) -> list[str] | None:
+        return None if letters is None else [models[letter] for letter in letters]
+
+    # The project's and the key's lists first: a list names only models its account sees.
+    project = post(
+        api,
+        f"/admin/v1/accounts/{account}/projects",
+        {"name": "p", "allowed_models": named(project_list)},
+    )
+    key = key_in(api, account, project_id=project["id"])
+    narrowed = api.admin(
+        "PATCH", f"/admin/v1/api-keys/{key.id}", json={"allowed_models": named(key_list)}
+    )
+    assert narrowed.status_code == 200, narrowed.text
+    access = api.admin(
+        "PUT", f"/admin/v1/accounts/{account}/model-access", json={"models": named(account_list)}
+    )
+    assert access.status_code == 200, access.text
+
+    every = set("abc")
+    seen = every & set(account_list or "abc")
+    usable = seen & set(project_list or "abc") & set(key_list or "abc")
+    for letter in sorted(every):
+        response = authorize(api, key, models[letter], prompt_tokens=10, max_tokens=10)
+        if letter in usable:
+            assert response.status_code == 200, response.text
+            assert response.json()["model"] == models[letter]
+            voided = api.gateway("DELETE", f"/v1/authorizations/{response.json()['id']}")
+            assert voided.status_code == 200, voided.text
+        elif letter in seen:
+            assert_error(response, 403, "model_not_allowed", param="model")
+        else:
+            assert_error(response, 404, "model_not_found", param="model")
+    listed = api.as_key(key.secret, "GET", "/v1/models")
+    assert listed.status_code == 200, listed.text
+    ours = {card["id"] for card in listed.json()["data"]} & set(models.values())
+    assert ours == {models[letter] for letter in usable}
+
+
+ROOM = 13  # holds a limit below leaves room for
+
+
+@pytest.mark.parametrize("scope", ["project", "member"])
+def test_authorizations_at_once_get_exactly_the_room_a_limit_leaves(
+    api: Api, team: Team, scope: str
+) -> None:
+    """200 authorizations from 20 threads through the app (on SQLite, its writers' group commit
+    decides each as if alone): a project's limit shared by two members, or a member's over
+    three keys in two projects, grants exactly the holds it has room for. (Two server
+    processes on PostgreSQL and Citus: test_layered_limit_races.py.)"""
+    if scope == "project":
+        keys = [team.ada_in_project, team.bob_in_project]
+        path = f"/admin/v1/projects/{team.project}"
+    else:
+        keys = [
+            team.ada_in_project,
+            team.ada_in_default,
+            key_in(api, team.account, member_id=team.ada),
+        ]
+        path = f"/admin/v1/members/{team.ada}"
+    patch(api, path, team.spent_today + team.spent_yesterday + ROOM * ESTIMATE)
+    start = threading.Barrier(20)
+
+    def client(index: int) -> list[Any]:
+        start.wait()
+        answers: list[Any] = []
+        for turn in range(10):
+            key = keys[(index + turn) % len(keys)]
+            response = authorize(api, key, team.model, prompt_tokens=1000, max_tokens=100)
+            if response.status_code == 200:
+                assert response.json()["estimate_microcents"] == ESTIMATE, response.text
+                answers.append(200)
+            else:
+                error = response.json()["error"]
+                answers.append((response.status_code, error["code"], error.get("limit_scope")))
+        return answers
+
+    results = [
+        a for answers in run_together(*(partial(client, i) for i in range(20))) for a in answers
+    ]
+    code = "project_spend_limit" if scope == "project" else "member_spend_limit"
+    assert results.count(200) == ROOM, {str(r) for r in results}
+    assert results.count((402, code, scope)) == 200 - ROOM, {str(r) for r in results}
+    held = credits_of(api, team.ada_in_default)
+    assert (held["held_microcents"], held["balance_microcents"]) == (
+        ROOM * ESTIMATE,
+        10**6 * 10**6 - team.spent_today - team.spent_yesterday,
     )

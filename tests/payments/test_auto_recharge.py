@@ -30,6 +30,7 @@ from tests.oracle import MICROCENTS_PER_CENT
 from tests.payments.conftest import Shop
 from tests.payments.localstripe import CARD_DECLINED_ON_CHARGE
 from tests.payments.test_saved_cards import _with_saved_card
+from tests.portal.test_member_audit import _signed_in_as
 from tests.threads import run_together
 
 ACCOUNTS = table(Account)
@@ -105,6 +106,39 @@ class TestSettings:
             "GET", f"/admin/v1/audit-events?account_id={key.account_id}&action=auto_recharge.update"
         ).json()["data"]
         assert len(audit) == 1
+
+    def test_set_in_the_portal_by_an_admin_member_audited_as_the_member(self, shop: Shop) -> None:
+        key = _with_saved_card(shop)
+        member = shop.api.admin(
+            "POST",
+            f"/admin/v1/accounts/{key.account_id}/members",
+            json={"email": "finance@example.com", "role": "admin"},
+        )
+        assert member.status_code == 201, member.text
+        # Above the threshold: nothing due for the other tests' recharge passes to charge.
+        grant(shop.api, key.account_id, 5000)
+        client, csrf = _signed_in_as(shop.api, key.account_id, member.json()["id"])
+        form = {
+            "csrf_token": csrf,
+            "enabled": "1",
+            "threshold": "10",
+            "recharge_amount": "20",
+            "monthly_limit": "100",
+        }
+        posted = client.post("/billing/payments/auto-recharge", data=form, follow_redirects=False)
+        assert posted.status_code == 303, posted.text
+        path = f"/admin/v1/accounts/{key.account_id}/auto-recharge"
+        shown = shop.api.admin("GET", path).json()
+        assert (shown["enabled"], shown["threshold_cents"], shown["amount_cents"]) == (
+            True,
+            1000,
+            2000,
+        )
+        audit = shop.api.admin(
+            "GET", f"/admin/v1/audit-events?account_id={key.account_id}&action=auto_recharge.update"
+        ).json()["data"]
+        assert [e["actor"] for e in audit] == [f"portal:{member.json()['id']}"]
+        assert _due_at(shop, key) is None
 
     def test_bad_settings_change_nothing(self, shop: Shop) -> None:
         key = _with_saved_card(shop)

@@ -57,6 +57,7 @@ LEDGER_FIGURES = [
     "ledger.hot",
     "ledger.hot_voids",
     "ledger.half_refused",
+    "ledger.layered",
 ]
 INGEST_FIGURES = ["ingest.batches", "ingest.singles", "ingest.rss"]
 
@@ -203,6 +204,22 @@ class TestLedger:
             assert any("the grants less the oracle's charges" in p for p in problems), problems
             assert not any("metering verify" in p for p in problems), problems
         assert results["ledger.spread"].problems == ()  # nothing was settled before
+
+    def test_a_limit_not_enforced_fails_the_layered_figure(self) -> None:
+        """The projects' limits lifted behind the service's back: (e)'s probes find the
+        authorizations they must refuse granted (or refused by a later limit), and its figure
+        is not met; the others are unaffected."""
+
+        def lift(url: str) -> None:
+            sql(url, "UPDATE projects SET spend_limit_microcents = NULL")
+
+        results = by_name(bench_ledger.run(bench_ledger.Config(**LEDGER_SMALL, after_setup=lift)))
+        layered = results["ledger.layered"]
+        assert layered.met is False, layered
+        assert any("expected 402 project_spend_limit (project)" in p for p in layered.problems), (
+            layered.problems
+        )
+        assert results["ledger.spread"].problems == ()
 
     def test_books_that_do_not_reconcile_fail_the_figures(self) -> None:
         def break_a_balance(url: str) -> None:

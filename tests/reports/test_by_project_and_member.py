@@ -140,9 +140,18 @@ def test_reports_by_project_and_member_are_the_sums_of_the_events(api: Api) -> N
         cost for _, cost in expected_projects.values()
     )
 
-    # A removed member's keys' spend stays the member's.
-    assert api.admin("DELETE", f"/admin/v1/members/{ada['id']}").status_code == 200
-    assert _sums(_report(api, caller, group_by="member").json(), "member") == expected_members
+    # A removed member's keys' spend stays the member's (named by its address), an archived
+    # project's the project's.
+    removed = api.admin("DELETE", f"/admin/v1/members/{ada['id']}")
+    assert removed.status_code == 200 and removed.json()["removed_at"] is not None, removed.text
+    archived = api.admin("DELETE", f"/admin/v1/projects/{project}")
+    assert archived.status_code == 200 and archived.json()["archived_at"] is not None
+    after = _report(api, caller, group_by="member").json()
+    assert _sums(after, "member") == expected_members
+    assert {r["member"]: r["member_email"] for b in after["data"] for r in b["results"]} == emails
+    after = _report(api, caller, group_by="project").json()
+    assert _sums(after, "project") == expected_projects
+    assert {r["project"]: r["project_name"] for b in after["data"] for r in b["results"]} == names
 
 
 def _sum_where(
