@@ -117,6 +117,7 @@ CITUS_MODULES = frozenset(
         "tests/notifications/test_spend_limit_race.py",
         "tests/notifications/test_spend_limit_scopes.py",
         "tests/payments/test_auto_recharge.py",
+        "tests/payments/test_crash.py",
         "tests/payments/test_saved_cards.py",
         "tests/payments/test_top_ups.py",
         "tests/portal/test_email_sign_in.py",

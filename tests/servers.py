@@ -183,8 +183,11 @@ def running_servers(
         yield servers
 
 
-def run_cli(database_url: str, workdir: Path, *argv: str) -> subprocess.CompletedProcess[str]:
-    """A ``metering`` command on ``database_url``, as an operator runs it."""
+def run_cli(
+    database_url: str, workdir: Path, *argv: str, settings: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """A ``metering`` command on ``database_url``, as an operator runs it (``settings``: more
+    of its environment, e.g. the Stripe settings)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("METERING_")}
     env.update(
         {
@@ -193,6 +196,7 @@ def run_cli(database_url: str, workdir: Path, *argv: str) -> subprocess.Complete
             "METERING_GATEWAY_TOKENS": GATEWAY_TOKEN,
             "METERING_SECRET_KEY": SECRET_KEY,
             "METERING_DATA_DIR": str(workdir),
+            **(settings or {}),
         }
     )
     return subprocess.run(

@@ -6,6 +6,7 @@ account-key request sends the workers statements that touch its account's shard 
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections.abc import Iterator
@@ -32,6 +33,15 @@ from tests.factories import (
     grant,
     priced_model,
     usage_event,
+)
+from tests.payments.conftest import stripe_settings
+from tests.payments.localstripe import (
+    CARD_OK,
+    SECRET_KEY,
+    LocalStripe,
+    event,
+    running_localstripe,
+    sign,
 )
 from tests.threads import Workers
 
@@ -437,10 +447,18 @@ def sent(shards: Shards, commands: list[tuple[str, int | None]]) -> list[Sent]:
 
 
 @pytest.fixture(scope="module")
-def routed(session_tmp: Path) -> Iterator[tuple[Api, Cluster]]:
+def routed_stripe() -> Iterator[LocalStripe]:
+    """localstripe for the routed app (its payments on: Stripe's webhook routes too)."""
+    with running_localstripe() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def routed(session_tmp: Path, routed_stripe: LocalStripe) -> Iterator[tuple[Api, Cluster]]:
     """The real app on a Citus database of its own whose nodes log every command they send a
     worker (``citus.log_remote_commands``) and, on the workers, every command they run on their
-    own shards (``citus.log_local_commands``: the statements of a delegated function call)."""
+    own shards (``citus.log_local_commands``: the statements of a delegated function call).
+    Payments are on (Stripe: ``routed_stripe``); nothing on the gateway's path depends on it."""
     if not CITUS:
         pytest.fail("this test needs Citus (METERING_TEST_BACKENDS excludes it; `make citus`)")
     with fresh_citus_database() as url:
@@ -472,7 +490,7 @@ def routed(session_tmp: Path) -> Iterator[tuple[Api, Cluster]]:
                 for port, node in zip(ports, nodes[1:], strict=True)
             },
         )
-        with running_api("citus", url, session_tmp) as api:
+        with running_api("citus", url, session_tmp, **stripe_settings(routed_stripe)) as api:
             yield api, cluster
 
 
@@ -774,6 +792,49 @@ class TestRouting:
             api.url, "SELECT status FROM webhook_deliveries WHERE account_id = :a", a=account
         )
         assert status == "delivered"
+
+    def test_stripes_card_events(
+        self, routed: tuple[Api, Cluster], routed_stripe: LocalStripe
+    ) -> None:
+        """Stripe's ``setup_intent.succeeded`` (a card saved by the portal's "add a card") and
+        ``payment_method.detached`` (that card forgotten): each webhook request's statements
+        touch the card's account's shard alone. The detached card names no customer any more:
+        its account is the one its metadata names (set when it was saved), never found by a
+        search of every account's cards."""
+        from metering.payments.flows import Payments
+
+        api, cluster = routed
+        stripe = routed_stripe
+        payments = Payments(api.database, api.settings, api.clock)
+        account = create_account(api)
+
+        def post(body: dict[str, Any]) -> Any:
+            payload = json.dumps(body).encode()
+            headers = {"Content-Type": "application/json", "Stripe-Signature": sign(payload)}
+            return api.client.post("/v1/stripe/webhook", content=payload, headers=headers)
+
+        setup_id, client_secret = payments.setup_for(account, None, save_card=True)
+        answer = stripe.confirm_card_setup(client_secret, CARD_OK)
+        assert answer.status_code == 200 and answer.json()["status"] == "succeeded", answer.text
+        saved = event("setup_intent.succeeded", stripe.get(f"/v1/setup_intents/{setup_id}"))
+        response, commands = self.assert_routed(api, cluster, account, lambda: post(saved))
+        assert response.status_code == 200 and response.json() == {"received": True}
+        assert any(c.startswith("UPDATE public.payment_profiles_") for c in commands), commands
+        method = payments.saved_method(account)
+        assert method is not None
+
+        detached = stripe._request(
+            "POST",
+            f"/v1/payment_methods/{method}/detach",
+            headers={"Authorization": f"Bearer {SECRET_KEY}"},
+        )
+        assert detached.status_code == 200, detached.text
+        gone = event("payment_method.detached", detached.json())
+        response, commands = self.assert_routed(api, cluster, account, lambda: post(gone))
+        assert response.status_code == 200 and response.json() == {"received": True}
+        assert any(c.startswith("UPDATE public.payment_profiles_") for c in commands), commands
+        assert any(c.startswith("INSERT INTO public.stripe_events_") for c in commands), commands
+        assert payments.card_of(account) is None
 
     def test_ingest(self, routed: tuple[Api, Cluster]) -> None:
         """``POST /v1/usage/events``: a single event's statements touch its account's shard

@@ -438,7 +438,7 @@ class Payments:
     def save_card(self, account_id: str, payment_method: str, auditor: Auditor) -> Card:
         """The account's saved card becomes ``payment_method`` (set up for off-session charges
         by a SetupIntent of its customer); a card saved before is detached from Stripe."""
-        card = self.stripe.retrieve_card(payment_method)
+        card = self.stripe.claim_card(payment_method, account_id)
         self.customer_of(account_id)  # the profile row exists from here
         now = self.clock.now()
         with self.database.unit_of_work() as session:
@@ -805,20 +805,17 @@ class Payments:
         return str(found) if found else None
 
     def _on_detached(self, event_id: str, kind: str, obj: Row) -> str:
-        """A saved card detached in Stripe is no longer the account's card."""
+        """A saved card detached in Stripe is no longer the account's card. The event names no
+        customer; the card's ``metadata.account_id`` (set when it was saved) names the account,
+        whose rows alone are read: the card must still be that account's saved card."""
         method = obj.get("id")
-        if not isinstance(method, str):
+        account_id = (obj.get("metadata") or {}).get("account_id")
+        if not isinstance(method, str) or not isinstance(account_id, str):
             return "not ours"
-        with self.database.reading() as session:
-            # The card's account is not in the event (it no longer has a customer): found by
-            # the card, across accounts.
-            account_id = session.execute(
-                select(PROFILES.c.account_id).where(PROFILES.c.card_payment_method_id == method)
-            ).scalar()
-        if account_id is None or self._seen(str(account_id), event_id):
+        if self.saved_method(account_id) != method or self._seen(account_id, event_id):
             return "not ours"
-        self.forget_card(str(account_id), method, Auditor("stripe"))
-        self._processed(str(account_id), event_id, kind)
+        self.forget_card(account_id, method, Auditor("stripe"))
+        self._processed(account_id, event_id, kind)
         return "processed"
 
     def _on_intent_event(self, event_id: str, kind: str, obj: Row) -> str:

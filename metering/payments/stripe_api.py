@@ -116,8 +116,15 @@ class Stripe:
     def retrieve_setup_intent(self, setup_intent_id: str) -> Setup:
         return _setup(_call(self._client.v1.setup_intents.retrieve, setup_intent_id, None))
 
-    def retrieve_card(self, payment_method_id: str) -> Card:
-        method = _call(self._client.v1.payment_methods.retrieve, payment_method_id, None)
+    def claim_card(self, payment_method_id: str, account_id: str) -> Card:
+        """The card of a payment method being saved, its ``metadata.account_id`` set: Stripe's
+        ``payment_method.detached`` (which names no customer any more) then says whose card it
+        was, so the event is handled on that account's rows alone."""
+        method = _call(
+            self._client.v1.payment_methods.update,
+            payment_method_id,
+            {"metadata": {"account_id": account_id}},
+        )
         card = _plain(method).get("card") or {}
         return Card(
             brand=str(card.get("brand") or "card"),

@@ -14,6 +14,10 @@ A top-up goes in three steps, each a page of its own so that it works with the f
 3. ``GET /billing/payments/{id}``, the return page, asks Stripe about a payment still pending
    and shows the payment, the decline if any, and the new balance.
 
+"Add a card" (``GET``/``POST /billing/payments/card``) saves a card without paying: Stripe.js
+sets it up on a page like the card page, and the SetupIntent's id posted back makes it the
+account's saved card.
+
 Reading needs a signed-in session; paying needs ``Permission.MANAGE_BILLING``.
 """
 
@@ -242,6 +246,60 @@ def remove_card(request: Request, form: FormDep, user: CallerDep) -> Response:
     require(user, Permission.MANAGE_BILLING)
     try:
         _payments(request).remove_card(user.account_id, auditor_of(request, user))
+    except StripeUnavailable:
+        raise ProviderUnavailable("Stripe could not be reached: try again shortly") from None
+    return pages.see_other(PAGE)
+
+
+def _card_page(
+    request: Request, user: PortalUser, settings: Settings, problem: str | None = None
+) -> Response:
+    """The "add a card" page: Stripe Elements' card field and a SetupIntent of the account's
+    customer for it (``metadata.save_card``: Stripe's ``setup_intent.succeeded`` saves it too)."""
+    try:
+        setup_id, client_secret = _payments(request).setup_for(
+            user.account_id, None, save_card=True
+        )
+    except StripeUnavailable:
+        raise ProviderUnavailable("Stripe could not be reached: try again shortly") from None
+    return page_of(
+        request,
+        user,
+        "billing_card.html",
+        headers={"content-security-policy": content_security_policy(settings)},
+        setup_intent=setup_id,
+        client_secret=client_secret,
+        publishable_key=settings.stripe_publishable_key,
+        stripe_js=settings.stripe_js_url,
+        problem=problem,
+    )
+
+
+@router.get("/payments/card")
+def add_card_page(request: Request, user: CallerDep) -> Response:
+    """The "add a card" page: a card set up in Stripe Elements, saved without paying."""
+    settings = _on(request)
+    require(user, Permission.MANAGE_BILLING)
+    return _card_page(request, user, settings)
+
+
+@router.post("/payments/card")
+def add_card(request: Request, form: FormDep, user: CallerDep) -> Response:
+    """The card Stripe.js set up becomes the account's saved card (the one before, if any, is
+    detached in Stripe); a card that could not be set up is shown on a new card page."""
+    settings = _on(request)
+    check_csrf(request, user, form)
+    require(user, Permission.MANAGE_BILLING)
+    payments = _payments(request)
+    setup_intent = form.get("setup_intent", "")
+    if not re.fullmatch(r"seti_[A-Za-z0-9_]{1,200}", setup_intent):
+        raise InvalidRequest("the card's set-up is missing: reload the page", param="setup_intent")
+    try:
+        method = payments.method_of_setup(user.account_id, setup_intent)
+        if isinstance(method, Declined):
+            message = form.get("error_message", "").strip()[:300] or method.message
+            return _card_page(request, user, settings, problem=message)
+        payments.save_card(user.account_id, method, _auditor(request, user))
     except StripeUnavailable:
         raise ProviderUnavailable("Stripe could not be reached: try again shortly") from None
     return pages.see_other(PAGE)

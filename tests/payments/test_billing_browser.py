@@ -66,6 +66,15 @@ def _signed_in(browser: Browser, api: Api, account: str) -> None:
 def _pay_with(browser: Browser, number: str, save: bool = False) -> None:
     """On the pay page: the card typed into Stripe Elements (localstripe's stand-in), then Pay;
     waits for the return page."""
+    _type_card(browser, number)
+    if save:
+        browser.driver.find_element(By.ID, "save-card").click()
+    browser.driver.find_element(By.ID, "pay").click()
+    WebDriverWait(browser.driver, 30).until(lambda d: d.find_elements(By.ID, "outcome"))
+
+
+def _type_card(browser: Browser, number: str) -> None:
+    """The card typed into Stripe Elements (localstripe's stand-in)."""
     WebDriverWait(browser.driver, 15).until(
         lambda d: d.find_elements(By.CSS_SELECTOR, "#card-element input[placeholder=number]")
     )
@@ -79,10 +88,6 @@ def _pay_with(browser: Browser, number: str, save: bool = False) -> None:
         browser.driver.find_element(
             By.CSS_SELECTOR, f"#card-element input[placeholder={field}]"
         ).send_keys(value)
-    if save:
-        browser.driver.find_element(By.ID, "save-card").click()
-    browser.driver.find_element(By.ID, "pay").click()
-    WebDriverWait(browser.driver, 30).until(lambda d: d.find_elements(By.ID, "outcome"))
 
 
 def test_add_25_dollars_with_a_new_card(browser: Browser, billing_site: Api) -> None:
@@ -226,6 +231,45 @@ def test_save_a_card_pay_with_it_then_remove_it(browser: Browser, billing_site: 
     assert [e["message"] for e in browser.console_errors()] == [
         f"{browser.base}/billing/payments/auto-recharge - Failed to load resource: the server "
         "responded with a status of 400 (Bad Request)"
+    ]
+    assert_verified(api)
+
+
+def test_add_a_card_without_paying(browser: Browser, billing_site: Api) -> None:
+    """The Billing page's "add a card": a declined card is shown on a new card page; a good one
+    becomes the saved card, and nothing is charged."""
+    api = billing_site
+    key = create_key(api, create_account(api))
+    before = int(credits_of(api, key)["balance_microcents"])
+    _signed_in(browser, api, key.account_id)
+    browser.open("/billing/payments")
+    assert "No card is saved" in browser.text("#saved-card")
+    browser.click("#add-card")
+    assert browser.text("h1") == "Add a card"
+    assert browser.axe_violations() == []
+    first_setup = browser.driver.find_element(By.NAME, "setup_intent").get_attribute("value")
+
+    _type_card(browser, CARD_DECLINED)
+    browser.click("#save-new-card")  # Stripe.js's answer, then the form's POST
+    second_setup = browser.driver.find_element(By.NAME, "setup_intent").get_attribute("value")
+    assert second_setup != first_setup  # a new card page, a new SetupIntent
+    assert browser.text("h1") == "Add a card"
+    assert "declined" in browser.text("#card-problem").lower()
+    assert browser.axe_violations() == []
+    assert api.as_key(key.secret, "GET", "/v1/payments").json()["data"] == []
+
+    _type_card(browser, CARD_OK)
+    browser.click("#save-new-card")
+    assert browser.driver.current_url.endswith("/billing/payments")
+    assert "ending 4242, expires 12/2031" in browser.text("#saved-card")
+    assert browser.text("#add-card") == "Replace the saved card"
+    assert browser.axe_violations() == []
+    assert int(credits_of(api, key)["balance_microcents"]) == before
+    assert api.as_key(key.secret, "GET", "/v1/payments").json()["data"] == []
+    # The one error: localstripe's answer to the declined card's set-up (402).
+    assert [e["message"] for e in browser.console_errors()] == [
+        f"{api.settings.stripe_api_base}/v1/setup_intents/{first_setup}/confirm - Failed to load "
+        "resource: the server responded with a status of 402 (Payment Required)"
     ]
     assert_verified(api)
 

@@ -391,6 +391,7 @@ def test_without_payments_no_billing_page_and_no_outside_script(api: Api) -> Non
         ("GET", "/billing/payments"),
         ("GET", "/billing/payments/pay_x"),
         ("GET", "/billing/payments/pay_x/pay"),
+        ("GET", "/billing/payments/card"),
     ):
         assert client.request(method, path).status_code == 404, path
 

@@ -1,6 +1,7 @@
-// The Billing page's card payment: Stripe.js (loaded before this file, from the configured
-// address) sets the card up in Stripe Elements; the form then posts the set-up's id to the
-// service, which charges the card. 3-D Secure, when the bank asks, is completed here too.
+// The Billing page's card payment and "add a card": Stripe.js (loaded before this file, from the
+// configured address) sets the card up in Stripe Elements; the form then posts the set-up's id
+// to the service, which charges the card (or saves it). 3-D Secure, when the bank asks, is
+// completed here too.
 (function () {
   "use strict";
   const authenticate = document.getElementById("authenticate");
@@ -19,7 +20,7 @@
   const card = stripe.elements().create("card");
   card.mount("#card-element");
   const problem = document.getElementById("card-problem");
-  const button = document.getElementById("pay");
+  const button = form.querySelector("button[type=submit]");
   form.addEventListener("submit", async function (event) {
     event.preventDefault();
     button.disabled = true;
