@@ -14,6 +14,13 @@ the ``Database`` is made (``Database.kind``), and every session it opens carries
 start before its database answers (``/healthz`` up, ``/readyz`` 503): then the first connection
 that reaches it decides, once.
 
+On a Citus cluster ``METERING_DATABASE_URL`` may name every node (``?host=h1:p1&host=h2:p2…``,
+the coordinator first, and ``load_balance_hosts=random``): the gateway's one-statement calls
+(``run``: authorizations, voids, single events) then go to any node, each connection of the
+async pool to a node libpq picks at random; sessions, migrations and the kind's probe go to the
+first host, the coordinator (``coordinator_url``), where DDL, advisory locks and the
+coordinator's own tables are.
+
 SQLite (the embedded default) has one writer at a time. Writers take turns here, in the process
 (a lock) and across processes (a file lock beside the database), before ``BEGIN IMMEDIATE``, so
 they queue in the kernel instead of polling SQLite's busy handler; readers use plain ``BEGIN``
@@ -219,6 +226,33 @@ def driver_connection(session: Session) -> psycopg.Connection[Any]:
     connection = session.connection().connection.driver_connection
     assert isinstance(connection, psycopg.Connection)
     return connection
+
+
+def coordinator_url(url: str) -> str:
+    """``url`` with only its first host when it spreads connections over several
+    (``load_balance_hosts`` with ``?host=h1:p1&host=h2:p2…`` or libpq's
+    ``?host=h1,h2&port=p1,p2``): the coordinator of a cluster whose every node it names, the
+    coordinator first; any other URL unchanged (a list of hosts without it is libpq's
+    failover, kept whole). What must run on the coordinator (DDL, the migrations and the
+    schema's distribution, advisory locks, the coordinator's own tables) connects here."""
+    if url.startswith("sqlite"):
+        return url
+    parsed = make_url(url)
+    hosts = parsed.query.get("host")
+    if hosts is None or "load_balance_hosts" not in parsed.query:
+        return url
+    listed = [
+        h for value in ([hosts] if isinstance(hosts, str) else hosts) for h in value.split(",")
+    ]
+    ports = parsed.query.get("port")
+    port = (ports if isinstance(ports, str) else ports[0]).split(",")[0] if ports else None
+    first = listed[0] if port is None or ":" in listed[0] else f"{listed[0]}:{port}"
+    query = {
+        key: value
+        for key, value in parsed.query.items()
+        if key not in ("host", "port", "load_balance_hosts")
+    }
+    return parsed.set(query={**query, "host": first}).render_as_string(hide_password=False)
 
 
 def make_engine(
@@ -553,6 +587,9 @@ class Database:
     # SQLite: the engine whose transactions only read (plain BEGIN); on PostgreSQL ``engine``.
     read_engine: Engine | None = None
     _writers: _Writers | None = field(default=None, repr=False)
+    # The URL as configured: on a cluster it may name every node, which the async pool spreads
+    # its connections over (the engine is on the first, the coordinator: ``coordinator_url``).
+    url: str | None = field(default=None, repr=False)
     _async_pool: AsyncDriverPool | None = field(default=None, init=False, repr=False)
     _readers: _Sessions | None = field(default=None, init=False, repr=False)
     _group: _Group | None = field(default=None, init=False, repr=False)
@@ -564,8 +601,10 @@ class Database:
     ) -> Database:
         """The database at ``url``; on PostgreSQL, whether it is a Citus coordinator is asked
         here, once (``probe``). ``wait_seconds``: how long a unit of work waits for a
-        connection of the pool, or for SQLite's writer's turn, before it is refused (503)."""
-        engine = make_engine(url, pool_size=pool_size, wait_seconds=wait_seconds)
+        connection of the pool, or for SQLite's writer's turn, before it is refused (503).
+        A URL naming several nodes of a cluster: the sessions on the first (the coordinator),
+        the gateway's calls (``run``) spread over them all."""
+        engine = make_engine(coordinator_url(url), pool_size=pool_size, wait_seconds=wait_seconds)
         if engine.dialect.name != "sqlite":
             decided = _Decided(None)
             try:
@@ -576,7 +615,7 @@ class Database:
                     raise
                 log.warning("the database does not answer yet: its kind is decided on first use")
             engine.dispose()  # the probe's connection is not kept open in the pool
-            return cls(engine, _sessions(engine, decided), decided)
+            return cls(engine, _sessions(engine, decided), decided, url=url)
         sqlite = _Decided(Kind.SQLITE)
         return cls(
             engine,
@@ -692,7 +731,8 @@ class Database:
         SQLAlchemy's per-statement work: for hot routes whose work is one statement at a
         time."""
         if self._async_pool is None:
-            _args, kwargs = self.engine.dialect.create_connect_args(self.engine.url)
+            url = make_url(self.url) if self.url else self.engine.url
+            _args, kwargs = self.engine.dialect.create_connect_args(url)
             self._async_pool = AsyncDriverPool(dict(kwargs), self.engine.pool.size())  # type: ignore[attr-defined]
         return self._async_pool.connection()
 

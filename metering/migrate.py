@@ -32,6 +32,8 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, create_engine, text
 
+from metering.db import coordinator_url
+
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 # The generated functions, one ``<name>.sql`` each (``python -m metering.functions --write``).
 FUNCTIONS_DIR = Path(__file__).parent / "functions"
@@ -80,6 +82,7 @@ def upgrade(
     coordinator, distribute the schema (metering.citus; a no-op when it already is)."""
     from metering import citus
 
+    url = coordinator_url(url)
     config = alembic_config(url)
     script = ScriptDirectory.from_config(config)
     before = current_revisions(url)
@@ -102,6 +105,7 @@ def head_revision() -> str:
 
 def downgrade(url: str, revision: str = "base") -> None:
     """Undo the migrations down to ``revision``; down to ``base``, the functions go too."""
+    url = coordinator_url(url)
     command.downgrade(alembic_config(url), revision)
     if revision == "base":
         install_functions(url, {})
@@ -110,6 +114,7 @@ def downgrade(url: str, revision: str = "base") -> None:
 def is_current(url: str) -> bool:
     """Whether the database is at the newest migration and holds exactly the committed
     functions (what ``metering migrate`` would leave it): the service starts on no other."""
+    url = coordinator_url(url)
     heads = set(ScriptDirectory.from_config(alembic_config(url)).get_heads())
     engine = create_engine(url)
     try:

@@ -150,35 +150,40 @@ def test_rebalancing_onto_a_new_worker_under_load_loses_and_doubles_nothing(
     with fresh_citus_database(shard_count=SHARDS, spare=True) as url:
         migrated = cli(url, tmp_path, "migrate")
         assert migrated.returncode == 0, migrated.stderr
-        catalog = tmp_path / "catalog.json"
-        catalog.write_text(
-            json.dumps(
-                {
-                    "models": [
-                        {
-                            "id": MODEL,
-                            "display_name": MODEL,
-                            "context_length": 131072,
-                            "prices": [
-                                {
-                                    "effective_at": "2026-01-01T00:00:00Z",
-                                    "input_microcents_per_million": IN * 1_000_000,
-                                    "output_microcents_per_million": OUT * 1_000_000,
-                                    "cache_read_microcents_per_million": CACHED * 1_000_000,
-                                }
-                            ],
-                        }
-                    ]
-                }
-            )
-        )
-        imported = cli(url, tmp_path, "catalog", "import", str(catalog))
-        assert imported.returncode == 0, imported.stderr
+        import_catalog(url, tmp_path)
         server = ServerProcess(url, tmp_path / "server").start()
         try:
             run_under_load(url, server, tmp_path)
         finally:
             server.stop()
+
+
+def import_catalog(url: str, workdir: Path) -> None:
+    """The test's model and its exact rates, imported as an operator does (``catalog import``)."""
+    catalog = workdir / "catalog.json"
+    catalog.write_text(
+        json.dumps(
+            {
+                "models": [
+                    {
+                        "id": MODEL,
+                        "display_name": MODEL,
+                        "context_length": 131072,
+                        "prices": [
+                            {
+                                "effective_at": "2026-01-01T00:00:00Z",
+                                "input_microcents_per_million": IN * 1_000_000,
+                                "output_microcents_per_million": OUT * 1_000_000,
+                                "cache_read_microcents_per_million": CACHED * 1_000_000,
+                            }
+                        ],
+                    }
+                ]
+            }
+        )
+    )
+    imported = cli(url, workdir, "catalog", "import", str(catalog))
+    assert imported.returncode == 0, imported.stderr
 
 
 def run_under_load(url: str, server: ServerProcess, tmp_path: Path) -> None:

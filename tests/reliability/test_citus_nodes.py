@@ -1,0 +1,225 @@
+"""No node that every request must pass (docs/citus.md#connections-to-every-node): a server
+process whose ``METERING_DATABASE_URL`` names every node of the cluster (the coordinator first,
+``load_balance_hosts=random``) authorizes, voids and records usage exactly, its connections on
+more than one node; ``metering migrate`` with that URL still runs its DDL on the coordinator.
+Needs ``citus`` in METERING_TEST_BACKENDS (``make citus``)."""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections import Counter
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx2 as httpx
+import pytest
+from sqlalchemy.engine import make_url
+
+from metering.db import coordinator_url
+from tests.conftest import CITUS, fresh_citus_database
+from tests.factories import chat_usage
+from tests.reliability.test_citus_rebalance import (
+    ADMIN,
+    GATEWAY,
+    IN,
+    MODEL,
+    OUT,
+    charge,
+    cli,
+    execute,
+    import_catalog,
+)
+from tests.servers import ServerProcess
+
+APPLICATION = "metering-nodes-test"
+ACCOUNTS = 6
+GRANT_CENTS = 1_000_000
+THREADS = 8
+ROUNDS = 6  # per thread: an authorization (voided every other time), a single event, a batch
+
+
+def every_node_url(url: str) -> str:
+    """The URL an operator configures: every node of the cluster as a ``host`` (the coordinator
+    first), spread at random, named so the nodes' ``pg_stat_activity`` shows its connections."""
+    coordinator = make_url(url)
+    ports = [port for (port,) in execute(url, "SELECT nodeport FROM pg_dist_node ORDER BY 1")]
+    assert coordinator.port == ports[0] and len(ports) == 3, ports
+    hosts = "&".join(f"host=127.0.0.1:{port}" for port in ports)
+    return (
+        f"postgresql+psycopg://{coordinator.username}@/{coordinator.database}?{hosts}"
+        f"&load_balance_hosts=random&application_name={APPLICATION}"
+    )
+
+
+def test_the_first_host_is_the_coordinator() -> None:
+    url = (
+        "postgresql+psycopg://u:p@/db?host=c:9700&host=w1:9701&load_balance_hosts=random"
+        "&sslmode=disable"
+    )
+    assert make_url(coordinator_url(url)).query == {"host": "c:9700", "sslmode": "disable"}
+    assert make_url(coordinator_url(url)).password == "p"
+    comma = "postgresql+psycopg://u@/db?host=c,w1&port=9700,9701&load_balance_hosts=random"
+    assert make_url(coordinator_url(comma)).query == {"host": "c:9700"}
+    failover = "postgresql+psycopg://u@/db?host=a:5432&host=b:5432&target_session_attrs=primary"
+    assert coordinator_url(failover) == failover, "libpq's failover list is kept whole"
+    single = "postgresql+psycopg://u@127.0.0.1:9700/db"
+    assert coordinator_url(single) == single
+    assert coordinator_url("sqlite:///x.db") == "sqlite:///x.db"
+
+
+def test_a_server_on_every_node_answers_exactly_and_spreads_its_connections(
+    tmp_path: Path,
+) -> None:
+    if not CITUS:
+        pytest.fail("this test needs Citus (METERING_TEST_BACKENDS excludes it; `make citus`)")
+    with fresh_citus_database() as url:
+        spread = every_node_url(url)
+        migrated = cli(spread, tmp_path, "migrate")
+        assert migrated.returncode == 0, migrated.stdout + migrated.stderr
+        assert "account tables distributed by account" in migrated.stdout, migrated.stdout
+        # The DDL ran on the coordinator: Alembic's version table is there, on no worker, and
+        # the account tables are distributed from its metadata.
+        ports = [port for (port,) in execute(url, "SELECT nodeport FROM pg_dist_node ORDER BY 1")]
+        nodes = [make_url(url).set(port=port).render_as_string(False) for port in ports]
+        versions = [
+            execute(node, "SELECT to_regclass('alembic_version')::text")[0][0] for node in nodes
+        ]
+        assert versions == ["alembic_version", None, None], versions
+        assert execute(
+            url, "SELECT citus_table_type FROM citus_tables WHERE table_name = 'accounts'::regclass"
+        ) == [("distributed",)]
+        import_catalog(spread, tmp_path)
+        server = ServerProcess(spread, tmp_path / "server", workers=2).start()
+        try:
+            serve(url, server, nodes)
+        finally:
+            server.stop()
+
+
+def serve(url: str, server: ServerProcess, nodes: list[str]) -> None:
+    keys, secrets_ = {}, {}
+    with httpx.Client(base_url=server.base_url, headers=ADMIN, timeout=30) as admin:
+        for number in range(ACCOUNTS):
+            made = admin.post(
+                "/admin/v1/accounts", json={"name": f"acct-{number}", "billing": "prepaid"}
+            )
+            assert made.status_code == 201, made.text
+            account = made.json()["id"]
+            granted = admin.post(
+                f"/admin/v1/accounts/{account}/grants",
+                json={"amount_cents": GRANT_CENTS, "idempotency_key": f"seed-{number}"},
+            )
+            assert granted.status_code == 201, granted.text
+            key = admin.post(f"/admin/v1/accounts/{account}/api-keys", json={"name": "gw"})
+            assert key.status_code == 201, key.text
+            keys[account], secrets_[account] = key.json()["id"], key.json()["key"]
+    accounts = sorted(keys)
+    occurred = (datetime.now(UTC) - timedelta(minutes=1)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    charged: Counter[str] = Counter()
+    active: dict[str, tuple[str, int]] = {}  # hold id -> account, estimate
+    lock = threading.Lock()
+    failures: list[BaseException] = []
+
+    def event(account: str, request_id: str, rng: random.Random) -> dict[str, Any]:
+        prompt = rng.randrange(50, 2000)
+        return {
+            "request_id": request_id,
+            "api_key_id": keys[account],
+            "model": MODEL,
+            "api": "chat_completions",
+            "usage": chat_usage(prompt, rng.randrange(1, 300), cached=rng.randrange(0, prompt)),
+            "occurred_at": occurred,
+            "outcome": "completed",
+        }
+
+    def load(thread: int) -> None:
+        rng = random.Random(thread)
+        with httpx.Client(base_url=server.base_url, headers=GATEWAY, timeout=30) as client:
+            for number in range(ROUNDS):
+                account = rng.choice(accounts)
+                prompt, max_tokens = rng.randrange(10, 3000), rng.randrange(1, 500)
+                held = client.post(
+                    "/v1/authorizations",
+                    json={
+                        "api_key": secrets_[account],
+                        "request_id": f"auth-{thread}-{number}",
+                        "model": MODEL,
+                        "api": "chat_completions",
+                        "prompt_tokens": prompt,
+                        "max_tokens": max_tokens,
+                    },
+                )
+                assert held.status_code == 200, held.text
+                hold = held.json()
+                estimate = prompt * IN + max_tokens * OUT
+                assert (hold["status"], hold["estimate_microcents"]) == ("active", estimate), hold
+                if number % 2:
+                    voided = client.delete(f"/v1/authorizations/{hold['id']}")
+                    assert voided.status_code == 200, voided.text
+                    assert voided.json()["status"] == "voided", voided.text
+                else:
+                    with lock:
+                        active[hold["id"]] = (account, estimate)
+                single = event(account, f"one-{thread}-{number}", rng)
+                batch = [
+                    event(rng.choice(accounts), f"b-{thread}-{number}-{i}", rng) for i in range(3)
+                ]
+                for events in ([single], batch):
+                    recorded = client.post("/v1/usage/events", json={"events": events})
+                    assert recorded.status_code == 200, recorded.text
+                    results = recorded.json()["data"]
+                    assert [(r["request_id"], r["status"]) for r in results] == [
+                        (e["request_id"], "recorded") for e in events
+                    ], results
+                    with lock:
+                        for sent in events:
+                            charged[
+                                next(a for a, k in keys.items() if k == sent["api_key_id"])
+                            ] += charge(sent["usage"])
+
+    def guarded(thread: int) -> None:
+        try:
+            load(thread)
+        except BaseException as exc:  # reported by the main thread
+            failures.append(exc)
+
+    threads = [threading.Thread(target=guarded, args=(n,)) for n in range(THREADS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not failures, failures
+
+    # Where the server's connections are: on the coordinator and on the workers.
+    connections = [
+        execute(
+            node,
+            "SELECT count(*) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND application_name = :name",
+            name=APPLICATION,
+        )[0][0]
+        for node in nodes
+    ]
+    assert sum(1 for count in connections if count) > 1, connections
+    assert connections[0] > 0, "the sessions' connections are on the coordinator"
+
+    # Every charge and hold as the oracle computes them from what was sent, as the account's
+    # key reads them (through the server, on any node) and as the coordinator stores them.
+    balances = dict(execute(url, "SELECT id, balance_microcents FROM accounts"))
+    with httpx.Client(base_url=server.base_url, timeout=30) as client:
+        for account in accounts:
+            expected = (
+                GRANT_CENTS * 1_000_000 - charged[account],
+                sum(estimate for a, estimate in active.values() if a == account),
+            )
+            credits = client.get(
+                "/v1/credits", headers={"Authorization": f"Bearer {secrets_[account]}"}
+            )
+            assert credits.status_code == 200, credits.text
+            body = credits.json()
+            assert (body["balance_microcents"], body["held_microcents"]) == expected, account
+            assert int(balances[account]) == expected[0], account
+    holds = execute(url, "SELECT id FROM authorizations WHERE status = 'active'")
+    assert {hold for (hold,) in holds} == set(active)
