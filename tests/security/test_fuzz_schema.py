@@ -200,6 +200,8 @@ STATED_ONLY_IN_CODE = [
     # (stored state).
     (None, "invalid_parameter", "project_id", ""),
     (None, "invalid_parameter", "member_id", ""),
+    # The account's Default project is never archived (stored state: which project it is).
+    (("DELETE", "/admin/v1/projects/{project_id}"), "default_project", "project_id", ""),
     # a grant's expiry must be later than the clock's now
     (
         ("POST", "/admin/v1/accounts/{account_id}/grants"),
