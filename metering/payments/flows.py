@@ -604,7 +604,7 @@ class Payments:
         customer = self.customer_of(account_id)
         if setup.customer != customer or setup.metadata.get("account_id") != account_id:
             raise InvalidRequest("that card setup is not this account's", param="setup_intent")
-        if setup.status != "succeeded" or setup.payment_method is None:
+        if setup.status != IntentStatus.SUCCEEDED or setup.payment_method is None:
             return Declined("card_declined", "The card could not be set up: it was declined.")
         return setup.payment_method
 

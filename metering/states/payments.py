@@ -25,7 +25,8 @@ class PaymentStatus(StrEnum):
 
 
 class IntentStatus(StrEnum):
-    """A Stripe PaymentIntent's status, as Stripe reports it (the service never writes one)."""
+    """A Stripe PaymentIntent's (or SetupIntent's: the same names) status, as Stripe reports it
+    (the service never writes one)."""
 
     REQUIRES_PAYMENT_METHOD = "requires_payment_method"
     REQUIRES_CONFIRMATION = "requires_confirmation"

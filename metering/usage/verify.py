@@ -47,6 +47,7 @@ from metering.models import (
 )
 from metering.models.base import UTCDateTime
 from metering.states.grants import pending_sql, stored_active
+from metering.states.payments import PaymentStatus
 from metering.usage.rollups import COUNTERS, GROUPINGS, LAST_EVENT, WIDTHS, RollupKey
 
 EVENTS = table(UsageEvent)
@@ -334,7 +335,7 @@ def _check_payments(session: Session, mismatches: list[str]) -> None:
     )
     named: set[str] = set()
     for row in session.execute(query):
-        if row.status != "succeeded":
+        if row.status != PaymentStatus.SUCCEEDED:
             if row.grant_id is not None:
                 mismatches.append(f"payment {row.id} is {row.status} yet names a grant")
             continue
