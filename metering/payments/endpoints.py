@@ -18,7 +18,7 @@ from metering.kit.pagination import PageParams
 from metering.ledger.schemas import IdempotencyKey
 from metering.payments import recharge, refunds, service
 from metering.payments.flows import Payments, checked_amount, payment_body
-from metering.payments.stripe_api import BadSignature, StripeUnavailable
+from metering.payments.stripe_records import BadSignature, StripeUnavailable
 from metering.web.deps import AdminDep, SessionDep, get_clock, get_database, get_settings
 from metering.web.jsonio import MeteringRoute
 

@@ -35,7 +35,7 @@ from metering.ledger import service as ledger
 from metering.metrics import REGISTRY
 from metering.models import Payment, PaymentProfile, StripeEvent, table
 from metering.notifications import outbox
-from metering.payments.stripe_api import Card, Declined, Intent, Stripe, StripeUnavailable
+from metering.payments.stripe_records import Card, Declined, Intent, StripeUnavailable
 from metering.settings import Settings
 from metering.states import payments as states
 from metering.states.payments import UNPAID, IntentStatus, PaymentKind, PaymentStatus
@@ -360,7 +360,11 @@ class Payments:
         self.database = database
         self.settings = settings
         self.clock = clock
-        self.stripe = Stripe(settings)
+        # Imported here, on the first payment of a process, not with the routes: the library and
+        # the HTTP clients it brings weigh about 18 MB in every process, payments on or off.
+        from metering.payments.stripe_api import Stripe
+
+        self.stripe: Stripe = Stripe(settings)
 
     def _converge(self, account_id: str, payment_id: str, intent: Intent, auditor: Auditor) -> Row:
         with self.database.unit_of_work() as session:

@@ -44,7 +44,7 @@ from metering.payments.flows import (
     locked,
     payment_body,
 )
-from metering.payments.stripe_api import Declined, Refund, StripeUnavailable
+from metering.payments.stripe_records import Declined, Refund, StripeUnavailable
 from metering.states import payments as states
 from metering.states.payments import UNREFUNDED, PaymentStatus, RefundSource, RefundStatus
 

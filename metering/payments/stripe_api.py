@@ -2,8 +2,9 @@
 
 Everything else sees plain snapshots (``Intent``, ``Setup``, ``Card``) and two exceptions
 (``Declined``: the card or bank said no; ``StripeUnavailable``: Stripe could not be asked or
-answered with an error that is not a decline). No database session is open while these calls
-run: each flow commits what it knows first (metering.payments.flows).
+answered with an error that is not a decline), defined in metering.payments.stripe_records.
+No database session is open while these calls run: each flow commits what it knows first
+(metering.payments.flows).
 
 Idempotency: the payment's id is the key of the call that creates its PaymentIntent, and
 ``<payment id>:confirm`` of the call that confirms it (Stripe refuses one key on two endpoints),
@@ -14,83 +15,24 @@ dies after the confirmation leaves an id the scheduler can look up.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
 import stripe
 
+from metering.payments.stripe_records import (
+    BadSignature,
+    Card,
+    Declined,
+    Intent,
+    Refund,
+    Setup,
+    StripeUnavailable,
+)
 from metering.settings import Settings
 from metering.states.payments import IntentStatus
 
 CURRENCY = "usd"
-
-
-class StripeUnavailable(Exception):
-    """Stripe could not be reached, or refused the request for a reason other than a decline
-    (never retried as if it were a decline: the payment stays pending for the scheduler)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Declined(Exception):
-    """The card was declined (or needs authentication that cannot be asked for)."""
-
-    code: str
-    message: str
-
-    def __str__(self) -> str:
-        return f"{self.code}: {self.message}"
-
-
-class BadSignature(Exception):
-    """A Stripe event whose ``Stripe-Signature`` does not verify (forged, stale, missing)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Intent:
-    """What the service reads of a PaymentIntent."""
-
-    id: str
-    status: IntentStatus
-    amount: int
-    currency: str
-    metadata: dict[str, str]
-    client_secret: str | None
-    customer: str | None
-    payment_method: str | None
-    receipt_url: str | None
-    error_code: str | None
-    error_message: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class Setup:
-    """What the service reads of a SetupIntent (a card set up for later use)."""
-
-    id: str
-    status: str
-    customer: str | None
-    payment_method: str | None
-    metadata: dict[str, str]
-    client_secret: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class Refund:
-    """What the service reads of a Stripe refund."""
-
-    id: str
-    amount: int  # cents
-    status: str
-    metadata: dict[str, str]
-
-
-@dataclass(frozen=True, slots=True)
-class Card:
-    brand: str
-    last4: str
-    exp_month: int
-    exp_year: int
 
 
 @lru_cache(maxsize=4)

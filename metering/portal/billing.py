@@ -36,7 +36,7 @@ from metering.ledger import service as ledger
 from metering.payments import recharge
 from metering.payments import service as payment_reads
 from metering.payments.flows import Payments, checked_amount, create_payment, find
-from metering.payments.stripe_api import Declined, StripeUnavailable
+from metering.payments.stripe_records import Declined, StripeUnavailable
 from metering.portal import pages
 from metering.portal.endpoints import (
     FormDep,

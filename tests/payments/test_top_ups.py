@@ -5,8 +5,12 @@ events refused, and the routes off without a Stripe key."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import func, select
@@ -14,7 +18,7 @@ from sqlalchemy import func, select
 from metering.audit.service import Auditor
 from metering.models import LedgerEntry, Payment, StripeEvent, table
 from metering.payments.flows import _record_intent
-from metering.payments.stripe_api import Declined
+from metering.payments.stripe_records import Declined
 from metering.scheduler import Scheduler
 from tests.conftest import Api
 from tests.factories import Key, create_account, create_key, credits_of
@@ -416,6 +420,28 @@ class TestOff:
             answer = api.client.request(method, path, headers=headers)
             assert answer.status_code == 404, (path, answer.text)
             assert answer.json()["error"]["code"] == "not_found"
+
+    def test_a_process_without_payments_never_loads_the_stripe_library(
+        self, tmp_path: Path
+    ) -> None:
+        # The library and the HTTP clients it brings weigh about 18 MB in every API process:
+        # loaded on a process's first payment, never by the app's routes.
+        env = {
+            **os.environ,
+            "METERING_DATABASE_URL": f"sqlite:///{tmp_path / 'metering.db'}",
+            "METERING_DATA_DIR": str(tmp_path),
+        }
+        env.pop("METERING_STRIPE_SECRET_KEY", None)
+        probe = (
+            "import sys; from metering.asgi import create; create(); "
+            "print(sorted({m.split('.')[0] for m in sys.modules}"
+            " & {'stripe', 'requests', 'aiohttp'}))"
+        )
+        shown = subprocess.run(
+            [sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120
+        )
+        assert shown.returncode == 0, shown.stderr
+        assert shown.stdout.strip() == "[]"
 
 
 class TestVerify:
