@@ -64,12 +64,13 @@ typecheck: $(STAMP)
 # The Citus backend is on unless METERING_TEST_BACKENDS says otherwise (`make test` starts the
 # cluster first; `make unit` alone needs `make citus` once). The suite runs in TEST_WORKERS
 # processes (pytest-xdist): its tests mostly wait on servers, databases and browsers, so two
-# share two cores well; each worker makes its own databases, servers and ports.
+# share two cores well; each worker makes its own databases, servers and ports. A worker that
+# runs out of tests takes half of the other's queue (worksteal), so neither idles at the end.
 TEST_WORKERS ?= 2
 unit: $(STAMP) $(GATEWAY_STAMP) promtool
 	METERING_TEST_BACKENDS="$${METERING_TEST_BACKENDS:-sqlite,postgresql,citus}" \
 	METERING_TEST_CITUS_URL="$${METERING_TEST_CITUS_URL:-$(CITUS_URL)}" \
-		$(BIN)/pytest -n $(TEST_WORKERS) $(PYTEST_ARGS)
+		$(BIN)/pytest -n $(TEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 
 # A local Citus cluster (coordinator 127.0.0.1:9700, workers 9701 and 9702, and a spare node on
 # 9703 that only the rebalance test registers, in its own database), Citus built from the
