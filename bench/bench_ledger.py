@@ -3,7 +3,8 @@
 (a) throughput, 16 clients over 100 accounts; (b) p99 latency of an authorization, 4 clients;
 (c) throughput, 16 clients on one hot account; (e) (a) again over 100 other accounts whose
 keys each belong to a project and a member, with a spend limit on all three (each its own
-window), so the project's, the member's and the key's checks all run on every authorization.
+window), so the project's, the member's and the key's checks all run on every authorization
+(on a checkout from before projects, its keys have their own limit: the one check it has).
 Every client releases each hold it gets before its
 next request (DELETE, as a gateway does for a request rejected before generation; in (c) every
 fourth is settled by a usage event instead, so the hot account's balance moves under the same
@@ -112,7 +113,9 @@ class Fixture:
     full_secret: str | None  # an account at its concurrency limit: every request is a 429
     books: Books  # every account but the full one (its one hold stays)
     layered: list[str]  # one key per account of (e), limited by its project, member and itself
-    layers: bool  # False on code without projects: (e)'s keys are then plain keys
+    # False on code without projects: (e)'s keys then have their own limit only, the one spend
+    # limit such code has (so (e) is "every spend-limit check the checkout has" on both sides)
+    layers: bool
     layer_problems: list[str]  # the limits' refusals that were not as set
     charged: Counter[str] = field(default_factory=Counter)  # by key id, over every round
 
@@ -173,8 +176,9 @@ def _setup_layers(
     config: Config, admin: Admin, books: Books
 ) -> tuple[list[str], bool, Counter[str], list[str]]:
     """(e)'s accounts, set up as (a)'s, each key of a project and a member, with the three
-    limits; each key then spends once (one usage event, at the oracle's charge). A spend the
-    service refuses (a gateway token that no longer matches) is one of (e)'s problems."""
+    limits (on code without projects: the key's own limit); each key then spends once (one
+    usage event, at the oracle's charge). A spend the service refuses (a gateway token that no
+    longer matches) is one of (e)'s problems."""
     secrets_: list[str] = []
     charged: Counter[str] = Counter()
     problems: list[str] = []
@@ -183,7 +187,7 @@ def _setup_layers(
         account = admin.account(f"bench-layered-{index}")
         key = admin.layered_key(account, LAYER_LIMITS) if layers else None
         layers = key is not None
-        key_id, secret = key or admin.key(account)
+        key_id, secret = key or admin.key(account, LAYER_LIMITS["key"])
         admin.three_grants(account, GRANT_CENTS)
         books.open(account, GRANT_CENTS, [(key_id, secret)])
         admin.access_rules(account, [MODEL], CONCURRENCY)
@@ -467,7 +471,7 @@ def run(config: Config | None = None) -> list[Result]:
         + (
             f"{e_ours / a_ours:.0%} of (a)'s"
             if fixture.layers and a_ours
-            else "no projects in this checkout: plain keys"
+            else "no projects in this checkout: keys with their own limit only"
         )
     )
     for pair in (a, b, c, c_voids, refused, e):

@@ -316,9 +316,13 @@ class Admin:
     def account(self, name: str) -> str:
         return str(self._post("/admin/v1/accounts", {"name": name, "billing": "prepaid"})["id"])
 
-    def key(self, account_id: str) -> tuple[str, str]:
-        """A new API key of the account: (its id, its secret)."""
-        body = self._post(f"/admin/v1/accounts/{account_id}/api-keys", {"name": "bench"})
+    def key(self, account_id: str, limit: tuple[int, str] | None = None) -> tuple[str, str]:
+        """A new API key of the account (``limit``: its spend limit, (cents, window)): (its id,
+        its secret)."""
+        fields: dict[str, Any] = {"name": "bench"}
+        if limit is not None:
+            fields |= {"spend_limit_cents": limit[0], "spend_limit_window": limit[1]}
+        body = self._post(f"/admin/v1/accounts/{account_id}/api-keys", fields)
         return str(body["id"]), str(body["key"])
 
     def access_rules(
