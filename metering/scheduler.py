@@ -292,55 +292,33 @@ class Scheduler:
 
 
 def _add_tick(apscheduler: Any, scheduler: Scheduler, interval_seconds: float) -> None:
-    from apscheduler.triggers.interval import IntervalTrigger
-
-    apscheduler.add_job(
-        scheduler.tick,
-        IntervalTrigger(seconds=interval_seconds, timezone=UTC),
-        id="tick",
-        name="exports and tidy-up",
-        next_run_time=datetime.now(UTC),
-        max_instances=1,  # a slow tick delays the next one; it never runs twice at once
-        coalesce=True,
-        misfire_grace_time=max(1, int(interval_seconds)),
-    )
-    apscheduler.add_job(
-        scheduler.deliver,
-        IntervalTrigger(seconds=WEBHOOK_INTERVAL_SECONDS, timezone=UTC),
-        id="webhooks",
-        name="webhook delivery",
-        next_run_time=datetime.now(UTC),
-        max_instances=1,
-        coalesce=True,
-        misfire_grace_time=5,
-    )
+    grace = max(1, int(interval_seconds))
+    _every(apscheduler, scheduler.tick, interval_seconds, "tick", "exports and tidy-up", grace)
+    _every(apscheduler, scheduler.deliver, WEBHOOK_INTERVAL_SECONDS, "webhooks", "webhook delivery")
     if scheduler.settings.payments_on:
-        apscheduler.add_job(
-            scheduler.recharge,
-            IntervalTrigger(seconds=RECHARGE_INTERVAL_SECONDS, timezone=UTC),
-            id="recharges",
-            name="auto-recharge",
-            next_run_time=datetime.now(UTC),
-            max_instances=1,
-            coalesce=True,
-            misfire_grace_time=5,
+        _every(
+            apscheduler, scheduler.recharge, RECHARGE_INTERVAL_SECONDS, "recharges", "auto-recharge"
         )
     if scheduler.settings.mail_on:
-        _add_mail(apscheduler, scheduler)
+        _every(apscheduler, scheduler.mail, MAIL_INTERVAL_SECONDS, "mail", "sign-in mails")
 
 
-def _add_mail(apscheduler: Any, scheduler: Scheduler) -> None:
+def _every(
+    apscheduler: Any, job: Callable[[], object], seconds: float, id: str, name: str, grace: int = 5
+) -> None:
+    """``job`` every ``seconds`` (the first run at once), one run at a time; a run late by more
+    than ``grace`` seconds is skipped, and missed runs are coalesced into one."""
     from apscheduler.triggers.interval import IntervalTrigger
 
     apscheduler.add_job(
-        scheduler.mail,
-        IntervalTrigger(seconds=MAIL_INTERVAL_SECONDS, timezone=UTC),
-        id="mail",
-        name="sign-in mails",
+        job,
+        IntervalTrigger(seconds=seconds, timezone=UTC),
+        id=id,
+        name=name,
         next_run_time=datetime.now(UTC),
-        max_instances=1,
+        max_instances=1,  # a slow run delays the next one; it never runs twice at once
         coalesce=True,
-        misfire_grace_time=5,
+        misfire_grace_time=grace,
     )
 
 

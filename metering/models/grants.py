@@ -20,6 +20,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import Mapped, mapped_column
 
 from metering.models.base import Base, UTCDateTime
+from metering.models.ledger import kind_check
 from metering.states.grants import ACTIVE_ROWS, STATUS_CHECK
 
 # ACTIVE_ROWS: rows a debit may still be paid from are among these (the live test adds "a
@@ -29,7 +30,7 @@ from metering.states.grants import ACTIVE_ROWS, STATUS_CHECK
 # one per debit.
 # Grants with an expiry whose credit.grant_expiring is still to be written or skipped.
 UNNOTICED_EXPIRY_ROWS = "expires_at IS NOT NULL AND NOT expiring_noticed"
-ALLOCATION_KINDS = "kind IN ('spend', 'deficit', 'payoff', 'refund')"
+ALLOCATION_KINDS = ("spend", "deficit", "payoff", "refund")
 
 
 class CreditGrant(Base):
@@ -91,7 +92,7 @@ class CreditAllocationDay(Base):
 
     __tablename__ = "credit_allocation_days"
     __table_args__ = (
-        CheckConstraint(ALLOCATION_KINDS, name="kind"),
+        CheckConstraint(kind_check(ALLOCATION_KINDS), name="kind"),
         CheckConstraint("amount_microcents > 0", name="amount_positive"),
         CheckConstraint("(kind = 'deficit') = (grant_id = '')", name="grant_named"),
     )

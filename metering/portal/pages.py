@@ -15,6 +15,7 @@ from markupsafe import Markup, escape
 from metering.kit.money import scaled_text, usd_text
 from metering.kit.timeutil import format_timestamp
 from metering.reports.service import Report
+from metering.states.payments import PaymentStatus
 from metering.web.middleware import request_id_of
 
 PREFIX = "/billing"
@@ -117,7 +118,10 @@ ENVIRONMENT.filters.update(
     json_script=json_script,
     report_rows=report_rows,
 )
-ENVIRONMENT.globals.update(static=STATIC, chart_js=CHART_JS, prefix=PREFIX)
+# States are compared with their enums (metering.states), never with a bare string.
+ENVIRONMENT.globals.update(
+    static=STATIC, chart_js=CHART_JS, prefix=PREFIX, PaymentStatus=PaymentStatus
+)
 
 
 def render(

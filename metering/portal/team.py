@@ -8,6 +8,8 @@ one shows the page again with the problem (400)."""
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
@@ -142,25 +144,24 @@ def edit_member(
     check_csrf(request, user, form)
     require(user, Permission.MANAGE_MEMBERS)
     member = _of_account(session, Member, user.account_id, member_id)
-    try:
-        fields = {
-            "name": form.get("name", "").strip(),
-            "role": form.get("role", member.role),
-            **_limit_fields(form),
-        }
-        body = MemberUpdate.model_validate(fields)
-        if member.removed_at is not None:
-            raise InvalidRequest("a removed member cannot be changed", param="member_id")
-        _, changes = projects.change_member(session, member, body)
-    except ValidationError as error:
-        return _members(request, user, session, 400, problem=_problem(error))
-    except MeteringError as error:
-        return _members(request, user, session, 400, problem=error.message)
-    if changes:
-        auditor_of(request, user).record(
-            session, now, "member.update", "member", member.id, member.account_id, changes
-        )
-    return pages.see_other(f"{pages.PREFIX}/members")
+    return _edit(
+        request,
+        user,
+        session,
+        now,
+        member,
+        kind="member",
+        body_of=lambda: MemberUpdate.model_validate(
+            {
+                "name": form.get("name", "").strip(),
+                "role": form.get("role", member.role),
+                **_limit_fields(form),
+            }
+        ),
+        change=projects.change_member,
+        refusal="a removed member cannot be changed" if member.removed_at is not None else None,
+        page=_members,
+    )
 
 
 @router.post("/members/{member_id}/remove")
@@ -219,21 +220,22 @@ def edit_project(
     check_csrf(request, user, form)
     require(user, Permission.MANAGE_PROJECTS)
     project = _of_account(session, Project, user.account_id, project_id)
-    try:
-        fields = {"name": form.get("name", "").strip(), **_limit_fields(form)}
-        body = ProjectUpdate.model_validate(fields)
-        if project.archived_at is not None:
-            raise InvalidRequest("an archived project cannot be changed", param="project_id")
-        _, changes = projects.change_project(session, project, body)
-    except ValidationError as error:
-        return _projects(request, user, session, 400, problem=_problem(error))
-    except MeteringError as error:
-        return _projects(request, user, session, 400, problem=error.message)
-    if changes:
-        auditor_of(request, user).record(
-            session, now, "project.update", "project", project.id, project.account_id, changes
-        )
-    return pages.see_other(f"{pages.PREFIX}/projects")
+    return _edit(
+        request,
+        user,
+        session,
+        now,
+        project,
+        kind="project",
+        body_of=lambda: ProjectUpdate.model_validate(
+            {"name": form.get("name", "").strip(), **_limit_fields(form)}
+        ),
+        change=projects.change_project,
+        refusal="an archived project cannot be changed"
+        if project.archived_at is not None
+        else None,
+        page=_projects,
+    )
 
 
 @router.post("/projects/{project_id}/archive")
@@ -258,6 +260,39 @@ def archive_project(
             session, now, "project.archive", "project", project.id, project.account_id, changes
         )
     return pages.see_other(f"{pages.PREFIX}/projects")
+
+
+def _edit(
+    request: Request,
+    user: PortalUser,
+    session: Session,
+    now: datetime,
+    row: Any,
+    *,
+    kind: str,
+    body_of: Callable[[], Any],
+    change: Callable[[Session, Any, Any], tuple[Any, dict[str, Any]]],
+    refusal: str | None,
+    page: Callable[..., Response],
+) -> Response:
+    """The edit form of a ``kind`` ("member" or "project") ``row``: ``body_of`` reads the form
+    into the admin routes' update body and ``change`` applies it; a ``refusal`` (the row is
+    removed or archived) or a refused value shows the ``page`` again with the problem (400);
+    a change is audited."""
+    try:
+        body = body_of()
+        if refusal is not None:
+            raise InvalidRequest(refusal, param=f"{kind}_id")
+        _, changes = change(session, row, body)
+    except ValidationError as error:
+        return page(request, user, session, 400, problem=_problem(error))
+    except MeteringError as error:
+        return page(request, user, session, 400, problem=error.message)
+    if changes:
+        auditor_of(request, user).record(
+            session, now, f"{kind}.update", kind, row.id, row.account_id, changes
+        )
+    return pages.see_other(f"{pages.PREFIX}/{kind}s")
 
 
 def _of_account(session: Session, model: Any, account_id: str, row_id: str) -> Any:

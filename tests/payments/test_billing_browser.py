@@ -115,6 +115,7 @@ def test_add_25_dollars_with_a_new_card(browser: Browser, billing_site: Api) -> 
     _pay_with(browser, CARD_OK)
 
     assert browser.text("#payment-status") == "succeeded", browser.text("#outcome")
+    assert browser.text("#outcome") == "Thank you: $25.00 was added to your credit."
     after = int(credits_of(api, key)["balance_microcents"])
     assert after - before == 25 * 100 * MICROCENTS_PER_CENT == 2_500_000_000
     assert browser.text("#balance") == "$25.00"

@@ -1,7 +1,8 @@
 """Admins change projects and members in the portal (over HTTP, on every backend): a project
 renamed and given a spend limit (dollars; blank removes it), a member's name, role and limit,
 each as the admin routes show it afterwards and audited as the portal's actor; a refused value
-shows the page again (400) and changes nothing; a developer may not; the Default project is
+shows the page again (400) and changes nothing, as does an edit of an archived project or a
+removed member; a developer may not; the Default project is
 never archived, by the portal (a 400 page that says so, and no Archive button) or by
 ``DELETE /admin/v1/projects/{id}`` (400 ``default_project``). In Chromium: the forms are
 axe-clean."""
@@ -12,6 +13,7 @@ import re
 from decimal import Decimal
 from typing import Any
 
+import pytest
 from fastapi.testclient import TestClient
 from selenium.webdriver.common.by import By
 
@@ -207,6 +209,29 @@ class TestMembers:
         assert answer.status_code == 403, answer.text
         assert _admin_get(api, f"/admin/v1/members/{member['id']}") == member
         assert _audited(api, account, "member.update") == []
+
+
+@pytest.mark.parametrize(
+    ("kind", "fields", "refusal"),
+    [
+        ("project", {"name": "research", "spend_limit": "1"}, "an archived project"),
+        ("member", {"name": "Ada", "role": "developer"}, "a removed member"),
+    ],
+)
+def test_an_archived_project_or_a_removed_member_is_not_changed(
+    api: Api, kind: str, fields: dict[str, str], refusal: str
+) -> None:
+    account = create_account(api)
+    row = _project(api, account) if kind == "project" else _member(api, account, "viewer")
+    client = _signed_in(api, _link(api, account))
+    admin = f"/admin/v1/{kind}s/{row['id']}"
+    assert api.admin("DELETE", admin).status_code == 200
+    gone = _admin_get(api, admin)
+    answer = _post(client, f"/billing/{kind}s/{row['id']}/edit", f"/billing/{kind}s", **fields)
+    assert answer.status_code == 400, answer.text
+    assert f'id="problem">{refusal} cannot be changed' in answer.text
+    assert _admin_get(api, admin) == gone
+    assert _audited(api, account, f"{kind}.update") == []
 
 
 def test_the_edit_forms_are_axe_clean(browser: Browser, portal: Api) -> None:

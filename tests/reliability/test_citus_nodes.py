@@ -21,7 +21,6 @@ from metering.db import coordinator_url
 from tests.conftest import CITUS, fresh_citus_database
 from tests.factories import chat_usage
 from tests.reliability.test_citus_rebalance import (
-    ADMIN,
     GATEWAY,
     IN,
     MODEL,
@@ -30,6 +29,7 @@ from tests.reliability.test_citus_rebalance import (
     cli,
     execute,
     import_catalog,
+    seed_accounts,
 )
 from tests.servers import ServerProcess
 
@@ -99,22 +99,7 @@ def test_a_server_on_every_node_answers_exactly_and_spreads_its_connections(
 
 
 def serve(url: str, server: ServerProcess, nodes: list[str]) -> None:
-    keys, secrets_ = {}, {}
-    with httpx.Client(base_url=server.base_url, headers=ADMIN, timeout=30) as admin:
-        for number in range(ACCOUNTS):
-            made = admin.post(
-                "/admin/v1/accounts", json={"name": f"acct-{number}", "billing": "prepaid"}
-            )
-            assert made.status_code == 201, made.text
-            account = made.json()["id"]
-            granted = admin.post(
-                f"/admin/v1/accounts/{account}/grants",
-                json={"amount_cents": GRANT_CENTS, "idempotency_key": f"seed-{number}"},
-            )
-            assert granted.status_code == 201, granted.text
-            key = admin.post(f"/admin/v1/accounts/{account}/api-keys", json={"name": "gw"})
-            assert key.status_code == 201, key.text
-            keys[account], secrets_[account] = key.json()["id"], key.json()["key"]
+    keys, secrets_ = seed_accounts(server.base_url, ACCOUNTS, GRANT_CENTS)
     accounts = sorted(keys)
     occurred = (datetime.now(UTC) - timedelta(minutes=1)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
     charged: Counter[str] = Counter()

@@ -186,25 +186,34 @@ def import_catalog(url: str, workdir: Path) -> None:
     assert imported.returncode == 0, imported.stderr
 
 
-def run_under_load(url: str, server: ServerProcess, tmp_path: Path) -> None:
-    accounts, keys, secrets_ = {}, {}, {}
-    with httpx.Client(base_url=server.base_url, headers=ADMIN, timeout=30) as admin:
-        for number in range(ACCOUNTS):
-            account = admin.post(
+def seed_accounts(
+    base_url: str, count: int, grant_cents: int
+) -> tuple[dict[str, str], dict[str, str]]:
+    """``count`` prepaid accounts, each granted ``grant_cents`` and given an API key, made over
+    HTTP as an operator does: each account's key id and key secret, by account id."""
+    keys: dict[str, str] = {}
+    secrets_: dict[str, str] = {}
+    with httpx.Client(base_url=base_url, headers=ADMIN, timeout=30) as admin:
+        for number in range(count):
+            made = admin.post(
                 "/admin/v1/accounts", json={"name": f"acct-{number}", "billing": "prepaid"}
             )
-            assert account.status_code == 201, account.text
-            account_id = account.json()["id"]
+            assert made.status_code == 201, made.text
+            account = made.json()["id"]
             granted = admin.post(
-                f"/admin/v1/accounts/{account_id}/grants",
-                json={"amount_cents": GRANT_CENTS, "idempotency_key": f"seed-{number}"},
+                f"/admin/v1/accounts/{account}/grants",
+                json={"amount_cents": grant_cents, "idempotency_key": f"seed-{number}"},
             )
             assert granted.status_code == 201, granted.text
-            key = admin.post(f"/admin/v1/accounts/{account_id}/api-keys", json={"name": "gw"})
+            key = admin.post(f"/admin/v1/accounts/{account}/api-keys", json={"name": "gw"})
             assert key.status_code == 201, key.text
-            accounts[account_id] = number
-            keys[account_id], secrets_[account_id] = key.json()["id"], key.json()["key"]
-    ids = sorted(accounts)
+            keys[account], secrets_[account] = key.json()["id"], key.json()["key"]
+    return keys, secrets_
+
+
+def run_under_load(url: str, server: ServerProcess, tmp_path: Path) -> None:
+    keys, secrets_ = seed_accounts(server.base_url, ACCOUNTS, GRANT_CENTS)
+    ids = sorted(keys)
     spare = make_url(CITUS_SPARE_URL)
     before = nodes_of(url, ids)
     assert spare.port not in before.values()

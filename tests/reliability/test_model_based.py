@@ -855,25 +855,14 @@ class Billing(RuleBasedStateMachine):
             "max_tokens": 100,
         }
 
-    # -- steps that steer to the paths a run must reach (REQUIRED) ---------------------------
-
-    @rule()
-    def crowd(self) -> None:
-        """U's limit on requests in flight set to what it has in flight (at least one), then
-        two more requests: the second at the latest is refused (429)."""
-        account = self.accounts["U"]
-        key = next(iter(account.keys))
-        self.set_concurrency(account="U", limit=max(1, self.in_flight(account)))
-        for _ in range(2):
-            self.send_authorization(self.small_request(key), key)
-
-    @rule(which=st.integers(0, 1), window=st.sampled_from(["day", "week", "month"]))
-    def spend_limit_in_window(self, which: int, window: str) -> None:
-        """One of A's keys spends in ``window`` (an event now); its limit is then what it has
-        spent there and holds plus an estimate, less one microcent: that request is refused
-        (member_spend_limit); with the microcent back it is granted."""
+    def spend_and_estimate(
+        self, key: str, keys: set[str], window: str
+    ) -> tuple[dict[str, Any], int]:
+        """A's ``key`` spends (an event now; A's limit on requests in flight lifted and its
+        balance topped up first); then a request of ``key`` and the room it needs under a limit
+        on the spend of ``keys`` in ``window``: what they have spent there and hold, plus the
+        request's estimate."""
         account = self.accounts["A"]
-        key = list(account.keys)[which]
         model_id = self.open_model(key)
         self.set_concurrency(account="A", limit=None)
         if account.balance_at(self.now) - self.held(account) < 100 * MICRO:
@@ -896,7 +885,27 @@ class Billing(RuleBasedStateMachine):
         assert rates is not None
         outcome = self.expected_estimate(self.models[model_id], rates, body)
         assert not isinstance(outcome, str) and outcome[1] > 0, outcome
-        room = self.window_spent({key}, window) + self.held(account, {key}) + outcome[1]
+        return body, self.window_spent(keys, window) + self.held(account, keys) + outcome[1]
+
+    # -- steps that steer to the paths a run must reach (REQUIRED) ---------------------------
+
+    @rule()
+    def crowd(self) -> None:
+        """U's limit on requests in flight set to what it has in flight (at least one), then
+        two more requests: the second at the latest is refused (429)."""
+        account = self.accounts["U"]
+        key = next(iter(account.keys))
+        self.set_concurrency(account="U", limit=max(1, self.in_flight(account)))
+        for _ in range(2):
+            self.send_authorization(self.small_request(key), key)
+
+    @rule(which=st.integers(0, 1), window=st.sampled_from(["day", "week", "month"]))
+    def spend_limit_in_window(self, which: int, window: str) -> None:
+        """One of A's keys spends in ``window`` (an event now); its limit is then what it has
+        spent there and holds plus an estimate, less one microcent: that request is refused
+        (member_spend_limit); with the microcent back it is granted."""
+        key = list(self.accounts["A"].keys)[which]
+        body, room = self.spend_and_estimate(key, {key}, window)
         self.put_key_limit(key, room - 1, window)
         self.send_authorization(body, key)
         self.put_key_limit(key, room, window)
@@ -914,33 +923,12 @@ class Billing(RuleBasedStateMachine):
         member_spend_limit, naming the scope); with the microcent back it is granted."""
         account = self.accounts["A"]
         key = list(account.keys)[2]  # Ada's key in P
-        model_id = self.open_model(key)
-        self.set_concurrency(account="A", limit=None)
-        if account.balance_at(self.now) - self.held(account) < 100 * MICRO:
-            self.credit_grant(
-                account="A", promotional=False, priority=None, expires_in=None, amount=500 * MICRO
-            )
         order = [found[0] for found in self.scopes(account, key)]
         for _, owner, _ in self.scopes(account, key)[: order.index(scope)]:
             self.put_scope_limit(account, owner, None, "month")
         self.put_key_limit(key, None, "month")
-        spent = {
-            "request_id": self.next_id("ev"),
-            "api_key_id": key,
-            "model": model_id,
-            "api": "chat_completions",
-            "usage": usage_object("chat_completions", 1000, 0, 100, 0),
-            "occurred_at": iso(self.now),
-            "outcome": "completed",
-        }
-        self.send_batch([spent])
-        body = self.small_request(key, prompt=100_000)
-        rates = self.price_at(account, model_id, self.now)
-        assert rates is not None
-        outcome = self.expected_estimate(self.models[model_id], rates, body)
-        assert not isinstance(outcome, str) and outcome[1] > 0, outcome
         ((_, owner, keys),) = [found for found in self.scopes(account, key) if found[0] == scope]
-        room = self.window_spent(keys, window) + self.held(account, keys) + outcome[1]
+        body, room = self.spend_and_estimate(key, keys, window)
         self.put_scope_limit(account, owner, room - 1, window)
         self.send_authorization(body, key)
         self.put_scope_limit(account, owner, room, window)

@@ -14,7 +14,8 @@ checks, more than a tenth of its database work (docs/performance.md), most of it
   as the baseline wrote the other checks of the gateway's path, in place of the
   ``ARRAY['spend'::varchar, …]::text[]`` that ``IN (…)`` becomes.
 
-SQLite keeps the models' forms (``ENTRY_SIGNS``, ``kind IN (…)``).
+SQLite keeps the models' forms. Both forms are rendered by ``metering.models.ledger``
+(``amount_sign_check``, ``kind_check``) from the kinds of this migration's time (no ``refund``).
 
 Revision ID: 0006
 Revises: 0005
@@ -25,28 +26,36 @@ from collections.abc import Sequence
 
 from alembic import op
 
+from metering.models.ledger import amount_sign_check, kind_check
+
 revision: str = "0006"
 down_revision: str | Sequence[str] | None = "0005"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
-# table, check, its compact form, its form before
+# The ledger's kinds with their amounts' signs, and the allocation days' kinds, at this time.
+ENTRY_SIGNS = {
+    "grant": (1,),
+    "adjustment": (1, -1),
+    "charge": (0, -1),
+    "expiry": (-1,),
+    "void": (-1,),
+}
+ALLOCATION_KINDS = ("spend", "deficit", "payoff")
+
+# table, check, its compact form, its form before (the baseline's)
 CHECKS = (
     (
         "ledger_entries",
         "ck_ledger_entries_amount_sign",
-        "kind::text || sign(amount_microcents)::text = ANY "
-        "('{grant1,adjustment1,adjustment-1,charge0,charge-1,expiry-1,void-1}'::text[])",
-        "kind::text = 'grant' AND amount_microcents > 0"
-        " OR kind::text = 'adjustment' AND amount_microcents <> 0"
-        " OR kind::text = 'charge' AND amount_microcents <= 0"
-        " OR kind::text = ANY ('{expiry,void}'::text[]) AND amount_microcents < 0",
+        amount_sign_check(ENTRY_SIGNS, compact=True),
+        amount_sign_check(ENTRY_SIGNS, compact_kinds=True),
     ),
     (
         "credit_allocation_days",
         "ck_credit_allocation_days_kind",
-        "kind::text = ANY ('{spend,deficit,payoff}'::text[])",
-        "kind IN ('spend', 'deficit', 'payoff')",
+        kind_check(ALLOCATION_KINDS, compact=True),
+        kind_check(ALLOCATION_KINDS),
     ),
 )
 

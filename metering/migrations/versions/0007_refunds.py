@@ -17,53 +17,37 @@ import sqlalchemy as sa
 from alembic import op
 from alembic.operations import ops
 
+from metering.models.ledger import amount_sign_check, kind_check
+
 revision: str = "0007"
 down_revision: str | Sequence[str] | None = "0006"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
 
+# The ledger's kinds with their amounts' signs, and the allocation days' kinds, before refunds.
+ENTRY_SIGNS = {
+    "grant": (1,),
+    "adjustment": (1, -1),
+    "charge": (0, -1),
+    "expiry": (-1,),
+    "void": (-1,),
+}
+ALLOCATION_KINDS = ("spend", "deficit", "payoff")
+
+
 def _checks(refund: bool) -> dict[str, tuple[str, str]]:
     """The three checks with ``refund`` (or without it: as before), by name: (table, condition)
     as this backend keeps them (SQLite: the models' forms)."""
-    more = ("refund",) if refund else ()
-    kinds = ("grant", "adjustment", "charge", "expiry", "void", *more)
-    negative = ("expiry", "void", *more)
-    allocations = ("spend", "deficit", "payoff", *more)
-
-    def listed(values: tuple[str, ...]) -> str:
-        return ", ".join(f"'{value}'" for value in values)
-
-    if op.get_bind().dialect.name == "sqlite":
-        return {
-            "ck_ledger_entries_kind": ("ledger_entries", f"kind IN ({listed(kinds)})"),
-            "ck_ledger_entries_amount_sign": (
-                "ledger_entries",
-                "(kind = 'grant' AND amount_microcents > 0) OR (kind = 'adjustment' AND "
-                "amount_microcents <> 0) OR (kind = 'charge' AND amount_microcents <= 0) OR "
-                f"(kind IN ({listed(negative)}) AND amount_microcents < 0)",
-            ),
-            "ck_credit_allocation_days_kind": (
-                "credit_allocation_days",
-                f"kind IN ({listed(allocations)})",
-            ),
-        }
-    pairs = ["grant1", "adjustment1", "adjustment-1", "charge0", "charge-1"]
-    pairs += [f"{kind}-1" for kind in negative]
+    signs = {**ENTRY_SIGNS, "refund": (-1,)} if refund else ENTRY_SIGNS
+    allocations = (*ALLOCATION_KINDS, "refund") if refund else ALLOCATION_KINDS
+    compact = op.get_bind().dialect.name != "sqlite"
     return {
-        "ck_ledger_entries_kind": (
-            "ledger_entries",
-            "kind::text = ANY ('{" + ",".join(kinds) + "}'::text[])",
-        ),
-        "ck_ledger_entries_amount_sign": (
-            "ledger_entries",
-            "kind::text || sign(amount_microcents)::text = ANY ('{"
-            + ",".join(pairs)
-            + "}'::text[])",
-        ),
+        "ck_ledger_entries_kind": ("ledger_entries", kind_check(signs, compact)),
+        "ck_ledger_entries_amount_sign": ("ledger_entries", amount_sign_check(signs, compact)),
         "ck_credit_allocation_days_kind": (
             "credit_allocation_days",
-            "kind::text = ANY ('{" + ",".join(allocations) + "}'::text[])",
+            kind_check(allocations, compact),
         ),
     }
 
