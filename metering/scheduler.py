@@ -180,15 +180,18 @@ class Scheduler:
         return report
 
     def _reconcile_payments(self, report: TickReport) -> int | None:
-        """Payments pending for 5 minutes or more, asked of Stripe (metering.payments.flows)."""
+        """Payments and operators' refunds pending for 5 minutes or more, asked of Stripe
+        (metering.payments.flows, metering.payments.refunds)."""
         if not self.settings.payments_on:
             return None
+        from metering.payments import refunds
         from metering.payments.flows import Payments
 
         def work() -> int:
-            moved = Payments(self.database, self.settings, self.clock).reconcile()
+            payments = Payments(self.database, self.settings, self.clock)
+            moved = payments.reconcile() + refunds.reconcile(payments)
             if moved:
-                log.info("reconciled %d pending payments with Stripe", moved)
+                log.info("reconciled %d pending payments and refunds with Stripe", moved)
             return moved
 
         return _guarded(report, "payments", "reconciling pending payments failed", work)

@@ -72,6 +72,8 @@ ACTIONS: dict[str, str] = {
     "payment.fail": "a payment failed (declined, canceled or abandoned)",
     "payment.refund": "a payment was refunded (an operator's refund, or one made in Stripe): "
     "its grant lost that much",
+    "refund.fail": "an operator's refund was not made (Stripe could not be asked, refused, "
+    "failed it, or never received it): nothing changed, its amount no longer reserved",
     "payment.dispute": "Stripe reported a dispute of a payment (no credit changed)",
     "card.save": "an account's card was saved for later payments (brand and last 4 digits)",
     "card.remove": "an account's saved card was removed (by the portal, or detached in Stripe)",

@@ -60,6 +60,7 @@ TEST = "webhook.test"
 PAYMENT_SUCCEEDED = "payment.succeeded"
 PAYMENT_FAILED = "payment.failed"
 PAYMENT_REFUNDED = "payment.refunded"
+PAYMENT_REFUND_FAILED = "payment.refund_failed"
 PAYMENT_DISPUTED = "payment.disputed"
 AUTO_RECHARGE_DISABLED = "auto_recharge.disabled"
 AUTO_RECHARGE_LIMIT_REACHED = "auto_recharge.limit_reached"
@@ -80,13 +81,21 @@ EVENT_TYPES = frozenset(
         PAYMENT_SUCCEEDED,
         PAYMENT_FAILED,
         PAYMENT_REFUNDED,
+        PAYMENT_REFUND_FAILED,
         PAYMENT_DISPUTED,
         AUTO_RECHARGE_DISABLED,
         AUTO_RECHARGE_LIMIT_REACHED,
     }
 )
 OPERATOR_ONLY = frozenset(
-    {EXPIRED_UNUSED, USAGE_QUARANTINED, EXPORT_COMPLETED, PAYMENT_REFUNDED, PAYMENT_DISPUTED}
+    {
+        EXPIRED_UNUSED,
+        USAGE_QUARANTINED,
+        EXPORT_COMPLETED,
+        PAYMENT_REFUNDED,
+        PAYMENT_REFUND_FAILED,
+        PAYMENT_DISPUTED,
+    }
 )
 
 

@@ -76,8 +76,8 @@ def on_stripe_event(payments: Payments, payload: bytes, signature: str | None) -
     event = payments.stripe.event_from(payload, signature)
     kind, event_id = str(event.get("type")), str(event.get("id"))
     obj = (event.get("data") or {}).get("object") or {}
-    if kind == "charge.refunded":
-        return refunds.on_charge_refunded(payments, event_id, kind, obj)
+    if kind in ("charge.refunded", "charge.refund.updated"):
+        return refunds.on_refund_event(payments, event_id, kind, obj)
     if kind == "charge.dispute.created":
         return refunds.on_dispute(payments, event_id, kind, obj)
     return payments.on_event(event)

@@ -10,9 +10,17 @@ refund's row locks). Two ways in:
 * an operator's ``POST /admin/v1/payments/{id}/refund``: at most what the grant still holds, its
   refund row written ``pending`` before Stripe is called (its id the idempotency key and
   ``metadata.refund_id`` of Stripe's refund), then applied with Stripe's answer;
-* Stripe's ``charge.refunded`` (a refund made in Stripe's dashboard, or one of ours whose answer
-  was lost): the refunds Stripe lists for the PaymentIntent now, each applied once (by its
-  Stripe id; ours found again by ``metadata.refund_id``).
+* Stripe's ``charge.refunded`` or ``charge.refund.updated`` (a refund made in Stripe's
+  dashboard, one of ours whose answer was lost, or one that failed at Stripe): the refunds
+  Stripe lists for the PaymentIntent now, each applied once (by its Stripe id; ours found again
+  by ``metadata.refund_id``), those Stripe reports ``failed`` or ``canceled`` never.
+
+A refund of ours that does not succeed is ``failed`` (``fail``: its amount no longer reserved,
+``payment.refund_failed``, audited ``refund.fail``): Stripe could not be asked, refused,
+or answered a failed refund. One still ``pending`` 5 minutes on (its process died during or
+right after Stripe's call) is settled by the scheduler (``reconcile``) from what Stripe lists:
+applied if Stripe refunded it, failed if Stripe has no refund of it (the request never reached
+Stripe: nothing is sent again, the operator decides).
 
 A dispute (``charge.dispute.created``) changes no credit: it is an operator-only event.
 """
@@ -38,9 +46,11 @@ from metering.notifications import outbox
 from metering.payments.flows import (
     MICROCENTS_PER_CENT,
     PAYMENTS,
+    RECONCILE_AFTER,
     Payments,
     Row,
     counted,
+    find,
     locked,
     payment_body,
 )
@@ -66,7 +76,8 @@ DISPUTES_TOTAL = REGISTRY.counter(
 
 
 class RefundFailed(Exception):
-    """Stripe could not be asked, or refused: nothing was refunded (the refund is ``failed``)."""
+    """Stripe could not be asked, refused, or failed the refund: nothing was refunded (the
+    refund is ``failed``)."""
 
 
 def refund_body(row: Row, payment: Row) -> dict[str, Any]:
@@ -189,6 +200,68 @@ def apply(
     return _refund_row(session, account_id, refund["id"])
 
 
+def fail(
+    session: Session,
+    refund: Row,
+    message: str,
+    stripe_refund_id: str | None,
+    now: datetime,
+    auditor: Auditor,
+) -> Row:
+    """A pending refund that will not be applied (the account's row lock held): ``failed``,
+    its amount no longer reserved, ``payment.refund_failed``, audited ``refund.fail``.
+    A refund in any other status is returned as it is."""
+    account_id = refund["account_id"]
+    refund = _refund_row(session, account_id, refund["id"], lock=True)
+    if not states.refund_may("fail", refund["status"]):
+        return refund
+    message = message[:500]
+    values: dict[str, Any] = {
+        "status": RefundStatus.FAILED.value,
+        "failure_message": message,
+        "updated_at": now,
+    }
+    if stripe_refund_id is not None:
+        values["stripe_refund_id"] = stripe_refund_id
+    session.execute(
+        update(REFUNDS)
+        .where(REFUNDS.c.account_id == account_id, REFUNDS.c.id == refund["id"])
+        .values(values)
+    )
+    amount_cents = int(refund["amount_cents"])
+    outbox.emit(
+        session,
+        outbox.PAYMENT_REFUND_FAILED,
+        account_id,
+        {
+            "payment_id": refund["payment_id"],
+            "refund_id": refund["id"],
+            "amount_microcents": amount_cents * MICROCENTS_PER_CENT,
+            "failure_message": message,
+        },
+        now,
+    )
+    auditor.record(
+        session,
+        now,
+        "refund.fail",
+        "payment",
+        refund["payment_id"],
+        account_id,
+        {
+            "refund_id": refund["id"],
+            "amount_cents": amount_cents,
+            "stripe_refund_id": stripe_refund_id,
+            "failure_message": message,
+        },
+    )
+    return _refund_row(session, account_id, refund["id"])
+
+
+def _failed_at_stripe(stripe_refund: Refund) -> str:
+    return f"Stripe's refund {stripe_refund.id} is {stripe_refund.status}: nothing was refunded"
+
+
 def _payment_by_id(payments: Payments, payment_id: str) -> Row:
     with payments.database.reading() as session:
         row = session.execute(select(PAYMENTS).where(PAYMENTS.c.id == payment_id)).first()
@@ -274,25 +347,29 @@ def refund(
         intent_id = str(payment["stripe_payment_intent_id"])
         session.commit()
     metadata = {"refund_id": refund_id, "payment_id": payment_id, "account_id": account_id}
+    failure: tuple[str, str | None] | None = None  # why, and Stripe's refund if it made one
     try:
         answer = payments.stripe.create_refund(refund_id, intent_id, amount, metadata)
     except (StripeUnavailable, Declined) as error:
-        log.warning("refund %s of payment %s: not refunded: %s", refund_id, payment_id, error)
+        failure = (str(error), None)
+    else:
+        if answer.status in UNREFUNDED:
+            failure = (_failed_at_stripe(answer), answer.id)
+    if failure is not None:
+        message, stripe_refund_id = failure
+        log.warning("refund %s of payment %s: not refunded: %s", refund_id, payment_id, message)
         with payments.database.unit_of_work() as session:
             ledger.lock_account(session, account_id)
-            row = _refund_row(session, account_id, refund_id, lock=True)
-            if states.refund_may("fail", row["status"]):
-                session.execute(
-                    update(REFUNDS)
-                    .where(REFUNDS.c.account_id == account_id, REFUNDS.c.id == refund_id)
-                    .values(
-                        status=RefundStatus.FAILED.value,
-                        failure_message=str(error)[:500],
-                        updated_at=payments.clock.now(),
-                    )
-                )
+            fail(
+                session,
+                _refund_row(session, account_id, refund_id),
+                message,
+                stripe_refund_id,
+                payments.clock.now(),
+                auditor,
+            )
             session.commit()
-        raise RefundFailed(str(error)) from None
+        raise RefundFailed(message)
     with payments.database.unit_of_work() as session:
         ledger.lock_account(session, account_id)
         row = apply(
@@ -311,9 +388,18 @@ def refund(
 # -- Stripe's events -----------------------------------------------------------------------------
 
 
-def _ours(payments: Payments, intent_id: str) -> tuple[str, str] | None:
-    """The (account, payment) of a PaymentIntent, as Stripe's own copy of it says (its
+def _ours(payments: Payments, obj: Row) -> tuple[str, str, str] | None:
+    """The (PaymentIntent, account, payment) a charge, refund or dispute of an event is about
+    (its ``payment_intent``, else its charge's), as Stripe's own copy of the intent says (its
     metadata), if this service made it and the payment names it."""
+    intent_id = obj.get("payment_intent")
+    if not isinstance(intent_id, str):
+        charge = obj.get("charge")
+        if not isinstance(charge, str):
+            return None
+        intent_id = payments.stripe.intent_of_charge(charge)
+        if intent_id is None:
+            return None
     intent = payments.stripe.retrieve_payment_intent(intent_id)
     account_id, payment_id = intent.metadata.get("account_id"), intent.metadata.get("payment_id")
     if not account_id or not payment_id:
@@ -326,38 +412,62 @@ def _ours(payments: Payments, intent_id: str) -> tuple[str, str] | None:
         ).first()
     if found is None or found.stripe_payment_intent_id != intent_id:
         return None
-    return account_id, payment_id
+    return intent_id, account_id, payment_id
 
 
-def _learn_refund(
-    session: Session, payment: Row, stripe_refund: Refund, now: datetime, auditor: Auditor
-) -> None:
-    """One refund Stripe lists for the payment, applied unless it already was (by its Stripe
-    id, or ours by ``metadata.refund_id``)."""
+def _row_of(session: Session, payment: Row, stripe_refund: Refund) -> tuple[Row | None, bool]:
+    """Our row of a refund Stripe lists (None: none), and whether it was found by its Stripe id
+    (already settled with Stripe's answer) rather than as ours by ``metadata.refund_id``."""
     account_id = payment["account_id"]
     known = session.execute(
-        select(REFUNDS.c.id).where(
+        select(REFUNDS).where(
             REFUNDS.c.account_id == account_id, REFUNDS.c.stripe_refund_id == stripe_refund.id
         )
     ).first()
     if known is not None:
-        return
+        return known._mapping, True
     ours = stripe_refund.metadata.get("refund_id")
-    row = None
-    if ours:
-        row = session.execute(
-            select(REFUNDS).where(
-                REFUNDS.c.account_id == account_id,
-                REFUNDS.c.id == ours,
-                REFUNDS.c.payment_id == payment["id"],
+    if not ours:
+        return None, False
+    row = session.execute(
+        select(REFUNDS).where(
+            REFUNDS.c.account_id == account_id,
+            REFUNDS.c.id == ours,
+            REFUNDS.c.payment_id == payment["id"],
+        )
+    ).first()
+    return (row._mapping if row is not None else None), False
+
+
+def _learn(
+    session: Session, payment: Row, stripe_refund: Refund, now: datetime, auditor: Auditor
+) -> None:
+    """One refund Stripe lists for the payment: applied unless it already was (or failed, if
+    Stripe failed or canceled it: then never applied)."""
+    row, settled = _row_of(session, payment, stripe_refund)
+    if stripe_refund.status in UNREFUNDED:
+        if row is None:
+            return  # made in Stripe's dashboard and failed there: it never had an effect
+        if row["status"] == RefundStatus.SUCCEEDED:
+            # Stripe took back a refund it had reported made: the credit stays taken back
+            # (the money is back in the Stripe balance), for an operator to settle.
+            log.error(
+                "refund %s of payment %s was applied but Stripe now reports %s",
+                row["id"],
+                payment["id"],
+                _failed_at_stripe(stripe_refund),
             )
-        ).first()
+            return
+        fail(session, row, _failed_at_stripe(stripe_refund), stripe_refund.id, now, auditor)
+        return
+    if settled:
+        return
     if row is None:
         refund_id = new_id("refund")
         session.execute(
             insert(REFUNDS).values(
                 id=refund_id,
-                account_id=account_id,
+                account_id=payment["account_id"],
                 payment_id=payment["id"],
                 source=RefundSource.STRIPE.value,
                 amount_cents=stripe_refund.amount,
@@ -368,23 +478,19 @@ def _learn_refund(
                 updated_at=now,
             )
         )
-        mapping = _refund_row(session, account_id, refund_id)
-    else:
-        mapping = row._mapping
-    apply(session, mapping, stripe_refund.id, now, auditor)
+        row = _refund_row(session, payment["account_id"], refund_id)
+    apply(session, row, stripe_refund.id, now, auditor)
 
 
-def on_charge_refunded(payments: Payments, event_id: str, kind: str, obj: Row) -> str:
-    """Stripe's ``charge.refunded``: the refunds Stripe lists for the charge's PaymentIntent
-    now, each applied once; what the grant no longer holds is taken as a deficit."""
-    intent_id = obj.get("payment_intent")
-    if not isinstance(intent_id, str):
-        return "not ours"
-    found = _ours(payments, intent_id)
+def on_refund_event(payments: Payments, event_id: str, kind: str, obj: Row) -> str:
+    """Stripe's ``charge.refunded`` (its object a charge) or ``charge.refund.updated`` (a
+    refund): the refunds Stripe lists for the PaymentIntent now, each applied once (what the
+    grant no longer holds is taken as a deficit); ours that Stripe failed are failed."""
+    found = _ours(payments, obj)
     if found is None:
         return "not ours"
-    account_id, payment_id = found
-    listed = [r for r in payments.stripe.list_refunds(intent_id) if r.status not in UNREFUNDED]
+    intent_id, account_id, payment_id = found
+    listed = payments.stripe.list_refunds(intent_id)
     auditor = Auditor("stripe")
     with payments.database.unit_of_work() as session:
         ledger.lock_account(session, account_id)
@@ -397,28 +503,84 @@ def on_charge_refunded(payments: Payments, event_id: str, kind: str, obj: Row) -
             now = payments.clock.now()
             # Oldest first: each refund's share of the grant as it happened.
             for stripe_refund in reversed(listed):
-                _learn_refund(session, payment, stripe_refund, now, auditor)
+                _learn(session, payment, stripe_refund, now, auditor)
                 payment = locked(session, account_id, payment_id)
         session.commit()
         counted(session)
     return "processed"
 
 
+# -- the scheduler -------------------------------------------------------------------------------
+
+
+def reconcile(payments: Payments, limit: int = 100) -> int:
+    """Operators' refunds still ``pending`` 5 minutes on (their process died during or right
+    after Stripe's call), settled from what Stripe lists for the payment: applied once if
+    Stripe refunded them, failed if Stripe failed them or has none of them. Returns how many
+    moved. Replicas and Stripe's events may settle the same refund at once: each step takes
+    the account's and the refund's row locks and moves only a refund still pending."""
+    now = payments.clock.now()
+    auditor = Auditor("scheduler")
+    with payments.database.reading() as session:
+        pending = session.execute(
+            select(REFUNDS.c.id, REFUNDS.c.account_id, REFUNDS.c.payment_id)
+            .where(
+                REFUNDS.c.status == RefundStatus.PENDING.value,
+                REFUNDS.c.created_at <= now - RECONCILE_AFTER,
+            )
+            .order_by(REFUNDS.c.created_at)
+            .limit(limit)
+        ).all()
+    moved = 0
+    for row in pending:
+        try:
+            moved += _settle(payments, row.account_id, row.payment_id, row.id, auditor)
+        except Exception:
+            log.exception("settling refund %s failed (retried on the next tick)", row.id)
+    return moved
+
+
+def _settle(
+    payments: Payments, account_id: str, payment_id: str, refund_id: str, auditor: Auditor
+) -> int:
+    with payments.database.reading() as session:
+        intent_id = str(find(session, account_id, payment_id)["stripe_payment_intent_id"])
+    # Stripe lists newest first: the oldest refund carrying our id is the one our call made.
+    mine = [
+        r
+        for r in payments.stripe.list_refunds(intent_id)
+        if r.metadata.get("refund_id") == refund_id
+    ]
+    with payments.database.unit_of_work() as session:
+        ledger.lock_account(session, account_id)
+        if _refund_row(session, account_id, refund_id)["status"] != RefundStatus.PENDING:
+            return 0  # settled meanwhile (another scheduler, Stripe's event)
+        payment = locked(session, account_id, payment_id)
+        now = payments.clock.now()
+        if mine:
+            _learn(session, payment, mine[-1], now, auditor)
+        else:
+            fail(
+                session,
+                _refund_row(session, account_id, refund_id),
+                "Stripe has no refund of it: the request never reached Stripe",
+                None,
+                now,
+                auditor,
+            )
+        after = _refund_row(session, account_id, refund_id)
+        session.commit()
+        counted(session)
+    return int(after["status"] != RefundStatus.PENDING)
+
+
 def on_dispute(payments: Payments, event_id: str, kind: str, obj: Row) -> str:
     """Stripe's ``charge.dispute.created``: ``payment.disputed`` for operators; no credit
     changes."""
-    intent_id = obj.get("payment_intent")
-    if not isinstance(intent_id, str):
-        charge = obj.get("charge")
-        if not isinstance(charge, str):
-            return "not ours"
-        intent_id = payments.stripe.intent_of_charge(charge)
-        if intent_id is None:
-            return "not ours"
-    found = _ours(payments, intent_id)
+    found = _ours(payments, obj)
     if found is None:
         return "not ours"
-    account_id, payment_id = found
+    _, account_id, payment_id = found
     amount = obj.get("amount")
     amount_cents = amount if isinstance(amount, int) and not isinstance(amount, bool) else 0
     reason = str(obj.get("reason") or "")[:200]

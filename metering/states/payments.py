@@ -91,8 +91,10 @@ RECHARGE_IN_FLIGHT = f"kind = '{PaymentKind.AUTO_RECHARGE}' AND status = '{Payme
 #
 #     pending ──succeed──▶ succeeded   (Stripe refunded it: the grant loses it, in that transaction)
 #        │                     ▲
-#        └────fail────▶ failed ┘ late  (Stripe refused or could not be asked; a refund Stripe
-#                                       reports afterwards, by ``charge.refunded``, is applied)
+#        └────fail────▶ failed ┘ late  (Stripe could not be asked, refused, or failed it; or the
+#                                       scheduler found no such refund at Stripe. One that Stripe
+#                                       reports made afterwards, by ``charge.refunded``, is
+#                                       applied; one Stripe failed, never)
 #
 # An operator's refund is written ``pending`` before Stripe is called (its id is the idempotency
 # key and ``metadata.refund_id`` of Stripe's refund); one made in Stripe's dashboard is written

@@ -19,9 +19,11 @@ system's clock) the payment has been pending for longer than 5 minutes."""
 
 from __future__ import annotations
 
+import contextlib
 import html
 import json
 import re
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -45,7 +47,7 @@ from tests.conftest import (
 )
 from tests.oracle import MICROCENTS_PER_CENT
 from tests.payments.conftest import stripe_settings
-from tests.payments.localstripe import CARD_3DS, PUBLISHABLE_KEY, LocalStripe
+from tests.payments.localstripe import CARD_3DS, CARD_OK, PUBLISHABLE_KEY, LocalStripe
 from tests.servers import ServerProcess, run_cli
 
 CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')
@@ -105,9 +107,11 @@ class Pending:
     cookies: httpx.Cookies
 
 
-def _top_up_to_3ds(server: ServerProcess, localstripe: LocalStripe) -> Pending:
-    """An account, signed in to the portal, whose $25 top-up with a card that needs 3-D Secure
-    the server confirmed: the page that hands the PaymentIntent to Stripe.js is answered."""
+def _portal_top_up(
+    server: ServerProcess, localstripe: LocalStripe, card: str
+) -> tuple[Pending, httpx.Response]:
+    """An account, signed in to the portal, whose $25 top-up with ``card`` the server confirmed
+    (the PaymentIntent's secret not yet known): the pending top-up and the server's answer."""
     base = server.base_url
     with httpx.Client(base_url=base, timeout=30) as client:
         body = {"name": "crash", "billing": "prepaid"}
@@ -128,27 +132,34 @@ def _top_up_to_3ds(server: ServerProcess, localstripe: LocalStripe) -> Pending:
         pay_page = client.get(pay_path)
         assert pay_page.status_code == 200, pay_page.text
         setup_id = _attribute(pay_page.text, 'name="setup_intent" value')
-        # Stripe.js sets the card up (3-D Secure passed for the set-up).
+        # Stripe.js sets the card up (3-D Secure passed for the set-up if the card asks).
         setup_secret = _attribute(pay_page.text, "data-client-secret")
-        first = localstripe.confirm_card_setup(setup_secret, CARD_3DS)
-        assert first.json()["status"] == "requires_action", first.text
-        passed = localstripe._request(
-            "POST",
-            f"/v1/setup_intents/{setup_id}/confirm",
-            content=json.dumps(
-                {"key": PUBLISHABLE_KEY, "use_stripe_sdk": True, "client_secret": setup_secret}
-            ),
-        )
-        assert passed.json()["status"] == "succeeded", passed.text
-        # The server creates and confirms the PaymentIntent: the bank asks for 3-D Secure.
+        first = localstripe.confirm_card_setup(setup_secret, card)
+        if first.json()["status"] == "requires_action":
+            passed = localstripe._request(
+                "POST",
+                f"/v1/setup_intents/{setup_id}/confirm",
+                content=json.dumps(
+                    {"key": PUBLISHABLE_KEY, "use_stripe_sdk": True, "client_secret": setup_secret}
+                ),
+            )
+            assert passed.json()["status"] == "succeeded", passed.text
+        # The server creates and confirms the PaymentIntent.
         confirmed = client.post(
             f"/billing/payments/{payment_id}/confirm",
             data={"csrf_token": _csrf(pay_page), "setup_intent": setup_id},
         )
-        assert confirmed.status_code == 200, confirmed.text
-        intent_secret = _attribute(confirmed.text, "data-client-secret")
-        pending = Pending(account, key, payment_id, intent_secret, client.cookies)
-    before, payment = _state(server, key, payment_id)
+        return Pending(account, key, payment_id, "", client.cookies), confirmed
+
+
+def _top_up_to_3ds(server: ServerProcess, localstripe: LocalStripe) -> Pending:
+    """An account, signed in to the portal, whose $25 top-up with a card that needs 3-D Secure
+    the server confirmed: the page that hands the PaymentIntent to Stripe.js is answered."""
+    pending, confirmed = _portal_top_up(server, localstripe, CARD_3DS)
+    # The bank asks for 3-D Secure.
+    assert confirmed.status_code == 200, confirmed.text
+    pending.intent_secret = _attribute(confirmed.text, "data-client-secret")
+    before, payment = _state(server, pending.key, pending.payment_id)
     assert before == 0
     assert (payment["status"], payment["grant_id"]) == ("pending", None)
     return pending
@@ -161,15 +172,15 @@ def _authenticated_at_stripe(localstripe: LocalStripe, pending: Pending) -> None
     assert localstripe.get(f"/v1/payment_intents/{intent_id}")["status"] == "succeeded"
 
 
-def _credited_once_by_the_scheduler(
+def _scheduled_twice(
     database_url: str, pending: Pending, env: dict[str, str], clock: FileClock, tmp_path: Path
-) -> None:
-    """``metering scheduler --once`` credits the payment: the amount exactly, one grant; a
-    second run changes nothing; ``metering verify`` is clean."""
+) -> list[tuple[int, dict[str, Any]]]:
+    """``metering scheduler --once`` run twice (the second finds nothing left to do), the
+    account's balance and the payment read after each; ``metering verify`` is clean."""
     scheduler_dir = tmp_path / "scheduler"
     scheduler_dir.mkdir()
     seen = []
-    for _ in range(2):  # the second run finds nothing left to do
+    for _ in range(2):
         ran = run_cli(database_url, scheduler_dir, "scheduler", "--once", settings=env)
         assert ran.returncode == 0, ran.stdout + ran.stderr
         restarted = ServerProcess(database_url, tmp_path / "again", clock=clock, extra_env=env)
@@ -177,15 +188,24 @@ def _credited_once_by_the_scheduler(
             seen.append(_state(restarted.start(), pending.key, pending.payment_id))
         finally:
             restarted.stop()
-    (first_balance, credited), (second_balance, again) = seen
-    assert first_balance == second_balance == AMOUNT_CENTS * MICROCENTS_PER_CENT
-    assert credited["status"] == "succeeded" and credited["grant_id"] is not None
-    assert again == credited
     verified = run_cli(database_url, scheduler_dir, "verify")
     assert verified.returncode == 0, verified.stdout + verified.stderr
     assert "MISMATCH" not in verified.stdout and verified.stdout.startswith("verified "), (
         verified.stdout
     )
+    return seen
+
+
+def _credited_once_by_the_scheduler(
+    database_url: str, pending: Pending, env: dict[str, str], clock: FileClock, tmp_path: Path
+) -> None:
+    """``metering scheduler --once`` credits the payment: the amount exactly, one grant; a
+    second run changes nothing; ``metering verify`` is clean."""
+    seen = _scheduled_twice(database_url, pending, env, clock, tmp_path)
+    (first_balance, credited), (second_balance, again) = seen
+    assert first_balance == second_balance == AMOUNT_CENTS * MICROCENTS_PER_CENT
+    assert credited["status"] == "succeeded" and credited["grant_id"] is not None
+    assert again == credited
 
 
 def _server(database_url: str, localstripe: LocalStripe, tmp_path: Path) -> ServerProcess:
@@ -313,3 +333,180 @@ def test_a_server_killed_while_granting_is_credited_once_by_the_scheduler(
     assert tuple(status) == ("pending", None)
     assert server.clock is not None
     _credited_once_by_the_scheduler(url, pending, _env(localstripe), server.clock, tmp_path)
+
+
+# -- a refund whose server died in Stripe's call ------------------------------------------------
+
+REFUND_CENTS = 900
+
+
+class _Stall:
+    """A relay between the server and localstripe that passes everything until ``hold`` is
+    set; from then on no answer goes back to the server, and its requests go on to localstripe
+    (``forward``: Stripe makes the refund) or nowhere (the request never reaches Stripe)."""
+
+    def __init__(self, upstream: str) -> None:
+        url = httpx.URL(upstream)
+        self._upstream = (url.host, url.port)
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.base = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
+        self.hold = False
+        self.forward = True
+        self.asked = threading.Event()  # a request arrived while held
+        self.answered = threading.Event()  # localstripe answered one while held (kept back)
+        self._sockets: list[socket.socket] = [self._listener]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                server, _ = self._listener.accept()
+            except OSError:
+                return
+            stripe = socket.create_connection(self._upstream)
+            self._sockets += [server, stripe]
+            for source, sink, asking in ((server, stripe, True), (stripe, server, False)):
+                threading.Thread(
+                    target=self._pump, args=(source, sink, asking), daemon=True
+                ).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket, asking: bool) -> None:
+        while True:
+            try:
+                chunk = source.recv(65536)
+            except OSError:
+                return
+            if not chunk:
+                with contextlib.suppress(OSError):
+                    sink.shutdown(socket.SHUT_WR)
+                return
+            if self.hold:
+                (self.asked if asking else self.answered).set()
+                if not (asking and self.forward):
+                    continue
+            try:
+                sink.sendall(chunk)
+            except OSError:
+                return
+
+    def close(self) -> None:
+        for sock in self._sockets:
+            sock.close()
+
+
+def _rows(database_url: str, account: str) -> tuple[Any, Any, Any]:
+    """The account's refund, its payment's refunded cents and intent, and its refund entries
+    (how many, their sum), as stored."""
+    engine = create_engine(database_url)
+    try:
+        with engine.connect() as connection:
+            refund = connection.execute(
+                text(
+                    "SELECT id, status, stripe_refund_id, amount_cents FROM payment_refunds "
+                    "WHERE account_id = :a"
+                ),
+                {"a": account},
+            ).one()
+            payment = connection.execute(
+                text(
+                    "SELECT refunded_cents, stripe_payment_intent_id FROM payments "
+                    "WHERE account_id = :a"
+                ),
+                {"a": account},
+            ).one()
+            entries = connection.execute(
+                text(
+                    "SELECT count(*), coalesce(sum(amount_microcents), 0) FROM ledger_entries "
+                    "WHERE account_id = :a AND kind = 'refund'"
+                ),
+                {"a": account},
+            ).one()
+    finally:
+        engine.dispose()
+    return refund, payment, (int(entries[0]), int(entries[1]))
+
+
+@pytest.mark.parametrize("reached_stripe", [True, False], ids=["refunded", "never-sent"])
+def test_a_refund_whose_server_died_in_stripes_call_is_settled_once_by_the_scheduler(
+    database_url: str, localstripe: LocalStripe, tmp_path: Path, reached_stripe: bool
+) -> None:
+    """An operator's refund whose server is killed while it waits for Stripe's answer (Stripe
+    made the refund, or never received the request) stays ``pending``, its amount reserved;
+    ``metering scheduler --once`` applies it once if Stripe made it, or fails it and frees its
+    amount; a second run changes nothing; ``metering verify`` is clean."""
+    stall = _Stall(localstripe.base)
+    env = _env(localstripe)
+    clock = FileClock(tmp_path / "clock", datetime.now(UTC) - timedelta(minutes=10))
+    server = ServerProcess(
+        database_url,
+        tmp_path / "server",
+        clock=clock,
+        extra_env={**env, "METERING_STRIPE_API_BASE": stall.base},
+    ).start()
+    answers: list[object] = []
+    try:
+        pending, confirmed = _portal_top_up(server, localstripe, CARD_OK)
+        assert confirmed.status_code in (200, 303), confirmed.text
+        balance, payment = _state(server, pending.key, pending.payment_id)
+        assert (balance, payment["status"]) == (AMOUNT_CENTS * MICROCENTS_PER_CENT, "succeeded")
+        stall.forward = reached_stripe
+        stall.hold = True
+
+        def refund() -> None:
+            with httpx.Client(base_url=server.base_url, timeout=60) as client:
+                try:
+                    answers.append(
+                        client.post(
+                            f"/admin/v1/payments/{pending.payment_id}/refund",
+                            json={"amount_cents": REFUND_CENTS, "reason": "crash"},
+                            headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+                        )
+                    )
+                except httpx.TransportError as error:
+                    answers.append(error)
+
+        operator = threading.Thread(target=refund)
+        operator.start()
+        waited = stall.answered if reached_stripe else stall.asked
+        assert waited.wait(60), "the server never asked Stripe for the refund"
+        server.kill()
+        operator.join(60)
+    finally:
+        server.kill()
+        stall.close()
+    assert server.process is not None and server.process.returncode == -9
+    [answer] = answers
+    assert isinstance(answer, httpx.TransportError), answer  # no answer: the server died
+    refund_row, (refunded, intent), entries = _rows(database_url, pending.account)
+    assert (refund_row.status, refund_row.stripe_refund_id, refunded) == ("pending", None, 0)
+    assert entries == (0, 0)
+    made = localstripe.get(f"/v1/refunds?payment_intent={intent}")["data"]
+    assert [(r["amount"], r["metadata"]["refund_id"]) for r in made] == (
+        [(REFUND_CENTS, refund_row.id)] if reached_stripe else []
+    )
+
+    seen = _scheduled_twice(database_url, pending, env, clock, tmp_path)
+
+    (first_balance, first), (second_balance, second) = seen
+    assert (second_balance, second) == (first_balance, first)
+    refund_row, (refunded, _), entries = _rows(database_url, pending.account)
+    # Nothing was sent to Stripe again.
+    assert localstripe.get(f"/v1/refunds?payment_intent={intent}")["data"] == made
+    if reached_stripe:
+        assert first_balance == (AMOUNT_CENTS - REFUND_CENTS) * MICROCENTS_PER_CENT
+        assert (refund_row.status, refund_row.stripe_refund_id) == ("succeeded", made[0]["id"])
+        assert refunded == first["refunded_cents"] == REFUND_CENTS
+        assert entries == (1, -REFUND_CENTS * MICROCENTS_PER_CENT)
+        return
+    assert first_balance == AMOUNT_CENTS * MICROCENTS_PER_CENT
+    assert (refund_row.status, refund_row.stripe_refund_id) == ("failed", None)
+    assert refunded == first["refunded_cents"] == 0
+    assert entries == (0, 0)
+    # Its amount is free again: the whole payment may be refunded.
+    again = ServerProcess(database_url, tmp_path / "after", clock=clock, extra_env=env)
+    try:
+        with httpx.Client(base_url=again.start().base_url, timeout=30) as client:
+            whole = _admin(client, "POST", f"/admin/v1/payments/{pending.payment_id}/refund", 201)
+    finally:
+        again.stop()
+    assert (whole["amount_cents"], whole["status"]) == (AMOUNT_CENTS, "succeeded")

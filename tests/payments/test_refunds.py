@@ -5,7 +5,9 @@ dispute is an event and changes no credit; the roll-forward's identity holds wit
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import threading
 from datetime import date
 from decimal import Decimal
 from typing import Any
@@ -390,3 +392,214 @@ class TestStripeUnreachable:
         # Nothing reserved by it: the whole amount may still be refunded.
         answer = _refund(shop, payment["id"])
         assert (answer.status_code, answer.json()["amount_cents"]) == (201, 800), answer.text
+
+
+class _Died(Exception):
+    """The process ended here (what ``kill -9`` leaves, without the process)."""
+
+
+def _dying(shop: Shop, reach_stripe: bool) -> Payments:
+    """The flows of a process that dies in Stripe's refund call: after Stripe refunded
+    (``reach_stripe``) or before the request reached it. The refund stays ``pending``."""
+    payments = shop.payments
+    create = payments.stripe.create_refund
+
+    def create_refund(*args: Any) -> Any:
+        if reach_stripe:
+            create(*args)
+        raise _Died
+
+    payments.stripe.create_refund = create_refund  # type: ignore[method-assign]
+    return payments
+
+
+def _left_pending(shop: Shop, payment_id: str, amount_cents: int, reach_stripe: bool) -> str:
+    with pytest.raises(_Died):
+        refunds.refund(
+            _dying(shop, reach_stripe), payment_id, amount_cents, "crash", None, Auditor("test")
+        )
+    with shop.api.database.reading() as session:
+        row = session.execute(
+            select(REFUNDS.c.id, REFUNDS.c.status).where(REFUNDS.c.payment_id == payment_id)
+        ).one()
+    assert row.status == "pending"
+    return str(row.id)
+
+
+def _stored_refund(shop: Shop, refund_id: str) -> Any:
+    with shop.api.database.reading() as session:
+        return session.execute(select(REFUNDS).where(REFUNDS.c.id == refund_id)).one()
+
+
+def _audited(shop: Shop, action: str, payment_id: str) -> list[dict[str, Any]]:
+    audit = shop.api.admin("GET", "/admin/v1/audit-events", params={"action": action})
+    assert audit.status_code == 200, audit.text
+    return [a for a in audit.json()["data"] if a["target_id"] == payment_id]
+
+
+def _fail_at_stripe(shop: Shop, stripe_refund_id: str) -> dict[str, Any]:
+    """Stripe fails a refund it had made (a card that can no longer receive it)."""
+    answer = shop.stripe._request(
+        "POST",
+        f"/v1/refunds/{stripe_refund_id}",
+        data={"status": "failed"},
+        headers={"Authorization": f"Bearer {SECRET_KEY}"},
+    )
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["status"] == "failed"
+    return dict(answer.json())
+
+
+def _settled_by_replicas(shop: Shop, also: Any = None) -> list[int]:
+    """Two schedulers' reconciliations at once (and ``also``, e.g. Stripe's event)."""
+    moved: list[int] = []
+    work = [lambda: moved.append(refunds.reconcile(shop.payments)) for _ in range(2)]
+    threads = [threading.Thread(target=w) for w in [*work, *([also] if also else [])]]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    return moved
+
+
+class TestPendingRefund:
+    def test_one_stripe_made_is_applied_once_by_the_scheduler(self, shop: Shop) -> None:
+        key, payment = _paid(shop, 2000)
+        spent = 1200 * MICROCENTS_PER_CENT + 1  # the grant then holds 799.999999 cents
+        _spend(shop, key, spent)
+        before = _credits(shop, key)
+        refund_id = _left_pending(shop, payment["id"], 700, reach_stripe=True)
+        intent = _operator_payment(shop, payment["id"])["stripe_payment_intent_id"]
+        assert _charge_of(shop, intent)["amount_refunded"] == 700  # Stripe refunded it
+        assert _credits(shop, key) == before
+        # Its amount stays reserved: 799 - 700 cents may still be refunded, no more.
+        too_much = _refund(shop, payment["id"], amount_cents=100)
+        assert_error(too_much, 400, "refund_exceeds_remaining", param="amount_cents")
+        assert refunds.reconcile(shop.payments) == 0  # too early: pending under 5 minutes
+        assert _stored_refund(shop, refund_id).status == "pending"
+        shop.api.clock.advance(minutes=5)
+
+        charge_refunded = event("charge.refunded", _charge_of(shop, intent))
+        moved = _settled_by_replicas(shop, lambda: _delivered(shop, charge_refunded))
+
+        assert sum(moved) <= 1
+        stored = _stored_refund(shop, refund_id)
+        [made] = shop.stripe.get(f"/v1/refunds?payment_intent={intent}")["data"]
+        assert (stored.status, stored.stripe_refund_id) == ("succeeded", made["id"])
+        refunded = 700 * MICROCENTS_PER_CENT
+        after = _credits(shop, key)
+        assert before["balance_microcents"] - after["balance_microcents"] == refunded
+        held = 2000 * MICROCENTS_PER_CENT - spent - refunded
+        assert _grant(shop, payment["grant_id"])["remaining_microcents"] == held
+        assert after["deficit_microcents"] == 0
+        assert _refund_entries(shop, key.account_id) == [(-refunded, payment["grant_id"], "crash")]
+        assert _operator_payment(shop, payment["id"])["refunded_cents"] == 700
+        assert _events(shop, key.account_id, "payment.refunded") == [
+            {"payment_id": payment["id"], "amount_microcents": refunded}
+        ]
+        assert len(_audited(shop, "payment.refund", payment["id"])) == 1
+        assert refunds.reconcile(shop.payments) == 0
+        _delivered(shop, event("charge.refunded", _charge_of(shop, intent)))
+        assert _credits(shop, key) == after
+        _rollforward_identities(shop, key, shop.api.clock.now().date())
+
+    def test_one_that_never_reached_stripe_is_failed_and_its_amount_freed(self, shop: Shop) -> None:
+        key, payment = _paid(shop, 1500)
+        before = _credits(shop, key)
+        refund_id = _left_pending(shop, payment["id"], 600, reach_stripe=False)
+        shop.api.clock.advance(minutes=5)
+
+        moved = _settled_by_replicas(shop)
+
+        assert sorted(moved) == [0, 1]
+        stored = _stored_refund(shop, refund_id)
+        assert (stored.status, stored.stripe_refund_id) == ("failed", None)
+        assert "never reached Stripe" in stored.failure_message
+        assert _credits(shop, key) == before
+        assert _operator_payment(shop, payment["id"])["refunded_cents"] == 0
+        assert _refund_entries(shop, key.account_id) == []
+        intent = _operator_payment(shop, payment["id"])["stripe_payment_intent_id"]
+        assert _charge_of(shop, intent)["amount_refunded"] == 0  # nothing sent again
+        [failed] = _events(shop, key.account_id, "payment.refund_failed")
+        assert failed["payment_id"] == payment["id"] and failed["refund_id"] == refund_id
+        assert failed["amount_microcents"] == 600 * MICROCENTS_PER_CENT
+        [audit] = _audited(shop, "refund.fail", payment["id"])
+        assert audit["actor"] == "scheduler"
+        assert refunds.reconcile(shop.payments) == 0
+        # Nothing reserved any more: the whole payment may be refunded.
+        answer = _refund(shop, payment["id"])
+        assert (answer.status_code, answer.json()["amount_cents"]) == (201, 1500), answer.text
+        assert (
+            before["balance_microcents"] - _credits(shop, key)["balance_microcents"]
+            == 1500 * MICROCENTS_PER_CENT
+        )
+
+
+class TestFailedAtStripe:
+    def test_a_refund_stripe_answers_failed_is_failed_and_never_applied(self, shop: Shop) -> None:
+        key, payment = _paid(shop, 1000)
+        before = _credits(shop, key)
+        payments = shop.payments
+        create = payments.stripe.create_refund
+
+        def create_refund(*args: Any) -> Any:
+            made = create(*args)
+            _fail_at_stripe(shop, made.id)
+            return dataclasses.replace(made, status="failed")
+
+        payments.stripe.create_refund = create_refund  # type: ignore[method-assign]
+
+        with pytest.raises(refunds.RefundFailed):
+            refunds.refund(payments, payment["id"], 400, "x", None, Auditor("test"))
+
+        intent = _operator_payment(shop, payment["id"])["stripe_payment_intent_id"]
+        [made] = shop.stripe.get(f"/v1/refunds?payment_intent={intent}")["data"]
+        with shop.api.database.reading() as session:
+            stored = session.execute(
+                select(REFUNDS.c.status, REFUNDS.c.stripe_refund_id).where(
+                    REFUNDS.c.account_id == key.account_id
+                )
+            ).all()
+        assert [tuple(row) for row in stored] == [("failed", made["id"])]
+        [failed] = _events(shop, key.account_id, "payment.refund_failed")
+        assert failed["amount_microcents"] == 400 * MICROCENTS_PER_CENT
+        assert len(_audited(shop, "refund.fail", payment["id"])) == 1
+        # Stripe's event about it applies nothing either.
+        _delivered(shop, event("charge.refunded", _charge_of(shop, intent)))
+        _delivered(
+            shop, event("charge.refund.updated", shop.stripe.get(f"/v1/refunds/{made['id']}"))
+        )
+        assert _credits(shop, key) == before
+        assert _operator_payment(shop, payment["id"])["refunded_cents"] == 0
+        assert _refund_entries(shop, key.account_id) == []
+        assert len(_events(shop, key.account_id, "payment.refund_failed")) == 1
+        answer = _refund(shop, payment["id"])
+        assert (answer.status_code, answer.json()["amount_cents"]) == (201, 1000), answer.text
+
+    def test_charge_refund_updated_fails_a_pending_refund_once(self, shop: Shop) -> None:
+        key, payment = _paid(shop, 1800)
+        before = _credits(shop, key)
+        refund_id = _left_pending(shop, payment["id"], 500, reach_stripe=True)
+        intent = _operator_payment(shop, payment["id"])["stripe_payment_intent_id"]
+        [made] = shop.stripe.get(f"/v1/refunds?payment_intent={intent}")["data"]
+        updated = event("charge.refund.updated", _fail_at_stripe(shop, made["id"]))
+        shop.api.clock.advance(minutes=5)
+
+        moved = _settled_by_replicas(shop, lambda: _delivered(shop, updated))
+        _delivered(shop, updated)  # again
+
+        assert sum(moved) <= 1
+        stored = _stored_refund(shop, refund_id)
+        assert (stored.status, stored.stripe_refund_id) == ("failed", made["id"])
+        assert _credits(shop, key) == before
+        assert _refund_entries(shop, key.account_id) == []
+        assert _operator_payment(shop, payment["id"])["refunded_cents"] == 0
+        assert len(_events(shop, key.account_id, "payment.refund_failed")) == 1
+        assert len(_audited(shop, "refund.fail", payment["id"])) == 1
+        # A refund failed in Stripe's dashboard changes nothing either.
+        dashboard = _stripe_refund(shop, intent, 300)
+        _fail_at_stripe(shop, dashboard["id"])
+        _delivered(shop, event("charge.refunded", _charge_of(shop, intent)))
+        assert _credits(shop, key) == before
+        answer = _refund(shop, payment["id"])
+        assert (answer.status_code, answer.json()["amount_cents"]) == (201, 1800), answer.text
