@@ -107,7 +107,8 @@ def apply_limit(row: Project | Member, limit: SpendLimit) -> None:
 def note_scope_limit(session: Session, row: Project | Member) -> None:
     """Mark the account as having project or member limits once ``row`` has one (never
     unmarked: a plain write, whatever the concurrency); the ingest reads them only for such
-    accounts (metering.usage.repository)."""
+    accounts (metering.usage.repository), and the check-and-hold the key's project and member
+    (metering.ledger.resolution)."""
     if row.spend_limit_microcents is not None:
         session.execute(
             update(ACCOUNTS)
@@ -151,6 +152,14 @@ def set_project_models(session: Session, project: Project, names: list[str] | No
             ],
         )
     project.restricts_models = ids is not None
+    if ids is not None:
+        # Marked once, never unmarked (as note_scope_limit): the check-and-hold reads the
+        # projects of marked accounts only (metering.ledger.resolution).
+        session.execute(
+            update(ACCOUNTS)
+            .where(ACCOUNTS.c.id == project.account_id, ACCOUNTS.c.project_models.is_(False))
+            .values(project_models=True)
+        )
     session.flush()
 
 

@@ -39,6 +39,8 @@ DECLARE
     v_limit INTEGER;
     v_billing VARCHAR;
     v_next_expiry TIMESTAMP WITH TIME ZONE;
+    v_scope_limits BOOLEAN;
+    v_project_models BOOLEAN;
     v_released BIGINT;
     v_released_count BIGINT;
     v_expired BIGINT;
@@ -47,6 +49,7 @@ DECLARE
     v_adopted BIGINT;
     v_adopted_count BIGINT;
     v_available BIGINT;
+    v_resolution TEXT;
     v_outcome VARCHAR;
     v_spent BIGINT;
 BEGIN
@@ -59,10 +62,10 @@ BEGIN
                 UPDATE accounts SET held_microcents=v_held, held_count=v_count WHERE accounts.id = v_account_id;
             END IF;
             v_account_id := v_h_account_id;
-            SELECT accounts.balance_microcents, accounts.held_microcents, accounts.held_count, accounts.max_concurrent_requests, accounts.billing, accounts.next_expiry_at
+            SELECT accounts.balance_microcents, accounts.held_microcents, accounts.held_count, accounts.max_concurrent_requests, accounts.billing, accounts.next_expiry_at, accounts.scope_limits, accounts.project_models
             FROM accounts
             WHERE accounts.id = v_account_id FOR NO KEY UPDATE
-            INTO v_balance, v_held, v_count, v_limit, v_billing, v_next_expiry;
+            INTO v_balance, v_held, v_count, v_limit, v_billing, v_next_expiry, v_scope_limits, v_project_models;
             IF NOT FOUND THEN
                 RAISE EXCEPTION 'no such account';
             END IF;
@@ -99,22 +102,42 @@ BEGIN
             END IF;
         END IF;
         v_available := CASE WHEN (v_balance < CAST(-9223372036854775808 AS BIGINT) + v_held) THEN CAST(-9223372036854775808 AS BIGINT) ELSE v_balance - v_held END;
-        v_outcome := CASE WHEN (v_h_resolution IS NOT NULL AND (SELECT CAST(json_build_array(resolution.api_key_id, resolution.account_id, resolution.billing, resolution.spend_limit_microcents, resolution.spend_limit_window, resolution.project_id, resolution.member_id, resolution.project_spend_limit_microcents, resolution.project_spend_limit_window, resolution.member_spend_limit_microcents, resolution.member_spend_limit_window, resolution.max_concurrent_requests, resolution.model_id, resolution.context_length, resolution.max_output_tokens, resolution.reasoning_headroom_tokens, resolution.deprecation_date, resolution.price_version_id, resolution.account_sees, resolution.key_allows, resolution.project_allows, resolution.input_microcents_per_million, resolution.output_microcents_per_million, resolution.cache_read_microcents_per_million) AS TEXT) AS json_build_array_1
-        FROM (SELECT api_keys.id AS api_key_id, api_keys.account_id AS account_id, accounts.billing AS billing, api_keys.monthly_spend_limit_microcents AS spend_limit_microcents, api_keys.spend_limit_window AS spend_limit_window, api_keys.project_id AS project_id, api_keys.member_id AS member_id, projects.spend_limit_microcents AS project_spend_limit_microcents, projects.spend_limit_window AS project_spend_limit_window, members.spend_limit_microcents AS member_spend_limit_microcents, members.spend_limit_window AS member_spend_limit_window, accounts.max_concurrent_requests AS max_concurrent_requests, model.id AS model_id, model.context_length AS context_length, model.max_output_tokens AS max_output_tokens, model.reasoning_headroom_tokens AS reasoning_headroom_tokens, model.deprecation_date AS deprecation_date, coalesce(override.id, listed.id) AS price_version_id, accounts.restricts_models IS false OR (EXISTS (SELECT *
-        FROM account_models
-        WHERE account_models.account_id = api_keys.account_id AND account_models.model_id = model.id)) AS account_sees, api_keys.restricts_models IS false OR (EXISTS (SELECT *
-        FROM api_key_models
-        WHERE api_key_models.account_id = api_keys.account_id AND api_key_models.api_key_id = api_keys.id AND api_key_models.model_id = model.id)) AS key_allows, projects.restricts_models IS NOT true OR (EXISTS (SELECT *
-        FROM project_models
-        WHERE project_models.account_id = api_keys.account_id AND project_models.project_id = api_keys.project_id AND project_models.model_id = model.id)) AS project_allows, coalesce(override.input_microcents_per_million, listed.input_microcents_per_million) AS input_microcents_per_million, coalesce(override.output_microcents_per_million, listed.output_microcents_per_million) AS output_microcents_per_million, coalesce(override.cache_read_microcents_per_million, listed.cache_read_microcents_per_million) AS cache_read_microcents_per_million
-        FROM api_keys JOIN accounts ON accounts.id = api_keys.account_id LEFT OUTER JOIN projects ON projects.account_id = api_keys.account_id AND projects.id = api_keys.project_id LEFT OUTER JOIN members ON members.account_id = api_keys.account_id AND members.id = api_keys.member_id LEFT OUTER JOIN catalog_models AS model ON model.id_key = v_h_model_key LEFT OUTER JOIN account_rates AS override ON override.account_id = api_keys.account_id AND override.id = (SELECT account_rates.id
-        FROM account_rates
-        WHERE account_rates.account_id = api_keys.account_id AND account_rates.model_id = model.id AND account_rates.effective_at <= v_h_created_at ORDER BY account_rates.effective_at DESC
-         LIMIT 1) AND override.input_microcents_per_million IS NOT NULL LEFT OUTER JOIN price_versions AS listed ON listed.id = (SELECT price_versions.id
-        FROM price_versions
-        WHERE price_versions.model_id = model.id AND price_versions.effective_at <= v_h_created_at ORDER BY price_versions.effective_at DESC
-         LIMIT 1)
-        WHERE api_keys.secret_hash = v_h_secret_hash AND api_keys.revoked_at IS NULL) AS resolution) IS DISTINCT FROM v_h_resolution) THEN 'stale' WHEN (v_h_request_id IS NOT NULL AND (EXISTS (SELECT *
+        IF v_h_resolution IS NOT NULL THEN
+            IF v_scope_limits OR v_project_models THEN
+                v_resolution := (SELECT CAST(json_build_array(resolution.api_key_id, resolution.account_id, resolution.billing, resolution.spend_limit_microcents, resolution.spend_limit_window, resolution.project_id, resolution.member_id, resolution.project_spend_limit_microcents, resolution.project_spend_limit_window, resolution.member_spend_limit_microcents, resolution.member_spend_limit_window, resolution.max_concurrent_requests, resolution.model_id, resolution.context_length, resolution.max_output_tokens, resolution.reasoning_headroom_tokens, resolution.deprecation_date, resolution.price_version_id, resolution.account_sees, resolution.key_allows, resolution.project_allows, resolution.input_microcents_per_million, resolution.output_microcents_per_million, resolution.cache_read_microcents_per_million) AS TEXT) AS json_build_array_1
+                FROM (SELECT api_keys.id AS api_key_id, api_keys.account_id AS account_id, accounts.billing AS billing, api_keys.monthly_spend_limit_microcents AS spend_limit_microcents, api_keys.spend_limit_window AS spend_limit_window, api_keys.project_id AS project_id, api_keys.member_id AS member_id, projects.spend_limit_microcents AS project_spend_limit_microcents, CASE WHEN (projects.spend_limit_microcents IS NULL) THEN NULL ELSE projects.spend_limit_window END AS project_spend_limit_window, members.spend_limit_microcents AS member_spend_limit_microcents, CASE WHEN (members.spend_limit_microcents IS NULL) THEN NULL ELSE members.spend_limit_window END AS member_spend_limit_window, accounts.max_concurrent_requests AS max_concurrent_requests, model.id AS model_id, model.context_length AS context_length, model.max_output_tokens AS max_output_tokens, model.reasoning_headroom_tokens AS reasoning_headroom_tokens, model.deprecation_date AS deprecation_date, coalesce(override.id, listed.id) AS price_version_id, accounts.restricts_models IS false OR (EXISTS (SELECT *
+                FROM account_models
+                WHERE account_models.account_id = api_keys.account_id AND account_models.model_id = model.id)) AS account_sees, api_keys.restricts_models IS false OR (EXISTS (SELECT *
+                FROM api_key_models
+                WHERE api_key_models.account_id = api_keys.account_id AND api_key_models.api_key_id = api_keys.id AND api_key_models.model_id = model.id)) AS key_allows, projects.restricts_models IS NOT true OR (EXISTS (SELECT *
+                FROM project_models
+                WHERE project_models.account_id = api_keys.account_id AND project_models.project_id = api_keys.project_id AND project_models.model_id = model.id)) AS project_allows, coalesce(override.input_microcents_per_million, listed.input_microcents_per_million) AS input_microcents_per_million, coalesce(override.output_microcents_per_million, listed.output_microcents_per_million) AS output_microcents_per_million, coalesce(override.cache_read_microcents_per_million, listed.cache_read_microcents_per_million) AS cache_read_microcents_per_million
+                FROM api_keys JOIN accounts ON accounts.id = api_keys.account_id LEFT OUTER JOIN projects ON projects.account_id = api_keys.account_id AND projects.id = api_keys.project_id LEFT OUTER JOIN members ON members.account_id = api_keys.account_id AND members.id = api_keys.member_id LEFT OUTER JOIN catalog_models AS model ON model.id_key = v_h_model_key LEFT OUTER JOIN account_rates AS override ON override.account_id = api_keys.account_id AND override.id = (SELECT account_rates.id
+                FROM account_rates
+                WHERE account_rates.account_id = api_keys.account_id AND account_rates.model_id = model.id AND account_rates.effective_at <= v_h_created_at ORDER BY account_rates.effective_at DESC
+                 LIMIT 1) AND override.input_microcents_per_million IS NOT NULL LEFT OUTER JOIN price_versions AS listed ON listed.id = (SELECT price_versions.id
+                FROM price_versions
+                WHERE price_versions.model_id = model.id AND price_versions.effective_at <= v_h_created_at ORDER BY price_versions.effective_at DESC
+                 LIMIT 1)
+                WHERE api_keys.secret_hash = v_h_secret_hash AND api_keys.revoked_at IS NULL) AS resolution);
+            ELSE
+                v_resolution := (SELECT CAST(json_build_array(resolution.api_key_id, resolution.account_id, resolution.billing, resolution.spend_limit_microcents, resolution.spend_limit_window, resolution.project_id, resolution.member_id, resolution.project_spend_limit_microcents, resolution.project_spend_limit_window, resolution.member_spend_limit_microcents, resolution.member_spend_limit_window, resolution.max_concurrent_requests, resolution.model_id, resolution.context_length, resolution.max_output_tokens, resolution.reasoning_headroom_tokens, resolution.deprecation_date, resolution.price_version_id, resolution.account_sees, resolution.key_allows, resolution.project_allows, resolution.input_microcents_per_million, resolution.output_microcents_per_million, resolution.cache_read_microcents_per_million) AS TEXT) AS json_build_array_1
+                FROM (SELECT api_keys.id AS api_key_id, api_keys.account_id AS account_id, accounts.billing AS billing, api_keys.monthly_spend_limit_microcents AS spend_limit_microcents, api_keys.spend_limit_window AS spend_limit_window, api_keys.project_id AS project_id, api_keys.member_id AS member_id, CAST(NULL AS BIGINT) AS project_spend_limit_microcents, CAST(NULL AS VARCHAR) AS project_spend_limit_window, CAST(NULL AS BIGINT) AS member_spend_limit_microcents, CAST(NULL AS VARCHAR) AS member_spend_limit_window, accounts.max_concurrent_requests AS max_concurrent_requests, model.id AS model_id, model.context_length AS context_length, model.max_output_tokens AS max_output_tokens, model.reasoning_headroom_tokens AS reasoning_headroom_tokens, model.deprecation_date AS deprecation_date, coalesce(override.id, listed.id) AS price_version_id, accounts.restricts_models IS false OR (EXISTS (SELECT *
+                FROM account_models
+                WHERE account_models.account_id = api_keys.account_id AND account_models.model_id = model.id)) AS account_sees, api_keys.restricts_models IS false OR (EXISTS (SELECT *
+                FROM api_key_models
+                WHERE api_key_models.account_id = api_keys.account_id AND api_key_models.api_key_id = api_keys.id AND api_key_models.model_id = model.id)) AS key_allows, true AS project_allows, coalesce(override.input_microcents_per_million, listed.input_microcents_per_million) AS input_microcents_per_million, coalesce(override.output_microcents_per_million, listed.output_microcents_per_million) AS output_microcents_per_million, coalesce(override.cache_read_microcents_per_million, listed.cache_read_microcents_per_million) AS cache_read_microcents_per_million
+                FROM api_keys JOIN accounts ON accounts.id = api_keys.account_id LEFT OUTER JOIN catalog_models AS model ON model.id_key = v_h_model_key LEFT OUTER JOIN account_rates AS override ON override.account_id = api_keys.account_id AND override.id = (SELECT account_rates.id
+                FROM account_rates
+                WHERE account_rates.account_id = api_keys.account_id AND account_rates.model_id = model.id AND account_rates.effective_at <= v_h_created_at ORDER BY account_rates.effective_at DESC
+                 LIMIT 1) AND override.input_microcents_per_million IS NOT NULL LEFT OUTER JOIN price_versions AS listed ON listed.id = (SELECT price_versions.id
+                FROM price_versions
+                WHERE price_versions.model_id = model.id AND price_versions.effective_at <= v_h_created_at ORDER BY price_versions.effective_at DESC
+                 LIMIT 1)
+                WHERE api_keys.secret_hash = v_h_secret_hash AND api_keys.revoked_at IS NULL) AS resolution);
+            END IF;
+        END IF;
+        v_outcome := CASE WHEN (v_h_resolution IS NOT NULL AND v_resolution IS DISTINCT FROM v_h_resolution) THEN 'stale' WHEN (v_h_request_id IS NOT NULL AND (EXISTS (SELECT *
         FROM authorizations
         WHERE authorizations.account_id = v_account_id AND authorizations.request_id = v_h_request_id))) THEN 'exists' WHEN (v_billing != 'prepaid' AND v_h_estimate_microcents > 9223372036854775807 - v_held) THEN 'out_of_range' WHEN (v_limit IS NOT NULL AND v_count >= v_limit) THEN 'concurrency_limit_exceeded' WHEN (v_billing = 'prepaid' AND v_h_estimate_microcents > v_available) THEN 'insufficient_credits' ELSE 'granted' END;
         IF v_outcome = 'granted' AND v_h_project_limit IS NOT NULL THEN

@@ -5,6 +5,9 @@ rates in force for the account — as one SQL statement (``RESOLUTION``) with na
 The same definition is read by the authorization (a fresh read), and recomputed by the
 check-and-hold to confirm a resolution that an API process remembered (PostgreSQL): its JSON
 text (``resolution_text``) must be unchanged at the hold's instant, or the hold is not placed.
+For an account whose projects and members have no spend limit and no model list (neither of
+the account's marks set, read with its locked row), the confirmation reads neither: they could
+change nothing, and any change that could is made with a mark in the same transaction.
 """
 
 from __future__ import annotations
@@ -14,7 +17,20 @@ from dataclasses import dataclass, fields
 from datetime import date
 from typing import Any
 
-from sqlalchemy import Date, Select, String, Text, and_, bindparam, cast, select
+from sqlalchemy import (
+    BigInteger,
+    Date,
+    Select,
+    String,
+    Text,
+    and_,
+    bindparam,
+    case,
+    cast,
+    null,
+    select,
+    true,
+)
 
 from metering.accounts.access import account_sees, key_allows, project_allows
 from metering.accounts.keys import ACCOUNTS, KEYS, live_key
@@ -92,9 +108,33 @@ class Resolution:
 NAMES = (*(f.name for f in fields(Resolution) if f.name != "rates"), *RATE_COLUMNS)
 
 
-def _parts(secret_hash: Any, model_key: Any, at: Any) -> tuple[dict[str, Any], Any, Any]:
+def _limit_window(owner: Any) -> Any:
+    """A project's or a member's spend-limit window, null while it has no limit (so a scope
+    without a limit reads the same whether its row is read or not)."""
+    return case((owner.c.spend_limit_microcents.is_(None), None), else_=owner.c.spend_limit_window)
+
+
+def _parts(
+    secret_hash: Any, model_key: Any, at: Any, *, scoped: bool = True
+) -> tuple[dict[str, Any], Any, Any]:
+    """The resolving statement's columns, FROM clause and condition. ``scoped=False``: the form
+    for an account none of whose projects and members has a spend limit or a model list (the
+    account's two marks, metering.models.accounts), which reads neither: their columns are what
+    such rows give (no limits; the project allows every model the key may use)."""
     models = MODELS.alias("model")
     price = price_in_force(KEYS.c.account_id, models.c.id, at)
+    no_limit, no_window = cast(null(), BigInteger), cast(null(), String)
+    scopes = {
+        "project_spend_limit_microcents": PROJECTS.c.spend_limit_microcents,
+        "project_spend_limit_window": _limit_window(PROJECTS),
+        "member_spend_limit_microcents": MEMBERS.c.spend_limit_microcents,
+        "member_spend_limit_window": _limit_window(MEMBERS),
+    }
+    if not scoped:
+        scopes = {name: no_window if name.endswith("window") else no_limit for name in scopes}
+    project_allowed = project_allows(
+        KEYS.c.account_id, KEYS.c.project_id, PROJECTS.c.restricts_models, models.c.id
+    )
     columns = {
         "api_key_id": KEYS.c.id,
         "account_id": KEYS.c.account_id,
@@ -103,10 +143,7 @@ def _parts(secret_hash: Any, model_key: Any, at: Any) -> tuple[dict[str, Any], A
         "spend_limit_window": KEYS.c.spend_limit_window,
         "project_id": KEYS.c.project_id,
         "member_id": KEYS.c.member_id,
-        "project_spend_limit_microcents": PROJECTS.c.spend_limit_microcents,
-        "project_spend_limit_window": PROJECTS.c.spend_limit_window,
-        "member_spend_limit_microcents": MEMBERS.c.spend_limit_microcents,
-        "member_spend_limit_window": MEMBERS.c.spend_limit_window,
+        **scopes,
         "max_concurrent_requests": ACCOUNTS.c.max_concurrent_requests,
         "model_id": models.c.id,
         "context_length": models.c.context_length,
@@ -118,31 +155,28 @@ def _parts(secret_hash: Any, model_key: Any, at: Any) -> tuple[dict[str, Any], A
         "key_allows": key_allows(
             KEYS.c.account_id, KEYS.c.id, KEYS.c.restricts_models, models.c.id
         ),
-        "project_allows": project_allows(
-            KEYS.c.account_id, KEYS.c.project_id, PROJECTS.c.restricts_models, models.c.id
-        ),
+        "project_allows": project_allowed if scoped else true(),
         **{name: price.rate(name) for name in RATE_COLUMNS},
     }
     assert tuple(columns) == NAMES
-    base = (
-        KEYS.join(ACCOUNTS, ACCOUNTS.c.id == KEYS.c.account_id)
-        .outerjoin(
+    base = KEYS.join(ACCOUNTS, ACCOUNTS.c.id == KEYS.c.account_id)
+    if scoped:
+        base = base.outerjoin(
             PROJECTS,
             and_(PROJECTS.c.account_id == KEYS.c.account_id, PROJECTS.c.id == KEYS.c.project_id),
-        )
-        .outerjoin(
+        ).outerjoin(
             MEMBERS,
             and_(MEMBERS.c.account_id == KEYS.c.account_id, MEMBERS.c.id == KEYS.c.member_id),
         )
-        .outerjoin(models, models.c.id_key == model_key)
-    )
+    base = base.outerjoin(models, models.c.id_key == model_key)
     return columns, price.join(base), live_key(KEYS, secret_hash)
 
 
-def resolution(secret_hash: Any, model_key: Any, at: Any) -> Select[Any]:
+def resolution(secret_hash: Any, model_key: Any, at: Any, *, scoped: bool = True) -> Select[Any]:
     """The resolving statement: one row for a live key (the model's columns null when the
-    model name is unknown, the price's when none is in force at ``at``), none otherwise."""
-    columns, source, where = _parts(secret_hash, model_key, at)
+    model name is unknown, the price's when none is in force at ``at``), none otherwise.
+    ``scoped=False``: without the key's project and member (``_parts``)."""
+    columns, source, where = _parts(secret_hash, model_key, at, scoped=scoped)
     return (
         select(*(column.label(name) for name, column in columns.items()))
         .select_from(source)
@@ -150,10 +184,10 @@ def resolution(secret_hash: Any, model_key: Any, at: Any) -> Select[Any]:
     )
 
 
-def resolution_text(secret_hash: Any, model_key: Any, at: Any) -> Any:
+def resolution_text(secret_hash: Any, model_key: Any, at: Any, *, scoped: bool = True) -> Any:
     """The resolution as JSON text (an array of ``NAMES``' values), or null for no live key:
     what a remembered resolution is compared with."""
-    found = resolution(secret_hash, model_key, at).subquery("resolution")
+    found = resolution(secret_hash, model_key, at, scoped=scoped).subquery("resolution")
     return select(as_text(found)).select_from(found).scalar_subquery()
 
 

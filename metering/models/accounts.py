@@ -58,6 +58,10 @@ class Account(Base):
     # ingest then reads their limits for the spend-limit thresholds, in a statement of its own,
     # so an account without such limits pays nothing for them (metering.usage.repository).
     scope_limits: Mapped[bool] = mapped_column(Boolean, default=False, server_default="0")
+    # Set once a project of the account is given a model list (never cleared). With neither
+    # mark, the account's projects and members change nothing its keys resolve to, and the
+    # check-and-hold confirms a remembered resolution without them (metering.ledger.resolution).
+    project_models: Mapped[bool] = mapped_column(Boolean, default=False, server_default="0")
     # What charges ran beyond the live grants: balance = Σ remainders − deficit.
     deficit_microcents: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     # No grant of the account with a remainder expires before this instant (null: none

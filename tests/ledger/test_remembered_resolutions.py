@@ -18,7 +18,7 @@ from metering.ledger.placement.sqlite import SqliteHolds
 from metering.ledger.resolution import resolution_text
 from metering.ledger.service import held_counter_mismatches
 from tests.conftest import NOW, Api
-from tests.factories import GLM_RATES, assert_error, authorization_request, authorize
+from tests.factories import GLM_RATES, Key, assert_error, authorization_request, authorize
 from tests.ledger.helpers import Setup, expected_estimate, holds, prepaid
 
 ESTIMATE = expected_estimate(1000, 100, GLM_RATES)
@@ -149,6 +149,77 @@ CHANGES: dict[str, Callable[[Api, Setup], None]] = {
     "key's model list": _narrow_key,
     "daily window": _daily,
 }
+
+
+def _admin(api: Api, method: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    response = api.admin(method, path, json=body)
+    assert response.status_code in (200, 201), response.text
+    return dict(response.json())
+
+
+def _members_key(api: Api, setup: Setup) -> Key:
+    """A second key of the account, owned by a new member (no limits yet)."""
+    member = _admin(
+        api,
+        "POST",
+        f"/admin/v1/accounts/{setup.account}/members",
+        {"email": f"{setup.account.lower()}@example.com", "role": "developer"},
+    )
+    key = _admin(
+        api,
+        "POST",
+        f"/admin/v1/accounts/{setup.account}/api-keys",
+        {"name": "member's", "member_id": member["id"]},
+    )
+    return Key(key["id"], key["key"], setup.account)
+
+
+# Changes of a key's project or member, each made by another process of the service (its admin
+# routes: the service marks the account in the same transaction, so the check-and-hold then
+# reads projects and members), after the account's resolutions were remembered without them.
+SCOPE_CHANGES = {
+    "project spend limit": ("project", {"spend_limit_cents": 0}, 402, "project_spend_limit"),
+    "member spend limit": ("member", {"spend_limit_cents": 0}, 402, "member_spend_limit"),
+    "project's model list": ("project", {"allowed_models": []}, 403, "model_not_allowed"),
+}
+PARAMS = {"model_not_allowed": "model"}
+
+
+@pytest.mark.parametrize("change", SCOPE_CHANGES)
+def test_a_change_of_the_keys_project_or_member_takes_effect_at_once(api: Api, change: str) -> None:
+    setup = prepaid(api, 1)
+    key = _members_key(api, setup)
+    _warm(api, Setup(setup.account, key, setup.model))
+    owner, body, status, code = SCOPE_CHANGES[change]
+    with api.database.unit_of_work() as session:
+        project_id, member_id = session.execute(
+            text("SELECT project_id, member_id FROM api_keys WHERE id = :id"), {"id": key.id}
+        ).one()
+    path = {
+        "project": f"/admin/v1/projects/{project_id}",
+        "member": f"/admin/v1/members/{member_id}",
+    }
+    _admin(api, "PATCH", path[owner], body)
+    response = authorize(api, key, setup.model)
+    assert_error(response, status, code, param=PARAMS.get(code))
+    if status == 402:
+        assert response.json()["error"]["limit_scope"] == owner
+
+
+def test_an_account_with_project_limits_still_confirms_what_it_remembered(
+    api: Api, resolving_reads: list[str]
+) -> None:
+    # The account is marked (its project has a limit, far above what is held): the
+    # check-and-hold reads the key's project and member, and still finds what was read.
+    setup = prepaid(api, 1)
+    with api.database.unit_of_work() as session:
+        project_id = session.execute(
+            text("SELECT project_id FROM api_keys WHERE id = :id"), {"id": setup.key.id}
+        ).scalar_one()
+    _admin(api, "PATCH", f"/admin/v1/projects/{project_id}", {"spend_limit_cents": 100})
+    for _ in range(4):
+        assert authorize(api, setup.key, setup.model).status_code == 200
+    assert len(resolving_reads) == (4 if api.backend == "sqlite" else 1)
 
 
 @pytest.mark.parametrize("change", CHANGES)

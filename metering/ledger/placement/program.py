@@ -211,6 +211,11 @@ def _place_holds(on: p.Backend) -> list[p.Step]:
     # metering.accounts.access: the holds counted, the account's limit and billing.
     count, limit = p.Var("v_count", BigInteger()), p.Var("v_limit", Integer())
     billing = p.Var("v_billing", String())
+    # The account's marks (metering.models.accounts): whether its projects and members can
+    # change what its keys resolve to, and so whether a confirmation reads them.
+    scope_limits = p.Var("v_scope_limits", Boolean())
+    project_models = p.Var("v_project_models", Boolean())
+    current = p.Var("v_resolution", Text())  # a remembered resolution's text, read again
     released_count = p.Var("v_released_count", BigInteger())
     expired_count = p.Var("v_expired_count", BigInteger())
     adopted = p.Var("v_adopted", BigInteger())
@@ -258,10 +263,21 @@ def _place_holds(on: p.Backend) -> list[p.Step]:
                     ACCOUNTS.c.max_concurrent_requests,
                     ACCOUNTS.c.billing,
                     ACCOUNTS.c.next_expiry_at,
+                    ACCOUNTS.c.scope_limits,
+                    ACCOUNTS.c.project_models,
                 )
                 .where(ACCOUNTS.c.id == account.ref)
                 .with_for_update(key_share=True),
-                into=(balance, held, count, limit, billing, next_expiry),
+                into=(
+                    balance,
+                    held,
+                    count,
+                    limit,
+                    billing,
+                    next_expiry,
+                    scope_limits,
+                    project_models,
+                ),
                 required="no such account",
             ),
             # Grants expired at this instant count no more, their forfeits written or not.
@@ -291,18 +307,28 @@ def _place_holds(on: p.Backend) -> list[p.Step]:
     spent = key_charges(
         account.ref, h["api_key_id"].ref, h["window_start"].ref, h["window_end"].ref
     ) + key_holds_in_force(account.ref, h["api_key_id"].ref, h["created_at"].ref)
+
     # The checks of docs/api.md#post-v1authorizations in their order, as CASE branches (the spend
     # limit's below).
+    # A remembered resolution read again at the hold's instant, under the account's lock: with
+    # the key's project and member only when the account's marks say they can matter.
+    def read_again(scoped: bool) -> tuple[p.Step, ...]:
+        at = (h["secret_hash"].ref, h["model_key"].ref, h["created_at"].ref)
+        return (p.Assign(current, resolution_text(*at, scoped=scoped)),)
+
+    confirm = p.When(
+        h["resolution"].ref.isnot(None),
+        (p.When(scope_limits.ref | project_models.ref, read_again(True), read_again(False)),),
+    )
+    stale = (
+        and_(h["resolution"].ref.isnot(None), current.ref.is_distinct_from(h["resolution"].ref)),
+        Outcome.STALE.value,
+    )
+    # SQLite never confirms (its authorizations read afresh, metering.ledger.placement.sqlite),
+    # and each step there is a statement of its own.
+    confirming, stale_checks = on.choose(postgresql=((confirm,), (stale,)), sqlite=((), ()))
     decide_checks = (
-        (
-            and_(
-                h["resolution"].ref.isnot(None),
-                resolution_text(
-                    h["secret_hash"].ref, h["model_key"].ref, h["created_at"].ref
-                ).is_distinct_from(h["resolution"].ref),
-            ),
-            Outcome.STALE.value,
-        ),
+        *stale_checks,
         (
             and_(
                 h["request_id"].ref.isnot(None),
@@ -441,6 +467,7 @@ def _place_holds(on: p.Backend) -> list[p.Step]:
                         else_=balance.ref - held.ref,
                     ),
                 ),
+                *confirming,
                 p.Assign(outcome, decide),
                 *spend_check,
                 grant,
