@@ -1,7 +1,9 @@
 """Remembered resolutions (PostgreSQL): an API process estimates a key's next
 authorization from the resolution it read last, and the check-and-hold confirms it under the
 account's lock. Changes made behind the process's back, straight in the database, must take
-effect on the very next authorization; on SQLite nothing is remembered and the same holds."""
+effect on the very next authorization; on SQLite nothing is remembered and the same holds.
+A project's or a member's rules are changed through the service (its admin routes), which marks
+the account in the same transaction: only a marked account's confirmation reads them."""
 
 from __future__ import annotations
 
