@@ -225,7 +225,7 @@ class TestOperatorTopUp:
         customer = shop.payments.customer_of(key.account_id)
         charged = [
             intent
-            for intent in shop.stripe.get("/v1/payment_intents?limit=100")["data"]
+            for intent in shop.stripe.every("/v1/payment_intents")
             if intent["customer"] == customer and intent["status"] == "succeeded"
         ]
         assert len(charged) == 1
