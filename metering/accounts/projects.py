@@ -105,16 +105,19 @@ def apply_limit(row: Project | Member, limit: SpendLimit) -> None:
 
 
 def note_scope_limit(session: Session, row: Project | Member) -> None:
-    """Mark the account as having project or member limits once ``row`` has one (never
-    unmarked: a plain write, whatever the concurrency); the ingest reads them only for such
-    accounts (metering.usage.repository), and the check-and-hold the key's project and member
-    (metering.ledger.resolution)."""
+    """Mark the account as having project or member limits once ``row`` has one; the ingest
+    reads them only for such accounts (metering.usage.repository), and the check-and-hold the
+    key's project and member (metering.ledger.resolution)."""
     if row.spend_limit_microcents is not None:
-        session.execute(
-            update(ACCOUNTS)
-            .where(ACCOUNTS.c.id == row.account_id, ACCOUNTS.c.scope_limits.is_(False))
-            .values(scope_limits=True)
-        )
+        _mark(session, row.account_id, ACCOUNTS.c.scope_limits)
+
+
+def _mark(session: Session, account_id: str, mark: Any) -> None:
+    """Set one of the account's marks (``scope_limits``, ``project_models``): once, never
+    unmarked, a plain write whatever the concurrency."""
+    session.execute(
+        update(ACCOUNTS).where(ACCOUNTS.c.id == account_id, mark.is_(False)).values({mark: True})
+    )
 
 
 def set_project_models(session: Session, project: Project, names: list[str] | None) -> None:
@@ -153,13 +156,8 @@ def set_project_models(session: Session, project: Project, names: list[str] | No
         )
     project.restricts_models = ids is not None
     if ids is not None:
-        # Marked once, never unmarked (as note_scope_limit): the check-and-hold reads the
-        # projects of marked accounts only (metering.ledger.resolution).
-        session.execute(
-            update(ACCOUNTS)
-            .where(ACCOUNTS.c.id == project.account_id, ACCOUNTS.c.project_models.is_(False))
-            .values(project_models=True)
-        )
+        # The check-and-hold reads the projects of marked accounts only.
+        _mark(session, project.account_id, ACCOUNTS.c.project_models)
     session.flush()
 
 

@@ -308,8 +308,6 @@ def _place_holds(on: p.Backend) -> list[p.Step]:
         account.ref, h["api_key_id"].ref, h["window_start"].ref, h["window_end"].ref
     ) + key_holds_in_force(account.ref, h["api_key_id"].ref, h["created_at"].ref)
 
-    # The checks of docs/api.md#post-v1authorizations in their order, as CASE branches (the spend
-    # limit's below).
     # A remembered resolution read again at the hold's instant, under the account's lock: with
     # the key's project and member only when the account's marks say they can matter.
     def read_again(scoped: bool) -> tuple[p.Step, ...]:
@@ -327,6 +325,8 @@ def _place_holds(on: p.Backend) -> list[p.Step]:
     # SQLite never confirms (its authorizations read afresh, metering.ledger.placement.sqlite),
     # and each step there is a statement of its own.
     confirming, stale_checks = on.choose(postgresql=((confirm,), (stale,)), sqlite=((), ()))
+    # The checks of docs/api.md#post-v1authorizations in their order, as CASE branches (the spend
+    # limit's below).
     decide_checks = (
         *stale_checks,
         (
