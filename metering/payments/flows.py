@@ -17,10 +17,11 @@ Stripe, then converges in a transaction of its own.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import ColumnElement, Select, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -350,6 +351,32 @@ def counted(session: Session) -> None:
 
 
 # -- the flows -----------------------------------------------------------------------------------
+
+
+def settle_stale(
+    payments: Payments,
+    pending: Select[Any],
+    created_at: ColumnElement[datetime],
+    limit: int,
+    what: str,
+    settle: Callable[[Any], int],
+) -> int:
+    """The scheduler's reconciliation of rows left pending ``RECONCILE_AFTER`` or longer (their
+    process died during or right after Stripe's call): the oldest ``limit`` rows of ``pending``
+    (a select of rows with an ``id``, by ``created_at``), each given to ``settle`` (how many it
+    moved); one that raises is logged and retried on the next tick. Returns how many moved."""
+    now = payments.clock.now()
+    with payments.database.reading() as session:
+        rows = session.execute(
+            pending.where(created_at <= now - RECONCILE_AFTER).order_by(created_at).limit(limit)
+        ).all()
+    moved = 0
+    for row in rows:
+        try:
+            moved += settle(row)
+        except Exception:
+            log.exception("settling %s %s failed (retried on the next tick)", what, row.id)
+    return moved
 
 
 class Payments:
@@ -688,28 +715,19 @@ class Payments:
         a day that Stripe confirms unpaid are failed (``abandoned``). Returns how many moved."""
         now = self.clock.now()
         auditor = Auditor("scheduler")
-        with self.database.reading() as session:
-            pending = session.execute(
-                select(
-                    PAYMENTS.c.id,
-                    PAYMENTS.c.account_id,
-                    PAYMENTS.c.created_at,
-                    PAYMENTS.c.stripe_payment_intent_id,
-                )
-                .where(
-                    PAYMENTS.c.status == PaymentStatus.PENDING.value,
-                    PAYMENTS.c.created_at <= now - RECONCILE_AFTER,
-                )
-                .order_by(PAYMENTS.c.created_at)
-                .limit(limit)
-            ).all()
-        moved = 0
-        for row in pending:
-            try:
-                moved += self._reconcile_one(row, now, auditor)
-            except Exception:
-                log.exception("reconciling payment %s failed (retried on the next tick)", row.id)
-        return moved
+        return settle_stale(
+            self,
+            select(
+                PAYMENTS.c.id,
+                PAYMENTS.c.account_id,
+                PAYMENTS.c.created_at,
+                PAYMENTS.c.stripe_payment_intent_id,
+            ).where(PAYMENTS.c.status == PaymentStatus.PENDING.value),
+            PAYMENTS.c.created_at,
+            limit,
+            "payment",
+            lambda row: self._reconcile_one(row, now, auditor),
+        )
 
     def _reconcile_one(self, row: Any, now: datetime, auditor: Auditor) -> int:
         abandoned = row.created_at <= now - ABANDON_AFTER

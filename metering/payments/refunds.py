@@ -46,13 +46,13 @@ from metering.notifications import outbox
 from metering.payments.flows import (
     MICROCENTS_PER_CENT,
     PAYMENTS,
-    RECONCILE_AFTER,
     Payments,
     Row,
     counted,
     find,
     locked,
     payment_body,
+    settle_stale,
 )
 from metering.payments.stripe_records import Declined, Refund, StripeUnavailable
 from metering.states import payments as states
@@ -519,25 +519,17 @@ def reconcile(payments: Payments, limit: int = 100) -> int:
     Stripe refunded them, failed if Stripe failed them or has none of them. Returns how many
     moved. Replicas and Stripe's events may settle the same refund at once: each step takes
     the account's and the refund's row locks and moves only a refund still pending."""
-    now = payments.clock.now()
     auditor = Auditor("scheduler")
-    with payments.database.reading() as session:
-        pending = session.execute(
-            select(REFUNDS.c.id, REFUNDS.c.account_id, REFUNDS.c.payment_id)
-            .where(
-                REFUNDS.c.status == RefundStatus.PENDING.value,
-                REFUNDS.c.created_at <= now - RECONCILE_AFTER,
-            )
-            .order_by(REFUNDS.c.created_at)
-            .limit(limit)
-        ).all()
-    moved = 0
-    for row in pending:
-        try:
-            moved += _settle(payments, row.account_id, row.payment_id, row.id, auditor)
-        except Exception:
-            log.exception("settling refund %s failed (retried on the next tick)", row.id)
-    return moved
+    return settle_stale(
+        payments,
+        select(REFUNDS.c.id, REFUNDS.c.account_id, REFUNDS.c.payment_id).where(
+            REFUNDS.c.status == RefundStatus.PENDING.value
+        ),
+        REFUNDS.c.created_at,
+        limit,
+        "refund",
+        lambda row: _settle(payments, row.account_id, row.payment_id, row.id, auditor),
+    )
 
 
 def _settle(
