@@ -11,12 +11,13 @@ from typing import Annotated, Any, TypeVar
 
 from fastapi import Depends, Query
 from pydantic import BeforeValidator
-from sqlalchemy import ColumnElement, Select
+from sqlalchemy import ColumnElement, Select, and_, or_
 from sqlalchemy.orm import Session
 
 from metering.kit.errors import InvalidRequest
 from metering.kit.money import INT64_MAX
 from metering.kit.text import storable
+from metering.kit.timeutil import format_timestamp, parse_timestamp
 
 T = TypeVar("T")
 
@@ -104,3 +105,27 @@ def newest_first(
     name = key.key
     assert name is not None
     return page(rows, limit, render, lambda row: (row[name],))
+
+
+def newest_first_by_time(
+    session: Session,
+    query: Select[Any],
+    created_at: ColumnElement[Any],
+    row_id: ColumnElement[str],
+    limit: int,
+    after: str | None,
+    render: Callable[[Any], dict[str, Any]],
+) -> dict[str, Any]:
+    """The list body of ``query``'s rows newest first by ``created_at``, then by the text id
+    ``row_id`` (rows of the same instant), from the row after the ``after`` cursor."""
+    if after:
+        at_text, last_id = decode_cursor(after, 2)
+        if not isinstance(at_text, str) or not isinstance(last_id, str):
+            raise InvalidRequest("after is not a cursor this list returned", param="after")
+        at = parse_timestamp(at_text, "after")
+        query = query.where(or_(created_at < at, and_(created_at == at, row_id < last_id)))
+    query = query.order_by(created_at.desc(), row_id.desc()).limit(limit + 1)
+    rows = [row._mapping for row in session.execute(query)]
+    at_name, id_name = created_at.key, row_id.key
+    assert at_name is not None and id_name is not None
+    return page(rows, limit, render, lambda row: (format_timestamp(row[at_name]), row[id_name]))

@@ -22,7 +22,7 @@ from datetime import datetime, timedelta
 from functools import partial
 from typing import Any
 
-from sqlalchemy import and_, or_, select, update
+from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session
 
 from metering import citus
@@ -41,9 +41,9 @@ from metering.kit.errors import (
     RateLimited,
 )
 from metering.kit.money import cents
-from metering.kit.pagination import decode_cursor, page
+from metering.kit.pagination import newest_first_by_time
 from metering.kit.ranges import INT64_MAX
-from metering.kit.timeutil import format_timestamp, parse_timestamp
+from metering.kit.timeutil import format_timestamp
 from metering.ledger.metrics import AUTHORIZATIONS, VOIDS
 from metering.ledger.placement.postgres import PostgresHolds, Remembered
 from metering.ledger.placement.program import EXPIRE, HOLDS, Outcome, Placement
@@ -407,26 +407,19 @@ def list_holds(
     after: str | None,
 ) -> dict[str, Any]:
     """Authorizations, newest first, optionally only those of one status or account."""
-    query = select(HOLDS).order_by(HOLDS.c.created_at.desc(), HOLDS.c.id.desc()).limit(limit + 1)
+    query = select(HOLDS)
     if status is not None:
         query = query.where(holds.reads_as_sql(HoldStatus(status), HOLDS, now))
     if account_id is not None:
         query = query.where(HOLDS.c.account_id == account_id)
-    if after:
-        created, last_id = decode_cursor(after, 2)
-        created_at = parse_timestamp(created, "after")
-        query = query.where(
-            or_(
-                HOLDS.c.created_at < created_at,
-                and_(HOLDS.c.created_at == created_at, HOLDS.c.id < str(last_id)),
-            )
-        )
-    rows = [row._mapping for row in session.execute(query)]
-    return page(
-        rows,
+    return newest_first_by_time(
+        session,
+        query,
+        HOLDS.c.created_at,
+        HOLDS.c.id,
         limit,
+        after,
         lambda row: admin_hold_body(row, now),
-        lambda row: (format_timestamp(row["created_at"]), row["id"]),
     )
 
 

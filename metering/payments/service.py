@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Any
 
-from sqlalchemy import and_, or_, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from metering.kit.errors import InvalidRequest, NotFound
-from metering.kit.pagination import decode_cursor, page
-from metering.kit.timeutil import format_timestamp, parse_timestamp
+from metering.kit.pagination import newest_first_by_time
 from metering.payments.flows import PAYMENTS, payment_body
 from metering.states.payments import PaymentKind, PaymentStatus
 
@@ -40,24 +38,14 @@ def list_payments(
             known = ", ".join(PaymentKind)
             raise InvalidRequest(f"kind must be one of {known}", param="kind")
         query = query.where(PAYMENTS.c.kind == kind)
-    if after:
-        at_text, last_id = decode_cursor(after, 2)
-        if not isinstance(at_text, str) or not isinstance(last_id, str):
-            raise InvalidRequest("after is not a cursor this list returned", param="after")
-        at: datetime = parse_timestamp(at_text, "after")
-        query = query.where(
-            or_(
-                PAYMENTS.c.created_at < at,
-                and_(PAYMENTS.c.created_at == at, PAYMENTS.c.id < last_id),
-            )
-        )
-    query = query.order_by(PAYMENTS.c.created_at.desc(), PAYMENTS.c.id.desc()).limit(limit + 1)
-    rows = [row._mapping for row in session.execute(query)]
-    return page(
-        rows,
+    return newest_first_by_time(
+        session,
+        query,
+        PAYMENTS.c.created_at,
+        PAYMENTS.c.id,
         limit,
+        after,
         lambda row: payment_body(row, operator),
-        lambda row: (format_timestamp(row["created_at"]), row["id"]),
     )
 
 
