@@ -3,7 +3,7 @@ from the report aggregates (the daily per-key rollup rows, written in the ingest
 of the key itself or of every key of the member or the project (a key's project and member are
 fixed for its life, so the per-key rows say what each spent). The ledger's spend-limit checks
 ask here rather than reading the rollups themselves: one scope at a time (``key_charges``,
-``owner_charges``) or several in one statement (``scope_charges``)."""
+``owner_charges``) or several in one statement (``charges_rows``, ``per_scope``)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import ColumnElement, Select, and_, func, select
+from sqlalchemy import ColumnElement, Select, and_, func, or_, select
 from sqlalchemy.sql.expression import FromClause
 
 from metering.models import ApiKey, UsageRollup, table
@@ -47,14 +47,14 @@ def _key_days(account_id: Any) -> tuple[ColumnElement[bool], ...]:
     )
 
 
-def _within(start: Any, end: Any) -> ColumnElement[bool]:
-    return and_(ROLLUPS.c.bucket_start >= start, ROLLUPS.c.bucket_start < end)
+def _within(day: Any, start: Any, end: Any) -> ColumnElement[bool]:
+    return and_(day >= start, day < end)
 
 
 def _charges(account_id: Any, start: Any, end: Any, which: ColumnElement[bool]) -> Any:
     return (
         select(func.coalesce(func.sum(ROLLUPS.c.cost_microcents), 0))
-        .where(*_key_days(account_id), _within(start, end), which)
+        .where(*_key_days(account_id), _within(ROLLUPS.c.bucket_start, start, end), which)
         .scalar_subquery()
     )
 
@@ -87,51 +87,46 @@ class Scope:
     end: Any = None
 
 
-def with_keys(rows: FromClause) -> FromClause:
-    """An account's rows that name a key (``api_key_id``), joined to their keys, of the same
-    account: a key's project and member are fixed for its life, so its row says whose they
-    were."""
-    return rows.join(
-        KEYS, and_(KEYS.c.account_id == rows.c.account_id, KEYS.c.id == rows.c.api_key_id)
-    )
+def with_keys(account_id: Any, rows: FromClause) -> FromClause:
+    """An account's rows that name a key (``api_key_id``), joined to the account's keys (named
+    by the account, so that only its keys are read whatever the plan): a key's project and
+    member are fixed for its life, so its row says whose they were."""
+    return rows.join(KEYS, and_(KEYS.c.account_id == account_id, KEYS.c.id == rows.c.api_key_id))
 
 
-def per_scope(
-    amount: ColumnElement[Any],
-    rows: FromClause,
-    where: Sequence[ColumnElement[bool]],
-    scopes: Sequence[tuple[Scope, ColumnElement[bool]]],
-) -> Select[Any]:
-    """One row, a column per scope (by its name): the sum of ``amount`` over the ``rows`` that
-    meet ``where`` and the scope's own condition, and whose key is the scope's (0 for none).
-    The rows are read once and joined to their keys once, whatever the number of scopes."""
-    return (
-        select(
-            *(
-                func.coalesce(
-                    func.sum(amount).filter(and_(own, _owned(scope.column, scope.owner_id))), 0
-                ).label(scope.name)
-                for scope, own in scopes
-            )
-        )
-        .select_from(with_keys(rows))
-        .where(*where)
-    )
-
-
-def scope_charges(account_id: Any, scopes: Sequence[Scope]) -> Select[Any]:
-    """Each scope's charges in its window (a column by the scope's name), in one scan of the
-    account's daily per-key rows from the earliest window's start to the latest one's end
-    (PostgreSQL's ``least`` and ``greatest``, which pass over nulls: one scope needs neither)."""
+def charges_rows(account_id: Any, scopes: Sequence[Scope]) -> Select[Any]:
+    """The account's charges that any of the scopes' windows can hold, each as ``api_key_id``,
+    ``amount`` and ``day`` (its UTC day): its daily per-key rows from the
+    earliest window's start to the latest one's end (PostgreSQL's ``least`` and ``greatest``,
+    which pass over nulls; one scope needs neither)."""
     if len(scopes) == 1:
         [only] = scopes
         start, end = only.start, only.end
     else:
         start = func.least(*(scope.start for scope in scopes))
         end = func.greatest(*(scope.end for scope in scopes))
-    return per_scope(
-        ROLLUPS.c.cost_microcents,
-        ROLLUPS,
-        (*_key_days(account_id), _within(start, end)),
-        [(scope, _within(scope.start, scope.end)) for scope in scopes],
-    )
+    return select(
+        ROLLUPS.c.api_key_id,
+        ROLLUPS.c.cost_microcents.label("amount"),
+        ROLLUPS.c.bucket_start.label("day"),
+    ).where(*_key_days(account_id), _within(ROLLUPS.c.bucket_start, start, end))
+
+
+def per_scope(account_id: Any, rows: FromClause, scopes: Sequence[Scope]) -> Select[Any]:
+    """One row, a column per scope (by its name): the sum of the ``amount`` of the ``rows``
+    (the account's, as ``charges_rows`` gives them) whose key is the scope's and whose ``day``
+    is in the scope's window, or null (an amount that counts in any window: a hold in force).
+    The rows are read once and joined to their keys once, whatever the number of scopes."""
+    day = rows.c.day
+    return select(
+        *(
+            func.coalesce(
+                func.sum(rows.c.amount).filter(
+                    or_(day.is_(None), _within(day, scope.start, scope.end)),
+                    _owned(scope.column, scope.owner_id),
+                ),
+                0,
+            ).label(scope.name)
+            for scope in scopes
+        )
+    ).select_from(with_keys(account_id, rows))

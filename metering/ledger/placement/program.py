@@ -47,6 +47,7 @@ from sqlalchemy import (
     or_,
     select,
     true,
+    union_all,
     update,
 )
 from sqlalchemy.dialects.postgresql import insert
@@ -54,7 +55,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from metering import programs as p
 from metering.accounts.access import in_flight_limited
-from metering.accounts.spend import Scope, per_scope, scope_charges
+from metering.accounts.spend import Scope, charges_rows, per_scope
 from metering.citus import of_account
 from metering.kit.ranges import INT64_MAX, INT64_MIN
 from metering.ledger.resolution import resolution_text
@@ -136,16 +137,15 @@ _BOTTOM = cast(literal(INT64_MIN, BigInteger()), BigInteger())  # a BIGINT, not 
 _NO_AMOUNT = cast(null(), BigInteger())
 
 
-def scope_holds_in_force(account_id: Any, scopes: Sequence[Scope], at: Any) -> Select[Any]:
-    """The estimates of each scope's holds in force at ``at`` (a column by the scope's name),
-    in one scan of the account's holds in force (the scopes' windows play no part: a hold in
-    force counts whenever it was placed)."""
-    return per_scope(
-        HOLDS.c.estimate_microcents,
-        HOLDS,
-        (HOLDS.c.account_id == account_id, holds.in_force(HOLDS, at)),
-        [(scope, true()) for scope in scopes],
-    )
+def holds_in_force_rows(account_id: Any, at: Any) -> Select[Any]:
+    """The account's holds in force at ``at`` as amounts of ``metering.accounts.spend.per_scope``
+    (``api_key_id``, ``amount``: the estimate; ``day`` null: a hold in force counts in every
+    window)."""
+    return select(
+        HOLDS.c.api_key_id,
+        HOLDS.c.estimate_microcents.label("amount"),
+        cast(null(), UTCDateTime()).label("day"),
+    ).where(HOLDS.c.account_id == account_id, holds.in_force(HOLDS, at))
 
 
 def adopt_unbilled(
@@ -370,16 +370,10 @@ def _place_holds(on: p.Backend) -> list[p.Step]:
 
     def spent_by(scopes: Sequence[Scope]) -> Select[Any]:
         """What each scope has spent (a column by its name): its charges in its window plus
-        the estimates of its holds in force."""
-        charges = scope_charges(account.ref, scopes).subquery("charges")
-        held_now = scope_holds_in_force(account.ref, scopes, h["created_at"].ref)
-        in_force = held_now.subquery("in_force")
-        return select(
-            *(
-                (charges.c[scope.name] + in_force.c[scope.name]).label(scope.name)
-                for scope in scopes
-            )
-        ).select_from(charges.join(in_force, true()))
+        the estimates of its holds in force, in one scan of each."""
+        at = h["created_at"].ref
+        rows = union_all(charges_rows(account.ref, scopes), holds_in_force_rows(account.ref, at))
+        return per_scope(account.ref, rows.subquery("spent"), scopes)
 
     # What each scope has spent: on PostgreSQL read for all three scopes at once into these
     # variables (below), on SQLite a subquery of each scope's own, read where its CASE branch
