@@ -78,7 +78,7 @@ class Scope:
     """What one spend limit bounds, named ``name``: the key itself (``column`` ``id``,
     ``owner_id`` the key's id) or every key of a project or a member (``project_id``,
     ``member_id``), over the window [start, end) (UTC day boundaries; null for a scope
-    without a limit, which then sums nothing)."""
+    without a limit: none of its charges is in it, and what it sums goes unread)."""
 
     name: str
     column: str
@@ -96,9 +96,9 @@ def with_keys(account_id: Any, rows: FromClause) -> FromClause:
 
 def charges_rows(account_id: Any, scopes: Sequence[Scope]) -> Select[Any]:
     """The account's charges that any of the scopes' windows can hold, each as ``api_key_id``,
-    ``amount`` and ``day`` (its UTC day): its daily per-key rows from the
-    earliest window's start to the latest one's end (PostgreSQL's ``least`` and ``greatest``,
-    which pass over nulls; one scope needs neither)."""
+    ``amount`` and ``day`` (its UTC day): its daily per-key rows from the earliest window's
+    start to the latest one's end (PostgreSQL's ``least`` and ``greatest``, which pass over
+    nulls; one scope needs neither)."""
     if len(scopes) == 1:
         [only] = scopes
         start, end = only.start, only.end
