@@ -172,46 +172,61 @@ def _setup(config: Config, url: str, base_url: str, workdir: Path) -> Fixture:
     return fixture
 
 
+def layered_account(admin: Admin, name: str, layers: bool) -> tuple[str, str, str, bool]:
+    """One of (e)'s accounts, set up as (a)'s (three grants, access rules), its key of a new
+    project and a new member with the three limits of ``LAYER_LIMITS`` (with ``layers`` False,
+    or on code without projects: the key's own limit alone): (the account, the key's id, its
+    secret, whether the key has all three)."""
+    account = admin.account(name)
+    key = admin.layered_key(account, LAYER_LIMITS) if layers else None
+    key_id, secret = key or admin.key(account, LAYER_LIMITS["key"])
+    admin.three_grants(account, GRANT_CENTS)
+    admin.access_rules(account, [MODEL], CONCURRENCY)
+    return account, key_id, secret, key is not None
+
+
+def spend_once(admin: Admin, key_id: str) -> str | None:
+    """The key spends once, now (one usage event, at the oracle's ``SETTLE_CHARGE``), so its
+    limits' windows are not empty; a spend the service refuses (a gateway token that no longer
+    matches) is a problem, returned."""
+    response = admin.client.post(
+        "/v1/usage/events",
+        headers={"Authorization": f"Bearer {GATEWAY_TOKEN}"},
+        json={
+            "events": [
+                {
+                    "request_id": f"layered-spent-{key_id}",
+                    "api_key_id": key_id,
+                    "model": MODEL,
+                    "api": "chat_completions",
+                    "usage": SETTLE_USAGE,
+                    "occurred_at": format_timestamp(datetime.now(UTC)),
+                    "outcome": "completed",
+                }
+            ]
+        },
+    )
+    if response.status_code == 200 and response.json().get("recorded") == 1:
+        return None
+    return f"setup: usage event {response.status_code} {response.text[:160]}"
+
+
 def _setup_layers(
     config: Config, admin: Admin, books: Books
 ) -> tuple[list[str], bool, Counter[str], list[str]]:
-    """(e)'s accounts, set up as (a)'s, each key of a project and a member, with the three
-    limits (on code without projects: the key's own limit); each key then spends once (one
-    usage event, at the oracle's charge). A spend the service refuses (a gateway token that no
-    longer matches) is one of (e)'s problems."""
+    """(e)'s accounts (``layered_account``), each key then spending once (``spend_once``)."""
     secrets_: list[str] = []
     charged: Counter[str] = Counter()
     problems: list[str] = []
     layers = True
     for index in range(config.accounts):
-        account = admin.account(f"bench-layered-{index}")
-        key = admin.layered_key(account, LAYER_LIMITS) if layers else None
-        layers = key is not None
-        key_id, secret = key or admin.key(account, LAYER_LIMITS["key"])
-        admin.three_grants(account, GRANT_CENTS)
+        account, key_id, secret, layers = layered_account(admin, f"bench-layered-{index}", layers)
         books.open(account, GRANT_CENTS, [(key_id, secret)])
-        admin.access_rules(account, [MODEL], CONCURRENCY)
-        response = admin.client.post(
-            "/v1/usage/events",
-            headers={"Authorization": f"Bearer {GATEWAY_TOKEN}"},
-            json={
-                "events": [
-                    {
-                        "request_id": f"layered-spent-{key_id}",
-                        "api_key_id": key_id,
-                        "model": MODEL,
-                        "api": "chat_completions",
-                        "usage": SETTLE_USAGE,
-                        "occurred_at": format_timestamp(datetime.now(UTC)),
-                        "outcome": "completed",
-                    }
-                ]
-            },
-        )
-        if response.status_code == 200 and response.json().get("recorded") == 1:
+        problem = spend_once(admin, key_id)
+        if problem is None:
             charged[key_id] += SETTLE_CHARGE
         else:
-            problems.append(f"setup: usage event {response.status_code} {response.text[:160]}")
+            problems.append(problem)
         secrets_.append(secret)
     return secrets_, layers, charged, problems[:3]
 

@@ -15,6 +15,10 @@ The operations:
 - ``authorize``: ``POST /v1/authorizations`` of a known key (its resolution remembered after
   the warm-up), credit plentiful, no spend limit, then ``DELETE /v1/authorizations/{id}`` of
   its hold: the ledger benchmark's loop, counted as one;
+- ``authorize-limited``: the same, of a key set up as the ledger benchmark's case (e) sets its
+  keys up (``bench_ledger.layered_account``: a project limit, a member limit and the key's own,
+  the key having spent once; on code without projects, the key's own limit alone), so every
+  spend-limit check the code has runs on each authorization;
 
 and each again against the do-nothing FastAPI app (``bench.baseline_app``) unless
 ``--no-baseline``: the ratio of instructions is the server's share of the throughput ratio the
@@ -29,7 +33,8 @@ Backend CPU (``/proc``, 10 ms ticks) is the database's CPU over them, a rough fi
 ``--database-callgrind USER``: the database runs under callgrind too (docs/performance.md says
 how), and its backends' instructions are counted the same way.
 
-Run: ``python -m bench.per_request [--code DIR] [--profile] [ingest authorize]`` with
+Run: ``python -m bench.per_request [--code DIR] [--profile] [ingest authorize
+authorize-limited]`` with
 ``METERING_TEST_PG_URL`` naming the PostgreSQL server (its maintenance database).
 The harness never imports ``metering``, as ``bench.common`` says.
 """
@@ -70,7 +75,7 @@ from bench.common import (
 )
 from bench.loadgen import Connection, expect
 
-OPERATIONS = ("ingest", "authorize")
+OPERATIONS = ("ingest", "authorize", "authorize-limited")
 # A thread's count in ``callgrind_control -e`` ("Th 1  1,234,567").
 _THREAD_TOTAL = re.compile(r"^\s*Th \d+\s+([\d,]+)", re.MULTILINE)
 # The server of the code under test, with a cProfile switched on by SIGUSR1 and written out by
@@ -279,6 +284,7 @@ class Client:
 
     key_ids: list[str]  # the events' keys, in turn
     secret: str  # the authorizations' key
+    limited_secret: str  # the limited authorizations' key
     run_id: str = field(default_factory=lambda: secrets.token_hex(4))
     sent: int = 0
 
@@ -293,10 +299,17 @@ class Client:
 
     async def authorize(self, connection: Connection) -> None:
         """An authorization, then its void: the ledger benchmark's loop."""
+        await self._authorize(connection, self.secret)
+
+    async def authorize_limited(self, connection: Connection) -> None:
+        """The same of the key with a project, a member and a spend limit of its own."""
+        await self._authorize(connection, self.limited_secret)
+
+    async def _authorize(self, connection: Connection, secret: str) -> None:
         self.sent += 1
         request_id = f"{self.run_id}-a{self.sent}"
         body = {
-            "api_key": self.secret,
+            "api_key": secret,
             "request_id": request_id,
             "model": bench_ledger.MODEL,
             "api": "chat_completions",
@@ -318,7 +331,8 @@ async def _send(port: int, operation: Callable[[Connection], Any], count: int) -
 
 def _setup(code: CodeUnderTest, url: str, workdir: Path) -> Client:
     """Both benchmarks' models, priced; an account with two keys, three grants and access
-    rules (the ledger benchmark's)."""
+    rules (the ledger benchmark's); and an account of the ledger benchmark's case (e), its key
+    having spent once."""
     code.migrate(url, workdir)
     models = sorted({*bench_ingest.MODELS, bench_ledger.MODEL})
     code.import_catalog(url, workdir, catalog_file(workdir, models, bench_ledger.GLM_RATES))
@@ -329,9 +343,15 @@ def _setup(code: CodeUnderTest, url: str, workdir: Path) -> Client:
             keys = [admin.key(account) for _ in range(2)]
             admin.three_grants(account, bench_ledger.GRANT_CENTS)
             admin.access_rules(account, models, bench_ledger.CONCURRENCY)
+            _, limited, limited_secret, _ = bench_ledger.layered_account(
+                admin, "per-request-limited", True
+            )
+            problem = bench_ledger.spend_once(admin, limited)
+            if problem is not None:
+                raise RuntimeError(problem)
     finally:
         server.stop()
-    return Client([key_id for key_id, _secret in keys], keys[0][1])
+    return Client([key_id for key_id, _secret in keys], keys[0][1], limited_secret)
 
 
 def measure(
@@ -360,7 +380,7 @@ def measure(
                 try:
                     server.instrument()
                     for name in operations:
-                        operation = getattr(client, name)
+                        operation = getattr(client, name.replace("-", "_"))
                         asyncio.run(_send(server.port, operation, warmup))
                         figures = Figures(label + name, requests)
                         if counter:

@@ -51,7 +51,9 @@ DECLARE
     v_available BIGINT;
     v_resolution TEXT;
     v_outcome VARCHAR;
-    v_spent BIGINT;
+    v_project_spent BIGINT;
+    v_member_spent BIGINT;
+    v_key_spent BIGINT;
 BEGIN
     FOR v_h_id, v_h_account_id, v_h_api_key_id, v_h_request_id, v_h_request_fingerprint, v_h_model_id, v_h_api, v_h_prompt_tokens, v_h_requested_max_tokens, v_h_n, v_h_reasoning, v_h_max_tokens, v_h_estimate_microcents, v_h_created_at, v_h_expires_at, v_h_spend_limit, v_h_window_start, v_h_window_end, v_h_project_id, v_h_project_limit, v_h_project_window_start, v_h_project_window_end, v_h_member_id, v_h_member_limit, v_h_member_window_start, v_h_member_window_end, v_h_resolution, v_h_secret_hash, v_h_model_key IN
     SELECT h.id, h.account_id, h.api_key_id, h.request_id, h.request_fingerprint, h.model_id, h.api, h.prompt_tokens, h.requested_max_tokens, h.n, h.reasoning, h.max_tokens, h.estimate_microcents, h.created_at, h.expires_at, h.spend_limit, h.window_start, h.window_end, h.project_id, h.project_limit, h.project_window_start, h.project_window_end, h.member_id, h.member_limit, h.member_window_start, h.member_window_end, h.resolution, h.secret_hash, h.model_key
@@ -140,34 +142,15 @@ BEGIN
         v_outcome := CASE WHEN (v_h_resolution IS NOT NULL AND v_resolution IS DISTINCT FROM v_h_resolution) THEN 'stale' WHEN (v_h_request_id IS NOT NULL AND (EXISTS (SELECT *
         FROM authorizations
         WHERE authorizations.account_id = v_account_id AND authorizations.request_id = v_h_request_id))) THEN 'exists' WHEN (v_billing != 'prepaid' AND v_h_estimate_microcents > 9223372036854775807 - v_held) THEN 'out_of_range' WHEN (v_limit IS NOT NULL AND v_count >= v_limit) THEN 'concurrency_limit_exceeded' WHEN (v_billing = 'prepaid' AND v_h_estimate_microcents > v_available) THEN 'insufficient_credits' ELSE 'granted' END;
-        IF v_outcome = 'granted' AND v_h_project_limit IS NOT NULL THEN
-            v_outcome := CASE WHEN (v_billing = 'prepaid' AND v_h_project_limit IS NOT NULL AND (SELECT coalesce(sum(usage_rollups.cost_microcents), 0) AS coalesce_1
+        IF v_outcome = 'granted' AND v_billing = 'prepaid' AND (v_h_project_limit IS NOT NULL OR v_h_member_limit IS NOT NULL OR v_h_spend_limit IS NOT NULL) THEN
+            SELECT coalesce(sum(spent.amount) FILTER (WHERE (spent.day IS NULL OR spent.day >= v_h_project_window_start AND spent.day < v_h_project_window_end) AND api_keys.project_id = v_h_project_id), 0) AS project, coalesce(sum(spent.amount) FILTER (WHERE (spent.day IS NULL OR spent.day >= v_h_member_window_start AND spent.day < v_h_member_window_end) AND api_keys.member_id = v_h_member_id), 0) AS member, coalesce(sum(spent.amount) FILTER (WHERE (spent.day IS NULL OR spent.day >= v_h_window_start AND spent.day < v_h_window_end) AND api_keys.id = v_h_api_key_id), 0) AS key
+            FROM (SELECT usage_rollups.api_key_id AS api_key_id, usage_rollups.cost_microcents AS amount, usage_rollups.bucket_start AS day
             FROM usage_rollups
-            WHERE usage_rollups.account_id = v_account_id AND usage_rollups.bucket_width = '1d' AND usage_rollups.grouping = 'key' AND usage_rollups.bucket_start >= v_h_project_window_start AND usage_rollups.bucket_start < v_h_project_window_end AND usage_rollups.api_key_id IN (SELECT api_keys.id
-            FROM api_keys
-            WHERE api_keys.account_id = v_account_id AND api_keys.project_id = v_h_project_id)) + (SELECT coalesce(sum(authorizations.estimate_microcents), 0) AS coalesce_2
+            WHERE usage_rollups.account_id = v_account_id AND usage_rollups.bucket_width = '1d' AND usage_rollups.grouping = 'key' AND usage_rollups.bucket_start >= least(v_h_project_window_start, v_h_member_window_start, v_h_window_start) AND usage_rollups.bucket_start < greatest(v_h_project_window_end, v_h_member_window_end, v_h_window_end) UNION ALL SELECT authorizations.api_key_id AS api_key_id, authorizations.estimate_microcents AS amount, CAST(NULL AS TIMESTAMP WITH TIME ZONE) AS day
             FROM authorizations
-            WHERE authorizations.account_id = v_account_id AND authorizations.api_key_id IN (SELECT api_keys.id
-            FROM api_keys
-            WHERE api_keys.account_id = v_account_id AND api_keys.project_id = v_h_project_id) AND authorizations.status = 'active' AND authorizations.expires_at > v_h_created_at) + v_h_estimate_microcents > v_h_project_limit) THEN 'project_spend_limit' ELSE 'granted' END;
-        END IF;
-        IF v_outcome = 'granted' AND v_h_member_limit IS NOT NULL THEN
-            v_outcome := CASE WHEN (v_billing = 'prepaid' AND v_h_member_limit IS NOT NULL AND (SELECT coalesce(sum(usage_rollups.cost_microcents), 0) AS coalesce_1
-            FROM usage_rollups
-            WHERE usage_rollups.account_id = v_account_id AND usage_rollups.bucket_width = '1d' AND usage_rollups.grouping = 'key' AND usage_rollups.bucket_start >= v_h_member_window_start AND usage_rollups.bucket_start < v_h_member_window_end AND usage_rollups.api_key_id IN (SELECT api_keys.id
-            FROM api_keys
-            WHERE api_keys.account_id = v_account_id AND api_keys.member_id = v_h_member_id)) + (SELECT coalesce(sum(authorizations.estimate_microcents), 0) AS coalesce_2
-            FROM authorizations
-            WHERE authorizations.account_id = v_account_id AND authorizations.api_key_id IN (SELECT api_keys.id
-            FROM api_keys
-            WHERE api_keys.account_id = v_account_id AND api_keys.member_id = v_h_member_id) AND authorizations.status = 'active' AND authorizations.expires_at > v_h_created_at) + v_h_estimate_microcents > v_h_member_limit) THEN 'member_spend_limit' ELSE 'granted' END;
-        END IF;
-        IF v_outcome = 'granted' AND v_h_spend_limit IS NOT NULL THEN
-            v_outcome := CASE WHEN (v_billing = 'prepaid' AND v_h_spend_limit IS NOT NULL AND (SELECT coalesce(sum(usage_rollups.cost_microcents), 0) AS coalesce_1
-            FROM usage_rollups
-            WHERE usage_rollups.account_id = v_account_id AND usage_rollups.bucket_width = '1d' AND usage_rollups.grouping = 'key' AND usage_rollups.bucket_start >= v_h_window_start AND usage_rollups.bucket_start < v_h_window_end AND usage_rollups.api_key_id = v_h_api_key_id) + (SELECT coalesce(sum(authorizations.estimate_microcents), 0) AS coalesce_2
-            FROM authorizations
-            WHERE authorizations.account_id = v_account_id AND authorizations.api_key_id = v_h_api_key_id AND authorizations.status = 'active' AND authorizations.expires_at > v_h_created_at) + v_h_estimate_microcents > v_h_spend_limit) THEN 'key_spend_limit' ELSE 'granted' END;
+            WHERE authorizations.account_id = v_account_id AND authorizations.status = 'active' AND authorizations.expires_at > v_h_created_at) AS spent JOIN api_keys ON api_keys.account_id = v_account_id AND api_keys.id = spent.api_key_id
+            INTO v_project_spent, v_member_spent, v_key_spent;
+            v_outcome := CASE WHEN (v_billing = 'prepaid' AND v_h_project_limit IS NOT NULL AND v_project_spent + v_h_estimate_microcents > v_h_project_limit) THEN 'project_spend_limit' WHEN (v_billing = 'prepaid' AND v_h_member_limit IS NOT NULL AND v_member_spent + v_h_estimate_microcents > v_h_member_limit) THEN 'member_spend_limit' WHEN (v_billing = 'prepaid' AND v_h_spend_limit IS NOT NULL AND v_key_spent + v_h_estimate_microcents > v_h_spend_limit) THEN 'key_spend_limit' ELSE 'granted' END;
         END IF;
         IF v_outcome = 'granted' THEN
             INSERT INTO authorizations (id, account_id, api_key_id, request_id, request_fingerprint, model_id, api, prompt_tokens, requested_max_tokens, n, reasoning, max_tokens, estimate_microcents, status, created_at, expires_at, counted) VALUES (v_h_id, v_h_account_id, v_h_api_key_id, v_h_request_id, v_h_request_fingerprint, v_h_model_id, v_h_api, v_h_prompt_tokens, v_h_requested_max_tokens, v_h_n, v_h_reasoning, v_h_max_tokens, v_h_estimate_microcents, 'active', v_h_created_at, v_h_expires_at, true);
@@ -175,43 +158,10 @@ BEGIN
             v_count := v_count + 1;
             v_changed := true;
         END IF;
-        IF v_outcome = 'project_spend_limit' THEN
-            v_spent := (SELECT coalesce(sum(usage_rollups.cost_microcents), 0) AS coalesce_1
-            FROM usage_rollups
-            WHERE usage_rollups.account_id = v_account_id AND usage_rollups.bucket_width = '1d' AND usage_rollups.grouping = 'key' AND usage_rollups.bucket_start >= v_h_project_window_start AND usage_rollups.bucket_start < v_h_project_window_end AND usage_rollups.api_key_id IN (SELECT api_keys.id
-            FROM api_keys
-            WHERE api_keys.account_id = v_account_id AND api_keys.project_id = v_h_project_id)) + (SELECT coalesce(sum(authorizations.estimate_microcents), 0) AS coalesce_2
-            FROM authorizations
-            WHERE authorizations.account_id = v_account_id AND authorizations.api_key_id IN (SELECT api_keys.id
-            FROM api_keys
-            WHERE api_keys.account_id = v_account_id AND api_keys.project_id = v_h_project_id) AND authorizations.status = 'active' AND authorizations.expires_at > v_h_created_at);
-        ELSE
-            IF v_outcome = 'member_spend_limit' THEN
-                v_spent := (SELECT coalesce(sum(usage_rollups.cost_microcents), 0) AS coalesce_1
-                FROM usage_rollups
-                WHERE usage_rollups.account_id = v_account_id AND usage_rollups.bucket_width = '1d' AND usage_rollups.grouping = 'key' AND usage_rollups.bucket_start >= v_h_member_window_start AND usage_rollups.bucket_start < v_h_member_window_end AND usage_rollups.api_key_id IN (SELECT api_keys.id
-                FROM api_keys
-                WHERE api_keys.account_id = v_account_id AND api_keys.member_id = v_h_member_id)) + (SELECT coalesce(sum(authorizations.estimate_microcents), 0) AS coalesce_2
-                FROM authorizations
-                WHERE authorizations.account_id = v_account_id AND authorizations.api_key_id IN (SELECT api_keys.id
-                FROM api_keys
-                WHERE api_keys.account_id = v_account_id AND api_keys.member_id = v_h_member_id) AND authorizations.status = 'active' AND authorizations.expires_at > v_h_created_at);
-            ELSE
-                IF v_outcome = 'key_spend_limit' THEN
-                    v_spent := (SELECT coalesce(sum(usage_rollups.cost_microcents), 0) AS coalesce_1
-                    FROM usage_rollups
-                    WHERE usage_rollups.account_id = v_account_id AND usage_rollups.bucket_width = '1d' AND usage_rollups.grouping = 'key' AND usage_rollups.bucket_start >= v_h_window_start AND usage_rollups.bucket_start < v_h_window_end AND usage_rollups.api_key_id = v_h_api_key_id) + (SELECT coalesce(sum(authorizations.estimate_microcents), 0) AS coalesce_2
-                    FROM authorizations
-                    WHERE authorizations.account_id = v_account_id AND authorizations.api_key_id = v_h_api_key_id AND authorizations.status = 'active' AND authorizations.expires_at > v_h_created_at);
-                ELSE
-                    v_spent := CAST(NULL AS BIGINT);
-                END IF;
-            END IF;
-        END IF;
         hold_id := v_h_id;
         outcome := v_outcome;
         available := v_available;
-        spent := v_spent;
+        spent := CASE WHEN (v_outcome = 'project_spend_limit') THEN v_project_spent WHEN (v_outcome = 'member_spend_limit') THEN v_member_spent WHEN (v_outcome = 'key_spend_limit') THEN v_key_spent ELSE CAST(NULL AS BIGINT) END;
         RETURN NEXT;
     END LOOP;
     IF v_changed THEN

@@ -176,6 +176,45 @@ def test_limits_are_checked_project_then_member_then_key(
     assert Decimal(str(error["spent_cents"])) * 10**6 == _spent(team, scope, window, key)
 
 
+# Each scope's window a different one of the three, whichever scope has the widest, and each
+# scope's other keys' holds in force counting toward it (Bob's toward the project, Ada's Default
+# key's toward Ada): the first limit in order that is short refuses, the ones before it are met
+# exactly, and the 402 says what that scope spent in its own window, its holds included.
+SCOPE_CODES = {
+    "project": "project_spend_limit",
+    "member": "member_spend_limit",
+    "key": "member_spend_limit",
+}
+
+
+@pytest.mark.parametrize("windows", [("day", "week", "month"), ("month", "day", "week")])
+@pytest.mark.parametrize("short", list(SCOPE_CODES))
+def test_each_scope_counts_its_own_window_and_holds_when_all_are_near(
+    api: Api, team: Team, windows: tuple[str, str, str], short: str
+) -> None:
+    for other in (team.bob_in_project, team.ada_in_default):
+        held = authorize(api, other, team.model, prompt_tokens=1000, max_tokens=100)
+        assert held.status_code == 200, held.text
+    paths = {
+        "project": f"/admin/v1/projects/{team.project}",
+        "member": f"/admin/v1/members/{team.ada}",
+        "key": f"/admin/v1/api-keys/{team.ada_in_project.id}",
+    }
+    order = list(SCOPE_CODES)
+    spent = {}
+    for scope, window in zip(order, windows, strict=True):
+        others_held = 0 if scope == "key" else ESTIMATE
+        spent[scope] = _spent(team, scope, window, "ada_in_project") + others_held
+        room = FITS if order.index(scope) < order.index(short) else SHORT
+        patch(api, paths[scope], spent[scope] + ESTIMATE + room, window)
+
+    response = authorize(api, team.ada_in_project, team.model, prompt_tokens=1000, max_tokens=100)
+    error = assert_error(response, 402, SCOPE_CODES[short])
+    assert error["limit_scope"] == short
+    assert error["spend_limit_window"] == windows[order.index(short)]
+    assert Decimal(str(error["spent_cents"])) * 10**6 == spent[short]
+
+
 def test_credit_is_checked_before_every_spend_limit(api: Api, team: Team) -> None:
     patch(api, f"/admin/v1/projects/{team.project}", 0)
     poor = create_account(api)

@@ -23,6 +23,7 @@ next check — never credit that is not there.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -31,6 +32,7 @@ from sqlalchemy import (
     BigInteger,
     Boolean,
     Integer,
+    Select,
     String,
     Text,
     and_,
@@ -42,8 +44,10 @@ from sqlalchemy import (
     func,
     literal,
     null,
+    or_,
     select,
     true,
+    union_all,
     update,
 )
 from sqlalchemy.dialects.postgresql import insert
@@ -51,7 +55,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from metering import programs as p
 from metering.accounts.access import in_flight_limited
-from metering.accounts.spend import key_charges, keys_of, owner_charges
+from metering.accounts.spend import Scope, charges_rows, per_scope
 from metering.citus import of_account
 from metering.kit.ranges import INT64_MAX, INT64_MIN
 from metering.ledger.resolution import resolution_text
@@ -133,32 +137,15 @@ _BOTTOM = cast(literal(INT64_MIN, BigInteger()), BigInteger())  # a BIGINT, not 
 _NO_AMOUNT = cast(null(), BigInteger())
 
 
-def key_holds_in_force(account_id: Any, api_key_id: Any, at: Any) -> ColumnElement[Any]:
-    """The estimates of the key's holds in force at ``at`` (a scalar subquery; the key's
-    account named too, so it reads the account's holds only)."""
-    return (
-        select(func.coalesce(func.sum(HOLDS.c.estimate_microcents), 0))
-        .where(
-            HOLDS.c.account_id == account_id,
-            HOLDS.c.api_key_id == api_key_id,
-            holds.in_force(HOLDS, at),
-        )
-        .scalar_subquery()
-    )
-
-
-def owner_holds_in_force(account_id: Any, column: str, owner_id: Any, at: Any) -> Any:
-    """The estimates of the holds in force at ``at`` of every key of a project or a member
-    (``column``: ``project_id`` or ``member_id``), a scalar subquery."""
-    return (
-        select(func.coalesce(func.sum(HOLDS.c.estimate_microcents), 0))
-        .where(
-            HOLDS.c.account_id == account_id,
-            HOLDS.c.api_key_id.in_(keys_of(account_id, column, owner_id)),
-            holds.in_force(HOLDS, at),
-        )
-        .scalar_subquery()
-    )
+def holds_in_force_rows(account_id: Any, at: Any) -> Select[Any]:
+    """The account's holds in force at ``at`` as amounts of ``metering.accounts.spend.per_scope``
+    (``api_key_id``, ``amount``: the estimate; ``day`` null: a hold in force counts in every
+    window)."""
+    return select(
+        HOLDS.c.api_key_id,
+        HOLDS.c.estimate_microcents.label("amount"),
+        cast(null(), UTCDateTime()).label("day"),
+    ).where(HOLDS.c.account_id == account_id, holds.in_force(HOLDS, at))
 
 
 def adopt_unbilled(
@@ -223,7 +210,6 @@ def _place_holds(on: p.Backend) -> list[p.Step]:
     available = p.Var("v_available", BigInteger())
     next_expiry = p.Var("v_next_expiry", UTCDateTime())
     changed, outcome = p.Var("v_changed", Boolean()), p.Var("v_outcome", String())
-    refused_spent = p.Var("v_spent", BigInteger())
     locked = HOLDS.alias("locked")
 
     def release(condition: ColumnElement[bool], **values: Any) -> Any:
@@ -304,9 +290,6 @@ def _place_holds(on: p.Backend) -> list[p.Step]:
         ),
     )
     estimate = h["estimate_microcents"].ref
-    spent = key_charges(
-        account.ref, h["api_key_id"].ref, h["window_start"].ref, h["window_end"].ref
-    ) + key_holds_in_force(account.ref, h["api_key_id"].ref, h["created_at"].ref)
 
     # A remembered resolution read again at the hold's instant, under the account's lock: with
     # the key's project and member only when the account's marks say they can matter.
@@ -358,57 +341,79 @@ def _place_holds(on: p.Backend) -> list[p.Step]:
     )
     # The last checks: the project's, the member's and the key's spend limits, each in its
     # window, in that order; a limit is checked only when it is set (null: none).
-    scopes = {
+    limits = {
         Outcome.PROJECT_SPEND_LIMIT: (
             h["project_limit"].ref,
-            owner_charges(
-                account.ref,
+            Scope(
+                "project",
                 "project_id",
                 h["project_id"].ref,
                 h["project_window_start"].ref,
                 h["project_window_end"].ref,
-            )
-            + owner_holds_in_force(
-                account.ref, "project_id", h["project_id"].ref, h["created_at"].ref
             ),
         ),
         Outcome.MEMBER_SPEND_LIMIT: (
             h["member_limit"].ref,
-            owner_charges(
-                account.ref,
+            Scope(
+                "member",
                 "member_id",
                 h["member_id"].ref,
                 h["member_window_start"].ref,
                 h["member_window_end"].ref,
-            )
-            + owner_holds_in_force(
-                account.ref, "member_id", h["member_id"].ref, h["created_at"].ref
             ),
         ),
-        Outcome.KEY_SPEND_LIMIT: (h["spend_limit"].ref, spent),
+        Outcome.KEY_SPEND_LIMIT: (
+            h["spend_limit"].ref,
+            Scope("key", "id", h["api_key_id"].ref, h["window_start"].ref, h["window_end"].ref),
+        ),
     }
+
+    def spent_by(scopes: Sequence[Scope]) -> Select[Any]:
+        """What each scope has spent (a column by its name): its charges in its window plus
+        the estimates of its holds in force, in one scan of each."""
+        at = h["created_at"].ref
+        rows = union_all(charges_rows(account.ref, scopes), holds_in_force_rows(account.ref, at))
+        return per_scope(account.ref, rows.subquery("spent"), scopes)
+
+    # What each scope has spent: on PostgreSQL read for all three scopes at once into these
+    # variables (below), on SQLite a subquery of each scope's own, read where its CASE branch
+    # is taken.
+    read = {
+        outcome_: p.Var(f"v_{scope.name}_spent", BigInteger())
+        for outcome_, (_, scope) in limits.items()
+    }
+    spent: dict[Outcome, ColumnElement[Any]] = on.choose(
+        postgresql={outcome_: var.ref for outcome_, var in read.items()},
+        sqlite={
+            outcome_: spent_by([scope]).scalar_subquery() for outcome_, (_, scope) in limits.items()
+        },
+    )
 
     def over(limit: Any, scope_spent: Any) -> ColumnElement[bool]:
         return and_(billing.ref == "prepaid", limit.isnot(None), scope_spent + estimate > limit)
 
-    limited = [(over(limit, used), scope.value) for scope, (limit, used) in scopes.items()]
-    # The decision, then the spend limits' checks. On PostgreSQL each spend limit is checked in
-    # a step of its own, for a limit that is set and a hold that passed every check before it:
-    # PL/pgSQL starts every subquery of an expression it runs as a query (index scans opened
-    # and all) whether its branch is taken or not, so in the CASE the spend-limit sums would
-    # cost every hold, limited or not. On SQLite the CASE is the cheaper form (each step there
-    # is a statement of its own).
-    decide, spend_check = on.choose(
-        postgresql=(
-            case(*decide_checks, else_=Outcome.GRANTED.value),
-            tuple(
-                p.When(
-                    and_(outcome.ref == Outcome.GRANTED.value, limit.isnot(None)),
-                    (p.Assign(outcome, case(check, else_=Outcome.GRANTED.value)),),
-                )
-                for (limit, _), check in zip(scopes.values(), limited, strict=True)
-            ),
+    limited = [(over(limit, spent[scope]), scope.value) for scope, (limit, _) in limits.items()]
+    # The decision, then the spend limits' checks. On PostgreSQL these are a step of their own,
+    # taken only by a prepaid account's hold that passed every check before them and has a
+    # limit set: PL/pgSQL starts every subquery of an expression it runs as a query (index
+    # scans opened and all) whether its branch is taken or not, so in the CASE the spend-limit
+    # sums would cost every hold, limited or not. The step reads what the three scopes spent
+    # in one statement (the account's rollups and holds each scanned once, joined to their
+    # keys once), then checks the limits in their order on the variables. On SQLite the CASE is
+    # the cheaper form (each step there is a statement of its own).
+    spend_check = p.When(
+        and_(
+            outcome.ref == Outcome.GRANTED.value,
+            billing.ref == "prepaid",
+            or_(*(limit.isnot(None) for limit, _ in limits.values())),
         ),
+        (
+            p.Fetch(spent_by([scope for _, scope in limits.values()]), into=tuple(read.values())),
+            p.Assign(outcome, case(*limited, else_=Outcome.GRANTED.value)),
+        ),
+    )
+    decide, spend_checks = on.choose(
+        postgresql=(case(*decide_checks, else_=Outcome.GRANTED.value), (spend_check,)),
         sqlite=(case(*decide_checks, *limited, else_=Outcome.GRANTED.value), ()),
     )
     grant = p.When(
@@ -428,24 +433,10 @@ def _place_holds(on: p.Backend) -> list[p.Step]:
             p.Assign(changed, true()),
         ),
     )
-    # What a refused key spent in its window (its 402 says it), and the value emitted. On
-    # PostgreSQL a step of its own, not a CASE in the result row: PL/pgSQL runs an expression
-    # holding a subquery as a query (executor start-up and all) even when that branch is not
-    # taken, so every hold paid for it; an IF on the outcome (a simple expression) costs the
-    # others nothing. On SQLite the CASE is the cheaper form: each step there is a statement of
-    # its own.
-    report: tuple[p.Step, ...] = (p.Assign(refused_spent, _NO_AMOUNT),)
-    for scope, (_, used) in reversed(scopes.items()):
-        report = (p.When(outcome.ref == scope.value, (p.Assign(refused_spent, used),), report),)
-    report_spent, emitted_spent = on.choose(
-        postgresql=(report, refused_spent.ref),
-        sqlite=(
-            (),
-            case(
-                *((outcome.ref == scope.value, used) for scope, (_, used) in scopes.items()),
-                else_=None,
-            ),
-        ),
+    # What a refused scope spent (its 402 says it): on PostgreSQL the variables its check read,
+    # on SQLite its subquery again.
+    emitted_spent = case(
+        *((outcome.ref == scope.value, spent[scope]) for scope in limits), else_=_NO_AMOUNT
     )
     return [
         p.ForEach(
@@ -469,9 +460,8 @@ def _place_holds(on: p.Backend) -> list[p.Step]:
                 ),
                 *confirming,
                 p.Assign(outcome, decide),
-                *spend_check,
+                *spend_checks,
                 grant,
-                *report_spent,
                 p.Emit((h["id"].ref, outcome.ref, available.ref, emitted_spent)),
             ),
         ),
