@@ -84,43 +84,24 @@ def page(
     }
 
 
-def newest_first(
-    session: Session,
-    query: Select[Any],
-    key: ColumnElement[int],
-    limit: int,
-    after: str | None,
-    render: Callable[[Any], dict[str, Any]],
-) -> dict[str, Any]:
-    """The list body of ``query``'s rows (already filtered to one account) newest first by the
-    integer ``key`` (a row id: positive, 64-bit), from the row after the ``after`` cursor."""
-    query = query.order_by(key.desc()).limit(limit + 1)
-    if after:
-        (last,) = decode_cursor(after, 1)
-        valid = isinstance(last, int) and not isinstance(last, bool)
-        if not valid or not 0 < last <= INT64_MAX:
-            raise InvalidRequest("after is not a cursor this list returned", param="after")
-        query = query.where(key < last)
-    rows = [row._mapping for row in session.execute(query)]
-    name = key.key
-    assert name is not None
-    return page(rows, limit, render, lambda row: (row[name],))
-
-
 def newest_first_by_time(
     session: Session,
     query: Select[Any],
     created_at: ColumnElement[Any],
-    row_id: ColumnElement[str],
+    row_id: ColumnElement[Any],
     limit: int,
     after: str | None,
     render: Callable[[Any], dict[str, Any]],
 ) -> dict[str, Any]:
-    """The list body of ``query``'s rows newest first by ``created_at``, then by the text id
-    ``row_id`` (rows of the same instant), from the row after the ``after`` cursor."""
+    """The list body of ``query``'s rows newest first by ``created_at``, then by ``row_id``
+    (rows of the same instant: a text id, or an integer row id, positive and 64-bit), from the
+    row after the ``after`` cursor. By the time a row shows, not its id alone: a Citus worker
+    numbers the rows it inserts in a range of its own (the account's rows written by the
+    gateway's calls delegated there, beside those the coordinator wrote), so ids do not say
+    which came first."""
     if after:
         at_text, last_id = decode_cursor(after, 2)
-        if not isinstance(at_text, str) or not isinstance(last_id, str):
+        if not isinstance(at_text, str) or not _is_row_id(last_id, row_id):
             raise InvalidRequest("after is not a cursor this list returned", param="after")
         at = parse_timestamp(at_text, "after")
         query = query.where(or_(created_at < at, and_(created_at == at, row_id < last_id)))
@@ -129,3 +110,9 @@ def newest_first_by_time(
     at_name, id_name = created_at.key, row_id.key
     assert at_name is not None and id_name is not None
     return page(rows, limit, render, lambda row: (format_timestamp(row[at_name]), row[id_name]))
+
+
+def _is_row_id(value: Any, row_id: ColumnElement[Any]) -> bool:
+    if row_id.type.python_type is int:
+        return isinstance(value, int) and not isinstance(value, bool) and 0 < value <= INT64_MAX
+    return isinstance(value, str)

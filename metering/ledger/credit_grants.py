@@ -20,7 +20,7 @@ from metering.db import is_cluster
 from metering.kit.errors import NotFound
 from metering.kit.ids import new_id
 from metering.kit.money import cents
-from metering.kit.pagination import newest_first
+from metering.kit.pagination import newest_first_by_time
 from metering.kit.timeutil import format_timestamp
 from metering.ledger import grants as rules
 from metering.ledger.spending import add_allocations, pending_forfeits, recharge_due, spend
@@ -273,12 +273,13 @@ def grant_bodies(
 def list_grants(
     session: Session, account_id: str, limit: int, after: str | None, now: datetime
 ) -> dict[str, Any]:
-    """An account's grants, newest first (by creation order)."""
+    """An account's grants, newest first (by creation, then by their entry's id)."""
     if session.execute(select(ACCOUNTS.c.id).where(ACCOUNTS.c.id == account_id)).first() is None:
         raise NotFound(f"no account {account_id}", param="account_id")
-    return newest_first(
+    return newest_first_by_time(
         session,
         select(GRANTS).where(GRANTS.c.account_id == account_id),
+        GRANTS.c.created_at,
         GRANTS.c.entry_id,
         limit,
         after,

@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 
 from metering.kit.errors import Conflict, InvalidRequest, NotFound
 from metering.kit.money import INT64_MAX, cents
-from metering.kit.pagination import newest_first
+from metering.kit.pagination import newest_first_by_time
 from metering.kit.timeutil import format_timestamp
 from metering.ledger.credit_grants import (
     create_grant,
@@ -332,12 +332,13 @@ def entry_body(entry: Any) -> dict[str, Any]:
 def list_entries(
     session: Session, account_id: str, limit: int, after: str | None
 ) -> dict[str, Any]:
-    """An account's entries, newest first (by id: the order they were appended)."""
+    """An account's entries, newest first (by the time they were recorded, then id)."""
     if session.execute(select(ACCOUNTS.c.id).where(ACCOUNTS.c.id == account_id)).first() is None:
         raise NotFound(f"no account {account_id}", param="account_id")
-    return newest_first(
+    return newest_first_by_time(
         session,
         select(ENTRIES).where(ENTRIES.c.account_id == account_id),
+        ENTRIES.c.created_at,
         ENTRIES.c.id,
         limit,
         after,
@@ -367,7 +368,9 @@ def activity(session: Session, account_id: str, since: datetime, until: datetime
     entries = [
         entry_body(row._mapping)
         for row in session.execute(
-            select(ENTRIES).where(*window, ENTRIES.c.kind != "charge").order_by(ENTRIES.c.id.desc())
+            select(ENTRIES)
+            .where(*window, ENTRIES.c.kind != "charge")
+            .order_by(ENTRIES.c.created_at.desc(), ENTRIES.c.id.desc())
         )
     ]
     day = _utc_day(session, ENTRIES.c.created_at).label("day")

@@ -49,7 +49,13 @@ class CreditGrant(Base):
             "remaining_microcents >= 0 AND remaining_microcents <= amount_microcents",
             name="remaining_within_amount",
         ),
-        Index("ix_credit_grants_account_id_entry_id", "account_id", "entry_id"),
+        # The grants' list, newest first (metering.kit.pagination.newest_first_by_time).
+        Index(
+            "ix_credit_grants_account_id_created_at_entry_id",
+            "account_id",
+            "created_at",
+            "entry_id",
+        ),
         Index(
             "ix_credit_grants_active",
             "account_id",

@@ -100,7 +100,8 @@ class LedgerEntry(Base):
             sqlite_where=text("idempotency_key IS NOT NULL"),
             postgresql_where=text("idempotency_key IS NOT NULL"),
         ),
-        Index("ix_ledger_entries_account_id_id", "account_id", "id"),
+        # The ledger's list, newest first (metering.kit.pagination.newest_first_by_time).
+        Index("ix_ledger_entries_account_id_created_at_id", "account_id", "created_at", "id"),
     )
 
     id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)

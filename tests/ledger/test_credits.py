@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -17,7 +18,10 @@ from tests.factories import (
     credits_of,
     exact_json,
     grant,
+    ingest,
+    priced_model,
     unique,
+    usage_event,
 )
 
 NOW_TEXT = "2026-11-29T12:00:00Z"
@@ -340,8 +344,55 @@ class TestLedgerList:
         assert seen == amounts[::-1]
         assert pages == 3
 
+    def test_charges_and_grants_in_the_order_they_were_recorded(self, api: Api) -> None:
+        """Charges written by the gateway's calls (on Citus, by the worker holding the account,
+        which numbers its rows in a range of its own) and grants and adjustments written by
+        operators (the coordinator) list newest first in the order they happened, page by page."""
+        model = priced_model(api, NOW - timedelta(days=1))
+        account = create_account(api)
+        key = create_key(api, account)
+        done: list[str] = []
+        for step in range(6):
+            api.clock.advance(seconds=1)
+            if step % 3 == 0:
+                grant(api, account, 10 + step)
+                done.append("grant")
+            elif step % 3 == 1:
+                ingest(api, usage_event(key, model, api.clock.now()))
+                done.append("charge")
+            else:
+                response = post_entry(
+                    api,
+                    account,
+                    "adjustments",
+                    amount_cents=1,
+                    idempotency_key=f"a{step}",
+                    reason="r",
+                )
+                assert response.status_code == 201, response.text
+                done.append("adjustment")
+        seen: list[tuple[str, str]] = []
+        params: dict[str, Any] = {"limit": 4}
+        while True:
+            body = api.admin("GET", f"/admin/v1/accounts/{account}/ledger", params=params).json()
+            seen += [(entry["kind"], entry["created_at"]) for entry in body["data"]]
+            if not body["has_more"]:
+                break
+            params = {"limit": 4, "after": body["next_cursor"]}
+        assert [kind for kind, _ in seen] == done[::-1]
+        assert [at for _, at in seen] == sorted((at for _, at in seen), reverse=True)
+
     @pytest.mark.parametrize(
-        "after", ["garbage", "WzEsMl0", "WyJ4Il0", "WzEwMDAwMDAwMDAwMDAwMDAwMDAwMDBd"]
+        "after",
+        [
+            "garbage",
+            "WzEsMl0",
+            "WyJ4Il0",
+            "WzEwMDAwMDAwMDAwMDAwMDAwMDAwMDBd",
+            "WyIyMDI2LTExLTI5VDEyOjAwOjAwWiIsIngiXQ",  # ["2026-11-29T12:00:00Z", "x"]
+            "WyIyMDI2LTExLTI5VDEyOjAwOjAwWiIsMF0",  # ["2026-11-29T12:00:00Z", 0]
+            "WyIyMDI2LTExLTI5VDEyOjAwOjAwWiIsdHJ1ZV0",  # ["2026-11-29T12:00:00Z", true]
+        ],
     )
     def test_a_foreign_cursor_is_400(self, api: Api, after: str) -> None:
         account = create_account(api)

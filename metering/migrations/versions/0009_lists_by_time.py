@@ -1,0 +1,46 @@
+"""The ledger's and the grants' lists are newest first by the time a row was recorded, then its
+id, and their indexes follow: on Citus a worker numbers the rows it inserts (the charges of the
+gateway's calls delegated there) in a range of its own, so ids alone do not say which came first.
+
+Revision ID: 0009
+Revises: 0008
+Create Date: 2026-12-05 10:00:00
+"""
+
+from collections.abc import Sequence
+
+from alembic import op
+
+revision: str = "0009"
+down_revision: str | Sequence[str] | None = "0008"
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
+
+# (table, old index and its columns, new index and its columns)
+INDEXES = (
+    (
+        "ledger_entries",
+        ("ix_ledger_entries_account_id_id", ["account_id", "id"]),
+        ("ix_ledger_entries_account_id_created_at_id", ["account_id", "created_at", "id"]),
+    ),
+    (
+        "credit_grants",
+        ("ix_credit_grants_account_id_entry_id", ["account_id", "entry_id"]),
+        (
+            "ix_credit_grants_account_id_created_at_entry_id",
+            ["account_id", "created_at", "entry_id"],
+        ),
+    ),
+)
+
+
+def upgrade() -> None:
+    for table, (old, _), (new, columns) in INDEXES:
+        op.create_index(new, table, columns)
+        op.drop_index(old, table_name=table)
+
+
+def downgrade() -> None:
+    for table, (old, columns), (new, _) in INDEXES:
+        op.create_index(old, table, columns)
+        op.drop_index(new, table_name=table)
