@@ -54,8 +54,11 @@ class WebhookEvent(Base):
 
     __tablename__ = "webhook_events"
     __table_args__ = (
+        # The fan-out takes them in the order they were made: by time, then id (on Citus a
+        # worker numbers the events of the calls delegated to it in a range of its own).
         Index(
             "ix_webhook_events_undispatched",
+            "created_at",
             "id",
             postgresql_where=text("NOT dispatched"),
             sqlite_where=text("NOT dispatched"),

@@ -174,7 +174,7 @@ class Deliverer:
             query = (
                 select(EVENTS.c.id, EVENTS.c.account_id, EVENTS.c.type)
                 .where(~EVENTS.c.dispatched)
-                .order_by(EVENTS.c.id)
+                .order_by(EVENTS.c.created_at, EVENTS.c.id)
                 .limit(500)
             )
             if account is not None:

@@ -141,6 +141,35 @@ class TestBalanceLow:
         depleted = events_of(api, account, "credit.balance_depleted")[0]
         assert depleted["data"]["balance_cents"] == "-2"
 
+    def test_crossings_are_delivered_in_the_order_they_happened_whichever_node_wrote_them(
+        self, hooks: Hooks
+    ) -> None:
+        """Crossings by a negative adjustment (on Citus written by the coordinator) and by a
+        single event (written by the worker the gateway's call was delegated to, which numbers
+        its rows in a range of its own), fanned out together: the endpoint's deliveries are
+        made, and listed, in the order the crossings happened."""
+        api = hooks.api
+        account, key, model = _account(api, 10, 5)
+        with receiving() as receiver:
+            endpoint = hooks.endpoint(receiver.url(), ["credit.balance_low"], account)
+        for step in range(3):
+            api.clock.advance(seconds=1)
+            if step == 1:  # one event of 6 cents: 10 → 4
+                ingest(api, usage_event(key, model, api.clock.now(), chat_usage(6000, 0)))
+            else:
+                response = api.admin(
+                    "POST",
+                    f"/admin/v1/accounts/{account}/adjustments",
+                    json={"amount_cents": -6, "idempotency_key": unique("adj"), "reason": "r"},
+                )
+                assert response.status_code == 201, response.text
+            grant(api, account, 6)  # 4 → 10: re-armed
+        assert hooks.deliverer().fan_out() >= 3  # with other tests' events left undispatched
+        made = [event["id"] for event in events_of(api, account)]  # by time, then id
+        assert len(made) == 3
+        listed = hooks.deliveries(endpoint["id"])  # newest first
+        assert [delivery["event_id"] for delivery in listed] == made[::-1]
+
     def test_two_batches_that_together_cross_fire_one_event(self, hooks: Hooks) -> None:
         api = hooks.api
         accounts = [_account(api, 10, 5) for _ in range(4)]
