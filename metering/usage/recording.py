@@ -255,9 +255,10 @@ def settle_usage(
         ).items():
             settle_usage(session, its_charges, its_rows, now, its_limits, account)
         return
-    ordered = [c.row() for c in sorted(charges, key=lambda c: c.usage_event_id)]
 
     def params(on: p.Backend) -> dict[str, Any]:
+        # The rows live only while they are written: not during the round trip, beside the text.
+        ordered = [c.row() for c in sorted(charges, key=lambda c: c.usage_event_id)]
         return {
             "p_now": now,
             "p_charges": _ENCODE_CHARGES[on.name](ordered),

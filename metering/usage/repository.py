@@ -324,11 +324,11 @@ def record(
     the events are all that account's."""
     if not events:
         return {}
-    rows = [event.row() for event in events]
 
     def params(on: p.Backend) -> dict[str, Any]:
         encode = on.choose(postgresql=ENCODE_EVENTS, sqlite=_ENCODE_SQLITE_EVENTS)
-        return {EVENTS_IN.name: encode(rows), NOW.name: now}
+        # The rows live only while they are written: not during the round trip, beside the text.
+        return {EVENTS_IN.name: encode([event.row() for event in events]), NOW.name: now}
 
     inserted = _RECORD.rows(session, params, account_id)
     return {(row[1], row[2]): row[0] for row in inserted}

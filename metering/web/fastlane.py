@@ -115,6 +115,10 @@ class FastLane:
             body = None
             if lane.body is not None:
                 body = await _read_body(lane.body, scope, receive, received)
+            # What was read is kept only to replay it to FastAPI, which takes over before the
+            # handler runs, never after: not held while it works (a batch's bytes, beside its
+            # parsed events, for as long as the batch is recorded).
+            received.clear()
             content = await lane.handler(state, body, params)
         except _Fallback:
             await self.app(scope, _replaying(received, receive), send)
