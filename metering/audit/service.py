@@ -20,11 +20,9 @@ from sqlalchemy import insert, select
 from sqlalchemy.orm import Session
 
 from metering.kit import jsonenc
-from metering.kit.errors import InvalidRequest
 from metering.kit.ids import new_id
 from metering.kit.jsonenc import RawJSON
-from metering.kit.money import INT64_MAX
-from metering.kit.pagination import decode_cursor, page
+from metering.kit.pagination import page, row_id_after
 from metering.kit.timeutil import format_timestamp
 from metering.models import AuditEvent, table
 
@@ -171,11 +169,6 @@ def list_events(
     if where.ending_at is not None:
         query = query.where(AUDIT.c.at < where.ending_at)
     if after:
-        (last_seq,) = decode_cursor(after, 1)
-        if isinstance(last_seq, bool) or not isinstance(last_seq, int):
-            raise InvalidRequest("after is not a cursor this list returned", param="after")
-        if not 0 < last_seq <= INT64_MAX:
-            raise InvalidRequest("after is not a cursor this list returned", param="after")
-        query = query.where(AUDIT.c.seq < last_seq)
+        query = query.where(AUDIT.c.seq < row_id_after(after))
     rows = session.execute(query).all()
     return page(rows, limit, event_body, lambda row: (row.seq,))

@@ -38,6 +38,15 @@ def decode_cursor(cursor: str, arity: int) -> list[Any]:
     return values
 
 
+def row_id_after(cursor: str) -> int:
+    """The row id an ``after`` cursor of a list by row id names (positive, 64-bit); anything
+    else is not a cursor such a list returned (400 naming ``after``)."""
+    (last,) = decode_cursor(cursor, 1)
+    if isinstance(last, bool) or not isinstance(last, int) or not 0 < last <= INT64_MAX:
+        raise InvalidRequest("after is not a cursor this list returned", param="after")
+    return last
+
+
 def _is_key(value: Any) -> bool:
     """A cursor holds only what ``encode_cursor`` put there: ids, timestamps and 64-bit row ids
     (anything else would reach the database as a value it cannot bind)."""

@@ -17,8 +17,7 @@ from sqlalchemy.orm import Session
 
 from metering.kit.errors import InvalidRequest, NotFound
 from metering.kit.ids import new_id
-from metering.kit.money import INT64_MAX
-from metering.kit.pagination import decode_cursor, page
+from metering.kit.pagination import decode_cursor, page, row_id_after
 from metering.kit.timeutil import format_timestamp, parse_timestamp
 from metering.models import Account, WebhookDelivery, WebhookEndpoint, WebhookEvent, table
 from metering.notifications import outbox, secrets
@@ -377,10 +376,6 @@ def list_deliveries(
     if endpoint.account_id is not None:
         query = query.where(WebhookDelivery.account_id == endpoint.account_id)
     if after:
-        (last_id,) = decode_cursor(after, 1)
-        valid = isinstance(last_id, int) and not isinstance(last_id, bool)
-        if not valid or not 0 < last_id <= INT64_MAX:
-            raise InvalidRequest("after is not a cursor this list returned", param="after")
-        query = query.where(WebhookDelivery.id < last_id)
+        query = query.where(WebhookDelivery.id < row_id_after(after))
     rows = session.execute(query).all()
     return page(rows, limit, delivery_body, lambda row: (row.id,))

@@ -20,7 +20,7 @@ from metering import citus
 from metering.db import is_postgresql
 from metering.kit.jsonenc import RawJSON, loads_exact
 from metering.kit.money import INT64_MAX
-from metering.kit.pagination import decode_cursor, page
+from metering.kit.pagination import page, row_id_after
 from metering.kit.ranges import DATABASE_ERRORS, is_out_of_range
 from metering.kit.timeutil import format_timestamp
 from metering.models import QuarantinedEvent, table
@@ -172,9 +172,7 @@ def list_entries(
     if account_id is not None:
         query = query.where(QuarantinedEvent.account_id == account_id)
     if after:
-        (last_id,) = decode_cursor(after, 1)
-        if isinstance(last_id, int) and -INT64_MAX - 1 <= last_id <= INT64_MAX:
-            query = query.where(QuarantinedEvent.id < last_id)
+        query = query.where(QuarantinedEvent.id < row_id_after(after))
     rows = session.execute(query).scalars().all()
     return page(rows, limit, entry_body, lambda entry: (entry.id,))
 

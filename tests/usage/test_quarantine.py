@@ -210,6 +210,22 @@ class TestQuarantineList:
         ).json()
         assert [e["id"] for e in first["data"] + rest["data"]] == ids
 
+    @pytest.mark.parametrize(
+        "after",
+        [
+            "garbage",
+            "WzBd",  # [0]
+            "Wy0xXQ",  # [-1]
+            "WyJ4Il0",  # ["x"]
+            "WzEsMl0",  # [1, 2]
+            "WzEwMDAwMDAwMDAwMDAwMDAwMDAwMDBd",  # beyond 64 bits
+        ],
+    )
+    def test_a_foreign_cursor_is_400(self, api: Api, after: str) -> None:
+        """Not a page of every entry: a cursor this list never returned is refused."""
+        response = api.admin("GET", "/admin/v1/quarantine", params={"after": after})
+        assert_error(response, 400, "invalid_parameter", param="after")
+
     def test_unknown_code_is_refused(self, api: Api) -> None:
         response = api.admin("GET", "/admin/v1/quarantine", params={"code": "nope"})
         assert_error(response, 400, "unsupported_value", param="code")
