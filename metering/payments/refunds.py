@@ -202,7 +202,8 @@ def apply(
 
 def fail(
     session: Session,
-    refund: Row,
+    account_id: str,
+    refund_id: str,
     message: str,
     stripe_refund_id: str | None,
     now: datetime,
@@ -211,8 +212,7 @@ def fail(
     """A pending refund that will not be applied (the account's row lock held): ``failed``,
     its amount no longer reserved, ``payment.refund_failed``, audited ``refund.fail``.
     A refund in any other status is returned as it is."""
-    account_id = refund["account_id"]
-    refund = _refund_row(session, account_id, refund["id"], lock=True)
+    refund = _refund_row(session, account_id, refund_id, lock=True)
     if not states.refund_may("fail", refund["status"]):
         return refund
     message = message[:500]
@@ -362,7 +362,8 @@ def refund(
             ledger.lock_account(session, account_id)
             fail(
                 session,
-                _refund_row(session, account_id, refund_id),
+                account_id,
+                refund_id,
                 message,
                 stripe_refund_id,
                 payments.clock.now(),
@@ -458,7 +459,8 @@ def _learn(
                 _failed_at_stripe(stripe_refund),
             )
             return
-        fail(session, row, _failed_at_stripe(stripe_refund), stripe_refund.id, now, auditor)
+        message = _failed_at_stripe(stripe_refund)
+        fail(session, row["account_id"], row["id"], message, stripe_refund.id, now, auditor)
         return
     if settled:
         return
@@ -554,7 +556,8 @@ def _settle(
         else:
             fail(
                 session,
-                _refund_row(session, account_id, refund_id),
+                account_id,
+                refund_id,
                 "Stripe has no refund of it: the request never reached Stripe",
                 None,
                 now,
