@@ -42,9 +42,14 @@ def row_id_after(cursor: str) -> int:
     """The row id an ``after`` cursor of a list by row id names (positive, 64-bit); anything
     else is not a cursor such a list returned (400 naming ``after``)."""
     (last,) = decode_cursor(cursor, 1)
-    if isinstance(last, bool) or not isinstance(last, int) or not 0 < last <= INT64_MAX:
+    if not _is_row_number(last):
         raise InvalidRequest("after is not a cursor this list returned", param="after")
-    return last
+    return int(last)
+
+
+def _is_row_number(value: Any) -> bool:
+    """A database row id: a positive 64-bit integer (not a bool)."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 < value <= INT64_MAX
 
 
 def _is_key(value: Any) -> bool:
@@ -123,5 +128,5 @@ def newest_first_by_time(
 
 def _is_row_id(value: Any, row_id: ColumnElement[Any]) -> bool:
     if row_id.type.python_type is int:
-        return isinstance(value, int) and not isinstance(value, bool) and 0 < value <= INT64_MAX
+        return _is_row_number(value)
     return isinstance(value, str)
