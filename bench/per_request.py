@@ -75,7 +75,10 @@ from bench.common import (
 )
 from bench.loadgen import Connection, expect
 
-OPERATIONS = ("ingest", "authorize", "authorize-limited")
+OPERATIONS = ("ingest", "ingest-together", "authorize", "authorize-limited")
+_HEADERS = {"Authorization": f"Bearer {GATEWAY_TOKEN}"}
+# What ``ingest-together`` sends at once, one single-event request on each of its connections.
+TOGETHER = 4
 # A thread's count in ``callgrind_control -e`` ("Th 1  1,234,567").
 _THREAD_TOTAL = re.compile(r"^\s*Th \d+\s+([\d,]+)", re.MULTILINE)
 # The server of the code under test, with a cProfile switched on by SIGUSR1 and written out by
@@ -322,8 +325,15 @@ class Client:
         expect(response, 200, "void", id=hold["id"], status="voided")
 
 
-async def _send(port: int, operation: Callable[[Connection], Any], count: int) -> None:
-    connection = Connection("127.0.0.1", port, {"Authorization": f"Bearer {GATEWAY_TOKEN}"})
+async def _send(port: int, client: Client, name: str, count: int) -> None:
+    """``count`` operations from one keep-alive connection; ``ingest-together``: ``count``
+    single events from each of ``TOGETHER`` connections at once, each sending its next when its
+    last is answered (a gateway's many requests in flight)."""
+    if name == "ingest-together":
+        await asyncio.gather(*(_send(port, client, "ingest", count) for _ in range(TOGETHER)))
+        return
+    operation: Callable[[Connection], Any] = getattr(client, name.replace("-", "_"))
+    connection = Connection("127.0.0.1", port, _HEADERS)
     for _ in range(count):
         await operation(connection)
     await connection.close()
@@ -380,20 +390,21 @@ def measure(
                 try:
                     server.instrument()
                     for name in operations:
-                        operation = getattr(client, name.replace("-", "_"))
-                        asyncio.run(_send(server.port, operation, warmup))
-                        figures = Figures(label + name, requests)
+                        asyncio.run(_send(server.port, client, name, warmup))
+                        # Each figure is per request: ingest-together sends TOGETHER a time.
+                        sent = requests * (TOGETHER if name == "ingest-together" else 1)
+                        figures = Figures(label + name, sent)
                         if counter:
                             counter.reset()
                         server.start_counting()
-                        asyncio.run(_send(server.port, operation, requests))
+                        asyncio.run(_send(server.port, client, name, requests))
                         counted = server.stop_counting()
                         if counter:
                             counter.read(figures)
                         if isinstance(counted, float):
-                            figures.instructions = counted / requests
+                            figures.instructions = counted / sent
                         else:
-                            _print_profile(figures.operation, counted, requests)
+                            _print_profile(figures.operation, counted, sent)
                         results.append(figures)
                 finally:
                     server.stop()

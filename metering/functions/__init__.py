@@ -25,6 +25,7 @@ from metering.ledger.spending import SPEND_CREDIT, SPEND_CREDIT_OF_ACCOUNT
 from metering.migrate import FUNCTIONS_DIR, committed_functions
 from metering.programs import Program
 from metering.usage.recording import (
+    RECORD_GATHERED,
     RECORD_USAGE,
     RECORD_USAGE_OF_ACCOUNT,
     SETTLE_USAGE,
@@ -35,6 +36,7 @@ PROGRAMS: tuple[Program, ...] = (
     PLACE_HOLDS,
     SETTLE_USAGE,
     RECORD_USAGE,
+    RECORD_GATHERED,
     SPEND_CREDIT,
     PLACE_HOLDS_OF_ACCOUNT,
     SETTLE_USAGE_OF_ACCOUNT,

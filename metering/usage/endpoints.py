@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Annotated, Any
 
@@ -15,7 +15,7 @@ from metering.audit.deps import AuditDep
 from metering.db import Database, Kind, retry_transient
 from metering.kit.pagination import PageParams
 from metering.metrics import REGISTRY
-from metering.usage import isolation, quarantine, service, sharded, single, support
+from metering.usage import isolation, quarantine, service, sharded, single, support, together
 from metering.usage.events import CHARGE_FIELDS, ChargeValues
 from metering.usage.schemas import EventBatch, QuarantineCode, ReprocessRequest
 from metering.web.deps import AdminDep, GatewayDep, NowDep, SessionDep
@@ -95,21 +95,52 @@ async def _ingest(state: State, body: EventBatch, _params: Mapping[str, str]) ->
     service.check_batch_size(body.events)
     database: Database = state.database
     now = state.clock.now()
-    outcome = None
-    # A Citus coordinator (metering.citus; then metering.usage.sharded).
-    cluster = database.kind is Kind.CITUS
-    if database.kind is not Kind.SQLITE and len(body.events) == 1:
-        outcome = await single.record_one(database, body.events[0], now, cluster)
-    if outcome is None:
+    if len(body.events) == 1 and database.kind is Kind.POSTGRESQL:
+        outcome = await together.record(body.events[0], now, _paths(state))
+    elif len(body.events) == 1 and database.kind is Kind.CITUS:
+        # One account's call, delegated to its worker (metering.citus): gathered, the events
+        # of several accounts would be as many units of work through the coordinator.
+        outcome = await _record_alone(database, body.events[0], now)
+    else:
         # SQLite: in a writer thread, which waits for the writer's turn apart from the pool.
         outcome = await database.in_writer_thread(
-            _record_batch, database, body.events, now, cluster
+            _record_batch, database, body.events, now, database.kind is Kind.CITUS
         )
     counts = outcome.counts()
     for status, count in counts.items():
         if count:
             EVENTS_TOTAL.inc(status, amount=count)
     return render_answer(outcome, counts)
+
+
+def _paths(state: State) -> together.Paths:
+    """The ways of recording a single event on the app's database (metering.usage.together)."""
+    paths: together.Paths | None = getattr(state, "single_event_paths", None)
+    if paths is None:
+        database: Database = state.database
+
+        async def alone(raw: object, now: datetime) -> service.BatchOutcome:
+            return await _record_alone(database, raw, now)
+
+        async def gathered(
+            raws: Sequence[object], now: datetime
+        ) -> list[service.Result | None] | None:
+            return await single.record_gathered(database, raws, now)
+
+        async def batch(raws: Sequence[object], now: datetime) -> service.BatchOutcome:
+            return await database.in_writer_thread(_record_batch, database, list(raws), now, False)
+
+        paths = state.single_event_paths = together.Paths(alone, gathered, batch)
+    return paths
+
+
+async def _record_alone(database: Database, raw: object, now: datetime) -> service.BatchOutcome:
+    """One event: the lean path (metering.usage.single), else the batch path."""
+    cluster = database.kind is Kind.CITUS  # a Citus coordinator (metering.citus)
+    outcome = await single.record_one(database, raw, now, cluster)
+    if outcome is None:
+        outcome = await database.in_writer_thread(_record_batch, database, [raw], now, cluster)
+    return outcome
 
 
 def _record_batch(

@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import BigInteger, FromClause, case, cast, func, select, true
+from sqlalchemy import ARRAY, BigInteger, FromClause, and_, case, cast, func, select, true
 from sqlalchemy.orm import Session
 
 from metering import programs as p
@@ -225,6 +225,94 @@ RECORD_USAGE = p.Program(
 RECORD_USAGE_OF_ACCOUNT = of_account(RECORD_USAGE)  # on a Citus cluster (metering.citus)
 
 
+# Beside each event of ``RECORD_GATHERED``: its account's billing and its usage in its hour
+# (``HOURLY_IN``'s columns, for that event alone), found with the stored event by its dedup key.
+GATHERED_IN = p.Records(
+    "p_gathered",
+    (
+        ("request_id", EVENTS.c.request_id.type),
+        ("prepaid", p.Boolean()),
+        *((name, kind) for name, kind in HOURLY_IN.columns if name != LAST_EVENT),
+    ),
+)
+# The request ids of the events that were new (in ``_NEW``'s order).
+_NEW_REQUESTS = p.Var(_NEW.array("request_id"), ARRAY(EVENTS.c.request_id.type))
+# Each new event's charge (``CHARGES_IN``'s columns) and its hour's usage (``HOURLY_IN``'s).
+_CHARGE_COLUMNS = tuple(name for name, _ in CHARGES_IN.columns)
+_BOOKED = p.Rows(
+    "v_booked",
+    (
+        *CHARGES_IN.columns,
+        *((name, kind) for name, kind in HOURLY_IN.columns if name not in _CHARGE_COLUMNS),
+    ),
+)
+
+
+# What the stored event gives a rollup row (the rest is its ``GATHERED_IN`` row's).
+_BY_EVENT = (*_CHARGE_COLUMNS, LAST_EVENT)
+
+
+def _record_gathered(on: p.Backend) -> list[p.Step]:
+    new = on.rows(_NEW, "n")
+    gathered = on.records(GATHERED_IN, "g")
+    # Only the events that were new are settled and counted: a request id already taken is
+    # none of this program's business (the caller's general path classifies it).
+    found = new.join(
+        gathered,
+        and_(
+            gathered.c.account_id == new.c.account_id,
+            gathered.c.request_id == new.c.request_id,
+        ),
+    )
+    columns = {
+        "account_id": new.c.account_id,
+        "api_key_id": new.c.api_key_id,
+        "request_id": new.c.request_id,
+        "usage_event_id": new.c.id,
+        "charge_microcents": new.c.total_microcents,
+        "authorization_id": new.c.authorization_id,
+        "prepaid": gathered.c.prepaid,
+        **{name: gathered.c[name] for name in HOURLY_IN.names if name not in _BY_EVENT},
+        LAST_EVENT: new.c.id,
+    }
+    booked = on.rows(_BOOKED, "b")
+    return [
+        p.Collect(insert_events(on, on.records(EVENTS_IN, "e")), into=_NEW),
+        p.When(
+            on.count(_NEW) > 0,
+            (
+                # What the new events book, read from the parameters once.
+                p.Collect(
+                    select(*(columns[name].label(name) for name, _ in _BOOKED.columns)).select_from(
+                        found
+                    ),
+                    into=_BOOKED,
+                ),
+                *settle_steps(
+                    on, select(*(booked.c[n] for n in _CHARGE_COLUMNS)).subquery("c"), NOW.ref
+                ),
+                p.Run(
+                    rollup_upsert(on, select(*(booked.c[n] for n in HOURLY_IN.names)).subquery("r"))
+                ),
+                *spend_limits.threshold_steps(on, NOW.ref),
+            ),
+        ),
+        p.Return(_NEW_REQUESTS.ref),
+    ]
+
+
+RECORD_GATHERED = p.Program(
+    "metering_record_gathered",
+    params=(NOW, EVENTS_IN, GATHERED_IN, *_LIMITS),
+    build=_record_gathered,
+    returns=ARRAY(EVENTS.c.request_id.type),
+    # As RECORD_USAGE's, for the same reason: its arrays hold the few events that arrived
+    # together at one process (metering.usage.together), never a batch's thousand.
+    settings={"plan_cache_mode": "force_generic_plan"},
+)
+
+
+ENCODE_GATHERED = p.records_encoder(GATHERED_IN, p.POSTGRESQL, verbatim=("request_id",))
 _ENCODE_CHARGES = {
     on.name: p.records_encoder(CHARGES_IN, on, verbatim=("request_id",))
     for on in (p.POSTGRESQL, p.SQLITE)

@@ -21,9 +21,9 @@ written.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 import psycopg
 
@@ -49,16 +49,48 @@ async def record_one(
     return await database.run(_steps(event, now), postgresql=statements, sqlite=None)
 
 
-def _steps(event: Event, now: datetime) -> Steps[service.BatchOutcome | None]:
-    pairs = service.lookup_pairs([event])
+async def record_gathered(
+    database: Database, raws: Sequence[object], now: datetime
+) -> list[service.Result | None] | None:
+    """Several single events that arrived together (metering.usage.together), as one
+    transaction on a PostgreSQL server: each one's result (index 0) when it was recorded, None
+    for each whose request id was taken (the caller asks the general path about it: nothing of
+    it was written); None for all when any needs the general path before (not billable now, two
+    of one request id) or when the database refused them (nothing was written)."""
+    if not all(is_keyed(raw) for raw in raws):
+        return None
+    events = [parse_event(0, cast(Mapping[str, Any], raw), now) for raw in raws]
+    if any(event.problem is not None for event in events):
+        return None
+    if len({event.request_id for event in events}) < len(events):
+        return None
+    new = await database.run(_gathered(events, now), postgresql=_Statements, sqlite=None)
+    if new is None:
+        return None
+    return [
+        service.Result(0, event.request_id, service.RECORDED, event.charge_values())
+        if event.request_id in new
+        else None
+        for event in events
+    ]
+
+
+def _priced(events: list[Event]) -> Steps[bool]:
+    """The events' keys, models and prices looked up (their project and member limits too,
+    for accounts that have any), and the events priced: whether all of them are billable now."""
+    pairs = service.lookup_pairs(events)
     rows = yield lambda db: db.lookup(pairs)
     keys, book = repository.read_lookup(rows)
     limited = repository.scope_pairs(keys, pairs)
     if limited:
-        # Its account has project or member limits: theirs, by a statement of its own.
+        # An account with project or member limits: theirs, by a statement of its own.
         found = yield lambda db: db.scope_limits(limited, keys[limited[0][0]].account_id)
         keys = repository.with_scopes(keys, found)
-    if not service.price_events([event], keys, book):
+    return len(service.price_events(events, keys, book)) == len(events)
+
+
+def _steps(event: Event, now: datetime) -> Steps[service.BatchOutcome | None]:
+    if not (yield from _priced([event])):
         return None
     new_id = yield lambda db: db.record(event, now)
     if new_id is None:
@@ -67,10 +99,17 @@ def _steps(event: Event, now: datetime) -> Steps[service.BatchOutcome | None]:
     return service.BatchOutcome([result])
 
 
+def _gathered(events: list[Event], now: datetime) -> Steps[set[str] | None]:
+    if not (yield from _priced(events)):
+        return None
+    return (yield lambda db: db.record_gathered(events, now))
+
+
 class _Statements:
     """The two statements, on an autocommit connection: each its own transaction."""
 
     RECORD = recording.RECORD_USAGE.call_sql
+    RECORD_GATHERED = recording.RECORD_GATHERED.call_sql
 
     def __init__(self, connection: psycopg.AsyncConnection[Any]) -> None:
         self._connection = connection
@@ -98,6 +137,32 @@ class _Statements:
         cursor = await self._connection.execute(self.RECORD, self._params(event, now))
         row = await cursor.fetchone()
         return None if row is None else row[0]
+
+    async def record_gathered(self, events: list[Event], now: datetime) -> set[str] | None:
+        """The request ids of those of ``events`` that were new (recorded); None when the
+        database refused them (nothing was written, the program being one transaction)."""
+        params = {
+            "p_now": now,
+            "p_events": repository.ENCODE_EVENTS([event.row() for event in events]),
+            "p_gathered": recording.ENCODE_GATHERED(
+                [
+                    {
+                        **rollups.rows([(0, event)])[0],
+                        "request_id": event.request_id,
+                        "prepaid": event.prepaid,
+                    }
+                    for event in events
+                ]
+            ),
+            **spend_limits.limit_params(service.spend_limited(events), now, POSTGRESQL),
+        }
+        try:
+            cursor = await self._connection.execute(self.RECORD_GATHERED, params)
+            row = await cursor.fetchone()
+        except psycopg.DatabaseError:
+            return None
+        assert row is not None
+        return set(row[0] or ())
 
     def _params(self, event: Event, now: datetime) -> dict[str, Any]:
         return {

@@ -1,4 +1,4 @@
-"""Group commit (``metering.ledger.placement.postgres._Queue``, PostgreSQL): holds that arrive
+"""Group commit (``metering.kit.gathering``, the holds' ``_QUEUE``, PostgreSQL): holds that arrive
 while a check-and-hold of the process is in flight go to the database together, of one account or
 of several, each decided as if alone, and a failure reaches every request of its call without
 stranding the next ones."""
@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 
 from metering.kit.errors import InsufficientCredits
+from metering.kit.gathering import Gathering
 from metering.ledger import authorizations
-from metering.ledger.placement.postgres import PostgresHolds, _Queue
+from metering.ledger.placement.postgres import PostgresHolds
 from metering.ledger.schemas import AuthorizationCreate
 from metering.ledger.service import held_counter_mismatches
 from tests.conftest import NOW, Api
@@ -37,11 +38,11 @@ class Arrivals:
         self.arrived = 0
         self.expected = 0
         self.queued = 0  # arrivals when the first call went ahead
-        place, place_all = _Queue.place, PostgresHolds.place_all
+        place, place_all = Gathering.record, PostgresHolds.place_all
 
-        async def arriving(queue: _Queue, holds: PostgresHolds, placing: Any) -> Any:
+        async def arriving(queue: Gathering[Any, Any], item: Any, *args: Any) -> Any:
             self.arrived += 1
-            return await place(queue, holds, placing)
+            return await place(queue, item, *args)
 
         async def recorded(holds: PostgresHolds, batch: list[Any]) -> Any:
             self.sizes.append(len(batch))
@@ -55,7 +56,7 @@ class Arrivals:
                 raise RuntimeError("the database went away")
             return await place_all(holds, batch)
 
-        monkeypatch.setattr(_Queue, "place", arriving)
+        monkeypatch.setattr(Gathering, "record", arriving)
         monkeypatch.setattr(PostgresHolds, "place_all", recorded)
 
     def authorize_at_once(self, api: Api, requests: list[AuthorizationCreate]) -> list[Any]:

@@ -1,6 +1,6 @@
 """PostgreSQL: the hold statements (metering.ledger.placement.program) as psycopg text on async
 connections in autocommit, on the event loop; the check-and-hold is one call of
-``metering_place_holds``, shared by the holds that arrive meanwhile (``_Queue``); a resolution
+``metering_place_holds``, shared by the holds that arrive meanwhile (``_QUEUE``); a resolution
 read before is remembered for the key's next authorization and confirmed by that call
 (``_Remembered``).
 
@@ -12,7 +12,6 @@ account, sent whole to the account's node; a void finds its hold by the account 
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ from sqlalchemy import String, bindparam, exists, select
 from metering.accounts.access import checked_under_lock
 from metering.accounts.keys import KEYS, live_key
 from metering.citus import text_of_account
+from metering.kit.gathering import Gathering
 from metering.ledger.metrics import RESOLUTIONS
 from metering.ledger.placement.program import (
     BODY_COLUMNS,
@@ -135,9 +135,9 @@ class PostgresHolds:
 
     async def place(self, hold: Mapping[str, Any]) -> Placement:
         """Place one hold (a row of ``HOLDS_IN``), together with the holds that this process is
-        asked to place meanwhile (see ``_Queue``): of any account, or on Citus of its own
+        asked to place meanwhile (``_QUEUE``): of any account, or on Citus of its own
         account only, so that no call is a transaction across shards."""
-        return await _QUEUE.place(self, hold)
+        return await _QUEUE.record(hold, self.place_all, self.group_of(hold))
 
     def group_of(self, hold: Mapping[str, Any]) -> str | None:
         """Which holds may share a call with this one: any (None), or on Citus its account's."""
@@ -235,69 +235,8 @@ class _Remembered:
 _REMEMBERED = _Remembered()
 
 
-@dataclass(slots=True)
-class _Waiting:
-    hold: Mapping[str, Any]
-    # Set to the placement once made, or to a batch (this one first) for it to make.
-    answer: asyncio.Future[Placement | list[_Waiting]]
-
-
-class _Queue:
-    """Group commit, within one process. While this process has a check-and-hold in flight,
-    further holds (of any account) wait, then go together in the next call: one round trip and
-    one durable commit for all of them instead of one each, each account's lock taken once, and
-    each hold still decided as if alone, in arrival order, under its account's lock. A group
-    (``PostgresHolds.group_of``: on Citus, the account) queues apart from the others.
-
-    Only the grouping lives in process memory; every decision is the database's, so any number
-    of processes may serve (each groups its own). The first waiter makes the next call for the
-    rest, so no request waits for more than the call in flight and its own."""
-
-    MAX_BATCH = 64
-
-    def __init__(self) -> None:
-        self._waiting: dict[tuple[asyncio.AbstractEventLoop, str | None], list[_Waiting]] = {}
-
-    async def place(self, holds: PostgresHolds, hold: Mapping[str, Any]) -> Placement:
-        loop = asyncio.get_running_loop()
-        key = (loop, holds.group_of(hold))
-        queue = self._waiting.get(key)
-        mine = _Waiting(hold, loop.create_future())
-        if queue is None:
-            self._waiting[key] = []
-            batch = [mine]
-        else:
-            queue.append(mine)
-            answer = await mine.answer
-            if isinstance(answer, Placement):
-                return answer
-            batch = answer
-        try:
-            placements = await holds.place_all([waiting.hold for waiting in batch])
-        except BaseException as error:
-            for waiting in batch[1:]:
-                if not waiting.answer.done():
-                    if isinstance(error, asyncio.CancelledError):
-                        waiting.answer.cancel()
-                    else:
-                        waiting.answer.set_exception(error)
-            raise
-        else:
-            for waiting, placement in zip(batch[1:], placements[1:], strict=True):
-                if not waiting.answer.done():
-                    waiting.answer.set_result(placement)
-            return placements[0]
-        finally:
-            self._hand_over(key)
-
-    def _hand_over(self, key: tuple[asyncio.AbstractEventLoop, str | None]) -> None:
-        """The next call goes to the first live waiter, with the others behind it."""
-        waiting = [w for w in self._waiting[key] if not w.answer.done()]
-        if not waiting:
-            del self._waiting[key]
-            return
-        batch, self._waiting[key] = waiting[: self.MAX_BATCH], waiting[self.MAX_BATCH :]
-        batch[0].answer.set_result(batch)
-
-
-_QUEUE = _Queue()
+# Group commit of the check-and-hold within one process (metering.kit.gathering): while a call
+# is in flight, the holds that arrive (of any account; on Citus, of one account: ``group_of``)
+# wait, then go together in the next call: one round trip, one durable commit and each account's
+# lock taken once for all of them, each hold still decided as if alone, in arrival order.
+_QUEUE: Gathering[Mapping[str, Any], Placement] = Gathering(limit=64)
