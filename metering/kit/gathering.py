@@ -49,11 +49,12 @@ class Gathering(Generic[Item, Answer]):
         loop = asyncio.get_running_loop()
         key = (loop, group)
         queue = self._waiting.get(key)
-        mine: _Waiting[Item, Answer] = _Waiting(item, loop.create_future())
-        if queue is None:
+        if queue is None:  # no call in flight: this one's, at once
             self._waiting[key] = []
-            batch = [mine]
+            batch: list[_Waiting[Item, Answer]] = []
+            items = [item]
         else:
+            mine: _Waiting[Item, Answer] = _Waiting(item, loop.create_future())
             queue.append(mine)
             try:
                 answer = await mine.answer
@@ -63,8 +64,9 @@ class Gathering(Generic[Item, Answer]):
             if not isinstance(answer, list):
                 return answer
             batch = answer
+            items = [waiting.item for waiting in batch]
         try:
-            answers = await record([waiting.item for waiting in batch])
+            answers = await record(items)
         except BaseException as error:
             for waiting in batch[1:]:
                 if not waiting.answer.done():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from datetime import datetime
+from functools import partial
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Query, Request, Response
@@ -119,18 +120,12 @@ def _paths(state: State) -> together.Paths:
     if paths is None:
         database: Database = state.database
 
-        async def alone(raw: object, now: datetime) -> service.BatchOutcome:
-            return await _record_alone(database, raw, now)
-
-        async def gathered(
-            raws: Sequence[object], now: datetime
-        ) -> list[service.Result | None] | None:
-            return await single.record_gathered(database, raws, now)
-
         async def batch(raws: Sequence[object], now: datetime) -> service.BatchOutcome:
             return await database.in_writer_thread(_record_batch, database, list(raws), now, False)
 
-        paths = state.single_event_paths = together.Paths(alone, gathered, batch)
+        paths = state.single_event_paths = together.Paths(
+            partial(_record_alone, database), partial(single.record_gathered, database), batch
+        )
     return paths
 
 

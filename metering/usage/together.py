@@ -25,6 +25,7 @@ import dataclasses
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import NamedTuple
 
 from metering.kit.errors import DatabaseUnavailable
 from metering.kit.gathering import Gathering
@@ -56,8 +57,7 @@ class Paths:
     batch: Batch
 
 
-@dataclass(frozen=True, slots=True)
-class _Arrived:
+class _Arrived(NamedTuple):
     raw: object
     now: datetime
     paths: Paths
