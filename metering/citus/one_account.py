@@ -8,6 +8,18 @@ sharding column of every sharded table the statement names is what lets Citus pl
 shard (its "router" plans); outer joins keep their meaning, as the limit sits inside the joined
 relation. Its callers pass rows of that account alone: the limit then changes no result.
 
+A statement of one sharded table and no other (a SELECT from it alone, an UPDATE or DELETE of it
+with no FROM) is limited in its own WHERE instead: ``t.<column> = <account>`` joins its
+conditions, and a condition of theirs that compares that column (``t.<column> = x``,
+``t.<column> IN (…)``) compares the account instead (``<account> = x``: the same rows, as only
+the account's pass the limit). The sharding column then appears once, compared with a
+parameter: Citus' cheapest plan, its fast path (fast_path_router_planner.c), which a subquery
+in the FROM or the column named twice forgo. In a PL/pgSQL function the fast path's plan is
+kept between calls, the account's shard chosen at each (deferred pruning), and so is the local
+shard's own plan (local_plan_cache.c), where every other shape is planned twice at every call:
+by Citus, then its deparsed text by the local execution (docs/citus.md). A condition that uses
+the column otherwise keeps the subquery.
+
 * ``text_of_account`` (``compiled_of_account``): a statement's psycopg text, the account its
   ``%(p_account_id)s`` parameter;
 * ``of_account``: a program's one-account form (``…_of_account``), the account its first
@@ -22,10 +34,13 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from sqlalchemy import String, func, literal_column, select
+from sqlalchemy import String, Table, func, literal_column, select
 from sqlalchemy.dialects.postgresql import array
 from sqlalchemy.dialects.postgresql.psycopg import PGCompiler_psycopg, PGDialect_psycopg
-from sqlalchemy.sql import ClauseElement
+from sqlalchemy.sql import ClauseElement, operators
+from sqlalchemy.sql.elements import BinaryExpression, BooleanClauseList
+from sqlalchemy.sql.selectable import Alias
+from sqlalchemy.sql.visitors import iterate
 
 from metering import programs as p
 from metering.citus.placement import SCOPE
@@ -57,29 +72,112 @@ class _AccountScoped(PGCompiler_psycopg):
         enclosing_alias: Any = None,
         **kw: Any,
     ) -> str:
+        limited_in_place = kw.pop(_LIMITED_IN_PLACE, None)
         rendered = super().visit_table(
             table, asfrom=asfrom, iscrud=iscrud, enclosing_alias=enclosing_alias, **kw
         )
         if not asfrom or iscrud:
             return str(rendered)
+        aliased = enclosing_alias is not None and enclosing_alias.element is table
+        if limited_in_place is not None and _same(
+            limited_in_place, enclosing_alias if aliased else table
+        ):
+            return str(rendered)  # its WHERE limits it (visit_select)
         limited = self._account_rows(table)
         if limited is None:
             return str(rendered)
-        if enclosing_alias is not None and enclosing_alias.element is table:
+        if aliased:
             return limited  # the alias names it
         return f"{limited} AS {self.preparer.quote(table.name)}"
+
+    def _limited_in_place(self, statement: Any, source: Any) -> Any | None:
+        """``statement`` (of the one table ``source``, a sharded table or its alias) limited
+        to the account's rows in its own WHERE, each top-level condition comparing the sharding
+        column comparing the account instead (see the module); None when a condition uses the
+        column otherwise."""
+        table = getattr(source, "element", source)
+        column = self.dialect.scope.get(getattr(table, "name", None))
+        if column is None or not isinstance(table, Table):
+            return None
+        sharding, account = source.c[column], self.dialect.account.ref
+        conditions = []
+        for condition in _conjuncts(statement._where_criteria):
+            compared = _comparing(condition, sharding)
+            if compared is not None:
+                conditions.append(compared(account))
+            elif any(element is sharding for element in iterate(condition)):
+                return None
+            else:
+                conditions.append(condition)
+        limited = statement._generate()
+        limited._where_criteria = (sharding == account, *conditions)
+        return limited
 
     def _limited(self, statement: Any) -> Any:
         column = self.dialect.scope.get(statement.table.name)
         if column is None:
             return statement
+        if not statement._compile_state_factory(statement, self)._extra_froms:
+            in_place = self._limited_in_place(statement, statement.table)
+            if in_place is not None:
+                return in_place
         return statement.where(statement.table.c[column] == self.dialect.account.ref)
 
+    def visit_select(self, select_stmt: Any, **kw: Any) -> str:  # type: ignore[override]
+        kw.pop(_LIMITED_IN_PLACE, None)  # an enclosing statement's, not this one's
+        froms = select_stmt.get_final_froms()
+        if len(froms) == 1 and isinstance(froms[0], Table | Alias):
+            limited = self._limited_in_place(select_stmt, froms[0])
+            if limited is not None:
+                kw[_LIMITED_IN_PLACE] = froms[0]
+                return str(super().visit_select(limited, **kw))
+        return str(super().visit_select(select_stmt, **kw))
+
     def visit_update(self, update_stmt: Any, **kw: Any) -> str:  # type: ignore[override]
+        kw.pop(_LIMITED_IN_PLACE, None)
         return str(super().visit_update(self._limited(update_stmt), **kw))
 
     def visit_delete(self, delete_stmt: Any, **kw: Any) -> str:  # type: ignore[override]
+        kw.pop(_LIMITED_IN_PLACE, None)
         return str(super().visit_delete(self._limited(delete_stmt), **kw))
+
+
+# The compiler's keyword naming the one FROM a SELECT limits in its own WHERE (visit_select).
+_LIMITED_IN_PLACE = "account_limited_in_place"
+
+
+def _same(one: Any, other: Any) -> bool:
+    """Whether two FROMs are one (a subquery's statement may hold an annotated copy)."""
+    return bool(one._deannotate() is other._deannotate())
+
+
+def _conjuncts(conditions: Any) -> list[Any]:
+    """A WHERE's conditions, ANDs taken apart."""
+    found: list[Any] = []
+    for condition in conditions:
+        if isinstance(condition, BooleanClauseList) and condition.operator is operators.and_:
+            found += _conjuncts(condition.clauses)
+        else:
+            found.append(condition)
+    return found
+
+
+def _comparing(condition: Any, column: Any) -> Any | None:
+    """For ``column = x`` or ``x = column`` (x not naming ``column``), or ``column IN (…)``:
+    that condition with another operand in place of ``column``."""
+    if not isinstance(condition, BinaryExpression):
+        return None
+    left, right, operator = condition.left, condition.right, condition.operator
+    if operator in (operators.eq, operators.in_op) and left is column:
+        other = right
+        if any(element is column for element in iterate(other)):
+            return None
+        return lambda value: BinaryExpression(value, other, operator, type_=condition.type)
+    if operator is operators.eq and right is column:
+        if any(element is column for element in iterate(left)):
+            return None
+        return lambda value: BinaryExpression(left, value, operator, type_=condition.type)
+    return None
 
 
 class _PlpgsqlOfAccount(_AccountScoped, PlpgsqlCompiler):

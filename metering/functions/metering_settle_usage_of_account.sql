@@ -41,8 +41,8 @@ BEGIN
     ) AS collected;
     IF coalesce(cardinality(v_targets_hold_id), 0) > 1 THEN
         PERFORM authorizations.id
-        FROM (SELECT * FROM authorizations WHERE authorizations.account_id = p_account_id) AS authorizations
-        WHERE authorizations.id IN (SELECT t.hold_id
+        FROM authorizations
+        WHERE authorizations.account_id = p_account_id AND authorizations.id IN (SELECT t.hold_id
         FROM unnest(v_targets_hold_id, v_targets_event_id) AS t(hold_id, event_id)) AND authorizations.status IN ('active', 'expired') ORDER BY authorizations.id COLLATE "C" FOR NO KEY UPDATE;
     END IF;
     IF coalesce(cardinality(v_targets_hold_id), 0) > 0 THEN
@@ -58,8 +58,8 @@ BEGIN
     INTO v_debits_account_id, v_debits_total;
     IF coalesce(cardinality(v_debits_account_id), 0) > 1 THEN
         PERFORM accounts.id
-        FROM (SELECT * FROM accounts WHERE accounts.id = p_account_id) AS accounts
-        WHERE accounts.id IN (SELECT d.account_id
+        FROM accounts
+        WHERE accounts.id = p_account_id AND p_account_id IN (SELECT d.account_id
         FROM unnest(v_debits_account_id, v_debits_total) AS d(account_id, total)) ORDER BY accounts.id COLLATE "C" FOR NO KEY UPDATE;
     END IF;
     IF coalesce(cardinality(v_debits_account_id), 0) > 0 THEN
@@ -71,8 +71,8 @@ BEGIN
             SELECT array_agg(collected.grant_id ORDER BY collected.expires_at, collected.grant_id COLLATE "C"), array_agg(collected.account_id ORDER BY collected.expires_at, collected.grant_id COLLATE "C"), array_agg(collected.amount ORDER BY collected.expires_at, collected.grant_id COLLATE "C"), array_agg(collected.expires_at ORDER BY collected.expires_at, collected.grant_id COLLATE "C") INTO v_due_grant_id, v_due_account_id, v_due_amount, v_due_expires_at
             FROM (
             SELECT credit_grants.id AS grant_id, credit_grants.account_id, credit_grants.remaining_microcents AS amount, credit_grants.expires_at
-            FROM (SELECT * FROM credit_grants WHERE credit_grants.account_id = p_account_id) AS credit_grants
-            WHERE credit_grants.account_id IN (SELECT xd.account_id
+            FROM credit_grants
+            WHERE credit_grants.account_id = p_account_id AND p_account_id IN (SELECT xd.account_id
             FROM unnest(v_debits_account_id, v_debits_total) AS xd(account_id, total)) AND credit_grants.status = 'active' AND credit_grants.remaining_microcents > 0 AND credit_grants.expires_at IS NOT NULL AND credit_grants.expires_at <= p_now
             ) AS collected;
             IF coalesce(cardinality(v_due_grant_id), 0) > 0 THEN
@@ -88,8 +88,8 @@ BEGIN
             FROM (SELECT * FROM credit_grants WHERE credit_grants.account_id = p_account_id) AS nl
             WHERE nl.account_id = accounts.id AND nl.status = 'active' AND nl.remaining_microcents > 0 AND (nl.expires_at IS NULL OR nl.expires_at > p_now)), recharge_due_at=CASE WHEN (accounts.recharge_due_at IS NULL AND accounts.recharge_threshold_microcents IS NOT NULL AND accounts.balance_microcents - (SELECT coalesce(sum(ds.amount), 0) AS coalesce_1
             FROM unnest(v_due_grant_id, v_due_account_id, v_due_amount, v_due_expires_at) AS ds(grant_id, account_id, amount, expires_at)
-            WHERE accounts.id = ds.account_id) < accounts.recharge_threshold_microcents) THEN p_now ELSE accounts.recharge_due_at END WHERE accounts.id IN (SELECT xd.account_id
-            FROM unnest(v_debits_account_id, v_debits_total) AS xd(account_id, total)) AND accounts.next_expiry_at <= p_now AND accounts.id = p_account_id;
+            WHERE accounts.id = ds.account_id) < accounts.recharge_threshold_microcents) THEN p_now ELSE accounts.recharge_due_at END WHERE accounts.id = p_account_id AND p_account_id IN (SELECT xd.account_id
+            FROM unnest(v_debits_account_id, v_debits_total) AS xd(account_id, total)) AND accounts.next_expiry_at <= p_now;
         END IF;
         WITH collected AS (
         UPDATE credit_grants SET remaining_microcents=(credit_grants.remaining_microcents - whole.amount) FROM (SELECT w.account_id AS account_id, first.id AS grant_id, w.total AS amount
