@@ -125,7 +125,9 @@ class TestOneAccountStatements:
         )
 
     def test_other_uses_of_the_column_and_joins_keep_the_subquery(self) -> None:
-        limited = "(SELECT * FROM authorizations WHERE authorizations.account_id = %(p_account_id)s)"
+        limited = (
+            "(SELECT * FROM authorizations WHERE authorizations.account_id = %(p_account_id)s)"
+        )
         otherwise = select(self.HOLDS.c.id).where(self.HOLDS.c.account_id > bindparam("v_after"))
         joined = select(self.HOLDS.c.id).join_from(
             self.HOLDS, self.KEYS, self.KEYS.c.id == self.HOLDS.c.api_key_id
