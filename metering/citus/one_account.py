@@ -30,14 +30,15 @@ the column otherwise keeps the subquery.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import replace
+from itertools import count
 from typing import Any
 
-from sqlalchemy import String, Table, func, literal_column, select
-from sqlalchemy.dialects.postgresql import array
+from sqlalchemy import String, Table, func, literal_column, null, select
+from sqlalchemy.dialects.postgresql import ARRAY, array
 from sqlalchemy.dialects.postgresql.psycopg import PGCompiler_psycopg, PGDialect_psycopg
-from sqlalchemy.sql import ClauseElement, operators
+from sqlalchemy.sql import ClauseElement, Insert, Select, operators
 from sqlalchemy.sql.elements import BinaryExpression, BooleanClauseList
 from sqlalchemy.sql.selectable import Alias
 from sqlalchemy.sql.visitors import iterate
@@ -276,8 +277,130 @@ def of_account(program: p.Program) -> p.Program:
         program,
         name=f"{program.name}_of_account",
         params=(ACCOUNT, *program.params),
-        build=lambda on: (LOCK_ACCOUNT_SHARD, *build(on)),
+        build=lambda on: (LOCK_ACCOUNT_SHARD, *_row_by_row(build(on), count(1))),
         settings={k: v for k, v in program.settings.items() if k != PLAN_CACHE_MODE},
         plpgsql_backend=p.ONE_SHARD,
         plpgsql_dialect=_PLPGSQL,
+    )
+
+
+def _row_by_row(steps: Iterable[p.Step], numbers: Iterator[int]) -> tuple[p.Step, ...]:
+    """``steps`` with each INSERT of rows no sharded table gives (a program's JSON rows or
+    arrays: ``_rows_inserted``) made a loop over those rows, an INSERT … VALUES of each.
+
+    Citus runs an ``INSERT … SELECT`` whose SELECT reads no distributed table "through the
+    coordinator" (insert_select_planner.c): planned at every call (it needs its parameters'
+    values), the SELECT's rows written as an intermediate result, then an insert from that
+    result deparsed, parsed and planned again by the local execution. An ``INSERT … VALUES``
+    takes the fast path instead: planned once, the shard chosen at each call, and the local
+    shard's plan kept too unless a default of the table is volatile (a sequence's ``nextval``).
+    The rows are the same, inserted in the same order; ``ON CONFLICT`` acts on each in turn, as
+    the SELECT's rows never repeat a key (an upsert that met a key twice in one statement would
+    fail instead). Measured on the local cluster: 2.36 ms of a worker's CPU per call for two
+    such inserts of one row, 0.42 ms as loops (docs/citus.md)."""
+    done: list[p.Step] = []
+    for step in steps:
+        if isinstance(step, p.Run) and _rows_inserted(step.statement):
+            done.append(_each_row(step.statement, next(numbers)))
+        elif isinstance(step, p.Collect) and _rows_inserted(step.statement, collected=step):
+            done += _each_row_collected(step, next(numbers))
+        elif isinstance(step, p.When):
+            done.append(
+                replace(
+                    step,
+                    then=_row_by_row(step.then, numbers),
+                    otherwise=_row_by_row(step.otherwise, numbers),
+                )
+            )
+        elif isinstance(step, p.ForEach):
+            done.append(replace(step, steps=_row_by_row(step.steps, numbers)))
+        else:
+            done.append(step)
+    return tuple(done)
+
+
+def _rows_inserted(statement: Any, collected: p.Collect | None = None) -> bool:
+    """An INSERT into a sharded table of a SELECT that reads no sharded table: returning
+    nothing, or (``collected``) the rows a ``Collect`` keeps in its statement's order, a
+    column of them never null (a row returned is a row inserted)."""
+    if not (
+        isinstance(statement, Insert)
+        and statement.table.name in SCOPE
+        and isinstance(statement.select, Select)
+        and not any(
+            isinstance(element, Table) and element.name in SCOPE
+            for element in iterate(statement.select)
+        )
+    ):
+        return False
+    if collected is None:
+        return not statement._returning
+    returned = {str(getattr(column, "key", "")) for column in statement._returning}
+    return (
+        not collected.order_by
+        and returned == {name for name, _ in collected.into.columns}
+        and _inserted_mark(statement) is not None
+    )
+
+
+def _inserted_mark(statement: Any) -> str | None:
+    """A column the INSERT returns that is never null."""
+    for column in statement._returning:
+        if column.key in statement.table.c and not statement.table.c[column.key].nullable:
+            return str(column.key)
+    return None
+
+
+def _row_values(statement: Any, number: int) -> tuple[Any, tuple[p.Var, ...], Any]:
+    """An ``INSERT … SELECT``'s SELECT, a variable for each of its columns, and the INSERT of
+    those variables by VALUES (its ``ON CONFLICT`` and ``RETURNING`` kept)."""
+    rows = statement.select
+    into = tuple(
+        p.Var(f"v_row{number}_{index}", column.type)
+        for index, column in enumerate(rows.selected_columns)
+    )
+    each = statement._generate()
+    each._select_names, each.select = None, None
+    names = [str(name) for name in statement._select_names]
+    return rows, into, each.values({n: v.ref for n, v in zip(names, into, strict=True)})
+
+
+def _each_row(statement: Any, number: int) -> p.ForEach:
+    """An ``INSERT … SELECT`` as a loop over the SELECT's rows, each inserted by VALUES."""
+    rows, into, each = _row_values(statement, number)
+    return p.ForEach(rows, into=into, steps=(p.Run(each),))
+
+
+def _each_row_collected(step: p.Collect, number: int) -> tuple[p.Step, ...]:
+    """A ``Collect`` of an ``INSERT … SELECT … RETURNING`` as a loop over the SELECT's rows,
+    each inserted by VALUES, what each returns appended to the collected arrays (null when
+    none, as ``array_agg`` of no row) and compared with the largest."""
+    statement: Any = step.statement
+    rows, into, each = _row_values(statement, number)
+    kinds = dict(step.into.columns)
+    returned = {
+        column.key: p.Var(f"v_row{number}_returned_{column.key}", kinds[column.key])
+        for column in statement._returning
+    }
+    arrays = {name: p.Var(step.into.array(name), ARRAY(kind)) for name, kind in step.into.columns}
+    mark = returned[str(_inserted_mark(statement))]
+    appended: list[p.Step] = [
+        p.Assign(arrays[name], func.array_append(arrays[name].ref, returned[name].ref))
+        for name, _ in step.into.columns
+    ]
+    start: list[p.Step] = [p.Assign(array_, null()) for array_ in arrays.values()]
+    if step.largest is not None:
+        name, largest = step.largest
+        start.append(p.Assign(largest, null()))
+        appended.append(p.Assign(largest, func.greatest(largest.ref, returned[name].ref)))
+    return (
+        *start,
+        p.ForEach(
+            rows,
+            into=into,
+            steps=(
+                p.Fetch(each, into=tuple(returned.values())),
+                p.When(mark.ref.isnot(None), tuple(appended)),
+            ),
+        ),
     )
