@@ -14,6 +14,12 @@ Counted on each worker, over the counted requests only:
 
 - **CPU per operation** of its backends in the database, from ``/proc/<pid>/schedstat``
   (nanoseconds of CPU each process ran; a backend that started or ended meanwhile is named);
+- with ``--database-callgrind USER``, **instructions per operation** of those backends, which a
+  busy machine does not change: the workers run under valgrind's callgrind
+  (``--trace-children=yes --instr-atstart=no``, as ``bench.per_request``'s database, docs/
+  performance.md), each backend's counting switched on and zeroed before the counted requests
+  and read after them (``callgrind_control``, as USER); ``--shards`` fewer than 32 then keeps
+  ``metering migrate`` on the slowed workers short;
 - **each statement** the worker ran, when it has ``pg_stat_statements`` loaded
   (``shared_preload_libraries``, ``pg_stat_statements.track = all`` and ``track_planning = on``
   so that the statements a function runs, and the shard queries Citus' local execution plans
@@ -33,6 +39,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import shutil
+import subprocess
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -43,7 +50,7 @@ from sqlalchemy.engine import make_url
 
 from bench.bench_citus import CITUS_URL, _backends, _node_urls, citus_database, ensure_cluster
 from bench.common import CodeUnderTest, libpq_url
-from bench.per_request import _send, _setup
+from bench.per_request import _THREAD_TOTAL, _send, _setup
 
 OPERATIONS = ("authorize", "ingest")
 
@@ -69,6 +76,7 @@ class Statement:
 class Worker:
     name: str
     cpu_ms: float = 0.0
+    instructions: float | None = None  # per operation, under callgrind
     churn: list[str] = field(default_factory=list)
     statements: list[Statement] = field(default_factory=list)
 
@@ -99,12 +107,28 @@ def _read_statements(node: str, database: str) -> list[Statement]:
     return [Statement(*row) for row in rows]
 
 
+def _control(user: str, option: str, pid: int) -> str:
+    """``callgrind_control`` of a backend, as ``bench.per_request`` runs it."""
+    done = subprocess.run(
+        ["runuser", "-u", user, "--", "env", "-i", "PATH=/usr/bin:/bin",
+         "callgrind_control", option, str(pid)],
+        check=True, capture_output=True, text=True,
+    )  # fmt: skip
+    return done.stdout
+
+
 def measure(
-    code: CodeUnderTest, operation: str, requests: int, warmup: int, coordinator_url: str
+    code: CodeUnderTest,
+    operation: str,
+    requests: int,
+    warmup: int,
+    coordinator_url: str,
+    shards: int = 32,
+    callgrind_user: str | None = None,
 ) -> list[Worker]:
     workdir = Path(tempfile.mkdtemp(prefix="metering-citus-calls-"))
     try:
-        with citus_database(coordinator_url, 32) as url:
+        with citus_database(coordinator_url, shards) as url:
             database = make_url(url).database or ""
             client = _setup(code, url, workdir)
             workers = _node_urls(coordinator_url)[1:]
@@ -119,10 +143,22 @@ def measure(
                 }
                 for node in counted:
                     _reset_statements(node)
+                if callgrind_user:
+                    for node in workers:
+                        for pid in _backends(node, database):
+                            _control(callgrind_user, "--instr=on", pid)
+                            _control(callgrind_user, "--zero", pid)
                 asyncio.run(_send(server.port, send, requests))
                 found = []
                 for node in workers:
                     worker = Worker(str(make_url(node).port))
+                    if callgrind_user:
+                        totals = [
+                            int(n.replace(",", ""))
+                            for pid in _backends(node, database)
+                            for n in _THREAD_TOTAL.findall(_control(callgrind_user, "-e", pid))
+                        ]
+                        worker.instructions = sum(totals) / requests
                     now = {pid: _cpu_ns(pid) for pid in _backends(node, database)}
                     then = before[node]
                     for pid, value in now.items():
@@ -145,7 +181,12 @@ def measure(
 def report(operation: str, requests: int, workers: Sequence[Worker], width: int) -> None:
     print(f"\n== {operation}: {requests} requests, one sequential client")
     for worker in workers:
-        print(f"worker :{worker.name}: backends' CPU {worker.cpu_ms:.3f} ms per operation")
+        counted = (
+            ""
+            if worker.instructions is None
+            else f", {worker.instructions / 1000:,.0f}k instructions"
+        )
+        print(f"worker :{worker.name}: backends' CPU {worker.cpu_ms:.3f} ms{counted} per operation")
         for note in worker.churn:
             print(f"   ({note})")
         statements = sorted(
@@ -172,13 +213,27 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--requests", type=int, default=300)
     parser.add_argument("--warmup", type=int, default=30)
     parser.add_argument("--width", type=int, default=160, help="characters of each statement")
+    parser.add_argument("--shards", type=int, default=32, help="the database's shard count")
+    parser.add_argument(
+        "--database-callgrind",
+        metavar="USER",
+        help="the workers run under callgrind as USER: count their backends' instructions",
+    )
     args = parser.parse_args(argv)
     ensure_cluster(CITUS_URL)
     code = CodeUnderTest(args.code.resolve()) if args.code else CodeUnderTest()
     for operation in args.operations or OPERATIONS:
         if operation not in OPERATIONS:
             parser.error(f"unknown operation {operation!r}")
-        workers = measure(code, operation, args.requests, args.warmup, CITUS_URL)
+        workers = measure(
+            code,
+            operation,
+            args.requests,
+            args.warmup,
+            CITUS_URL,
+            args.shards,
+            args.database_callgrind,
+        )
         report(operation, args.requests, workers, args.width)
     return 0
 
