@@ -12,14 +12,16 @@ connection sends each operation ``--warmup`` times, then ``--requests`` times co
 
 Counted on each worker, over the counted requests only:
 
-- **CPU per operation** of its backends in the database, from ``/proc/<pid>/schedstat``
-  (nanoseconds of CPU each process ran; a backend that started or ended meanwhile is named);
+- **CPU per operation** of its client backends in the database (Citus' maintenance daemon of
+  the database left out), from ``/proc/<pid>/schedstat`` (nanoseconds of CPU each process ran;
+  a backend that started or ended meanwhile is named);
 - with ``--database-callgrind USER``, **instructions per operation** of those backends, which a
   busy machine does not change: the workers run under valgrind's callgrind
   (``--trace-children=yes --instr-atstart=no``, as ``bench.per_request``'s database, docs/
   performance.md), each backend's counting switched on and zeroed before the counted requests
-  and read after them (``callgrind_control``, as USER); ``--shards`` fewer than 32 then keeps
-  ``metering migrate`` on the slowed workers short;
+  and read after them (``callgrind_control``, as USER), then each backend's profile dumped
+  beside valgrind's output file (``callgrind_annotate --inclusive=yes``: where they went);
+  ``--shards`` fewer than 32 then keeps ``metering migrate`` on the slowed workers short;
 - **each statement** the worker ran, when it has ``pg_stat_statements`` loaded
   (``shared_preload_libraries``, ``pg_stat_statements.track = all`` and ``track_planning = on``
   so that the statements a function runs, and the shard queries Citus' local execution plans
@@ -48,7 +50,7 @@ from pathlib import Path
 import psycopg
 from sqlalchemy.engine import make_url
 
-from bench.bench_citus import CITUS_URL, _backends, _node_urls, citus_database, ensure_cluster
+from bench.bench_citus import CITUS_URL, _node_urls, citus_database, ensure_cluster
 from bench.common import CodeUnderTest, libpq_url
 from bench.per_request import _THREAD_TOTAL, _send, _setup
 
@@ -107,6 +109,20 @@ def _read_statements(node: str, database: str) -> list[Statement]:
     return [Statement(*row) for row in rows]
 
 
+def _clients(node: str, database: str) -> list[int]:
+    """The pids of a node's client backends in ``database``: the calls' (not Citus'
+    maintenance daemon of the database, whose periodic work is no operation's)."""
+    with psycopg.connect(libpq_url(node), autocommit=True) as connection:
+        return [
+            row[0]
+            for row in connection.execute(
+                "SELECT pid FROM pg_stat_activity"
+                " WHERE datname = %s AND backend_type = 'client backend'",
+                (database,),
+            )
+        ]
+
+
 def _control(user: str, option: str, pid: int) -> str:
     """``callgrind_control`` of a backend, as ``bench.per_request`` runs it."""
     done = subprocess.run(
@@ -138,14 +154,14 @@ def measure(
                 send = getattr(client, operation)
                 asyncio.run(_send(server.port, send, warmup))
                 before = {
-                    node: {pid: _cpu_ns(pid) for pid in _backends(node, database)}
+                    node: {pid: _cpu_ns(pid) for pid in _clients(node, database)}
                     for node in workers
                 }
                 for node in counted:
                     _reset_statements(node)
                 if callgrind_user:
                     for node in workers:
-                        for pid in _backends(node, database):
+                        for pid in _clients(node, database):
                             _control(callgrind_user, "--instr=on", pid)
                             _control(callgrind_user, "--zero", pid)
                 asyncio.run(_send(server.port, send, requests))
@@ -155,11 +171,14 @@ def measure(
                     if callgrind_user:
                         totals = [
                             int(n.replace(",", ""))
-                            for pid in _backends(node, database)
+                            for pid in _clients(node, database)
                             for n in _THREAD_TOTAL.findall(_control(callgrind_user, "-e", pid))
                         ]
                         worker.instructions = sum(totals) / requests
-                    now = {pid: _cpu_ns(pid) for pid in _backends(node, database)}
+                        # each backend's profile of the operation, for callgrind_annotate
+                        for pid in _clients(node, database):
+                            _control(callgrind_user, f"--dump={operation}", pid)
+                    now = {pid: _cpu_ns(pid) for pid in _clients(node, database)}
                     then = before[node]
                     for pid, value in now.items():
                         if value is None:
