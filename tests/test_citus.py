@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from alembic.command import upgrade as alembic_upgrade
-from sqlalchemy import create_engine, text
+from sqlalchemy import bindparam, create_engine, select, text, update
 from sqlalchemy.engine import make_url
 
 from metering import citus, migrate
@@ -73,6 +73,67 @@ def citus_tables(url: str) -> dict[str, tuple[str, str, int]]:
             "FROM citus_tables",
         )
     }
+
+
+class TestOneAccountStatements:
+    """How ``text_of_account`` limits a statement to the account's shard: a statement of one
+    sharded table in its own WHERE, the sharding column named once and compared with the
+    account (Citus' fast path, whose plans it keeps between calls); any other by a subquery
+    of the account's rows in place of each sharded table."""
+
+    @staticmethod
+    def text(statement: Any) -> str:
+        """The statement's text on one line, without psycopg's casts of parameters."""
+        return " ".join(citus.text_of_account(statement).replace("::VARCHAR", "").split())
+
+    HOLDS = Base.metadata.tables["authorizations"]
+    ACCOUNTS = Base.metadata.tables["accounts"]
+    KEYS = Base.metadata.tables["api_keys"]
+
+    def test_a_select_of_one_table_compares_the_account_instead(self) -> None:
+        statement = select(self.HOLDS.c.id).where(
+            self.HOLDS.c.account_id == bindparam("v_account_id"),
+            self.HOLDS.c.request_id == bindparam("v_request_id"),
+        )
+        assert self.text(statement) == (
+            "SELECT authorizations.id FROM authorizations"
+            " WHERE authorizations.account_id = %(p_account_id)s"
+            " AND %(p_account_id)s = %(v_account_id)s"
+            " AND authorizations.request_id = %(v_request_id)s"
+        )
+
+    def test_an_alias_and_a_list_of_accounts(self) -> None:
+        locked = self.HOLDS.alias("locked")
+        statement = select(locked.c.id).where(
+            locked.c.account_id.in_(select(self.KEYS.c.account_id).scalar_subquery())
+        )
+        assert self.text(statement) == (
+            "SELECT locked.id FROM authorizations AS locked"
+            " WHERE locked.account_id = %(p_account_id)s"
+            " AND %(p_account_id)s IN (SELECT api_keys.account_id FROM api_keys)"
+        )
+
+    def test_an_update_of_one_table(self) -> None:
+        statement = (
+            update(self.ACCOUNTS)
+            .where(self.ACCOUNTS.c.id == bindparam("v_account_id"))
+            .values(held_count=0)
+        )
+        assert self.text(statement) == (
+            "UPDATE accounts SET held_count=0"
+            " WHERE accounts.id = %(p_account_id)s AND %(p_account_id)s = %(v_account_id)s"
+        )
+
+    def test_other_uses_of_the_column_and_joins_keep_the_subquery(self) -> None:
+        limited = (
+            "(SELECT * FROM authorizations WHERE authorizations.account_id = %(p_account_id)s)"
+        )
+        otherwise = select(self.HOLDS.c.id).where(self.HOLDS.c.account_id > bindparam("v_after"))
+        joined = select(self.HOLDS.c.id).join_from(
+            self.HOLDS, self.KEYS, self.KEYS.c.id == self.HOLDS.c.api_key_id
+        )
+        for statement in (otherwise, joined):
+            assert limited in self.text(statement)
 
 
 @pytest.mark.parametrize(

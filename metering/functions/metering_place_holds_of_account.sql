@@ -43,13 +43,23 @@ DECLARE
     v_project_models BOOLEAN;
     v_released BIGINT;
     v_released_count BIGINT;
+    v_released_ids VARCHAR(64)[];
+    v_released_id VARCHAR(64);
+    v_released_amount BIGINT;
     v_expired BIGINT;
     v_expired_count BIGINT;
+    v_expired_ids VARCHAR(64)[];
+    v_expired_id VARCHAR(64);
+    v_expired_amount BIGINT;
     v_changed BOOLEAN := false;
     v_adopted BIGINT;
     v_adopted_count BIGINT;
+    v_adopted_ids VARCHAR(64)[];
+    v_adopted_id VARCHAR(64);
+    v_adopted_amount BIGINT;
     v_available BIGINT;
     v_resolution TEXT;
+    v_known BOOLEAN;
     v_outcome VARCHAR;
     v_project_spent BIGINT;
     v_member_spent BIGINT;
@@ -62,43 +72,70 @@ BEGIN
     LOOP
         IF v_h_account_id IS DISTINCT FROM v_account_id THEN
             IF v_changed THEN
-                UPDATE accounts SET held_microcents=v_held, held_count=v_count WHERE accounts.id = v_account_id AND accounts.id = p_account_id;
+                UPDATE accounts SET held_microcents=v_held, held_count=v_count WHERE accounts.id = p_account_id AND p_account_id = v_account_id;
             END IF;
             v_account_id := v_h_account_id;
             SELECT accounts.balance_microcents, accounts.held_microcents, accounts.held_count, accounts.max_concurrent_requests, accounts.billing, accounts.next_expiry_at, accounts.scope_limits, accounts.project_models
-            FROM (SELECT * FROM accounts WHERE accounts.id = p_account_id) AS accounts
-            WHERE accounts.id = v_account_id FOR NO KEY UPDATE
+            FROM accounts
+            WHERE accounts.id = p_account_id AND p_account_id = v_account_id FOR NO KEY UPDATE
             INTO v_balance, v_held, v_count, v_limit, v_billing, v_next_expiry, v_scope_limits, v_project_models;
             IF NOT FOUND THEN
                 RAISE EXCEPTION 'no such account';
             END IF;
             IF v_next_expiry <= p_now THEN
                 v_balance := v_balance - (SELECT coalesce(sum(credit_grants.remaining_microcents), 0) AS coalesce_1
-                FROM (SELECT * FROM credit_grants WHERE credit_grants.account_id = p_account_id) AS credit_grants
-                WHERE credit_grants.account_id = v_account_id AND credit_grants.status = 'active' AND credit_grants.remaining_microcents > 0 AND credit_grants.expires_at IS NOT NULL AND credit_grants.expires_at <= p_now);
+                FROM credit_grants
+                WHERE credit_grants.account_id = p_account_id AND p_account_id = v_account_id AND credit_grants.status = 'active' AND credit_grants.remaining_microcents > 0 AND credit_grants.expires_at IS NOT NULL AND credit_grants.expires_at <= p_now);
             END IF;
-            WITH summed AS (
-            UPDATE authorizations SET counted=false WHERE authorizations.id IN (SELECT locked.id
-            FROM (SELECT * FROM authorizations WHERE authorizations.account_id = p_account_id) AS locked
-            WHERE locked.account_id = v_account_id AND locked.counted AND locked.status != 'active' FOR NO KEY UPDATE SKIP LOCKED) AND authorizations.account_id = p_account_id RETURNING authorizations.estimate_microcents
-            )
-            SELECT coalesce(sum(summed.estimate_microcents), 0), count(*) INTO v_released, v_released_count FROM summed;
-            WITH summed AS (
-            UPDATE authorizations SET status='expired', counted=false WHERE authorizations.id IN (SELECT locked.id
-            FROM (SELECT * FROM authorizations WHERE authorizations.account_id = p_account_id) AS locked
-            WHERE locked.account_id = v_account_id AND locked.status = 'active' AND locked.expires_at <= p_now AND locked.counted FOR NO KEY UPDATE SKIP LOCKED) AND authorizations.account_id = p_account_id RETURNING authorizations.estimate_microcents
-            )
-            SELECT coalesce(sum(summed.estimate_microcents), 0), count(*) INTO v_expired, v_expired_count FROM summed;
+            v_released := 0;
+            v_released_count := 0;
+            v_released_ids := ARRAY[]::VARCHAR(64)[];
+            FOR v_released_id, v_released_amount IN
+            SELECT locked.id, locked.estimate_microcents
+            FROM authorizations AS locked
+            WHERE locked.account_id = p_account_id AND p_account_id = v_account_id AND locked.counted AND locked.status != 'active' FOR NO KEY UPDATE SKIP LOCKED
+            LOOP
+                v_released := v_released + v_released_amount;
+                v_released_count := v_released_count + 1;
+                v_released_ids := array_append(v_released_ids, v_released_id);
+            END LOOP;
+            IF v_released_count != 0 THEN
+                UPDATE authorizations SET counted=false WHERE authorizations.account_id = p_account_id AND authorizations.id = ANY (v_released_ids);
+            END IF;
+            v_expired := 0;
+            v_expired_count := 0;
+            v_expired_ids := ARRAY[]::VARCHAR(64)[];
+            FOR v_expired_id, v_expired_amount IN
+            SELECT locked.id, locked.estimate_microcents
+            FROM authorizations AS locked
+            WHERE locked.account_id = p_account_id AND p_account_id = v_account_id AND locked.status = 'active' AND locked.expires_at <= p_now AND locked.counted FOR NO KEY UPDATE SKIP LOCKED
+            LOOP
+                v_expired := v_expired + v_expired_amount;
+                v_expired_count := v_expired_count + 1;
+                v_expired_ids := array_append(v_expired_ids, v_expired_id);
+            END LOOP;
+            IF v_expired_count != 0 THEN
+                UPDATE authorizations SET status='expired', counted=false WHERE authorizations.account_id = p_account_id AND authorizations.id = ANY (v_expired_ids);
+            END IF;
             v_held := (v_held - v_released) - v_expired;
             v_count := (v_count - v_released_count) - v_expired_count;
             v_changed := v_released_count != 0 OR v_expired_count != 0;
             IF v_billing = 'unbilled' THEN
-                WITH summed AS (
-                UPDATE authorizations SET counted=true WHERE authorizations.id IN (SELECT uncounted.id
-                FROM (SELECT * FROM authorizations WHERE authorizations.account_id = p_account_id) AS uncounted
-                WHERE uncounted.account_id = v_account_id AND uncounted.status = 'active' AND uncounted.expires_at > p_now AND NOT uncounted.counted FOR NO KEY UPDATE SKIP LOCKED) AND authorizations.account_id = p_account_id RETURNING authorizations.estimate_microcents
-                )
-                SELECT coalesce(sum(summed.estimate_microcents), 0), count(*) INTO v_adopted, v_adopted_count FROM summed;
+                v_adopted := 0;
+                v_adopted_count := 0;
+                v_adopted_ids := ARRAY[]::VARCHAR(64)[];
+                FOR v_adopted_id, v_adopted_amount IN
+                SELECT uncounted.id, uncounted.estimate_microcents
+                FROM authorizations AS uncounted
+                WHERE uncounted.account_id = p_account_id AND p_account_id = v_account_id AND uncounted.status = 'active' AND uncounted.expires_at > p_now AND NOT uncounted.counted FOR NO KEY UPDATE SKIP LOCKED
+                LOOP
+                    v_adopted := v_adopted + v_adopted_amount;
+                    v_adopted_count := v_adopted_count + 1;
+                    v_adopted_ids := array_append(v_adopted_ids, v_adopted_id);
+                END LOOP;
+                IF v_adopted_count != 0 THEN
+                    UPDATE authorizations SET counted=true WHERE authorizations.account_id = p_account_id AND authorizations.id = ANY (v_adopted_ids);
+                END IF;
                 v_held := v_held + v_adopted;
                 v_count := v_count + v_adopted_count;
                 v_changed := v_changed OR v_adopted_count != 0;
@@ -140,16 +177,19 @@ BEGIN
                 WHERE api_keys.secret_hash = v_h_secret_hash AND api_keys.revoked_at IS NULL) AS resolution);
             END IF;
         END IF;
-        v_outcome := CASE WHEN (v_h_resolution IS NOT NULL AND v_resolution IS DISTINCT FROM v_h_resolution) THEN 'stale' WHEN (v_h_request_id IS NOT NULL AND (EXISTS (SELECT *
-        FROM (SELECT * FROM authorizations WHERE authorizations.account_id = p_account_id) AS authorizations
-        WHERE authorizations.account_id = v_account_id AND authorizations.request_id = v_h_request_id))) THEN 'exists' WHEN (v_billing != 'prepaid' AND v_h_estimate_microcents > 9223372036854775807 - v_held) THEN 'out_of_range' WHEN (v_limit IS NOT NULL AND v_count >= v_limit) THEN 'concurrency_limit_exceeded' WHEN (v_billing = 'prepaid' AND v_h_estimate_microcents > v_available) THEN 'insufficient_credits' ELSE 'granted' END;
+        SELECT true AS anon_1
+        FROM authorizations
+        WHERE authorizations.account_id = p_account_id AND p_account_id = v_account_id AND authorizations.request_id = v_h_request_id
+         LIMIT 1
+        INTO v_known;
+        v_outcome := CASE WHEN (v_h_resolution IS NOT NULL AND v_resolution IS DISTINCT FROM v_h_resolution) THEN 'stale' WHEN (v_h_request_id IS NOT NULL AND v_known IS NOT NULL) THEN 'exists' WHEN (v_billing != 'prepaid' AND v_h_estimate_microcents > 9223372036854775807 - v_held) THEN 'out_of_range' WHEN (v_limit IS NOT NULL AND v_count >= v_limit) THEN 'concurrency_limit_exceeded' WHEN (v_billing = 'prepaid' AND v_h_estimate_microcents > v_available) THEN 'insufficient_credits' ELSE 'granted' END;
         IF v_outcome = 'granted' AND v_billing = 'prepaid' AND (v_h_project_limit IS NOT NULL OR v_h_member_limit IS NOT NULL OR v_h_spend_limit IS NOT NULL) THEN
             SELECT coalesce(sum(spent.amount) FILTER (WHERE (spent.day IS NULL OR spent.day >= v_h_project_window_start AND spent.day < v_h_project_window_end) AND api_keys.project_id = v_h_project_id), 0) AS project, coalesce(sum(spent.amount) FILTER (WHERE (spent.day IS NULL OR spent.day >= v_h_member_window_start AND spent.day < v_h_member_window_end) AND api_keys.member_id = v_h_member_id), 0) AS member, coalesce(sum(spent.amount) FILTER (WHERE (spent.day IS NULL OR spent.day >= v_h_window_start AND spent.day < v_h_window_end) AND api_keys.id = v_h_api_key_id), 0) AS key
             FROM (SELECT usage_rollups.api_key_id AS api_key_id, usage_rollups.cost_microcents AS amount, usage_rollups.bucket_start AS day
-            FROM (SELECT * FROM usage_rollups WHERE usage_rollups.account_id = p_account_id) AS usage_rollups
-            WHERE usage_rollups.account_id = v_account_id AND usage_rollups.bucket_width = '1d' AND usage_rollups.grouping = 'key' AND usage_rollups.bucket_start >= least(v_h_project_window_start, v_h_member_window_start, v_h_window_start) AND usage_rollups.bucket_start < greatest(v_h_project_window_end, v_h_member_window_end, v_h_window_end) UNION ALL SELECT authorizations.api_key_id AS api_key_id, authorizations.estimate_microcents AS amount, CAST(NULL AS TIMESTAMP WITH TIME ZONE) AS day
-            FROM (SELECT * FROM authorizations WHERE authorizations.account_id = p_account_id) AS authorizations
-            WHERE authorizations.account_id = v_account_id AND authorizations.status = 'active' AND authorizations.expires_at > v_h_created_at) AS spent JOIN api_keys ON api_keys.account_id = v_account_id AND api_keys.id = spent.api_key_id
+            FROM usage_rollups
+            WHERE usage_rollups.account_id = p_account_id AND p_account_id = v_account_id AND usage_rollups.bucket_width = '1d' AND usage_rollups.grouping = 'key' AND usage_rollups.bucket_start >= least(v_h_project_window_start, v_h_member_window_start, v_h_window_start) AND usage_rollups.bucket_start < greatest(v_h_project_window_end, v_h_member_window_end, v_h_window_end) UNION ALL SELECT authorizations.api_key_id AS api_key_id, authorizations.estimate_microcents AS amount, CAST(NULL AS TIMESTAMP WITH TIME ZONE) AS day
+            FROM authorizations
+            WHERE authorizations.account_id = p_account_id AND p_account_id = v_account_id AND authorizations.status = 'active' AND authorizations.expires_at > v_h_created_at) AS spent JOIN api_keys ON api_keys.account_id = v_account_id AND api_keys.id = spent.api_key_id
             INTO v_project_spent, v_member_spent, v_key_spent;
             v_outcome := CASE WHEN (v_billing = 'prepaid' AND v_h_project_limit IS NOT NULL AND v_project_spent + v_h_estimate_microcents > v_h_project_limit) THEN 'project_spend_limit' WHEN (v_billing = 'prepaid' AND v_h_member_limit IS NOT NULL AND v_member_spent + v_h_estimate_microcents > v_h_member_limit) THEN 'member_spend_limit' WHEN (v_billing = 'prepaid' AND v_h_spend_limit IS NOT NULL AND v_key_spent + v_h_estimate_microcents > v_h_spend_limit) THEN 'key_spend_limit' ELSE 'granted' END;
         END IF;
@@ -166,7 +206,7 @@ BEGIN
         RETURN NEXT;
     END LOOP;
     IF v_changed THEN
-        UPDATE accounts SET held_microcents=v_held, held_count=v_count WHERE accounts.id = v_account_id AND accounts.id = p_account_id;
+        UPDATE accounts SET held_microcents=v_held, held_count=v_count WHERE accounts.id = p_account_id AND p_account_id = v_account_id;
     END IF;
 END;
 $$

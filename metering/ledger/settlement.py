@@ -156,7 +156,10 @@ def _charge_steps(on: p.Backend, charges: FromClause, now: BindParameter[Any]) -
     total into ``_DEBITS`` (one row per account, in no particular order: every statement that
     locks accounts orders them itself). On PostgreSQL one statement: the insert is a CTE and
     the totals are summed from what it returns; SQLite has no such CTE: the insert, then the
-    totals summed from the charges."""
+    totals summed from the charges. So on a Citus shard, where the insert of the charges' rows
+    is a loop of one-row inserts Citus plans once (metering.citus.one_account) and the totals
+    then a statement of no table, where the CTE made one statement planned twice at every call
+    (an ``INSERT … SELECT`` of no distributed table, through an intermediate result)."""
     entries = ENTRIES.insert().from_select(
         ["account_id", "kind", "amount_microcents", "usage_event_id", "api_key_id", "created_at"],
         select(
@@ -170,7 +173,9 @@ def _charge_steps(on: p.Backend, charges: FromClause, now: BindParameter[Any]) -
         .where(charges.c.prepaid)
         .order_by(charges.c.usage_event_id),
     )
-    return on.choose(postgresql=_charged_in_one, sqlite=_charged_in_two)(entries, charges)
+    return on.choose(postgresql=_charged_in_one, sqlite=_charged_in_two, one_shard=_charged_in_two)(
+        entries, charges
+    )
 
 
 def _charged_in_one(entries: Insert, charges: FromClause) -> list[p.Step]:

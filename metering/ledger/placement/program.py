@@ -36,6 +36,7 @@ from sqlalchemy import (
     String,
     Text,
     and_,
+    any_,
     bindparam,
     case,
     cast,
@@ -50,7 +51,7 @@ from sqlalchemy import (
     union_all,
     update,
 )
-from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.dialects.postgresql import ARRAY, array, insert
 from sqlalchemy.sql.elements import ColumnElement
 
 from metering import programs as p
@@ -148,7 +149,64 @@ def holds_in_force_rows(account_id: Any, at: Any) -> Select[Any]:
     ).where(HOLDS.c.account_id == account_id, holds.in_force(HOLDS, at))
 
 
+def recount(
+    on: p.Backend,
+    chosen: Any,
+    account: p.Var,
+    condition: ColumnElement[bool],
+    into: p.Var,
+    count: p.Var,
+    **values: Any,
+) -> tuple[p.Step, ...]:
+    """The account's holds that meet ``condition`` (over ``chosen``, an alias of the holds)
+    changed to ``values``, skipping those another transaction has locked, the sum of their
+    estimates into ``into`` and their number into ``count``.
+
+    On PostgreSQL and SQLite one UPDATE whose subquery locks them, and the sum of what it
+    returns. On a Citus shard the same rows are locked by a SELECT of their own and summed as
+    they are read, then updated by id: two statements of one table filtered by the account,
+    which Citus plans once for all calls (its fast path: metering.citus.one_account), where it
+    plans an UPDATE with a subquery twice at every call (docs/citus.md)."""
+    picked = select(chosen.c.id).where(chosen.c.account_id == account.ref, condition)
+    in_one = (
+        p.Sum(
+            update(HOLDS)
+            .where(HOLDS.c.id.in_(picked.with_for_update(key_share=True, skip_locked=True)))
+            .values(**values)
+            .returning(HOLDS.c.estimate_microcents),
+            "estimate_microcents",
+            into,
+            count=count,
+        ),
+    )
+    ids = p.Var(f"{into.name}_ids", ARRAY(HOLDS.c.id.type))
+    hold_id = p.Var(f"{into.name}_id", HOLDS.c.id.type)
+    amount = p.Var(f"{into.name}_amount", BigInteger())
+    by_row = (
+        p.Assign(into, literal(0, BigInteger())),
+        p.Assign(count, literal(0, BigInteger())),
+        p.Assign(ids, array([], type_=HOLDS.c.id.type)),
+        p.ForEach(
+            picked.add_columns(chosen.c.estimate_microcents).with_for_update(
+                key_share=True, skip_locked=True
+            ),
+            into=(hold_id, amount),
+            steps=(
+                p.Assign(into, into.ref + amount.ref),
+                p.Assign(count, count.ref + 1),
+                p.Assign(ids, func.array_append(ids.ref, hold_id.ref)),
+            ),
+        ),
+        p.When(
+            count.ref != 0,
+            (p.Run(update(HOLDS).where(HOLDS.c.id == any_(ids.ref)).values(**values)),),
+        ),
+    )
+    return on.choose(postgresql=in_one, sqlite=in_one, one_shard=by_row)
+
+
 def adopt_unbilled(
+    on: p.Backend,
     account: p.Var,
     billing: p.Var,
     now: p.Var,
@@ -162,26 +220,18 @@ def adopt_unbilled(
     limit) start being counted, so its requests in flight are all counted from now on
     (metering.accounts.access). Locked ones are skipped, as every release skips them."""
     chosen = HOLDS.alias("uncounted")
-    adopt = (
-        update(HOLDS)
-        .where(
-            HOLDS.c.id.in_(
-                select(chosen.c.id)
-                .where(
-                    chosen.c.account_id == account.ref,
-                    holds.in_force(chosen, now.ref),
-                    ~chosen.c.counted,
-                )
-                .with_for_update(key_share=True, skip_locked=True)
-            )
-        )
-        .values(counted=True)
-        .returning(HOLDS.c.estimate_microcents)
-    )
     return p.When(
         billing.ref == "unbilled",
         (
-            p.Sum(adopt, "estimate_microcents", adopted, count=adopted_count),
+            *recount(
+                on,
+                chosen,
+                account,
+                and_(holds.in_force(chosen, now.ref), ~chosen.c.counted),
+                adopted,
+                adopted_count,
+                counted=True,
+            ),
             p.Assign(held, held.ref + adopted.ref),
             p.Assign(count, count.ref + adopted_count.ref),
             p.Assign(changed, changed.ref | (adopted_count.ref != 0)),
@@ -212,19 +262,11 @@ def _place_holds(on: p.Backend) -> list[p.Step]:
     changed, outcome = p.Var("v_changed", Boolean()), p.Var("v_outcome", String())
     locked = HOLDS.alias("locked")
 
-    def release(condition: ColumnElement[bool], **values: Any) -> Any:
+    def release(
+        condition: ColumnElement[bool], into: p.Var, into_count: p.Var, **values: Any
+    ) -> tuple[p.Step, ...]:
         """Stop counting the account's holds that meet ``condition``, skipping locked ones."""
-        chosen = (
-            select(locked.c.id)
-            .where(locked.c.account_id == account.ref, condition)
-            .with_for_update(key_share=True, skip_locked=True)
-        )
-        return (
-            update(HOLDS)
-            .where(HOLDS.c.id.in_(chosen))
-            .values(counted=False, **values)
-            .returning(HOLDS.c.estimate_microcents)
-        )
+        return recount(on, locked, account, condition, into, into_count, counted=False, **values)
 
     flush = p.When(
         changed.ref,
@@ -268,25 +310,17 @@ def _place_holds(on: p.Backend) -> list[p.Step]:
             ),
             # Grants expired at this instant count no more, their forfeits written or not.
             without_pending_expiries(balance, next_expiry, account, NOW),
-            p.Sum(
-                release(holds.released(locked)),
-                "estimate_microcents",
-                released,
-                count=released_count,
-            ),
-            p.Sum(
-                release(
-                    and_(holds.past_expiry(locked, NOW.ref), locked.c.counted),
-                    status=holds.target("expire"),
-                ),
-                "estimate_microcents",
+            *release(holds.released(locked), released, released_count),
+            *release(
+                and_(holds.past_expiry(locked, NOW.ref), locked.c.counted),
                 expired,
-                count=expired_count,
+                expired_count,
+                status=holds.target("expire"),
             ),
             p.Assign(held, held.ref - released.ref - expired.ref),
             p.Assign(count, count.ref - released_count.ref - expired_count.ref),
             p.Assign(changed, (released_count.ref != 0) | (expired_count.ref != 0)),
-            adopt_unbilled(account, billing, NOW, held, count, changed, adopted, adopted_count),
+            adopt_unbilled(on, account, billing, NOW, held, count, changed, adopted, adopted_count),
         ),
     )
     estimate = h["estimate_microcents"].ref
@@ -310,17 +344,23 @@ def _place_holds(on: p.Backend) -> list[p.Step]:
     confirming, stale_checks = on.choose(postgresql=((confirm,), (stale,)), sqlite=((), ()))
     # The checks of docs/api.md#post-v1authorizations in their order, as CASE branches (the spend
     # limit's below).
+    # Whether the account has a hold of this request id: a subquery of the decision's CASE, or,
+    # on a Citus shard, a statement of its own before it (one table filtered by the account,
+    # planned once for all calls, where a subquery in an expression is planned twice at each:
+    # metering.citus.one_account); the same answer, as nothing changes the holds in between.
+    duplicate = (HOLDS.c.account_id == account.ref, HOLDS.c.request_id == h["request_id"].ref)
+    known = p.Var("v_known", Boolean())
+    look_up, request_known = on.choose(
+        postgresql=((), exists().where(*duplicate)),
+        sqlite=((), exists().where(*duplicate)),
+        one_shard=(
+            (p.Fetch(select(true()).select_from(HOLDS).where(*duplicate).limit(1), into=(known,)),),
+            known.ref.isnot(None),
+        ),
+    )
     decide_checks = (
         *stale_checks,
-        (
-            and_(
-                h["request_id"].ref.isnot(None),
-                exists().where(
-                    HOLDS.c.account_id == account.ref, HOLDS.c.request_id == h["request_id"].ref
-                ),
-            ),
-            Outcome.EXISTS.value,
-        ),
+        (and_(h["request_id"].ref.isnot(None), request_known), Outcome.EXISTS.value),
         # Ranges (docs/api.md#ranges): an account that is not refused for credit (unbilled, here
         # only with a concurrency limit) takes its held sum no further than a signed 64-bit integer;
         # written so that the comparison cannot overflow itself (estimates are >= 0). Before the
@@ -459,6 +499,7 @@ def _place_holds(on: p.Backend) -> list[p.Step]:
                     ),
                 ),
                 *confirming,
+                *look_up,
                 p.Assign(outcome, decide),
                 *spend_checks,
                 grant,

@@ -1,0 +1,263 @@
+"""What one gateway operation costs a Citus worker, statement by statement, from one sequential
+client: the delegated call's CPU on the worker that holds the account, and what each statement
+of it spends planning and executing there.
+
+A fresh database on the cluster (``bench_citus.citus_database``: 32 shards), set up as
+``bench.per_request`` sets up its own (an account with two keys, three grants and access rules);
+one server process (one uvicorn worker) of the code under test; one client on one keep-alive
+connection sends each operation ``--warmup`` times, then ``--requests`` times counted:
+
+- ``authorize``: an authorization of a known key and its void (the ledger benchmark's loop);
+- ``ingest``: one new, billable single event (one delegated call);
+
+Counted on each worker, over the counted requests only:
+
+- **CPU per operation** of its client backends in the database (Citus' maintenance daemon of
+  the database left out), from ``/proc/<pid>/schedstat`` (nanoseconds of CPU each process ran;
+  a backend that started or ended meanwhile is named);
+- with ``--database-callgrind USER``, **instructions per operation** of those backends, which a
+  busy machine does not change: the workers run under valgrind's callgrind
+  (``--trace-children=yes --instr-atstart=no``, as ``bench.per_request``'s database, docs/
+  performance.md), each backend's counting switched on and zeroed before the counted requests
+  and read after them (``callgrind_control``, as USER), then each backend's profile dumped
+  beside valgrind's output file (``callgrind_annotate --inclusive=yes``: where they went);
+  ``--shards`` fewer than 32 then keeps ``metering migrate`` on the slowed workers short;
+- **each statement** the worker ran, when it has ``pg_stat_statements`` loaded
+  (``shared_preload_libraries``, ``pg_stat_statements.track = all`` and ``track_planning = on``
+  so that the statements a function runs, and the shard queries Citus' local execution plans
+  again, are counted apart): calls, plans (a plan kept between calls is planned once), and the
+  planning and execution time of each per operation. Execution time includes what nested
+  statements spent; ``pg_stat_statements_reset()`` clears the whole node's, so use a cluster of
+  your own.
+
+Run: ``python -m bench.citus_calls [--code DIR] [--requests N] [--warmup N] [authorize ingest]``
+(``--code``: another checkout's service, e.g. a ``git worktree`` of an older commit) with
+``BENCH_CITUS_URL`` naming the coordinator's maintenance database (the nodes on this machine,
+their CPU is read from ``/proc``). The harness never imports ``metering``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psycopg
+from sqlalchemy.engine import make_url
+
+from bench.bench_citus import CITUS_URL, _node_urls, citus_database, ensure_cluster
+from bench.common import CodeUnderTest, libpq_url
+from bench.per_request import _THREAD_TOTAL, _send, _setup
+
+OPERATIONS = ("authorize", "ingest")
+
+
+def _cpu_ns(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/schedstat").read_text().split()[0])
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+
+
+@dataclass
+class Statement:
+    query: str
+    toplevel: bool
+    calls: int
+    plans: int
+    plan_ms: float
+    exec_ms: float
+
+
+@dataclass
+class Worker:
+    name: str
+    cpu_ms: float = 0.0
+    instructions: float | None = None  # per operation, under callgrind
+    churn: list[str] = field(default_factory=list)
+    statements: list[Statement] = field(default_factory=list)
+
+
+def _has_statements(node: str) -> bool:
+    """Whether a node counts statements (the extension in its maintenance database: created
+    on the coordinator's, which Citus copies to every node)."""
+    with psycopg.connect(libpq_url(node), autocommit=True) as connection:
+        row = connection.execute(
+            "SELECT 1 FROM pg_extension WHERE extname = 'pg_stat_statements'"
+        ).fetchone()
+    return row is not None
+
+
+def _reset_statements(node: str) -> None:
+    with psycopg.connect(libpq_url(node), autocommit=True) as connection:
+        connection.execute("SELECT pg_stat_statements_reset()")
+
+
+def _read_statements(node: str, database: str) -> list[Statement]:
+    with psycopg.connect(libpq_url(node), autocommit=True) as connection:
+        rows = connection.execute(
+            "SELECT query, toplevel, calls, plans, total_plan_time, total_exec_time"
+            " FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid"
+            " WHERE d.datname = %s",
+            (database,),
+        ).fetchall()
+    return [Statement(*row) for row in rows]
+
+
+def _clients(node: str, database: str) -> list[int]:
+    """The pids of a node's client backends in ``database``: the calls' (not Citus'
+    maintenance daemon of the database, whose periodic work is no operation's)."""
+    with psycopg.connect(libpq_url(node), autocommit=True) as connection:
+        return [
+            row[0]
+            for row in connection.execute(
+                "SELECT pid FROM pg_stat_activity"
+                " WHERE datname = %s AND backend_type = 'client backend'",
+                (database,),
+            )
+        ]
+
+
+def _control(user: str, option: str, pid: int) -> str:
+    """``callgrind_control`` of a backend, as ``bench.per_request`` runs it."""
+    done = subprocess.run(
+        ["runuser", "-u", user, "--", "env", "-i", "PATH=/usr/bin:/bin",
+         "callgrind_control", option, str(pid)],
+        check=True, capture_output=True, text=True,
+    )  # fmt: skip
+    return done.stdout
+
+
+def measure(
+    code: CodeUnderTest,
+    operation: str,
+    requests: int,
+    warmup: int,
+    coordinator_url: str,
+    shards: int = 32,
+    callgrind_user: str | None = None,
+) -> list[Worker]:
+    workdir = Path(tempfile.mkdtemp(prefix="metering-citus-calls-"))
+    try:
+        with citus_database(coordinator_url, shards) as url:
+            database = make_url(url).database or ""
+            client = _setup(code, url, workdir)
+            workers = _node_urls(coordinator_url)[1:]
+            counted = [node for node in workers if _has_statements(node)]
+            server = code.server(url, workdir, 1).start()
+            try:
+                send = getattr(client, operation)
+                asyncio.run(_send(server.port, send, warmup))
+                before = {
+                    node: {pid: _cpu_ns(pid) for pid in _clients(node, database)}
+                    for node in workers
+                }
+                for node in counted:
+                    _reset_statements(node)
+                if callgrind_user:
+                    for node in workers:
+                        for pid in _clients(node, database):
+                            _control(callgrind_user, "--instr=on", pid)
+                            _control(callgrind_user, "--zero", pid)
+                asyncio.run(_send(server.port, send, requests))
+                found = []
+                for node in workers:
+                    worker = Worker(str(make_url(node).port))
+                    if callgrind_user:
+                        totals = [
+                            int(n.replace(",", ""))
+                            for pid in _clients(node, database)
+                            for n in _THREAD_TOTAL.findall(_control(callgrind_user, "-e", pid))
+                        ]
+                        worker.instructions = sum(totals) / requests
+                        # each backend's profile of the operation, for callgrind_annotate
+                        for pid in _clients(node, database):
+                            _control(callgrind_user, f"--dump={operation}", pid)
+                    now = {pid: _cpu_ns(pid) for pid in _clients(node, database)}
+                    then = before[node]
+                    for pid, value in now.items():
+                        if value is None:
+                            continue
+                        if pid not in then or then[pid] is None:
+                            worker.churn.append(f"backend {pid} started")
+                        worker.cpu_ms += (value - (then.get(pid) or 0)) / 1e6 / requests
+                    worker.churn += [f"backend {pid} ended" for pid in set(then) - set(now)]
+                    if node in counted:
+                        worker.statements = _read_statements(node, database)
+                    found.append(worker)
+                return found
+            finally:
+                server.stop()
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def report(operation: str, requests: int, workers: Sequence[Worker], width: int) -> None:
+    print(f"\n== {operation}: {requests} requests, one sequential client")
+    for worker in workers:
+        counted = (
+            ""
+            if worker.instructions is None
+            else f", {worker.instructions / 1000:,.0f}k instructions"
+        )
+        print(f"worker :{worker.name}: backends' CPU {worker.cpu_ms:.3f} ms{counted} per operation")
+        for note in worker.churn:
+            print(f"   ({note})")
+        statements = sorted(
+            (s for s in worker.statements if s.calls >= requests / 2),
+            key=lambda s: -(s.plan_ms + (0 if s.toplevel else s.exec_ms)),
+        )
+        if not statements:
+            continue
+        print("   per operation: calls  plans  plan ms  exec ms (incl. nested)  statement")
+        for s in statements:
+            text = " ".join(s.query.split())
+            text = text if len(text) <= width else text[: width - 1] + "…"
+            print(
+                f"   {'top ' if s.toplevel else '    '}"
+                f"{s.calls / requests:6.2f} {s.plans / requests:6.2f} "
+                f"{s.plan_ms / requests:8.3f} {s.exec_ms / requests:8.3f}   {text}"
+            )
+
+
+def main(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.citus_calls", description=__doc__)
+    parser.add_argument("operations", nargs="*", help=f"of {', '.join(OPERATIONS)} (default: all)")
+    parser.add_argument("--code", type=Path, help="the checkout to measure (default: this one)")
+    parser.add_argument("--requests", type=int, default=300)
+    parser.add_argument("--warmup", type=int, default=30)
+    parser.add_argument("--width", type=int, default=160, help="characters of each statement")
+    parser.add_argument("--shards", type=int, default=32, help="the database's shard count")
+    parser.add_argument(
+        "--database-callgrind",
+        metavar="USER",
+        help="the workers run under callgrind as USER: count their backends' instructions",
+    )
+    args = parser.parse_args(argv)
+    ensure_cluster(CITUS_URL)
+    code = CodeUnderTest(args.code.resolve()) if args.code else CodeUnderTest()
+    for operation in args.operations or OPERATIONS:
+        if operation not in OPERATIONS:
+            parser.error(f"unknown operation {operation!r}")
+        workers = measure(
+            code,
+            operation,
+            args.requests,
+            args.warmup,
+            CITUS_URL,
+            args.shards,
+            args.database_callgrind,
+        )
+        report(operation, args.requests, workers, args.width)
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    raise SystemExit(main(sys.argv[1:]))
