@@ -177,18 +177,25 @@ _NEW = p.Rows("v_new", tuple((name, EVENTS.c[name].type) for name in _RETURNED))
 _NEWEST = p.Var("v_newest", BigInteger())
 
 
+def _charge_of_new(new: FromClause, prepaid: Any) -> dict[str, Any]:
+    """A new event's charge (``CHARGES_IN``'s columns) from what its insert returned (``_NEW``'s
+    columns) and whether its account is prepaid."""
+    return {
+        "account_id": new.c.account_id,
+        "api_key_id": new.c.api_key_id,
+        "request_id": new.c.request_id,
+        "usage_event_id": new.c.id,
+        "charge_microcents": new.c.total_microcents,
+        "authorization_id": new.c.authorization_id,
+        "prepaid": prepaid,
+    }
+
+
 def _record_usage(on: p.Backend) -> list[p.Step]:
     new = on.rows(_NEW, "n")
     newest = _NEWEST.ref
-    charges = select(
-        new.c.account_id,
-        new.c.api_key_id,
-        new.c.request_id,
-        new.c.id.label("usage_event_id"),
-        new.c.total_microcents.label("charge_microcents"),
-        new.c.authorization_id,
-        PREPAID.ref.label("prepaid"),
-    ).subquery("c")
+    charge = _charge_of_new(new, PREPAID.ref)
+    charges = select(*(charge[name].label(name) for name, _ in CHARGES_IN.columns)).subquery("c")
     return [
         p.Collect(
             insert_events(on, on.records(EVENTS_IN, "e")), into=_NEW, largest=("id", _NEWEST)
@@ -265,13 +272,7 @@ def _record_gathered(on: p.Backend) -> list[p.Step]:
         ),
     )
     columns = {
-        "account_id": new.c.account_id,
-        "api_key_id": new.c.api_key_id,
-        "request_id": new.c.request_id,
-        "usage_event_id": new.c.id,
-        "charge_microcents": new.c.total_microcents,
-        "authorization_id": new.c.authorization_id,
-        "prepaid": gathered.c.prepaid,
+        **_charge_of_new(new, gathered.c.prepaid),
         **{name: gathered.c[name] for name in HOURLY_IN.names if name not in _BY_EVENT},
         LAST_EVENT: new.c.id,
     }
