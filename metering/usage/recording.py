@@ -232,18 +232,6 @@ RECORD_USAGE = p.Program(
 RECORD_USAGE_OF_ACCOUNT = of_account(RECORD_USAGE)  # on a Citus cluster (metering.citus)
 
 
-# Beside each event of ``RECORD_GATHERED``: its account's billing and its usage in its hour
-# (``HOURLY_IN``'s columns, for that event alone), found with the stored event by its dedup key.
-GATHERED_IN = p.Records(
-    "p_gathered",
-    (
-        ("request_id", EVENTS.c.request_id.type),
-        ("prepaid", p.Boolean()),
-        *((name, kind) for name, kind in HOURLY_IN.columns if name != LAST_EVENT),
-    ),
-)
-# The request ids of the events that were new (in ``_NEW``'s order).
-_NEW_REQUESTS = p.Var(_NEW.array("request_id"), ARRAY(EVENTS.c.request_id.type))
 # Each new event's charge (``CHARGES_IN``'s columns) and its hour's usage (``HOURLY_IN``'s).
 _CHARGE_COLUMNS = tuple(name for name, _ in CHARGES_IN.columns)
 _BOOKED = p.Rows(
@@ -253,10 +241,22 @@ _BOOKED = p.Rows(
         *((name, kind) for name, kind in HOURLY_IN.columns if name not in _CHARGE_COLUMNS),
     ),
 )
-
-
 # What the stored event gives a rollup row (the rest is its ``GATHERED_IN`` row's).
 _BY_EVENT = (*_CHARGE_COLUMNS, LAST_EVENT)
+# Beside each event of ``RECORD_GATHERED``, found with the stored event by its dedup key: its
+# account's billing and what of its usage in its hour (``HOURLY_IN``'s columns, for that event
+# alone) the stored event does not give.
+GATHERED_IN = p.Records(
+    "p_gathered",
+    (
+        ("account_id", EVENTS.c.account_id.type),
+        ("request_id", EVENTS.c.request_id.type),
+        ("prepaid", p.Boolean()),
+        *((name, kind) for name, kind in HOURLY_IN.columns if name not in _BY_EVENT),
+    ),
+)
+# The request ids of the events that were new (in ``_NEW``'s order).
+_NEW_REQUESTS = p.Var(_NEW.array("request_id"), ARRAY(EVENTS.c.request_id.type))
 
 
 def _record_gathered(on: p.Backend) -> list[p.Step]:
