@@ -25,6 +25,7 @@ import dataclasses
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from functools import partial
 from typing import NamedTuple
 
 from metering.kit.errors import DatabaseUnavailable
@@ -60,7 +61,6 @@ class Paths:
 class _Arrived(NamedTuple):
     raw: object
     now: datetime
-    paths: Paths
 
 
 # The most events one transaction takes: far more than a process has requests in flight.
@@ -70,13 +70,12 @@ _GATHERING: Gathering[_Arrived, service.BatchOutcome] = Gathering(limit=100)
 async def record(raw: object, now: datetime, paths: Paths) -> service.BatchOutcome:
     """The outcome of recording one single-event request's event, alone or with the others
     that arrive while one is being recorded."""
-    return await _GATHERING.record(_Arrived(raw, now, paths), _record, paths)
+    return await _GATHERING.record(_Arrived(raw, now), partial(_record, paths), paths)
 
 
 async def _record(
-    arrived: list[_Arrived],
+    paths: Paths, arrived: list[_Arrived]
 ) -> list[service.BatchOutcome | BaseException]:
-    paths = arrived[0].paths
     if len(arrived) == 1:
         return [await paths.alone(arrived[0].raw, arrived[0].now)]
     # The group's transaction is recorded now, at its newest request's time.
