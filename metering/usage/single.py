@@ -13,6 +13,9 @@ reference table), then that account's lookup (routed to its shard), then
 ``RECORD_USAGE_OF_ACCOUNT``, which the coordinator delegates whole to the worker holding the account
 (a call outside a transaction block): the event's transaction is that worker's alone.
 
+Several events that arrived together at one process (metering.usage.together, PostgreSQL):
+the same lookup for all of them, then the program ``RECORD_GATHERED`` (``record_gathered``).
+
 Anything else (an event not billable now, a request_id already taken, an event the database
 refuses) answers None, and the
 caller takes the general path (``service.record_events``), which classifies it: nothing was
