@@ -19,6 +19,9 @@ The operations:
   keys up (``bench_ledger.layered_account``: a project limit, a member limit and the key's own,
   the key having spent once; on code without projects, the key's own limit alone), so every
   spend-limit check the code has runs on each authorization;
+- ``ingest-together`` and ``authorize-together``: ``ingest`` or ``authorize`` from four
+  keep-alive clients at once (``TOGETHER``), each sending its next when its last is answered:
+  what requests that arrive together cost (the figures per request);
 
 and each again against the do-nothing FastAPI app (``bench.baseline_app``) unless
 ``--no-baseline``: the ratio of instructions is the server's share of the throughput ratio the
@@ -33,8 +36,8 @@ Backend CPU (``/proc``, 10 ms ticks) is the database's CPU over them, a rough fi
 ``--database-callgrind USER``: the database runs under callgrind too (docs/performance.md says
 how), and its backends' instructions are counted the same way.
 
-Run: ``python -m bench.per_request [--code DIR] [--profile] [ingest authorize
-authorize-limited]`` with
+Run: ``python -m bench.per_request [--code DIR] [--profile] [ingest ingest-together authorize
+authorize-together authorize-limited]`` with
 ``METERING_TEST_PG_URL`` naming the PostgreSQL server (its maintenance database).
 The harness never imports ``metering``, as ``bench.common`` says.
 """
@@ -75,9 +78,9 @@ from bench.common import (
 )
 from bench.loadgen import Connection, expect
 
-OPERATIONS = ("ingest", "ingest-together", "authorize", "authorize-limited")
+OPERATIONS = ("ingest", "ingest-together", "authorize", "authorize-together", "authorize-limited")
 _HEADERS = {"Authorization": f"Bearer {GATEWAY_TOKEN}"}
-# What ``ingest-together`` sends at once, one single-event request on each of its connections.
+# What an operation ``…-together`` sends at once: its operation on each of as many connections.
 TOGETHER = 4
 # A thread's count in ``callgrind_control -e`` ("Th 1  1,234,567").
 _THREAD_TOTAL = re.compile(r"^\s*Th \d+\s+([\d,]+)", re.MULTILINE)
@@ -326,11 +329,13 @@ class Client:
 
 
 async def _send(port: int, client: Client, name: str, count: int) -> None:
-    """``count`` operations from one keep-alive connection; ``ingest-together``: ``count``
-    single events from each of ``TOGETHER`` connections at once, each sending its next when its
-    last is answered (a gateway's many requests in flight)."""
-    if name == "ingest-together":
-        await asyncio.gather(*(_send(port, client, "ingest", count) for _ in range(TOGETHER)))
+    """``count`` operations from one keep-alive connection; ``ingest-together`` and
+    ``authorize-together``: ``count`` of the operation from each of ``TOGETHER`` connections at
+    once, each sending its next when its last is answered (a gateway's many requests in
+    flight)."""
+    if name.endswith("-together"):
+        alone = name.removesuffix("-together")
+        await asyncio.gather(*(_send(port, client, alone, count) for _ in range(TOGETHER)))
         return
     operation: Callable[[Connection], Any] = getattr(client, name.replace("-", "_"))
     connection = Connection("127.0.0.1", port, _HEADERS)
@@ -391,8 +396,8 @@ def measure(
                     server.instrument()
                     for name in operations:
                         asyncio.run(_send(server.port, client, name, warmup))
-                        # Each figure is per request: ingest-together sends TOGETHER a time.
-                        sent = requests * (TOGETHER if name == "ingest-together" else 1)
+                        # Each figure is per request: …-together sends TOGETHER a time.
+                        sent = requests * (TOGETHER if name.endswith("-together") else 1)
                         figures = Figures(label + name, sent)
                         if counter:
                             counter.reset()

@@ -24,11 +24,13 @@ from sqlalchemy import String, bindparam, exists, select
 from metering.accounts.access import checked_under_lock
 from metering.accounts.keys import KEYS, live_key
 from metering.citus import text_of_account
+from metering.db import transient
 from metering.kit.gathering import Gathering
 from metering.ledger.metrics import RESOLUTIONS
 from metering.ledger.placement.program import (
     BODY_COLUMNS,
     BY_ID,
+    BY_IDS,
     BY_REQUEST_ID,
     HELD_IN_FORCE,
     HOLDS,
@@ -36,6 +38,7 @@ from metering.ledger.placement.program import (
     PLACE_HOLDS,
     PLACE_HOLDS_OF_ACCOUNT,
     VOID,
+    VOID_TOGETHER,
     Outcome,
     Placement,
 )
@@ -60,6 +63,8 @@ _BY_REQUEST_ID = psycopg_text(BY_REQUEST_ID)
 _HELD_IN_FORCE = psycopg_text(HELD_IN_FORCE)
 _VOID = psycopg_text(VOID)
 _BY_ID = psycopg_text(BY_ID)
+_VOID_TOGETHER = psycopg_text(VOID_TOGETHER)
+_BY_IDS = psycopg_text(BY_IDS)
 
 
 class _OnCitus:
@@ -176,6 +181,48 @@ class PostgresHolds:
         return int(row[0])
 
     async def void(self, hold_id: str, now: datetime) -> tuple[dict[str, Any] | None, bool]:
+        """Void one hold: on one server together with the voids this process is asked for
+        meanwhile (``_VOIDS``); on Citus alone, on its account's shard."""
+        if self._cluster:
+            return await self._void_alone(hold_id, now)
+        return await _VOIDS.record((hold_id, now), self.void_all)
+
+    async def void_all(self, batch: list[tuple[str, datetime]]) -> list[Voided]:
+        """Each hold's row and whether it was voided, in order: one alone as ever, several by
+        one ``VOID_TOGETHER``, then one ``BY_IDS`` for those it did not void. A hold asked for
+        twice is voided by its first asking (the others find it void).
+
+        Such a statement locks its holds in no set order: should two meet in a deadlock (each
+        asked for two holds the other was also asked for), the one refused voids its holds one
+        by one (a lone void locks one hold, and holds no other while it waits)."""
+        if len(batch) == 1:
+            return [await self._void_alone(*batch[0])]
+        params = {
+            "hold_ids": [hold_id for hold_id, _ in batch],
+            "nows": [now for _, now in batch],
+        }
+        try:
+            cursor = await self._connection.execute(_VOID_TOGETHER, params)
+        except psycopg.Error as error:
+            if not transient(error):
+                raise
+            return [await self._void_alone(hold_id, now) for hold_id, now in batch]
+        voided = {row[0]: _body(row) for row in await cursor.fetchall()}
+        found: dict[str, dict[str, Any]] = {}
+        unchanged = [hold_id for hold_id, _ in batch if hold_id not in voided]
+        if unchanged:
+            cursor = await self._connection.execute(_BY_IDS, {"hold_ids": unchanged})
+            found = {row[0]: _body(row) for row in await cursor.fetchall()}
+        answers: list[Voided] = []
+        for hold_id, _ in batch:
+            if hold_id in voided:
+                answers.append((voided[hold_id], True))
+                found[hold_id] = voided.pop(hold_id)
+            else:
+                answers.append((found.get(hold_id), False))
+        return answers
+
+    async def _void_alone(self, hold_id: str, now: datetime) -> Voided:
         void, by_id = _VOID, _BY_ID
         params: dict[str, Any] = {"hold_id": hold_id, "now": now}
         account = holds.account_of(hold_id)
@@ -186,9 +233,17 @@ class PostgresHolds:
             params["p_account_id"] = account
         row = await self._one(void, params)
         if row is not None:
-            return dict(zip(BODY_COLUMNS, row, strict=True)), True
+            return _body(row), True
         row = await self._one(by_id, params)
-        return (None if row is None else dict(zip(BODY_COLUMNS, row, strict=True))), False
+        return (None if row is None else _body(row)), False
+
+
+# A void's answer: the hold's row (None: no such hold) and whether this void voided it.
+Voided = tuple[dict[str, Any] | None, bool]
+
+
+def _body(row: tuple[Any, ...]) -> dict[str, Any]:
+    return dict(zip(BODY_COLUMNS, row, strict=True))
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,3 +295,5 @@ _REMEMBERED = _Remembered()
 # wait, then go together in the next call: one round trip, one durable commit and each account's
 # lock taken once for all of them, each hold still decided as if alone, in arrival order.
 _QUEUE: Gathering[Mapping[str, Any], Placement] = Gathering(limit=64)
+# The voids that arrive while one is made (one server): far more than a process has in flight.
+_VOIDS: Gathering[tuple[str, datetime], Voided] = Gathering(limit=100)

@@ -40,6 +40,7 @@ from sqlalchemy import (
     bindparam,
     case,
     cast,
+    column,
     exists,
     false,
     func,
@@ -577,6 +578,24 @@ VOID = (
     .returning(*(HOLDS.c[name] for name in BODY_COLUMNS))
 )
 BY_ID = select(*(HOLDS.c[name] for name in BODY_COLUMNS)).where(HOLDS.c.id == _HOLD_ID)
+# Voids that arrive together (PostgreSQL, metering.ledger.placement.postgres): each asked hold
+# voided as VOID voids it, at its own request's instant, in one statement; then those it did not
+# void read as BY_ID reads them, by a statement of their own (a snapshot taken after the update,
+# as a lone void's).
+_HOLD_IDS = bindparam("hold_ids", type_=ARRAY(String()))
+_asked = (
+    func.unnest(_HOLD_IDS, bindparam("nows", type_=ARRAY(UTCDateTime())))
+    .table_valued(column("id", String()), column("now", UTCDateTime()))
+    .render_derived()
+    .alias("asked")
+)
+VOID_TOGETHER = (
+    update(HOLDS)
+    .where(HOLDS.c.id == _asked.c.id, holds.in_force(HOLDS, _asked.c.now))
+    .values(status=holds.target("void"), closed_at=_asked.c.now)
+    .returning(*(HOLDS.c[name] for name in BODY_COLUMNS))
+)
+BY_IDS = select(*(HOLDS.c[name] for name in BODY_COLUMNS)).where(HOLDS.c.id == any_(_HOLD_IDS))
 # The tidy-up: holds past their expiry are marked expired. Locked ones are skipped, never waited
 # for (a check-and-hold expiring them itself, a settlement), so it takes part in no deadlock.
 _overdue = HOLDS.alias("overdue")
