@@ -36,6 +36,13 @@ DECLARE
     v_row1_returned_total_microcents BIGINT;
     v_targets_hold_id VARCHAR(64)[];
     v_targets_event_id BIGINT[];
+    v_charge_account_id VARCHAR(32);
+    v_charge_request_id VARCHAR(64);
+    v_charge_authorization_id VARCHAR(64);
+    v_charge_usage_event_id BIGINT;
+    v_charge_hold VARCHAR(64);
+    v_target_hold VARCHAR(64);
+    v_target_event BIGINT;
     v_row2_0 VARCHAR(32);
     v_row2_1 VARCHAR;
     v_row2_2 BIGINT;
@@ -131,17 +138,29 @@ BEGIN
         END IF;
     END LOOP;
     IF coalesce(cardinality(v_new_id), 0) > 0 THEN
-        SELECT array_agg(collected.hold_id), array_agg(collected.event_id) INTO v_targets_hold_id, v_targets_event_id
-        FROM (
-        SELECT found.hold_id, min(found.event_id) AS event_id
-        FROM (SELECT authorizations.id AS hold_id, c.usage_event_id AS event_id
+        v_targets_hold_id := ARRAY[]::VARCHAR(64)[];
+        v_targets_event_id := ARRAY[]::BIGINT[];
+        FOR v_charge_account_id, v_charge_request_id, v_charge_authorization_id, v_charge_usage_event_id IN
+        SELECT c.account_id, c.request_id, c.authorization_id, c.usage_event_id
         FROM (SELECT n.account_id AS account_id, n.api_key_id AS api_key_id, n.request_id AS request_id, n.id AS usage_event_id, n.total_microcents AS charge_microcents, n.authorization_id AS authorization_id, p_prepaid AS prepaid
-        FROM unnest(v_new_id, v_new_account_id, v_new_request_id, v_new_api_key_id, v_new_authorization_id, v_new_total_microcents) AS n(id, account_id, request_id, api_key_id, authorization_id, total_microcents)) AS c JOIN (SELECT * FROM authorizations WHERE authorizations.account_id = p_account_id) AS authorizations ON authorizations.id = c.authorization_id AND authorizations.account_id = c.account_id
-        WHERE authorizations.status IN ('active', 'expired') UNION ALL SELECT authorizations.id AS hold_id, c.usage_event_id AS event_id
-        FROM (SELECT n.account_id AS account_id, n.api_key_id AS api_key_id, n.request_id AS request_id, n.id AS usage_event_id, n.total_microcents AS charge_microcents, n.authorization_id AS authorization_id, p_prepaid AS prepaid
-        FROM unnest(v_new_id, v_new_account_id, v_new_request_id, v_new_api_key_id, v_new_authorization_id, v_new_total_microcents) AS n(id, account_id, request_id, api_key_id, authorization_id, total_microcents)) AS c JOIN (SELECT * FROM authorizations WHERE authorizations.account_id = p_account_id) AS authorizations ON authorizations.account_id = c.account_id AND authorizations.request_id = c.request_id
-        WHERE c.authorization_id IS NULL AND authorizations.status IN ('active', 'expired')) AS found GROUP BY found.hold_id
-        ) AS collected;
+        FROM unnest(v_new_id, v_new_account_id, v_new_request_id, v_new_api_key_id, v_new_authorization_id, v_new_total_microcents) AS n(id, account_id, request_id, api_key_id, authorization_id, total_microcents)) AS c ORDER BY c.usage_event_id
+        LOOP
+            IF v_charge_authorization_id IS NOT NULL THEN
+                SELECT authorizations.id
+                FROM authorizations
+                WHERE authorizations.account_id = p_account_id AND authorizations.id = v_charge_authorization_id AND p_account_id = v_charge_account_id AND authorizations.status IN ('active', 'expired')
+                INTO v_charge_hold;
+            ELSE
+                SELECT authorizations.id
+                FROM authorizations
+                WHERE authorizations.account_id = p_account_id AND p_account_id = v_charge_account_id AND authorizations.request_id = v_charge_request_id AND authorizations.status IN ('active', 'expired')
+                INTO v_charge_hold;
+            END IF;
+            IF v_charge_hold IS NOT NULL AND v_charge_hold != ALL (v_targets_hold_id) THEN
+                v_targets_hold_id := array_append(v_targets_hold_id, v_charge_hold);
+                v_targets_event_id := array_append(v_targets_event_id, v_charge_usage_event_id);
+            END IF;
+        END LOOP;
         IF coalesce(cardinality(v_targets_hold_id), 0) > 1 THEN
             PERFORM authorizations.id
             FROM authorizations
@@ -149,7 +168,12 @@ BEGIN
             FROM unnest(v_targets_hold_id, v_targets_event_id) AS t(hold_id, event_id)) AND authorizations.status IN ('active', 'expired') ORDER BY authorizations.id COLLATE "C" FOR NO KEY UPDATE;
         END IF;
         IF coalesce(cardinality(v_targets_hold_id), 0) > 0 THEN
-            UPDATE authorizations SET status='settled', closed_at=p_now, usage_event_id=t.event_id FROM unnest(v_targets_hold_id, v_targets_event_id) AS t(hold_id, event_id) WHERE authorizations.id = t.hold_id AND authorizations.status IN ('active', 'expired') AND authorizations.account_id = p_account_id;
+            FOR v_target_hold, v_target_event IN
+            SELECT t.hold_id, t.event_id
+            FROM unnest(v_targets_hold_id, v_targets_event_id) AS t(hold_id, event_id)
+            LOOP
+                UPDATE authorizations SET status='settled', closed_at=p_now, usage_event_id=v_target_event WHERE authorizations.account_id = p_account_id AND authorizations.id = v_target_hold AND authorizations.status IN ('active', 'expired');
+            END LOOP;
         END IF;
         FOR v_row2_0, v_row2_1, v_row2_2, v_row2_3, v_row2_4, v_row2_5 IN
         SELECT c.account_id, 'charge' AS anon_1, -c.charge_microcents, c.usage_event_id, c.api_key_id, p_now AS anon_2
