@@ -9,6 +9,12 @@ DECLARE
     v_moved_after_microcents BIGINT[];
     v_moved_expiring BIGINT[];
     v_moved_crossing BIGINT[];
+    v_debit_account_id VARCHAR(32);
+    v_debit_total BIGINT;
+    v_debited_account_id VARCHAR(32);
+    v_debited_after_microcents BIGINT;
+    v_debited_expiring BIGINT;
+    v_debited_crossing BIGINT;
     v_due_grant_id VARCHAR(32)[];
     v_due_account_id VARCHAR(32)[];
     v_due_amount BIGINT[];
@@ -56,10 +62,23 @@ BEGIN
         WHERE accounts.id = p_account_id AND p_account_id IN (SELECT ld.account_id
         FROM unnest(v_debits_account_id, v_debits_total) AS ld(account_id, total)) ORDER BY accounts.id COLLATE "C" FOR NO KEY UPDATE;
     END IF;
-    WITH collected AS (
-    UPDATE accounts SET balance_microcents=(accounts.balance_microcents - d.total), recharge_due_at=CASE WHEN (accounts.recharge_due_at IS NULL AND accounts.recharge_threshold_microcents IS NOT NULL AND accounts.balance_microcents - d.total < accounts.recharge_threshold_microcents) THEN p_now ELSE accounts.recharge_due_at END FROM unnest(v_debits_account_id, v_debits_total) AS d(account_id, total) WHERE accounts.id = d.account_id AND accounts.id = p_account_id RETURNING accounts.id AS account_id, accounts.balance_microcents AS after_microcents, CASE WHEN (accounts.next_expiry_at <= p_now) THEN 1 ELSE 0 END AS expiring, CASE WHEN (accounts.next_expiry_at <= p_now OR accounts.low_balance_threshold_microcents IS NOT NULL AND accounts.balance_microcents + d.total >= accounts.low_balance_threshold_microcents AND accounts.balance_microcents < accounts.low_balance_threshold_microcents OR accounts.balance_microcents + d.total > 0 AND accounts.balance_microcents <= 0) THEN 1 ELSE 0 END AS crossing
-    )
-    SELECT array_agg(collected.account_id), array_agg(collected.after_microcents), array_agg(collected.expiring), array_agg(collected.crossing) INTO v_moved_account_id, v_moved_after_microcents, v_moved_expiring, v_moved_crossing FROM collected;
+    v_moved_account_id := NULL;
+    v_moved_after_microcents := NULL;
+    v_moved_expiring := NULL;
+    v_moved_crossing := NULL;
+    FOR v_debit_account_id, v_debit_total IN
+    SELECT d.account_id, d.total
+    FROM unnest(v_debits_account_id, v_debits_total) AS d(account_id, total)
+    LOOP
+        UPDATE accounts SET balance_microcents=(accounts.balance_microcents - v_debit_total), recharge_due_at=CASE WHEN (accounts.recharge_due_at IS NULL AND accounts.recharge_threshold_microcents IS NOT NULL AND accounts.balance_microcents - v_debit_total < accounts.recharge_threshold_microcents) THEN p_now ELSE accounts.recharge_due_at END WHERE accounts.id = p_account_id AND p_account_id = v_debit_account_id RETURNING accounts.id AS account_id, accounts.balance_microcents AS after_microcents, CASE WHEN (accounts.next_expiry_at <= p_now) THEN 1 ELSE 0 END AS expiring, CASE WHEN (accounts.next_expiry_at <= p_now OR accounts.low_balance_threshold_microcents IS NOT NULL AND accounts.balance_microcents + v_debit_total >= accounts.low_balance_threshold_microcents AND accounts.balance_microcents < accounts.low_balance_threshold_microcents OR accounts.balance_microcents + v_debit_total > 0 AND accounts.balance_microcents <= 0) THEN 1 ELSE 0 END AS crossing
+        INTO v_debited_account_id, v_debited_after_microcents, v_debited_expiring, v_debited_crossing;
+        IF v_debited_account_id IS NOT NULL THEN
+            v_moved_account_id := array_append(v_moved_account_id, v_debited_account_id);
+            v_moved_after_microcents := array_append(v_moved_after_microcents, v_debited_after_microcents);
+            v_moved_expiring := array_append(v_moved_expiring, v_debited_expiring);
+            v_moved_crossing := array_append(v_moved_crossing, v_debited_crossing);
+        END IF;
+    END LOOP;
     IF 1 = ANY (v_moved_expiring) THEN
         SELECT array_agg(collected.grant_id ORDER BY collected.expires_at, collected.grant_id COLLATE "C"), array_agg(collected.account_id ORDER BY collected.expires_at, collected.grant_id COLLATE "C"), array_agg(collected.amount ORDER BY collected.expires_at, collected.grant_id COLLATE "C"), array_agg(collected.expires_at ORDER BY collected.expires_at, collected.grant_id COLLATE "C") INTO v_due_grant_id, v_due_account_id, v_due_amount, v_due_expires_at
         FROM (

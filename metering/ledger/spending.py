@@ -48,6 +48,7 @@ from sqlalchemy import (
     true,
     union_all,
 )
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.elements import BindParameter
 
@@ -250,31 +251,66 @@ def debit_steps(on: p.Backend, debits: p.Rows, now: BindParameter[Any]) -> list[
     totals = on.rows(debits, "dt")
     after = ACCOUNTS.c.balance_microcents
     due = ACCOUNTS.c.next_expiry_at <= now
-    # The account's debit, in what the update returns (SQLite's RETURNING may name only the
-    # updated table: there, the same row read by a subquery).
-    debited = on.choose(
-        postgresql=d.c.total,
-        sqlite=select(totals.c.total).where(totals.c.account_id == ACCOUNTS.c.id).scalar_subquery(),
-    )
-    may_cross = or_(
-        due, outbox.crosses(after + debited, after, ACCOUNTS.c.low_balance_threshold_microcents)
-    )
-    return [
-        p.Collect(
+
+    def debit(account_id: Any, total: Any, debited: Any) -> Any:
+        """The account's debit by ``total``, returning ``_MOVED``'s columns (``debited``: the
+        debit, as the update's RETURNING can name it)."""
+        may_cross = or_(
+            due,
+            outbox.crosses(after + debited, after, ACCOUNTS.c.low_balance_threshold_microcents),
+        )
+        return (
             ACCOUNTS.update()
             .values(
-                balance_microcents=ACCOUNTS.c.balance_microcents - d.c.total,
-                recharge_due_at=recharge_due(ACCOUNTS.c.balance_microcents - d.c.total, now),
+                balance_microcents=ACCOUNTS.c.balance_microcents - total,
+                recharge_due_at=recharge_due(ACCOUNTS.c.balance_microcents - total, now),
             )
-            .where(ACCOUNTS.c.id == d.c.account_id)
+            .where(ACCOUNTS.c.id == account_id)
             .returning(
                 ACCOUNTS.c.id.label("account_id"),
                 after.label("after_microcents"),
                 case((due, 1), else_=0).label("expiring"),
                 case((may_cross, 1), else_=0).label("crossing"),
+            )
+        )
+
+    # The accounts' debits: one UPDATE … FROM the debits' rows; on SQLite, whose RETURNING may
+    # name only the updated table, the debit read again there by a subquery; on a Citus shard
+    # (one account, so one row at most) an UPDATE of the account's row by the row's values,
+    # which Citus plans once, where it plans an UPDATE … FROM twice at every call.
+    row = {name: p.Var(f"v_debit_{name}", kind) for name, kind in debits.columns}
+    returned = {name: p.Var(f"v_debited_{name}", kind) for name, kind in _MOVED.columns}
+    arrays = {name: p.Var(_MOVED.array(name), ARRAY(kind)) for name, kind in _MOVED.columns}
+    by_row: list[p.Step] = [
+        *(p.Assign(array_, null()) for array_ in arrays.values()),  # as array_agg of no row
+        p.ForEach(
+            select(d.c.account_id, d.c.total),
+            into=(row["account_id"], row["total"]),
+            steps=(
+                p.Fetch(
+                    debit(row["account_id"].ref, row["total"].ref, row["total"].ref),
+                    into=tuple(returned.values()),
+                ),
+                p.When(
+                    returned["account_id"].ref.isnot(None),
+                    tuple(
+                        p.Assign(arrays[name], func.array_append(arrays[name].ref, var.ref))
+                        for name, var in returned.items()
+                    ),
+                ),
             ),
-            into=_MOVED,
         ),
+    ]
+    in_sqlite = select(totals.c.total).where(totals.c.account_id == ACCOUNTS.c.id)
+    debited: list[p.Step] = on.choose(
+        postgresql=[p.Collect(debit(d.c.account_id, d.c.total, d.c.total), into=_MOVED)],
+        sqlite=[
+            p.Collect(debit(d.c.account_id, d.c.total, in_sqlite.scalar_subquery()), into=_MOVED)
+        ],
+        one_shard=by_row,
+    )
+    return [
+        *debited,
         p.When(on.holds_any(_MOVED, "expiring", 1), tuple(expiry_steps(on, debits, now))),
         *_spending_steps(on, debits, now),
         # The balance thresholds the whole move (debit and due expiries) crosses, once.
