@@ -178,6 +178,16 @@ class TestReadApart:
         with pytest.raises(AssertionError, match="projects is not read by a unique key"):
             read_apart(columns, by_account, keys.c.id == bindparam("key"), "t")
 
+    def test_a_subquery_of_the_table_it_reads_is_refused(self) -> None:
+        keys, accounts = self.KEYS, Base.metadata.tables["accounts"]
+        projects = Base.metadata.tables["projects"]
+        # The account read by a subquery of its own row: nothing read before it could say.
+        own = select(projects.c.account_id).where(projects.c.name == accounts.c.name).limit(1)
+        joined = keys.join(accounts, accounts.c.id == own.scalar_subquery())
+        columns = {"id": keys.c.id, "billing": accounts.c.billing}
+        with pytest.raises(AssertionError, match="reads the join's"):
+            read_apart(columns, joined, keys.c.id == bindparam("key"), "t")
+
     KEYS = Base.metadata.tables["api_keys"]
 
 

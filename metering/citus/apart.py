@@ -65,6 +65,9 @@ def read_apart(
     chain = _chain(source)
     froms = [from_ for from_, _, _ in chain]
     conditions = [where if on is None else on for _, on, _ in chain]
+    assert all(_index(froms, found) in (None, 0) for found in iterate(where)), (
+        "a WHERE of the first table's columns alone"
+    )
     used: dict[int, dict[str, None]] = {index: {} for index in range(len(froms))}
     # What is read of each table: the columns the row's columns use, and those the tables after
     # it are read by.
@@ -149,17 +152,22 @@ def _without_subqueries(
         return or_(*done)
 
     def columns_of(inner: Any) -> Any:
+        """A subquery with the columns of the tables read before it as their variables: then
+        it reads no table of the join (it names none, or one not read yet: refused)."""
+
         def replaced(found: Any) -> Any:
             return _variable(froms, variables, found)
 
-        return replacement_traverse(inner, {}, replaced)  # type: ignore[call-overload]
+        read = replacement_traverse(inner, {}, replaced)  # type: ignore[call-overload]
+        joined = [f for f in read.get_final_froms() if any(f is from_ for from_ in froms)]
+        assert not joined, f"a subquery that reads the join's {joined[0]} itself"
+        return read
 
     def replaced(found: Any) -> Any:
         if _index(froms, found) is not None:
             return _variable(froms, variables, found)
         if isinstance(found, Exists):
             inner = _select_of(found)
-            assert not any(_index(froms, f) is not None for f in inner.get_final_froms())
             var = p.Var(f"v_{prefix}_{next(numbers)}", Boolean())
             read = columns_of(inner.with_only_columns(true()).limit(1))
             steps.append(_guarded(p.Fetch(read, into=(var,)), read, unless, prefix))
