@@ -151,8 +151,7 @@ def measure(
             counted = [node for node in workers if _has_statements(node)]
             server = code.server(url, workdir, 1).start()
             try:
-                send = getattr(client, operation)
-                asyncio.run(_send(server.port, send, warmup))
+                asyncio.run(_send(server.port, client, operation, warmup))
                 before = {
                     node: {pid: _cpu_ns(pid) for pid in _clients(node, database)}
                     for node in workers
@@ -164,7 +163,7 @@ def measure(
                         for pid in _clients(node, database):
                             _control(callgrind_user, "--instr=on", pid)
                             _control(callgrind_user, "--zero", pid)
-                asyncio.run(_send(server.port, send, requests))
+                asyncio.run(_send(server.port, client, operation, requests))
                 found = []
                 for node in workers:
                     worker = Worker(str(make_url(node).port))

@@ -18,10 +18,15 @@ from typing import Any
 
 import pytest
 from alembic.command import upgrade as alembic_upgrade
-from sqlalchemy import bindparam, create_engine, select, text, update
+from sqlalchemy import Text, bindparam, create_engine, select, text, update
 from sqlalchemy.engine import make_url
+from sqlalchemy.sql.selectable import Exists, ScalarSelect
+from sqlalchemy.sql.visitors import iterate
 
 from metering import citus, migrate
+from metering import programs as p
+from metering.citus.apart import read_apart
+from metering.ledger.resolution import AT, MODEL_KEY, SECRET_HASH, resolution_text_apart
 from metering.models import Base
 from metering.notifications import delivery
 from tests.conftest import CITUS, NOW, Api, fresh_citus_database, running_api
@@ -134,6 +139,56 @@ class TestOneAccountStatements:
         )
         for statement in (otherwise, joined):
             assert limited in self.text(statement)
+
+
+class TestReadApart:
+    """A join read one table at a time (metering.citus.apart): the remembered resolution's
+    confirmation on a shard is statements of one table each (Citus' fast path, planned once),
+    and a join whose table could match several rows is refused, not read apart."""
+
+    @staticmethod
+    def fetches(steps: Any) -> Iterator[Any]:
+        for step in steps:
+            if isinstance(step, p.When):
+                yield from TestReadApart.fetches((*step.then, *step.otherwise))
+            elif isinstance(step, p.Fetch):
+                yield step
+
+    @pytest.mark.parametrize("scoped", [True, False])
+    def test_the_confirmation_reads_one_table_per_statement(self, scoped: bool) -> None:
+        current = p.Var("v_resolution", Text())
+        steps = resolution_text_apart(SECRET_HASH, MODEL_KEY, AT, current, scoped=scoped)
+        read = [fetch.statement for fetch in self.fetches(steps)]
+        tables = [[str(f.name) for f in statement.get_final_froms()] for statement in read]
+        assert all(len(names) == 1 for names in tables), tables
+        expected = {"api_keys", "accounts", "model", "account_rates", "override"}
+        expected |= {"price_versions", "listed", "account_models", "api_key_models"}
+        if scoped:
+            expected |= {"projects", "members", "project_models"}
+        assert {names[0] for names in tables} == expected
+        assert not any(
+            isinstance(e, ScalarSelect | Exists) for s in read for e in iterate(s.whereclause)
+        )
+        assert isinstance(steps[-1], p.Assign) and steps[-1].into == current
+
+    def test_a_table_that_could_match_several_rows_is_refused(self) -> None:
+        keys, projects = self.KEYS, Base.metadata.tables["projects"]
+        by_account = keys.join(projects, projects.c.account_id == keys.c.account_id)
+        columns = {"id": keys.c.id, "project": projects.c.id}
+        with pytest.raises(AssertionError, match="projects is not read by a unique key"):
+            read_apart(columns, by_account, keys.c.id == bindparam("key"), "t")
+
+    def test_a_subquery_of_the_table_it_reads_is_refused(self) -> None:
+        keys, accounts = self.KEYS, Base.metadata.tables["accounts"]
+        projects = Base.metadata.tables["projects"]
+        # The account read by a subquery of its own row: nothing read before it could say.
+        own = select(projects.c.account_id).where(projects.c.name == accounts.c.name).limit(1)
+        joined = keys.join(accounts, accounts.c.id == own.scalar_subquery())
+        columns = {"id": keys.c.id, "billing": accounts.c.billing}
+        with pytest.raises(AssertionError, match="reads the join's"):
+            read_apart(columns, joined, keys.c.id == bindparam("key"), "t")
+
+    KEYS = Base.metadata.tables["api_keys"]
 
 
 @pytest.mark.parametrize(

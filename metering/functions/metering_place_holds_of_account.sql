@@ -58,6 +58,41 @@ DECLARE
     v_adopted_id VARCHAR(64);
     v_adopted_amount BIGINT;
     v_available BIGINT;
+    v_r_api_keys_found BOOLEAN;
+    v_r_api_keys_id VARCHAR(32);
+    v_r_api_keys_account_id VARCHAR(32);
+    v_r_api_keys_monthly_spend_limit_microcents BIGINT;
+    v_r_api_keys_spend_limit_window VARCHAR(8);
+    v_r_api_keys_project_id VARCHAR(32);
+    v_r_api_keys_member_id VARCHAR(32);
+    v_r_api_keys_restricts_models BOOLEAN;
+    v_r_accounts_found BOOLEAN;
+    v_r_accounts_billing VARCHAR(16);
+    v_r_accounts_max_concurrent_requests INTEGER;
+    v_r_accounts_restricts_models BOOLEAN;
+    v_r_projects_spend_limit_microcents BIGINT;
+    v_r_projects_spend_limit_window VARCHAR(8);
+    v_r_projects_restricts_models BOOLEAN;
+    v_r_members_spend_limit_microcents BIGINT;
+    v_r_members_spend_limit_window VARCHAR(8);
+    v_r_model_id VARCHAR(100);
+    v_r_model_context_length INTEGER;
+    v_r_model_max_output_tokens INTEGER;
+    v_r_model_reasoning_headroom_tokens INTEGER;
+    v_r_model_deprecation_date DATE;
+    v_r_1 VARCHAR(32);
+    v_r_override_id VARCHAR(32);
+    v_r_override_input_microcents_per_million BIGINT;
+    v_r_override_output_microcents_per_million BIGINT;
+    v_r_override_cache_read_microcents_per_million BIGINT;
+    v_r_2 VARCHAR(32);
+    v_r_listed_id VARCHAR(32);
+    v_r_listed_input_microcents_per_million BIGINT;
+    v_r_listed_output_microcents_per_million BIGINT;
+    v_r_listed_cache_read_microcents_per_million BIGINT;
+    v_r_3 BOOLEAN;
+    v_r_4 BOOLEAN;
+    v_r_5 BOOLEAN;
     v_resolution TEXT;
     v_known BOOLEAN;
     v_outcome VARCHAR;
@@ -144,37 +179,211 @@ BEGIN
         v_available := CASE WHEN (v_balance < CAST(-9223372036854775808 AS BIGINT) + v_held) THEN CAST(-9223372036854775808 AS BIGINT) ELSE v_balance - v_held END;
         IF v_h_resolution IS NOT NULL THEN
             IF v_scope_limits OR v_project_models THEN
-                v_resolution := (SELECT CAST(json_build_array(resolution.api_key_id, resolution.account_id, resolution.billing, resolution.spend_limit_microcents, resolution.spend_limit_window, resolution.project_id, resolution.member_id, resolution.project_spend_limit_microcents, resolution.project_spend_limit_window, resolution.member_spend_limit_microcents, resolution.member_spend_limit_window, resolution.max_concurrent_requests, resolution.model_id, resolution.context_length, resolution.max_output_tokens, resolution.reasoning_headroom_tokens, resolution.deprecation_date, resolution.price_version_id, resolution.account_sees, resolution.key_allows, resolution.project_allows, resolution.input_microcents_per_million, resolution.output_microcents_per_million, resolution.cache_read_microcents_per_million) AS TEXT) AS json_build_array_1
-                FROM (SELECT api_keys.id AS api_key_id, api_keys.account_id AS account_id, accounts.billing AS billing, api_keys.monthly_spend_limit_microcents AS spend_limit_microcents, api_keys.spend_limit_window AS spend_limit_window, api_keys.project_id AS project_id, api_keys.member_id AS member_id, projects.spend_limit_microcents AS project_spend_limit_microcents, CASE WHEN (projects.spend_limit_microcents IS NULL) THEN NULL ELSE projects.spend_limit_window END AS project_spend_limit_window, members.spend_limit_microcents AS member_spend_limit_microcents, CASE WHEN (members.spend_limit_microcents IS NULL) THEN NULL ELSE members.spend_limit_window END AS member_spend_limit_window, accounts.max_concurrent_requests AS max_concurrent_requests, model.id AS model_id, model.context_length AS context_length, model.max_output_tokens AS max_output_tokens, model.reasoning_headroom_tokens AS reasoning_headroom_tokens, model.deprecation_date AS deprecation_date, coalesce(override.id, listed.id) AS price_version_id, accounts.restricts_models IS false OR (EXISTS (SELECT *
-                FROM (SELECT * FROM account_models WHERE account_models.account_id = p_account_id) AS account_models
-                WHERE account_models.account_id = api_keys.account_id AND account_models.model_id = model.id)) AS account_sees, api_keys.restricts_models IS false OR (EXISTS (SELECT *
-                FROM (SELECT * FROM api_key_models WHERE api_key_models.account_id = p_account_id) AS api_key_models
-                WHERE api_key_models.account_id = api_keys.account_id AND api_key_models.api_key_id = api_keys.id AND api_key_models.model_id = model.id)) AS key_allows, projects.restricts_models IS NOT true OR (EXISTS (SELECT *
-                FROM (SELECT * FROM project_models WHERE project_models.account_id = p_account_id) AS project_models
-                WHERE project_models.account_id = api_keys.account_id AND project_models.project_id = api_keys.project_id AND project_models.model_id = model.id)) AS project_allows, coalesce(override.input_microcents_per_million, listed.input_microcents_per_million) AS input_microcents_per_million, coalesce(override.output_microcents_per_million, listed.output_microcents_per_million) AS output_microcents_per_million, coalesce(override.cache_read_microcents_per_million, listed.cache_read_microcents_per_million) AS cache_read_microcents_per_million
-                FROM api_keys JOIN (SELECT * FROM accounts WHERE accounts.id = p_account_id) AS accounts ON accounts.id = api_keys.account_id LEFT OUTER JOIN (SELECT * FROM projects WHERE projects.account_id = p_account_id) AS projects ON projects.account_id = api_keys.account_id AND projects.id = api_keys.project_id LEFT OUTER JOIN (SELECT * FROM members WHERE members.account_id = p_account_id) AS members ON members.account_id = api_keys.account_id AND members.id = api_keys.member_id LEFT OUTER JOIN catalog_models AS model ON model.id_key = v_h_model_key LEFT OUTER JOIN (SELECT * FROM account_rates WHERE account_rates.account_id = p_account_id) AS override ON override.account_id = api_keys.account_id AND override.id = (SELECT account_rates.id
-                FROM (SELECT * FROM account_rates WHERE account_rates.account_id = p_account_id) AS account_rates
-                WHERE account_rates.account_id = api_keys.account_id AND account_rates.model_id = model.id AND account_rates.effective_at <= v_h_created_at ORDER BY account_rates.effective_at DESC
-                 LIMIT 1) AND override.input_microcents_per_million IS NOT NULL LEFT OUTER JOIN price_versions AS listed ON listed.id = (SELECT price_versions.id
-                FROM price_versions
-                WHERE price_versions.model_id = model.id AND price_versions.effective_at <= v_h_created_at ORDER BY price_versions.effective_at DESC
-                 LIMIT 1)
-                WHERE api_keys.secret_hash = v_h_secret_hash AND api_keys.revoked_at IS NULL) AS resolution);
+                SELECT true AS anon_1, api_keys.id, api_keys.account_id, api_keys.monthly_spend_limit_microcents, api_keys.spend_limit_window, api_keys.project_id, api_keys.member_id, api_keys.restricts_models
+                FROM api_keys
+                WHERE api_keys.secret_hash = v_h_secret_hash AND api_keys.revoked_at IS NULL
+                INTO v_r_api_keys_found, v_r_api_keys_id, v_r_api_keys_account_id, v_r_api_keys_monthly_spend_limit_microcents, v_r_api_keys_spend_limit_window, v_r_api_keys_project_id, v_r_api_keys_member_id, v_r_api_keys_restricts_models;
+                IF v_r_api_keys_account_id IS NOT NULL THEN
+                    SELECT true AS anon_1, accounts.billing, accounts.max_concurrent_requests, accounts.restricts_models
+                    FROM accounts
+                    WHERE accounts.id = p_account_id AND p_account_id = v_r_api_keys_account_id
+                    INTO v_r_accounts_found, v_r_accounts_billing, v_r_accounts_max_concurrent_requests, v_r_accounts_restricts_models;
+                ELSE
+                    v_r_accounts_found := NULL;
+                    v_r_accounts_billing := NULL;
+                    v_r_accounts_max_concurrent_requests := NULL;
+                    v_r_accounts_restricts_models := NULL;
+                END IF;
+                IF v_r_api_keys_account_id IS NOT NULL AND v_r_api_keys_project_id IS NOT NULL THEN
+                    SELECT projects.spend_limit_microcents, projects.spend_limit_window, projects.restricts_models
+                    FROM projects
+                    WHERE projects.account_id = p_account_id AND p_account_id = v_r_api_keys_account_id AND projects.id = v_r_api_keys_project_id
+                    INTO v_r_projects_spend_limit_microcents, v_r_projects_spend_limit_window, v_r_projects_restricts_models;
+                ELSE
+                    v_r_projects_spend_limit_microcents := NULL;
+                    v_r_projects_spend_limit_window := NULL;
+                    v_r_projects_restricts_models := NULL;
+                END IF;
+                IF v_r_api_keys_account_id IS NOT NULL AND v_r_api_keys_member_id IS NOT NULL THEN
+                    SELECT members.spend_limit_microcents, members.spend_limit_window
+                    FROM members
+                    WHERE members.account_id = p_account_id AND p_account_id = v_r_api_keys_account_id AND members.id = v_r_api_keys_member_id
+                    INTO v_r_members_spend_limit_microcents, v_r_members_spend_limit_window;
+                ELSE
+                    v_r_members_spend_limit_microcents := NULL;
+                    v_r_members_spend_limit_window := NULL;
+                END IF;
+                SELECT model.id, model.context_length, model.max_output_tokens, model.reasoning_headroom_tokens, model.deprecation_date
+                FROM catalog_models AS model
+                WHERE model.id_key = v_h_model_key
+                INTO v_r_model_id, v_r_model_context_length, v_r_model_max_output_tokens, v_r_model_reasoning_headroom_tokens, v_r_model_deprecation_date;
+                IF v_r_api_keys_account_id IS NOT NULL AND v_r_model_id IS NOT NULL THEN
+                    SELECT account_rates.id
+                    FROM account_rates
+                    WHERE account_rates.account_id = p_account_id AND p_account_id = v_r_api_keys_account_id AND account_rates.model_id = v_r_model_id AND account_rates.effective_at <= v_h_created_at ORDER BY account_rates.effective_at DESC
+                     LIMIT 1
+                    INTO v_r_1;
+                ELSE
+                    v_r_1 := NULL;
+                END IF;
+                IF v_r_api_keys_account_id IS NOT NULL AND v_r_1 IS NOT NULL THEN
+                    SELECT override.id, override.input_microcents_per_million, override.output_microcents_per_million, override.cache_read_microcents_per_million
+                    FROM account_rates AS override
+                    WHERE override.account_id = p_account_id AND p_account_id = v_r_api_keys_account_id AND override.id = v_r_1 AND override.input_microcents_per_million IS NOT NULL
+                    INTO v_r_override_id, v_r_override_input_microcents_per_million, v_r_override_output_microcents_per_million, v_r_override_cache_read_microcents_per_million;
+                ELSE
+                    v_r_override_id := NULL;
+                    v_r_override_input_microcents_per_million := NULL;
+                    v_r_override_output_microcents_per_million := NULL;
+                    v_r_override_cache_read_microcents_per_million := NULL;
+                END IF;
+                IF v_r_model_id IS NOT NULL THEN
+                    SELECT price_versions.id
+                    FROM price_versions
+                    WHERE price_versions.model_id = v_r_model_id AND price_versions.effective_at <= v_h_created_at ORDER BY price_versions.effective_at DESC
+                     LIMIT 1
+                    INTO v_r_2;
+                ELSE
+                    v_r_2 := NULL;
+                END IF;
+                IF v_r_2 IS NOT NULL THEN
+                    SELECT listed.id, listed.input_microcents_per_million, listed.output_microcents_per_million, listed.cache_read_microcents_per_million
+                    FROM price_versions AS listed
+                    WHERE listed.id = v_r_2
+                    INTO v_r_listed_id, v_r_listed_input_microcents_per_million, v_r_listed_output_microcents_per_million, v_r_listed_cache_read_microcents_per_million;
+                ELSE
+                    v_r_listed_id := NULL;
+                    v_r_listed_input_microcents_per_million := NULL;
+                    v_r_listed_output_microcents_per_million := NULL;
+                    v_r_listed_cache_read_microcents_per_million := NULL;
+                END IF;
+                IF (v_r_accounts_restricts_models IS false) IS NOT true THEN
+                    IF v_r_api_keys_account_id IS NOT NULL AND v_r_model_id IS NOT NULL THEN
+                        SELECT true AS anon_1
+                        FROM account_models
+                        WHERE account_models.account_id = p_account_id AND p_account_id = v_r_api_keys_account_id AND account_models.model_id = v_r_model_id
+                         LIMIT 1
+                        INTO v_r_3;
+                    ELSE
+                        v_r_3 := NULL;
+                    END IF;
+                ELSE
+                    v_r_3 := NULL;
+                END IF;
+                IF (v_r_api_keys_restricts_models IS false) IS NOT true THEN
+                    IF v_r_api_keys_account_id IS NOT NULL AND v_r_api_keys_id IS NOT NULL AND v_r_model_id IS NOT NULL THEN
+                        SELECT true AS anon_1
+                        FROM api_key_models
+                        WHERE api_key_models.account_id = p_account_id AND p_account_id = v_r_api_keys_account_id AND api_key_models.api_key_id = v_r_api_keys_id AND api_key_models.model_id = v_r_model_id
+                         LIMIT 1
+                        INTO v_r_4;
+                    ELSE
+                        v_r_4 := NULL;
+                    END IF;
+                ELSE
+                    v_r_4 := NULL;
+                END IF;
+                IF (v_r_projects_restricts_models IS NOT true) IS NOT true THEN
+                    IF v_r_api_keys_account_id IS NOT NULL AND v_r_api_keys_project_id IS NOT NULL AND v_r_model_id IS NOT NULL THEN
+                        SELECT true AS anon_1
+                        FROM project_models
+                        WHERE project_models.account_id = p_account_id AND p_account_id = v_r_api_keys_account_id AND project_models.project_id = v_r_api_keys_project_id AND project_models.model_id = v_r_model_id
+                         LIMIT 1
+                        INTO v_r_5;
+                    ELSE
+                        v_r_5 := NULL;
+                    END IF;
+                ELSE
+                    v_r_5 := NULL;
+                END IF;
+                v_resolution := CASE WHEN (v_r_api_keys_found IS NOT NULL AND v_r_accounts_found IS NOT NULL) THEN CAST(json_build_array(v_r_api_keys_id, v_r_api_keys_account_id, v_r_accounts_billing, v_r_api_keys_monthly_spend_limit_microcents, v_r_api_keys_spend_limit_window, v_r_api_keys_project_id, v_r_api_keys_member_id, v_r_projects_spend_limit_microcents, CASE WHEN (v_r_projects_spend_limit_microcents IS NULL) THEN NULL ELSE v_r_projects_spend_limit_window END, v_r_members_spend_limit_microcents, CASE WHEN (v_r_members_spend_limit_microcents IS NULL) THEN NULL ELSE v_r_members_spend_limit_window END, v_r_accounts_max_concurrent_requests, v_r_model_id, v_r_model_context_length, v_r_model_max_output_tokens, v_r_model_reasoning_headroom_tokens, v_r_model_deprecation_date, coalesce(v_r_override_id, v_r_listed_id), v_r_accounts_restricts_models IS false OR (v_r_3 IS NOT NULL), v_r_api_keys_restricts_models IS false OR (v_r_4 IS NOT NULL), v_r_projects_restricts_models IS NOT true OR (v_r_5 IS NOT NULL), coalesce(v_r_override_input_microcents_per_million, v_r_listed_input_microcents_per_million), coalesce(v_r_override_output_microcents_per_million, v_r_listed_output_microcents_per_million), coalesce(v_r_override_cache_read_microcents_per_million, v_r_listed_cache_read_microcents_per_million)) AS TEXT) END;
             ELSE
-                v_resolution := (SELECT CAST(json_build_array(resolution.api_key_id, resolution.account_id, resolution.billing, resolution.spend_limit_microcents, resolution.spend_limit_window, resolution.project_id, resolution.member_id, resolution.project_spend_limit_microcents, resolution.project_spend_limit_window, resolution.member_spend_limit_microcents, resolution.member_spend_limit_window, resolution.max_concurrent_requests, resolution.model_id, resolution.context_length, resolution.max_output_tokens, resolution.reasoning_headroom_tokens, resolution.deprecation_date, resolution.price_version_id, resolution.account_sees, resolution.key_allows, resolution.project_allows, resolution.input_microcents_per_million, resolution.output_microcents_per_million, resolution.cache_read_microcents_per_million) AS TEXT) AS json_build_array_1
-                FROM (SELECT api_keys.id AS api_key_id, api_keys.account_id AS account_id, accounts.billing AS billing, api_keys.monthly_spend_limit_microcents AS spend_limit_microcents, api_keys.spend_limit_window AS spend_limit_window, api_keys.project_id AS project_id, api_keys.member_id AS member_id, CAST(NULL AS BIGINT) AS project_spend_limit_microcents, CAST(NULL AS VARCHAR) AS project_spend_limit_window, CAST(NULL AS BIGINT) AS member_spend_limit_microcents, CAST(NULL AS VARCHAR) AS member_spend_limit_window, accounts.max_concurrent_requests AS max_concurrent_requests, model.id AS model_id, model.context_length AS context_length, model.max_output_tokens AS max_output_tokens, model.reasoning_headroom_tokens AS reasoning_headroom_tokens, model.deprecation_date AS deprecation_date, coalesce(override.id, listed.id) AS price_version_id, accounts.restricts_models IS false OR (EXISTS (SELECT *
-                FROM (SELECT * FROM account_models WHERE account_models.account_id = p_account_id) AS account_models
-                WHERE account_models.account_id = api_keys.account_id AND account_models.model_id = model.id)) AS account_sees, api_keys.restricts_models IS false OR (EXISTS (SELECT *
-                FROM (SELECT * FROM api_key_models WHERE api_key_models.account_id = p_account_id) AS api_key_models
-                WHERE api_key_models.account_id = api_keys.account_id AND api_key_models.api_key_id = api_keys.id AND api_key_models.model_id = model.id)) AS key_allows, true AS project_allows, coalesce(override.input_microcents_per_million, listed.input_microcents_per_million) AS input_microcents_per_million, coalesce(override.output_microcents_per_million, listed.output_microcents_per_million) AS output_microcents_per_million, coalesce(override.cache_read_microcents_per_million, listed.cache_read_microcents_per_million) AS cache_read_microcents_per_million
-                FROM api_keys JOIN (SELECT * FROM accounts WHERE accounts.id = p_account_id) AS accounts ON accounts.id = api_keys.account_id LEFT OUTER JOIN catalog_models AS model ON model.id_key = v_h_model_key LEFT OUTER JOIN (SELECT * FROM account_rates WHERE account_rates.account_id = p_account_id) AS override ON override.account_id = api_keys.account_id AND override.id = (SELECT account_rates.id
-                FROM (SELECT * FROM account_rates WHERE account_rates.account_id = p_account_id) AS account_rates
-                WHERE account_rates.account_id = api_keys.account_id AND account_rates.model_id = model.id AND account_rates.effective_at <= v_h_created_at ORDER BY account_rates.effective_at DESC
-                 LIMIT 1) AND override.input_microcents_per_million IS NOT NULL LEFT OUTER JOIN price_versions AS listed ON listed.id = (SELECT price_versions.id
-                FROM price_versions
-                WHERE price_versions.model_id = model.id AND price_versions.effective_at <= v_h_created_at ORDER BY price_versions.effective_at DESC
-                 LIMIT 1)
-                WHERE api_keys.secret_hash = v_h_secret_hash AND api_keys.revoked_at IS NULL) AS resolution);
+                SELECT true AS anon_1, api_keys.id, api_keys.account_id, api_keys.monthly_spend_limit_microcents, api_keys.spend_limit_window, api_keys.project_id, api_keys.member_id, api_keys.restricts_models
+                FROM api_keys
+                WHERE api_keys.secret_hash = v_h_secret_hash AND api_keys.revoked_at IS NULL
+                INTO v_r_api_keys_found, v_r_api_keys_id, v_r_api_keys_account_id, v_r_api_keys_monthly_spend_limit_microcents, v_r_api_keys_spend_limit_window, v_r_api_keys_project_id, v_r_api_keys_member_id, v_r_api_keys_restricts_models;
+                IF v_r_api_keys_account_id IS NOT NULL THEN
+                    SELECT true AS anon_1, accounts.billing, accounts.max_concurrent_requests, accounts.restricts_models
+                    FROM accounts
+                    WHERE accounts.id = p_account_id AND p_account_id = v_r_api_keys_account_id
+                    INTO v_r_accounts_found, v_r_accounts_billing, v_r_accounts_max_concurrent_requests, v_r_accounts_restricts_models;
+                ELSE
+                    v_r_accounts_found := NULL;
+                    v_r_accounts_billing := NULL;
+                    v_r_accounts_max_concurrent_requests := NULL;
+                    v_r_accounts_restricts_models := NULL;
+                END IF;
+                SELECT model.id, model.context_length, model.max_output_tokens, model.reasoning_headroom_tokens, model.deprecation_date
+                FROM catalog_models AS model
+                WHERE model.id_key = v_h_model_key
+                INTO v_r_model_id, v_r_model_context_length, v_r_model_max_output_tokens, v_r_model_reasoning_headroom_tokens, v_r_model_deprecation_date;
+                IF v_r_api_keys_account_id IS NOT NULL AND v_r_model_id IS NOT NULL THEN
+                    SELECT account_rates.id
+                    FROM account_rates
+                    WHERE account_rates.account_id = p_account_id AND p_account_id = v_r_api_keys_account_id AND account_rates.model_id = v_r_model_id AND account_rates.effective_at <= v_h_created_at ORDER BY account_rates.effective_at DESC
+                     LIMIT 1
+                    INTO v_r_1;
+                ELSE
+                    v_r_1 := NULL;
+                END IF;
+                IF v_r_api_keys_account_id IS NOT NULL AND v_r_1 IS NOT NULL THEN
+                    SELECT override.id, override.input_microcents_per_million, override.output_microcents_per_million, override.cache_read_microcents_per_million
+                    FROM account_rates AS override
+                    WHERE override.account_id = p_account_id AND p_account_id = v_r_api_keys_account_id AND override.id = v_r_1 AND override.input_microcents_per_million IS NOT NULL
+                    INTO v_r_override_id, v_r_override_input_microcents_per_million, v_r_override_output_microcents_per_million, v_r_override_cache_read_microcents_per_million;
+                ELSE
+                    v_r_override_id := NULL;
+                    v_r_override_input_microcents_per_million := NULL;
+                    v_r_override_output_microcents_per_million := NULL;
+                    v_r_override_cache_read_microcents_per_million := NULL;
+                END IF;
+                IF v_r_model_id IS NOT NULL THEN
+                    SELECT price_versions.id
+                    FROM price_versions
+                    WHERE price_versions.model_id = v_r_model_id AND price_versions.effective_at <= v_h_created_at ORDER BY price_versions.effective_at DESC
+                     LIMIT 1
+                    INTO v_r_2;
+                ELSE
+                    v_r_2 := NULL;
+                END IF;
+                IF v_r_2 IS NOT NULL THEN
+                    SELECT listed.id, listed.input_microcents_per_million, listed.output_microcents_per_million, listed.cache_read_microcents_per_million
+                    FROM price_versions AS listed
+                    WHERE listed.id = v_r_2
+                    INTO v_r_listed_id, v_r_listed_input_microcents_per_million, v_r_listed_output_microcents_per_million, v_r_listed_cache_read_microcents_per_million;
+                ELSE
+                    v_r_listed_id := NULL;
+                    v_r_listed_input_microcents_per_million := NULL;
+                    v_r_listed_output_microcents_per_million := NULL;
+                    v_r_listed_cache_read_microcents_per_million := NULL;
+                END IF;
+                IF (v_r_accounts_restricts_models IS false) IS NOT true THEN
+                    IF v_r_api_keys_account_id IS NOT NULL AND v_r_model_id IS NOT NULL THEN
+                        SELECT true AS anon_1
+                        FROM account_models
+                        WHERE account_models.account_id = p_account_id AND p_account_id = v_r_api_keys_account_id AND account_models.model_id = v_r_model_id
+                         LIMIT 1
+                        INTO v_r_3;
+                    ELSE
+                        v_r_3 := NULL;
+                    END IF;
+                ELSE
+                    v_r_3 := NULL;
+                END IF;
+                IF (v_r_api_keys_restricts_models IS false) IS NOT true THEN
+                    IF v_r_api_keys_account_id IS NOT NULL AND v_r_api_keys_id IS NOT NULL AND v_r_model_id IS NOT NULL THEN
+                        SELECT true AS anon_1
+                        FROM api_key_models
+                        WHERE api_key_models.account_id = p_account_id AND p_account_id = v_r_api_keys_account_id AND api_key_models.api_key_id = v_r_api_keys_id AND api_key_models.model_id = v_r_model_id
+                         LIMIT 1
+                        INTO v_r_4;
+                    ELSE
+                        v_r_4 := NULL;
+                    END IF;
+                ELSE
+                    v_r_4 := NULL;
+                END IF;
+                v_resolution := CASE WHEN (v_r_api_keys_found IS NOT NULL AND v_r_accounts_found IS NOT NULL) THEN CAST(json_build_array(v_r_api_keys_id, v_r_api_keys_account_id, v_r_accounts_billing, v_r_api_keys_monthly_spend_limit_microcents, v_r_api_keys_spend_limit_window, v_r_api_keys_project_id, v_r_api_keys_member_id, CAST(NULL AS BIGINT), CAST(NULL AS VARCHAR), CAST(NULL AS BIGINT), CAST(NULL AS VARCHAR), v_r_accounts_max_concurrent_requests, v_r_model_id, v_r_model_context_length, v_r_model_max_output_tokens, v_r_model_reasoning_headroom_tokens, v_r_model_deprecation_date, coalesce(v_r_override_id, v_r_listed_id), v_r_accounts_restricts_models IS false OR (v_r_3 IS NOT NULL), v_r_api_keys_restricts_models IS false OR (v_r_4 IS NOT NULL), true, coalesce(v_r_override_input_microcents_per_million, v_r_listed_input_microcents_per_million), coalesce(v_r_override_output_microcents_per_million, v_r_listed_output_microcents_per_million), coalesce(v_r_override_cache_read_microcents_per_million, v_r_listed_cache_read_microcents_per_million)) AS TEXT) END;
             END IF;
         END IF;
         SELECT true AS anon_1

@@ -36,6 +36,13 @@ DECLARE
     v_row1_returned_total_microcents BIGINT;
     v_targets_hold_id VARCHAR(64)[];
     v_targets_event_id BIGINT[];
+    v_charge_account_id VARCHAR(32);
+    v_charge_request_id VARCHAR(64);
+    v_charge_authorization_id VARCHAR(64);
+    v_charge_usage_event_id BIGINT;
+    v_charge_hold VARCHAR(64);
+    v_target_hold VARCHAR(64);
+    v_target_event BIGINT;
     v_row2_0 VARCHAR(32);
     v_row2_1 VARCHAR;
     v_row2_2 BIGINT;
@@ -48,6 +55,12 @@ DECLARE
     v_moved_after_microcents BIGINT[];
     v_moved_expiring BIGINT[];
     v_moved_crossing BIGINT[];
+    v_debit_account_id VARCHAR(32);
+    v_debit_total BIGINT;
+    v_debited_account_id VARCHAR(32);
+    v_debited_after_microcents BIGINT;
+    v_debited_expiring BIGINT;
+    v_debited_crossing BIGINT;
     v_due_grant_id VARCHAR(32)[];
     v_due_account_id VARCHAR(32)[];
     v_due_amount BIGINT[];
@@ -66,6 +79,11 @@ DECLARE
     v_paid_account_id VARCHAR(32)[];
     v_paid_grant_id VARCHAR(32)[];
     v_paid_amount BIGINT[];
+    v_whole_account_id VARCHAR(32);
+    v_whole_total BIGINT;
+    v_first_grant_id VARCHAR(32);
+    v_first_remaining BIGINT;
+    v_first_updated VARCHAR(32);
     v_row5_0 VARCHAR(32);
     v_row5_1 DATE;
     v_row5_2 VARCHAR;
@@ -131,17 +149,29 @@ BEGIN
         END IF;
     END LOOP;
     IF coalesce(cardinality(v_new_id), 0) > 0 THEN
-        SELECT array_agg(collected.hold_id), array_agg(collected.event_id) INTO v_targets_hold_id, v_targets_event_id
-        FROM (
-        SELECT found.hold_id, min(found.event_id) AS event_id
-        FROM (SELECT authorizations.id AS hold_id, c.usage_event_id AS event_id
+        v_targets_hold_id := ARRAY[]::VARCHAR(64)[];
+        v_targets_event_id := ARRAY[]::BIGINT[];
+        FOR v_charge_account_id, v_charge_request_id, v_charge_authorization_id, v_charge_usage_event_id IN
+        SELECT c.account_id, c.request_id, c.authorization_id, c.usage_event_id
         FROM (SELECT n.account_id AS account_id, n.api_key_id AS api_key_id, n.request_id AS request_id, n.id AS usage_event_id, n.total_microcents AS charge_microcents, n.authorization_id AS authorization_id, p_prepaid AS prepaid
-        FROM unnest(v_new_id, v_new_account_id, v_new_request_id, v_new_api_key_id, v_new_authorization_id, v_new_total_microcents) AS n(id, account_id, request_id, api_key_id, authorization_id, total_microcents)) AS c JOIN (SELECT * FROM authorizations WHERE authorizations.account_id = p_account_id) AS authorizations ON authorizations.id = c.authorization_id AND authorizations.account_id = c.account_id
-        WHERE authorizations.status IN ('active', 'expired') UNION ALL SELECT authorizations.id AS hold_id, c.usage_event_id AS event_id
-        FROM (SELECT n.account_id AS account_id, n.api_key_id AS api_key_id, n.request_id AS request_id, n.id AS usage_event_id, n.total_microcents AS charge_microcents, n.authorization_id AS authorization_id, p_prepaid AS prepaid
-        FROM unnest(v_new_id, v_new_account_id, v_new_request_id, v_new_api_key_id, v_new_authorization_id, v_new_total_microcents) AS n(id, account_id, request_id, api_key_id, authorization_id, total_microcents)) AS c JOIN (SELECT * FROM authorizations WHERE authorizations.account_id = p_account_id) AS authorizations ON authorizations.account_id = c.account_id AND authorizations.request_id = c.request_id
-        WHERE c.authorization_id IS NULL AND authorizations.status IN ('active', 'expired')) AS found GROUP BY found.hold_id
-        ) AS collected;
+        FROM unnest(v_new_id, v_new_account_id, v_new_request_id, v_new_api_key_id, v_new_authorization_id, v_new_total_microcents) AS n(id, account_id, request_id, api_key_id, authorization_id, total_microcents)) AS c ORDER BY c.usage_event_id
+        LOOP
+            IF v_charge_authorization_id IS NOT NULL THEN
+                SELECT authorizations.id
+                FROM authorizations
+                WHERE authorizations.account_id = p_account_id AND authorizations.id = v_charge_authorization_id AND p_account_id = v_charge_account_id AND authorizations.status IN ('active', 'expired')
+                INTO v_charge_hold;
+            ELSE
+                SELECT authorizations.id
+                FROM authorizations
+                WHERE authorizations.account_id = p_account_id AND p_account_id = v_charge_account_id AND authorizations.request_id = v_charge_request_id AND authorizations.status IN ('active', 'expired')
+                INTO v_charge_hold;
+            END IF;
+            IF v_charge_hold IS NOT NULL AND v_charge_hold != ALL (v_targets_hold_id) THEN
+                v_targets_hold_id := array_append(v_targets_hold_id, v_charge_hold);
+                v_targets_event_id := array_append(v_targets_event_id, v_charge_usage_event_id);
+            END IF;
+        END LOOP;
         IF coalesce(cardinality(v_targets_hold_id), 0) > 1 THEN
             PERFORM authorizations.id
             FROM authorizations
@@ -149,7 +179,12 @@ BEGIN
             FROM unnest(v_targets_hold_id, v_targets_event_id) AS t(hold_id, event_id)) AND authorizations.status IN ('active', 'expired') ORDER BY authorizations.id COLLATE "C" FOR NO KEY UPDATE;
         END IF;
         IF coalesce(cardinality(v_targets_hold_id), 0) > 0 THEN
-            UPDATE authorizations SET status='settled', closed_at=p_now, usage_event_id=t.event_id FROM unnest(v_targets_hold_id, v_targets_event_id) AS t(hold_id, event_id) WHERE authorizations.id = t.hold_id AND authorizations.status IN ('active', 'expired') AND authorizations.account_id = p_account_id;
+            FOR v_target_hold, v_target_event IN
+            SELECT t.hold_id, t.event_id
+            FROM unnest(v_targets_hold_id, v_targets_event_id) AS t(hold_id, event_id)
+            LOOP
+                UPDATE authorizations SET status='settled', closed_at=p_now, usage_event_id=v_target_event WHERE authorizations.account_id = p_account_id AND authorizations.id = v_target_hold AND authorizations.status IN ('active', 'expired');
+            END LOOP;
         END IF;
         FOR v_row2_0, v_row2_1, v_row2_2, v_row2_3, v_row2_4, v_row2_5 IN
         SELECT c.account_id, 'charge' AS anon_1, -c.charge_microcents, c.usage_event_id, c.api_key_id, p_now AS anon_2
@@ -173,10 +208,23 @@ BEGIN
             FROM unnest(v_debits_account_id, v_debits_total) AS d(account_id, total)) ORDER BY accounts.id COLLATE "C" FOR NO KEY UPDATE;
         END IF;
         IF coalesce(cardinality(v_debits_account_id), 0) > 0 THEN
-            WITH collected AS (
-            UPDATE accounts SET balance_microcents=(accounts.balance_microcents - d.total), recharge_due_at=CASE WHEN (accounts.recharge_due_at IS NULL AND accounts.recharge_threshold_microcents IS NOT NULL AND accounts.balance_microcents - d.total < accounts.recharge_threshold_microcents) THEN p_now ELSE accounts.recharge_due_at END FROM unnest(v_debits_account_id, v_debits_total) AS d(account_id, total) WHERE accounts.id = d.account_id AND accounts.id = p_account_id RETURNING accounts.id AS account_id, accounts.balance_microcents AS after_microcents, CASE WHEN (accounts.next_expiry_at <= p_now) THEN 1 ELSE 0 END AS expiring, CASE WHEN (accounts.next_expiry_at <= p_now OR accounts.low_balance_threshold_microcents IS NOT NULL AND accounts.balance_microcents + d.total >= accounts.low_balance_threshold_microcents AND accounts.balance_microcents < accounts.low_balance_threshold_microcents OR accounts.balance_microcents + d.total > 0 AND accounts.balance_microcents <= 0) THEN 1 ELSE 0 END AS crossing
-            )
-            SELECT array_agg(collected.account_id), array_agg(collected.after_microcents), array_agg(collected.expiring), array_agg(collected.crossing) INTO v_moved_account_id, v_moved_after_microcents, v_moved_expiring, v_moved_crossing FROM collected;
+            v_moved_account_id := NULL;
+            v_moved_after_microcents := NULL;
+            v_moved_expiring := NULL;
+            v_moved_crossing := NULL;
+            FOR v_debit_account_id, v_debit_total IN
+            SELECT d.account_id, d.total
+            FROM unnest(v_debits_account_id, v_debits_total) AS d(account_id, total)
+            LOOP
+                UPDATE accounts SET balance_microcents=(accounts.balance_microcents - v_debit_total), recharge_due_at=CASE WHEN (accounts.recharge_due_at IS NULL AND accounts.recharge_threshold_microcents IS NOT NULL AND accounts.balance_microcents - v_debit_total < accounts.recharge_threshold_microcents) THEN p_now ELSE accounts.recharge_due_at END WHERE accounts.id = p_account_id AND p_account_id = v_debit_account_id RETURNING accounts.id AS account_id, accounts.balance_microcents AS after_microcents, CASE WHEN (accounts.next_expiry_at <= p_now) THEN 1 ELSE 0 END AS expiring, CASE WHEN (accounts.next_expiry_at <= p_now OR accounts.low_balance_threshold_microcents IS NOT NULL AND accounts.balance_microcents + v_debit_total >= accounts.low_balance_threshold_microcents AND accounts.balance_microcents < accounts.low_balance_threshold_microcents OR accounts.balance_microcents + v_debit_total > 0 AND accounts.balance_microcents <= 0) THEN 1 ELSE 0 END AS crossing
+                INTO v_debited_account_id, v_debited_after_microcents, v_debited_expiring, v_debited_crossing;
+                IF v_debited_account_id IS NOT NULL THEN
+                    v_moved_account_id := array_append(v_moved_account_id, v_debited_account_id);
+                    v_moved_after_microcents := array_append(v_moved_after_microcents, v_debited_after_microcents);
+                    v_moved_expiring := array_append(v_moved_expiring, v_debited_expiring);
+                    v_moved_crossing := array_append(v_moved_crossing, v_debited_crossing);
+                END IF;
+            END LOOP;
             IF 1 = ANY (v_moved_expiring) THEN
                 SELECT array_agg(collected.grant_id ORDER BY collected.expires_at, collected.grant_id COLLATE "C"), array_agg(collected.account_id ORDER BY collected.expires_at, collected.grant_id COLLATE "C"), array_agg(collected.amount ORDER BY collected.expires_at, collected.grant_id COLLATE "C"), array_agg(collected.expires_at ORDER BY collected.expires_at, collected.grant_id COLLATE "C") INTO v_due_grant_id, v_due_account_id, v_due_amount, v_due_expires_at
                 FROM (
@@ -209,15 +257,28 @@ BEGIN
                 WHERE accounts.id = ds.account_id) < accounts.recharge_threshold_microcents) THEN p_now ELSE accounts.recharge_due_at END WHERE accounts.id = p_account_id AND p_account_id IN (SELECT xd.account_id
                 FROM unnest(v_debits_account_id, v_debits_total) AS xd(account_id, total)) AND accounts.next_expiry_at <= p_now;
             END IF;
-            WITH collected AS (
-            UPDATE credit_grants SET remaining_microcents=(credit_grants.remaining_microcents - whole.amount) FROM (SELECT w.account_id AS account_id, first.id AS grant_id, w.total AS amount
-            FROM unnest(v_debits_account_id, v_debits_total) AS w(account_id, total) JOIN LATERAL (SELECT credit_grants.id AS id, credit_grants.remaining_microcents AS remaining_microcents
-            FROM (SELECT * FROM credit_grants WHERE credit_grants.account_id = p_account_id) AS credit_grants
-            WHERE credit_grants.account_id = w.account_id AND credit_grants.status = 'active' AND credit_grants.remaining_microcents > 0 AND (credit_grants.expires_at IS NULL OR credit_grants.expires_at > p_now) ORDER BY credit_grants.priority, CASE WHEN (credit_grants.expires_at IS NULL) THEN 1 ELSE 0 END, credit_grants.expires_at, credit_grants.entry_id
-             LIMIT 1) AS first ON true
-            WHERE w.total > 0 AND first.remaining_microcents >= w.total) AS whole WHERE credit_grants.id = whole.grant_id AND credit_grants.account_id = p_account_id RETURNING whole.account_id, whole.grant_id, whole.amount
-            )
-            SELECT array_agg(collected.account_id), array_agg(collected.grant_id), array_agg(collected.amount) INTO v_paid_account_id, v_paid_grant_id, v_paid_amount FROM collected;
+            v_paid_account_id := NULL;
+            v_paid_grant_id := NULL;
+            v_paid_amount := NULL;
+            FOR v_whole_account_id, v_whole_total IN
+            SELECT w.account_id, w.total
+            FROM unnest(v_debits_account_id, v_debits_total) AS w(account_id, total)
+            LOOP
+                SELECT credit_grants.id, credit_grants.remaining_microcents
+                FROM credit_grants
+                WHERE credit_grants.account_id = p_account_id AND p_account_id = v_whole_account_id AND credit_grants.status = 'active' AND credit_grants.remaining_microcents > 0 AND (credit_grants.expires_at IS NULL OR credit_grants.expires_at > p_now) ORDER BY credit_grants.priority, CASE WHEN (credit_grants.expires_at IS NULL) THEN 1 ELSE 0 END, credit_grants.expires_at, credit_grants.entry_id
+                 LIMIT 1
+                INTO v_first_grant_id, v_first_remaining;
+                IF v_whole_total > 0 AND v_first_remaining >= v_whole_total THEN
+                    UPDATE credit_grants SET remaining_microcents=(credit_grants.remaining_microcents - v_whole_total) WHERE credit_grants.account_id = p_account_id AND credit_grants.id = v_first_grant_id RETURNING credit_grants.id
+                    INTO v_first_updated;
+                    IF v_first_updated IS NOT NULL THEN
+                        v_paid_account_id := array_append(v_paid_account_id, v_whole_account_id);
+                        v_paid_grant_id := array_append(v_paid_grant_id, v_first_grant_id);
+                        v_paid_amount := array_append(v_paid_amount, v_whole_total);
+                    END IF;
+                END IF;
+            END LOOP;
             IF coalesce(cardinality(v_paid_account_id), 0) > 0 THEN
                 FOR v_row5_0, v_row5_1, v_row5_2, v_row5_3, v_row5_4 IN
                 SELECT pd.account_id, CAST(timezone('UTC', p_now) AS DATE) AS timezone_1, 'spend' AS anon_1, pd.grant_id, pd.amount

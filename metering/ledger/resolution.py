@@ -32,9 +32,11 @@ from sqlalchemy import (
     true,
 )
 
+from metering import programs as p
 from metering.accounts.access import account_sees, key_allows, project_allows
 from metering.accounts.keys import ACCOUNTS, KEYS, live_key
 from metering.catalog.prices import RATE_COLUMNS, price_in_force
+from metering.citus.apart import read_apart
 from metering.models import CatalogModel, Member, Project, table
 from metering.models.base import UTCDateTime
 from metering.pricing import ModelLimits, Rates
@@ -191,9 +193,24 @@ def resolution_text(secret_hash: Any, model_key: Any, at: Any, *, scoped: bool =
     return select(as_text(found)).select_from(found).scalar_subquery()
 
 
+def resolution_text_apart(
+    secret_hash: Any, model_key: Any, at: Any, into: p.Var, *, scoped: bool = True
+) -> tuple[p.Step, ...]:
+    """``resolution_text`` into ``into`` on a Citus shard: the same statement's row read by
+    statements of one table each, which Citus plans once where it plans the join twice at every
+    call (metering.citus.apart), then written as the same text."""
+    read = read_apart(*_parts(secret_hash, model_key, at, scoped=scoped), prefix="r")
+    return (*read.steps, p.Assign(into, case((read.found, text_of(read.columns)))))
+
+
 def as_text(found: Any) -> Any:
     """A resolution subquery's row as its JSON text (the one form both readers write)."""
-    return cast(json_row(*(found.c[name] for name in NAMES)), Text)
+    return text_of(found.c)
+
+
+def text_of(values: Any) -> Any:
+    """A resolution's values (by ``NAMES``) as its JSON text."""
+    return cast(json_row(*(values[name] for name in NAMES)), Text)
 
 
 # The fresh read's parameters.

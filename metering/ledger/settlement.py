@@ -24,7 +24,20 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
-from sqlalchemy import BigInteger, FromClause, String, and_, cast, func, literal, select, union_all
+from sqlalchemy import (
+    BigInteger,
+    ColumnElement,
+    FromClause,
+    String,
+    all_,
+    and_,
+    cast,
+    func,
+    literal,
+    select,
+    union_all,
+)
+from sqlalchemy.dialects.postgresql import ARRAY, array
 from sqlalchemy.sql.dml import Insert
 from sqlalchemy.sql.elements import BindParameter
 
@@ -80,75 +93,144 @@ _TARGETS = p.Rows("v_targets", (("hold_id", HOLDS.c.id.type), ("event_id", BigIn
 _DEBITS = p.Rows("v_debits", (("account_id", ACCOUNTS.c.id.type), ("total", BigInteger())))
 
 
-def settle_steps(on: p.Backend, charges: FromClause, now: BindParameter[Any]) -> list[p.Step]:
+def _names(charge: Any) -> ColumnElement[bool]:
+    """The hold a charge names (its ``authorization_id``, of its account); ``charge``: its
+    columns by name."""
+    return and_(
+        HOLDS.c.id == charge["authorization_id"], HOLDS.c.account_id == charge["account_id"]
+    )
+
+
+def _of_request(charge: Any) -> ColumnElement[bool]:
+    """The hold of a charge that names none: its account's with its request id."""
+    return and_(
+        HOLDS.c.account_id == charge["account_id"], HOLDS.c.request_id == charge["request_id"]
+    )
+
+
+def settle_steps(
+    on: p.Backend, charges: FromClause, now: BindParameter[Any], *, one_event: bool = False
+) -> list[p.Step]:
     """Settle the holds of ``charges`` (a relation with ``CHARGES_IN``'s columns), append the
-    ledger debits and debit the balances."""
+    ledger debits and debit the balances. ``one_event``: the charges are one event's (a single
+    event's call), whose hold a Citus shard then finds and settles by statements of one table
+    (``_found_by_row``)."""
+    settleable = holds.may("settle", HOLDS)
     named = (
         select(HOLDS.c.id.label("hold_id"), charges.c.usage_event_id.label("event_id"))
-        .select_from(
-            charges.join(
-                HOLDS,
-                and_(
-                    HOLDS.c.id == charges.c.authorization_id,
-                    HOLDS.c.account_id == charges.c.account_id,
-                ),
-            )
-        )
-        .where(holds.may("settle", HOLDS))
+        .select_from(charges.join(HOLDS, _names(charges.c)))
+        .where(settleable)
     )
     by_request = (
         select(HOLDS.c.id.label("hold_id"), charges.c.usage_event_id.label("event_id"))
-        .select_from(
-            charges.join(
-                HOLDS,
-                and_(
-                    HOLDS.c.account_id == charges.c.account_id,
-                    HOLDS.c.request_id == charges.c.request_id,
-                ),
-            )
-        )
-        .where(charges.c.authorization_id.is_(None), holds.may("settle", HOLDS))
+        .select_from(charges.join(HOLDS, _of_request(charges.c)))
+        .where(charges.c.authorization_id.is_(None), settleable)
     )
     found = union_all(named, by_request).subquery("found")
     firsts = select(found.c.hold_id, func.min(found.c.event_id).label("event_id")).group_by(
         found.c.hold_id
     )
     targets = on.rows(_TARGETS, "t")
+    settled = HOLDS.update().values(status=holds.target("settle"), closed_at=now)
+    # Read without locks (each hold is checked again once locked), then settled: on PostgreSQL
+    # and SQLite by a join of the charges to the holds and an UPDATE … FROM the targets; on a
+    # Citus shard, for one event, by a statement of one table per charge and per hold, which
+    # Citus plans once, where it plans a join and an UPDATE … FROM twice at every call.
+    in_one: tuple[list[p.Step], list[p.Step]] = (
+        [p.Collect(firsts, into=_TARGETS)],
+        [
+            p.Run(
+                settled.values(usage_event_id=targets.c.event_id).where(
+                    HOLDS.c.id == targets.c.hold_id, settleable
+                )
+            )
+        ],
+    )
+    find, settle = on.choose(
+        postgresql=in_one,
+        sqlite=in_one,
+        one_shard=_found_by_row(charges, targets, settled, settleable) if one_event else in_one,
+    )
     return [
-        # Read without locks; each hold is checked again once locked (in byte order of id, by
-        # the locking statement itself: the collected rows need no order).
-        p.Collect(firsts, into=_TARGETS),
+        *find,
+        # Locked in byte order of id, by the locking statement itself: the collected rows need
+        # no order.
         p.When(
             on.count(_TARGETS) > 1,
             (
                 p.Run(
                     select(HOLDS.c.id)
-                    .where(HOLDS.c.id.in_(select(targets.c.hold_id)), holds.may("settle", HOLDS))
+                    .where(HOLDS.c.id.in_(select(targets.c.hold_id)), settleable)
                     .order_by(p.byte_order(HOLDS.c.id))
                     .with_for_update(key_share=True)
                 ),
             ),
         ),
-        p.When(
-            on.count(_TARGETS) > 0,
-            (
-                p.Run(
-                    HOLDS.update()
-                    .values(
-                        status=holds.target("settle"),
-                        closed_at=now,
-                        usage_event_id=targets.c.event_id,
-                    )
-                    .where(HOLDS.c.id == targets.c.hold_id, holds.may("settle", HOLDS))
-                ),
-            ),
-        ),
+        p.When(on.count(_TARGETS) > 0, tuple(settle)),
         *_charge_steps(on, charges, now),
         lock_accounts(on, _DEBITS, "d"),
         # The balances, due expiries, the allocation over the grants and the balance crossings
         # of the move (metering.ledger.spending).
         p.When(on.count(_DEBITS) > 0, tuple(debit_steps(on, _DEBITS, now))),
     ]
+
+
+def _found_by_row(
+    charges: FromClause, targets: FromClause, settled: Any, settleable: Any
+) -> tuple[list[p.Step], list[p.Step]]:
+    """``settle_steps``' targets found charge by charge, in event order, each charge's hold by
+    a statement of one table (``_names`` or ``_of_request``), a hold kept with the first (lowest)
+    event that settles it; then settled hold by hold, each by an UPDATE of one row."""
+    charge = {
+        name: p.Var(f"v_charge_{name}", charges.c[name].type)
+        for name in ("account_id", "request_id", "authorization_id", "usage_event_id")
+    }
+    given = {name: var.ref for name, var in charge.items()}
+    hold = p.Var("v_charge_hold", HOLDS.c.id.type)
+    ids = p.Var(_TARGETS.array("hold_id"), ARRAY(HOLDS.c.id.type))
+    events = p.Var(_TARGETS.array("event_id"), ARRAY(BigInteger()))
+    each_hold = p.Var("v_target_hold", HOLDS.c.id.type)
+    each_event = p.Var("v_target_event", BigInteger())
+    find: list[p.Step] = [
+        p.Assign(ids, array([], type_=HOLDS.c.id.type)),
+        p.Assign(events, array([], type_=BigInteger())),
+        p.ForEach(
+            select(*(charges.c[name] for name in charge)).order_by(charges.c.usage_event_id),
+            into=tuple(charge.values()),
+            steps=(
+                p.When(
+                    given["authorization_id"].isnot(None),
+                    (p.Fetch(select(HOLDS.c.id).where(_names(given), settleable), into=(hold,)),),
+                    (
+                        p.Fetch(
+                            select(HOLDS.c.id).where(_of_request(given), settleable), into=(hold,)
+                        ),
+                    ),
+                ),
+                p.When(
+                    and_(hold.ref.isnot(None), hold.ref != all_(ids.ref)),
+                    (
+                        p.Assign(ids, func.array_append(ids.ref, hold.ref)),
+                        p.Assign(events, func.array_append(events.ref, given["usage_event_id"])),
+                    ),
+                ),
+            ),
+        ),
+    ]
+    settle: list[p.Step] = [
+        p.ForEach(
+            select(targets.c.hold_id, targets.c.event_id),
+            into=(each_hold, each_event),
+            steps=(
+                p.Run(
+                    settled.values(usage_event_id=each_event.ref).where(
+                        HOLDS.c.id == each_hold.ref, settleable
+                    )
+                ),
+            ),
+        )
+    ]
+    return find, settle
 
 
 def _charge_steps(on: p.Backend, charges: FromClause, now: BindParameter[Any]) -> list[p.Step]:

@@ -48,6 +48,7 @@ from sqlalchemy import (
     true,
     union_all,
 )
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.elements import BindParameter
 
@@ -250,31 +251,66 @@ def debit_steps(on: p.Backend, debits: p.Rows, now: BindParameter[Any]) -> list[
     totals = on.rows(debits, "dt")
     after = ACCOUNTS.c.balance_microcents
     due = ACCOUNTS.c.next_expiry_at <= now
-    # The account's debit, in what the update returns (SQLite's RETURNING may name only the
-    # updated table: there, the same row read by a subquery).
-    debited = on.choose(
-        postgresql=d.c.total,
-        sqlite=select(totals.c.total).where(totals.c.account_id == ACCOUNTS.c.id).scalar_subquery(),
-    )
-    may_cross = or_(
-        due, outbox.crosses(after + debited, after, ACCOUNTS.c.low_balance_threshold_microcents)
-    )
-    return [
-        p.Collect(
+
+    def debit(account_id: Any, total: Any, debited: Any) -> Any:
+        """The account's debit by ``total``, returning ``_MOVED``'s columns (``debited``: the
+        debit, as the update's RETURNING can name it)."""
+        may_cross = or_(
+            due,
+            outbox.crosses(after + debited, after, ACCOUNTS.c.low_balance_threshold_microcents),
+        )
+        return (
             ACCOUNTS.update()
             .values(
-                balance_microcents=ACCOUNTS.c.balance_microcents - d.c.total,
-                recharge_due_at=recharge_due(ACCOUNTS.c.balance_microcents - d.c.total, now),
+                balance_microcents=ACCOUNTS.c.balance_microcents - total,
+                recharge_due_at=recharge_due(ACCOUNTS.c.balance_microcents - total, now),
             )
-            .where(ACCOUNTS.c.id == d.c.account_id)
+            .where(ACCOUNTS.c.id == account_id)
             .returning(
                 ACCOUNTS.c.id.label("account_id"),
                 after.label("after_microcents"),
                 case((due, 1), else_=0).label("expiring"),
                 case((may_cross, 1), else_=0).label("crossing"),
+            )
+        )
+
+    # The accounts' debits: one UPDATE … FROM the debits' rows; on SQLite, whose RETURNING may
+    # name only the updated table, the debit read again there by a subquery; on a Citus shard
+    # (one account, so one row at most) an UPDATE of the account's row by the row's values,
+    # which Citus plans once, where it plans an UPDATE … FROM twice at every call.
+    row = {name: p.Var(f"v_debit_{name}", kind) for name, kind in debits.columns}
+    returned = {name: p.Var(f"v_debited_{name}", kind) for name, kind in _MOVED.columns}
+    arrays = {name: p.Var(_MOVED.array(name), ARRAY(kind)) for name, kind in _MOVED.columns}
+    by_row: list[p.Step] = [
+        *(p.Assign(array_, null()) for array_ in arrays.values()),  # as array_agg of no row
+        p.ForEach(
+            select(d.c.account_id, d.c.total),
+            into=(row["account_id"], row["total"]),
+            steps=(
+                p.Fetch(
+                    debit(row["account_id"].ref, row["total"].ref, row["total"].ref),
+                    into=tuple(returned.values()),
+                ),
+                p.When(
+                    returned["account_id"].ref.isnot(None),
+                    tuple(
+                        p.Assign(arrays[name], func.array_append(arrays[name].ref, var.ref))
+                        for name, var in returned.items()
+                    ),
+                ),
             ),
-            into=_MOVED,
         ),
+    ]
+    in_sqlite = select(totals.c.total).where(totals.c.account_id == ACCOUNTS.c.id)
+    debited: list[p.Step] = on.choose(
+        postgresql=[p.Collect(debit(d.c.account_id, d.c.total, d.c.total), into=_MOVED)],
+        sqlite=[
+            p.Collect(debit(d.c.account_id, d.c.total, in_sqlite.scalar_subquery()), into=_MOVED)
+        ],
+        one_shard=by_row,
+    )
+    return [
+        *debited,
         p.When(on.holds_any(_MOVED, "expiring", 1), tuple(expiry_steps(on, debits, now))),
         *_spending_steps(on, debits, now),
         # The balance thresholds the whole move (debit and due expiries) crosses, once.
@@ -361,22 +397,32 @@ def _first_grant_first(on: p.Backend, debits: p.Rows, now: BindParameter[Any]) -
     """A debit paid whole by the account's first live grant in spending order (its remainder
     covers the debit, so by ``_parts`` it is the one part), found by one lookup of that grant
     per account (``ORDER BY`` the spending order, ``LIMIT 1``), spent and written as its
-    allocation in one statement; on a Citus shard (``ONE_SHARD``), where that statement's insert
-    would read the lookup as a CTE, in two: the grant's update returns what it paid, and that is
-    added to the allocation days. The debits it did not pay (a take over several grants, a
-    shortfall, or a total of 0) go through the general allocation."""
+    allocation in one statement; on SQLite in two: the grants' update returns what each paid, and
+    that is added to the allocation days; on a Citus shard (``ONE_SHARD``: one account, one debit
+    at most) the lookup, the grant's update and the allocation each a statement of one table,
+    which Citus plans once (a join, a CTE and an UPDATE … FROM it plans twice at every call).
+    The debits it did not pay (a take over several grants, a shortfall, or a total of 0) go
+    through the general allocation."""
     w = on.rows(debits, "w")
-    first = (
-        select(GRANTS.c.id, GRANTS.c.remaining_microcents)
-        .where(GRANTS.c.account_id == w.c.account_id, live_sql(GRANTS, now))
-        .order_by(*order_by(GRANTS))
-        .limit(1)
-        .lateral("first")
-    )
+
+    def first_of(account_id: Any) -> Any:
+        """The account's first live grant in spending order (its id and remainder)."""
+        return (
+            select(GRANTS.c.id, GRANTS.c.remaining_microcents)
+            .where(GRANTS.c.account_id == account_id, live_sql(GRANTS, now))
+            .order_by(*order_by(GRANTS))
+            .limit(1)
+        )
+
+    def pays_whole(total: Any, remaining: Any) -> tuple[Any, ...]:
+        """The first grant pays the debit whole (its remainder covers a debit above 0)."""
+        return (total > 0, remaining >= total)
+
+    first = first_of(w.c.account_id).lateral("first")
     found = (
         select(w.c.account_id, first.c.id.label("grant_id"), w.c.total.label("amount"))
         .select_from(w.join(first, true()))
-        .where(w.c.total > 0, first.c.remaining_microcents >= w.c.total)
+        .where(*pays_whole(w.c.total, first.c.remaining_microcents))
     )
 
     def spend(paid: FromClause) -> Any:
@@ -393,29 +439,64 @@ def _first_grant_first(on: p.Backend, debits: p.Rows, now: BindParameter[Any]) -
             ),
         )
 
-    def spent(whole: FromClause) -> Any:
-        """The first grants' update by what each pays."""
+    def spent(grant_id: Any, amount: Any) -> Any:
+        """The first grant's update by what it pays."""
         return (
             GRANTS.update()
-            .values(remaining_microcents=GRANTS.c.remaining_microcents - whole.c.amount)
-            .where(GRANTS.c.id == whole.c.grant_id)
+            .values(remaining_microcents=GRANTS.c.remaining_microcents - amount)
+            .where(GRANTS.c.id == grant_id)
         )
 
     def paid_in_one() -> tuple[list[p.Step], p.Rows]:
         whole = found.cte("whole")
-        paid = spend(whole).add_cte(spent(whole).cte("spent"))
+        paid = spend(whole).add_cte(spent(whole.c.grant_id, whole.c.amount).cte("spent"))
         return [p.Collect(paid.returning(ALLOCATIONS.c.account_id), into=_WHOLE)], _WHOLE
 
     def paid_in_two() -> tuple[list[p.Step], p.Rows]:
         whole = found.subquery("whole")
         returned = (whole.c.account_id, whole.c.grant_id, whole.c.amount)
         return [
-            p.Collect(spent(whole).returning(*returned), into=_PAID),
+            p.Collect(spent(whole.c.grant_id, whole.c.amount).returning(*returned), into=_PAID),
+            p.When(on.count(_PAID) > 0, (p.Run(spend(on.rows(_PAID, "pd"))),)),
+        ], _PAID
+
+    def paid_by_row() -> tuple[list[p.Step], p.Rows]:
+        account = p.Var("v_whole_account_id", ACCOUNTS.c.id.type)
+        total = p.Var("v_whole_total", BigInteger())
+        grant = p.Var("v_first_grant_id", GRANTS.c.id.type)
+        remaining = p.Var("v_first_remaining", BigInteger())
+        updated = p.Var("v_first_updated", GRANTS.c.id.type)
+        arrays = {name: p.Var(_PAID.array(name), ARRAY(kind)) for name, kind in _PAID.columns}
+        paid = {"account_id": account.ref, "grant_id": grant.ref, "amount": total.ref}
+        return [
+            *(p.Assign(array_, null()) for array_ in arrays.values()),  # as array_agg of no row
+            p.ForEach(
+                select(w.c.account_id, w.c.total),
+                into=(account, total),
+                steps=(
+                    p.Fetch(first_of(account.ref), into=(grant, remaining)),
+                    p.When(
+                        and_(*pays_whole(total.ref, remaining.ref)),
+                        (
+                            p.Fetch(
+                                spent(grant.ref, total.ref).returning(GRANTS.c.id), into=(updated,)
+                            ),
+                            p.When(
+                                updated.ref.isnot(None),
+                                tuple(
+                                    p.Assign(array_, func.array_append(array_.ref, paid[name]))
+                                    for name, array_ in arrays.items()
+                                ),
+                            ),
+                        ),
+                    ),
+                ),
+            ),
             p.When(on.count(_PAID) > 0, (p.Run(spend(on.rows(_PAID, "pd"))),)),
         ], _PAID
 
     # The steps that pay, and the rows of the debits they paid.
-    pay, done = on.choose(postgresql=paid_in_one, sqlite=paid_in_two, one_shard=paid_in_two)()
+    pay, done = on.choose(postgresql=paid_in_one, sqlite=paid_in_two, one_shard=paid_by_row)()
 
     def unpaid(alias: str) -> FromClause:
         rows, paid_rows = on.rows(debits, f"{alias}r"), on.rows(done, f"{alias}w")

@@ -203,7 +203,7 @@ def _record_usage(on: p.Backend) -> list[p.Step]:
         p.When(
             on.count(_NEW) > 0,
             (
-                *settle_steps(on, charges, NOW.ref),
+                *settle_steps(on, charges, NOW.ref, one_event=True),
                 # One event: one hour's row.
                 p.Run(
                     rollup_upsert(

@@ -15,9 +15,17 @@ from typing import Any
 import pytest
 from sqlalchemy import select, text
 
+from metering.citus import text_of_account
 from metering.ledger.placement.postgres import PostgresHolds
 from metering.ledger.placement.sqlite import SqliteHolds
-from metering.ledger.resolution import resolution_text
+from metering.ledger.resolution import (
+    AT,
+    MODEL_KEY,
+    SECRET_HASH,
+    as_text,
+    resolution,
+    resolution_text,
+)
 from metering.ledger.service import held_counter_mismatches
 from tests.conftest import NOW, Api
 from tests.factories import GLM_RATES, Key, assert_error, authorization_request, authorize
@@ -292,7 +300,9 @@ def test_a_retry_with_a_remembered_resolution_replays_without_a_second_hold(api:
 
 
 def _place(api: Api, setup: Setup, resolution: str, hold_id: str) -> list[tuple[Any, ...]]:
-    """One call of ``metering_place_holds`` with a hold sent with ``resolution``."""
+    """One call of ``metering_place_holds`` with a hold sent with ``resolution`` (on a cluster,
+    of its one-account form, which reads the resolution again by statements of one table
+    each: metering.citus.apart)."""
     hold = {
         "id": hold_id,
         "account_id": setup.account,
@@ -317,11 +327,16 @@ def _place(api: Api, setup: Setup, resolution: str, hold_id: str) -> list[tuple[
         "model_key": setup.model.lower(),
     }
     with api.database.unit_of_work() as session:
+        call = (
+            "metering_place_holds_of_account(:account, :now, CAST(:holds AS json))"
+            if api.backend == "citus"
+            else "metering_place_holds(:now, CAST(:holds AS json))"
+        )
         placed = [
             tuple(row)
             for row in session.execute(
-                text("SELECT * FROM metering_place_holds(:now, CAST(:holds AS json))"),
-                {"now": NOW, "holds": json.dumps([hold])},
+                text(f"SELECT * FROM {call}"),
+                {"account": setup.account, "now": NOW, "holds": json.dumps([hold])},
             )
         ]
         session.commit()
@@ -389,3 +404,125 @@ def test_metrics_count_reads_remembered_and_stale_resolutions(pg_api: Api) -> No
         "remembered": 3,
         "stale": 1,
     }
+
+
+def _read(api: Api, setup: Setup) -> str | None:
+    """The resolution's text as a fresh read writes it (on a cluster, for the account's shard,
+    as the service reads it there)."""
+    found = resolution(SECRET_HASH, MODEL_KEY, AT).subquery("resolution")
+    params = {"secret_hash": _secret_hash(api, setup), "model_key": setup.model.lower(), "now": NOW}
+    with api.database.unit_of_work() as session:
+        if api.backend == "citus":
+            sql = text_of_account(select(as_text(found)))
+            rows = session.connection().exec_driver_sql(
+                sql, {**params, "p_account_id": setup.account}
+            )
+        else:
+            rows = session.execute(select(as_text(found)), params)
+        value = rows.scalar_one_or_none()
+        return None if value is None else str(value)
+
+
+def _own_price(api: Api, setup: Setup) -> None:
+    """The account's own rates for the model, in force since an hour before ``NOW``."""
+    since = NOW - timedelta(hours=1)
+    api.clock.set(since)
+    try:
+        _admin(
+            api,
+            "POST",
+            f"/admin/v1/accounts/{setup.account}/rates",
+            {
+                "model": setup.model,
+                "effective_at": since.strftime("%Y-%m-%dT%H:%M:%SZ"),
+                "input_microcents_per_million": 1,
+                "output_microcents_per_million": 1,
+                "cache_read_microcents_per_million": 0,
+            },
+        )
+    finally:
+        api.clock.set(NOW)
+
+
+def _account_lists(api: Api, setup: Setup, *, with_model: bool) -> None:
+    _narrow_account(api, setup)
+    if with_model:
+        _change(
+            api,
+            "INSERT INTO account_models (account_id, model_id) VALUES (:account, :model)",
+            account=setup.account,
+            model=setup.model,
+        )
+
+
+def _key_lists(api: Api, setup: Setup, *, with_model: bool) -> None:
+    models = [setup.model] if with_model else []
+    _admin(api, "PATCH", f"/admin/v1/api-keys/{setup.key.id}", {"allowed_models": models})
+
+
+def _project(api: Api, setup: Setup, body: dict[str, Any]) -> None:
+    """The key's project changed through the service (which marks the account)."""
+    with api.database.unit_of_work() as session:
+        project_id = session.execute(
+            text("SELECT project_id FROM api_keys WHERE id = :id"), {"id": setup.key.id}
+        ).scalar_one()
+    _admin(api, "PATCH", f"/admin/v1/projects/{project_id}", body)
+
+
+def _member(api: Api, setup: Setup, body: dict[str, Any]) -> None:
+    with api.database.unit_of_work() as session:
+        member_id = session.execute(
+            text("SELECT member_id FROM api_keys WHERE id = :id"), {"id": setup.key.id}
+        ).scalar_one()
+    _admin(api, "PATCH", f"/admin/v1/members/{member_id}", body)
+
+
+# Each fact a resolution rests on, changed behind the process; and whether the resolution's
+# text stays the same (a list that still names the model: read, and found, by the confirmation).
+FACTS: dict[str, tuple[Callable[[Api, Setup], None], bool]] = {
+    "revoked key": (_revoke, False),
+    "key's spend limit": (_limit, False),
+    "retired model": (_retire, False),
+    "smaller context": (_shrink, False),
+    "new list price": (_reprice, False),
+    "account's own price": (_own_price, False),
+    "unbilled account": (_unbill, False),
+    "concurrency limit": (_concurrency, False),
+    "account's list without the model": (
+        lambda a, s: _account_lists(a, s, with_model=False),
+        False,
+    ),
+    "account's list with the model": (lambda a, s: _account_lists(a, s, with_model=True), True),
+    "key's list without the model": (lambda a, s: _key_lists(a, s, with_model=False), False),
+    "key's list with the model": (lambda a, s: _key_lists(a, s, with_model=True), True),
+    "project spend limit": (lambda a, s: _project(a, s, {"spend_limit_cents": 100}), False),
+    "project's list without the model": (
+        lambda a, s: _project(a, s, {"allowed_models": []}),
+        False,
+    ),
+    "project's list with the model": (
+        lambda a, s: _project(a, s, {"allowed_models": [s.model]}),
+        True,
+    ),
+    "member spend limit": (lambda a, s: _member(a, s, {"spend_limit_cents": 100}), False),
+}
+
+
+@pytest.mark.parametrize("fact", FACTS)
+def test_the_check_and_hold_confirms_exactly_the_resolution_read(pg_api: Api, fact: str) -> None:
+    # The confirmation recomputes the fresh read's text byte for byte (on a cluster from its
+    # statements of one table each): what was read is confirmed, before and after a change
+    # that leaves it as it was; a change of any fact it rests on makes the remembered one stale.
+    account = prepaid(pg_api, 1)
+    setup = Setup(account.account, _members_key(pg_api, account), account.model)
+    remembered = _read(pg_api, setup)
+    assert remembered is not None
+    assert _place(pg_api, setup, remembered, f"auth_read_{setup.account}")[0][1] == "granted"
+    change, same = FACTS[fact]
+    change(pg_api, setup)
+    now = _read(pg_api, setup)
+    assert (now == remembered) is same
+    outcome = _place(pg_api, setup, remembered, f"auth_remembered_{setup.account}")[0][1]
+    assert outcome == ("granted" if same else "stale")
+    if now is not None:  # read again: confirmed (whatever the checks then decide)
+        assert _place(pg_api, setup, now, f"auth_read_again_{setup.account}")[0][1] != "stale"

@@ -60,7 +60,7 @@ from metering.accounts.access import in_flight_limited
 from metering.accounts.spend import Scope, charges_rows, per_scope
 from metering.citus import of_account
 from metering.kit.ranges import INT64_MAX, INT64_MIN
-from metering.ledger.resolution import resolution_text
+from metering.ledger.resolution import resolution_text, resolution_text_apart
 from metering.ledger.spending import without_pending_expiries
 from metering.models import Account, Authorization, table
 from metering.models.base import UTCDateTime
@@ -328,9 +328,15 @@ def _place_holds(on: p.Backend) -> list[p.Step]:
 
     # A remembered resolution read again at the hold's instant, under the account's lock: with
     # the key's project and member only when the account's marks say they can matter.
+    # On a Citus shard by statements of one table each, which Citus plans once, where it plans
+    # the resolution's join (and its subqueries) twice at every call (metering.citus.apart).
     def read_again(scoped: bool) -> tuple[p.Step, ...]:
         at = (h["secret_hash"].ref, h["model_key"].ref, h["created_at"].ref)
-        return (p.Assign(current, resolution_text(*at, scoped=scoped)),)
+        return on.choose(
+            postgresql=(p.Assign(current, resolution_text(*at, scoped=scoped)),),
+            sqlite=(),
+            one_shard=resolution_text_apart(*at, current, scoped=scoped),
+        )
 
     confirm = p.When(
         h["resolution"].ref.isnot(None),
