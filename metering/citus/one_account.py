@@ -259,11 +259,18 @@ LOCK_ACCOUNT_SHARD = p.Run(
 PLAN_CACHE_MODE = "plan_cache_mode"
 
 
-def of_account(program: p.Program) -> p.Program:
+def of_account(program: p.Program, *, delegated: bool = True) -> p.Program:
     """A program's form on a Citus cluster (``…_of_account``): the same program for one
     account's rows, ``ACCOUNT`` first among its parameters, every statement built for
     ``programs.ONE_SHARD`` and limited to the account's shard (see the module); the account's
     shard locked against a move's switch-over first (``LOCK_ACCOUNT_SHARD``).
+
+    ``delegated``: the form is called on its own, so Citus sends the call whole to the account's
+    node and its statements run there, where an insert of a program's rows is a loop of
+    ``INSERT … VALUES`` (``_row_by_row``). A form called inside a transaction of the
+    coordinator's (``delegated=False``: a batch's settlement, a spend in an operator's unit of
+    work) runs on the coordinator instead, each of its statements a command to the worker: there
+    a loop would be a command per row, so its inserts stay one statement each.
 
     Its settings are the program's but the plan cache's mode (RECORD_USAGE's
     ``force_generic_plan``): Citus plans an ``INSERT … SELECT`` into a distributed table (an
@@ -277,7 +284,10 @@ def of_account(program: p.Program) -> p.Program:
         program,
         name=f"{program.name}_of_account",
         params=(ACCOUNT, *program.params),
-        build=lambda on: (LOCK_ACCOUNT_SHARD, *_row_by_row(build(on), count(1))),
+        build=lambda on: (
+            LOCK_ACCOUNT_SHARD,
+            *(_row_by_row(build(on), count(1)) if delegated else build(on)),
+        ),
         settings={k: v for k, v in program.settings.items() if k != PLAN_CACHE_MODE},
         plpgsql_backend=p.ONE_SHARD,
         plpgsql_dialect=_PLPGSQL,

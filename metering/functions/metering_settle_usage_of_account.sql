@@ -5,12 +5,6 @@ LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     v_targets_hold_id VARCHAR(64)[];
     v_targets_event_id BIGINT[];
-    v_row1_0 VARCHAR(32);
-    v_row1_1 VARCHAR;
-    v_row1_2 BIGINT;
-    v_row1_3 BIGINT;
-    v_row1_4 VARCHAR(32);
-    v_row1_5 TIMESTAMP WITH TIME ZONE;
     v_debits_account_id VARCHAR(32)[];
     v_debits_total BIGINT[];
     v_moved_account_id VARCHAR(32)[];
@@ -27,17 +21,6 @@ DECLARE
     v_due_account_id VARCHAR(32)[];
     v_due_amount BIGINT[];
     v_due_expires_at TIMESTAMP WITH TIME ZONE[];
-    v_row2_0 VARCHAR(32);
-    v_row2_1 VARCHAR;
-    v_row2_2 BIGINT;
-    v_row2_3 VARCHAR(32);
-    v_row2_4 TIMESTAMP WITH TIME ZONE;
-    v_row2_5 TIMESTAMP WITH TIME ZONE;
-    v_row3_0 VARCHAR;
-    v_row3_1 VARCHAR(32);
-    v_row3_2 VARCHAR;
-    v_row3_3 TEXT;
-    v_row3_4 TIMESTAMP WITH TIME ZONE;
     v_paid_account_id VARCHAR(32)[];
     v_paid_grant_id VARCHAR(32)[];
     v_paid_amount BIGINT[];
@@ -46,44 +29,16 @@ DECLARE
     v_first_grant_id VARCHAR(32);
     v_first_remaining BIGINT;
     v_first_updated VARCHAR(32);
-    v_row4_0 VARCHAR(32);
-    v_row4_1 DATE;
-    v_row4_2 VARCHAR;
-    v_row4_3 VARCHAR(32);
-    v_row4_4 BIGINT;
     v_unpaid_account_id VARCHAR(32)[];
     v_unpaid_total BIGINT[];
     v_parts_grant_id VARCHAR(32)[];
     v_parts_account_id VARCHAR(32)[];
     v_parts_amount BIGINT[];
     v_parts_kind VARCHAR(16)[];
-    v_row5_0 VARCHAR(32);
-    v_row5_1 DATE;
-    v_row5_2 VARCHAR;
-    v_row5_3 VARCHAR(32);
-    v_row5_4 BIGINT;
-    v_row6_0 VARCHAR(32);
-    v_row6_1 VARCHAR(2);
-    v_row6_2 VARCHAR(10);
-    v_row6_3 TIMESTAMP WITH TIME ZONE;
-    v_row6_4 VARCHAR;
-    v_row6_5 VARCHAR;
-    v_row6_6 BIGINT;
-    v_row6_7 BIGINT;
-    v_row6_8 BIGINT;
-    v_row6_9 BIGINT;
-    v_row6_10 BIGINT;
-    v_row6_11 BIGINT;
-    v_row6_12 BIGINT;
     v_reached_account_id VARCHAR(32)[];
     v_reached_scope_id VARCHAR(32)[];
     v_reached_percent INTEGER[];
     v_reached_spent_microcents BIGINT[];
-    v_row7_0 VARCHAR;
-    v_row7_1 VARCHAR(32);
-    v_row7_2 VARCHAR;
-    v_row7_3 TEXT;
-    v_row7_4 TIMESTAMP WITH TIME ZONE;
 BEGIN
     PERFORM lock_shard_metadata(5, ARRAY[get_shard_id_for_distribution_column('accounts', p_account_id)]) AS shard_locked;
     SELECT array_agg(collected.hold_id), array_agg(collected.event_id) INTO v_targets_hold_id, v_targets_event_id
@@ -104,13 +59,9 @@ BEGIN
     IF coalesce(cardinality(v_targets_hold_id), 0) > 0 THEN
         UPDATE authorizations SET status='settled', closed_at=p_now, usage_event_id=t.event_id FROM unnest(v_targets_hold_id, v_targets_event_id) AS t(hold_id, event_id) WHERE authorizations.id = t.hold_id AND authorizations.status IN ('active', 'expired') AND authorizations.account_id = p_account_id;
     END IF;
-    FOR v_row1_0, v_row1_1, v_row1_2, v_row1_3, v_row1_4, v_row1_5 IN
-    SELECT c.account_id, 'charge' AS anon_1, -c.charge_microcents, c.usage_event_id, c.api_key_id, p_now AS anon_2
+    INSERT INTO ledger_entries (account_id, kind, amount_microcents, usage_event_id, api_key_id, created_at) SELECT c.account_id, 'charge' AS anon_1, -c.charge_microcents, c.usage_event_id, c.api_key_id, p_now AS anon_2
     FROM (SELECT * FROM ROWS FROM (json_to_recordset(CAST(p_charges AS json)) AS (account_id VARCHAR(32), api_key_id VARCHAR(32), request_id VARCHAR(64), usage_event_id BIGINT, charge_microcents BIGINT, authorization_id VARCHAR(64), prepaid BOOLEAN)) WITH ORDINALITY AS t(account_id, api_key_id, request_id, usage_event_id, charge_microcents, authorization_id, prepaid, position)) AS c
-    WHERE c.prepaid ORDER BY c.usage_event_id
-    LOOP
-        INSERT INTO ledger_entries (account_id, kind, amount_microcents, usage_event_id, api_key_id, created_at) VALUES (v_row1_0, v_row1_1, v_row1_2, v_row1_3, v_row1_4, v_row1_5);
-    END LOOP;
+    WHERE c.prepaid ORDER BY c.usage_event_id;
     SELECT array_agg(collected.account_id), array_agg(collected.total) INTO v_debits_account_id, v_debits_total
     FROM (
     SELECT c.account_id, CAST(sum(c.charge_microcents) AS BIGINT) AS total
@@ -150,19 +101,11 @@ BEGIN
             FROM unnest(v_debits_account_id, v_debits_total) AS xd(account_id, total)) AND credit_grants.status = 'active' AND credit_grants.remaining_microcents > 0 AND credit_grants.expires_at IS NOT NULL AND credit_grants.expires_at <= p_now
             ) AS collected;
             IF coalesce(cardinality(v_due_grant_id), 0) > 0 THEN
-                FOR v_row2_0, v_row2_1, v_row2_2, v_row2_3, v_row2_4, v_row2_5 IN
-                SELECT due.account_id, 'expiry' AS anon_1, -due.amount, due.grant_id, p_now AS anon_2, due.expires_at
-                FROM unnest(v_due_grant_id, v_due_account_id, v_due_amount, v_due_expires_at) AS due(grant_id, account_id, amount, expires_at) ORDER BY due.expires_at, due.grant_id COLLATE "C"
-                LOOP
-                    INSERT INTO ledger_entries (account_id, kind, amount_microcents, created_at, grant_id, effective_at) VALUES (v_row2_0, v_row2_1, v_row2_2, v_row2_4, v_row2_3, v_row2_5);
-                END LOOP;
+                INSERT INTO ledger_entries (account_id, kind, amount_microcents, grant_id, created_at, effective_at) SELECT due.account_id, 'expiry' AS anon_1, -due.amount, due.grant_id, p_now AS anon_2, due.expires_at
+                FROM unnest(v_due_grant_id, v_due_account_id, v_due_amount, v_due_expires_at) AS due(grant_id, account_id, amount, expires_at) ORDER BY due.expires_at, due.grant_id COLLATE "C";
                 UPDATE credit_grants SET remaining_microcents=0, status='expired' FROM unnest(v_due_grant_id, v_due_account_id, v_due_amount, v_due_expires_at) AS due(grant_id, account_id, amount, expires_at) WHERE credit_grants.id = due.grant_id AND credit_grants.account_id = p_account_id;
-                FOR v_row3_0, v_row3_1, v_row3_2, v_row3_3, v_row3_4 IN
-                SELECT 'evt_' || replace(CAST(gen_random_uuid() AS TEXT), '-', '') AS event_id_1, de.account_id, 'credit.grant_expired' AS anon_1, CAST(json_build_object('grant_id', de.grant_id, 'forfeited_microcents', de.amount) AS TEXT) AS json_object_text_1, p_now AS anon_2
-                FROM unnest(v_due_grant_id, v_due_account_id, v_due_amount, v_due_expires_at) AS de(grant_id, account_id, amount, expires_at)
-                LOOP
-                    INSERT INTO webhook_events (public_id, account_id, type, data, created_at) VALUES (v_row3_0, v_row3_1, v_row3_2, v_row3_3, v_row3_4);
-                END LOOP;
+                INSERT INTO webhook_events (public_id, account_id, type, data, created_at) SELECT 'evt_' || replace(CAST(gen_random_uuid() AS TEXT), '-', '') AS event_id_1, de.account_id, 'credit.grant_expired' AS anon_1, CAST(json_build_object('grant_id', de.grant_id, 'forfeited_microcents', de.amount) AS TEXT) AS json_object_text_1, p_now AS anon_2
+                FROM unnest(v_due_grant_id, v_due_account_id, v_due_amount, v_due_expires_at) AS de(grant_id, account_id, amount, expires_at);
             END IF;
             UPDATE accounts SET balance_microcents=(accounts.balance_microcents - (SELECT coalesce(sum(ds.amount), 0) AS coalesce_1
             FROM unnest(v_due_grant_id, v_due_account_id, v_due_amount, v_due_expires_at) AS ds(grant_id, account_id, amount, expires_at)
@@ -196,13 +139,9 @@ BEGIN
             END IF;
         END LOOP;
         IF coalesce(cardinality(v_paid_account_id), 0) > 0 THEN
-            FOR v_row4_0, v_row4_1, v_row4_2, v_row4_3, v_row4_4 IN
-            SELECT pd.account_id, CAST(timezone('UTC', p_now) AS DATE) AS timezone_1, 'spend' AS anon_1, pd.grant_id, pd.amount
+            INSERT INTO credit_allocation_days (account_id, allocation_date, kind, grant_id, amount_microcents) SELECT pd.account_id, CAST(timezone('UTC', p_now) AS DATE) AS timezone_1, 'spend' AS anon_1, pd.grant_id, pd.amount
             FROM unnest(v_paid_account_id, v_paid_grant_id, v_paid_amount) AS pd(account_id, grant_id, amount)
-            WHERE true
-            LOOP
-                INSERT INTO credit_allocation_days (account_id, allocation_date, kind, grant_id, amount_microcents) VALUES (v_row4_0, v_row4_1, v_row4_2, v_row4_3, v_row4_4) ON CONFLICT (account_id, allocation_date, kind, grant_id) DO UPDATE SET amount_microcents = (credit_allocation_days.amount_microcents + excluded.amount_microcents);
-            END LOOP;
+            WHERE true ON CONFLICT (account_id, allocation_date, kind, grant_id) DO UPDATE SET amount_microcents = (credit_allocation_days.amount_microcents + excluded.amount_microcents);
         END IF;
         IF coalesce(cardinality(v_paid_account_id), 0) < coalesce(cardinality(v_debits_account_id), 0) THEN
             SELECT array_agg(collected.account_id), array_agg(collected.total) INTO v_unpaid_account_id, v_unpaid_total
@@ -229,13 +168,9 @@ BEGIN
             WHERE covered.account_id = d.account_id AND covered.status = 'active' AND covered.remaining_microcents > 0 AND (covered.expires_at IS NULL OR covered.expires_at > p_now))) AS found
             ) AS collected;
             IF coalesce(cardinality(v_parts_grant_id), 0) > 0 THEN
-                FOR v_row5_0, v_row5_1, v_row5_2, v_row5_3, v_row5_4 IN
-                SELECT pa.account_id, CAST(timezone('UTC', p_now) AS DATE) AS timezone_1, CASE WHEN (pa.grant_id IS NULL) THEN 'deficit' ELSE 'spend' END AS anon_1, coalesce(pa.grant_id, '') AS coalesce_1, pa.amount
+                INSERT INTO credit_allocation_days (account_id, allocation_date, kind, grant_id, amount_microcents) SELECT pa.account_id, CAST(timezone('UTC', p_now) AS DATE) AS timezone_1, CASE WHEN (pa.grant_id IS NULL) THEN 'deficit' ELSE 'spend' END AS anon_1, coalesce(pa.grant_id, '') AS coalesce_1, pa.amount
                 FROM unnest(v_parts_grant_id, v_parts_account_id, v_parts_amount, v_parts_kind) AS pa(grant_id, account_id, amount, kind)
-                WHERE true
-                LOOP
-                    INSERT INTO credit_allocation_days (account_id, allocation_date, kind, grant_id, amount_microcents) VALUES (v_row5_0, v_row5_1, v_row5_2, v_row5_3, v_row5_4) ON CONFLICT (account_id, allocation_date, kind, grant_id) DO UPDATE SET amount_microcents = (credit_allocation_days.amount_microcents + excluded.amount_microcents);
-                END LOOP;
+                WHERE true ON CONFLICT (account_id, allocation_date, kind, grant_id) DO UPDATE SET amount_microcents = (credit_allocation_days.amount_microcents + excluded.amount_microcents);
                 UPDATE credit_grants SET remaining_microcents=(credit_grants.remaining_microcents - pt.amount) FROM unnest(v_parts_grant_id, v_parts_account_id, v_parts_amount, v_parts_kind) AS pt(grant_id, account_id, amount, kind) WHERE credit_grants.id = pt.grant_id AND credit_grants.account_id = p_account_id;
             END IF;
             IF 'deficit' = ANY (v_parts_kind) THEN
@@ -253,14 +188,10 @@ BEGIN
             WHERE m.before_microcents > 0 AND m.after_microcents <= 0) AS crossed;
         END IF;
     END IF;
-    FOR v_row6_0, v_row6_1, v_row6_2, v_row6_3, v_row6_4, v_row6_5, v_row6_6, v_row6_7, v_row6_8, v_row6_9, v_row6_10, v_row6_11, v_row6_12 IN
-    SELECT s.account_id, s.bucket_width, s.grouping, s.bucket_start, s.api_key_id, s.model_id, CAST(sum(s.requests) AS BIGINT) AS requests, CAST(sum(s.input_tokens) AS BIGINT) AS input_tokens, CAST(sum(s.cache_read_tokens) AS BIGINT) AS cache_read_tokens, CAST(sum(s.output_tokens) AS BIGINT) AS output_tokens, CAST(sum(s.reasoning_tokens) AS BIGINT) AS reasoning_tokens, CAST(sum(s.cost_microcents) AS BIGINT) AS cost_microcents, max(s.last_event_id) AS last_event_id
+    INSERT INTO usage_rollups (account_id, bucket_width, grouping, bucket_start, api_key_id, model_id, requests, input_tokens, cache_read_tokens, output_tokens, reasoning_tokens, cost_microcents, last_event_id) SELECT s.account_id, s.bucket_width, s.grouping, s.bucket_start, s.api_key_id, s.model_id, CAST(sum(s.requests) AS BIGINT) AS requests, CAST(sum(s.input_tokens) AS BIGINT) AS input_tokens, CAST(sum(s.cache_read_tokens) AS BIGINT) AS cache_read_tokens, CAST(sum(s.output_tokens) AS BIGINT) AS output_tokens, CAST(sum(s.reasoning_tokens) AS BIGINT) AS reasoning_tokens, CAST(sum(s.cost_microcents) AS BIGINT) AS cost_microcents, max(s.last_event_id) AS last_event_id
     FROM (SELECT r.account_id AS account_id, k.bucket_width AS bucket_width, k.grouping AS grouping, CASE WHEN (k.bucket_width = '1h') THEN r.hour ELSE r.day END AS bucket_start, CASE WHEN (k.grouping = 'model') THEN '' ELSE r.api_key_id END AS api_key_id, CASE WHEN (k.grouping = 'key') THEN '' ELSE r.model_id END AS model_id, r.requests AS requests, r.input_tokens AS input_tokens, r.cache_read_tokens AS cache_read_tokens, r.output_tokens AS output_tokens, r.reasoning_tokens AS reasoning_tokens, r.cost_microcents AS cost_microcents, r.last_event_id AS last_event_id
     FROM (SELECT * FROM ROWS FROM (json_to_recordset(CAST(p_rollups AS json)) AS (account_id VARCHAR(32), api_key_id VARCHAR(32), model_id VARCHAR(100), hour TIMESTAMP WITH TIME ZONE, day TIMESTAMP WITH TIME ZONE, requests BIGINT, input_tokens BIGINT, cache_read_tokens BIGINT, output_tokens BIGINT, reasoning_tokens BIGINT, cost_microcents BIGINT, last_event_id BIGINT)) WITH ORDINALITY AS t(account_id, api_key_id, model_id, hour, day, requests, input_tokens, cache_read_tokens, output_tokens, reasoning_tokens, cost_microcents, last_event_id, position)) AS r JOIN unnest(ARRAY['1d', '1d', '1d', '1h', '1h', '1h'], ARRAY['key', 'key_model', 'model', 'key', 'key_model', 'model']) AS k(bucket_width, grouping) ON true) AS s
-    WHERE true GROUP BY s.account_id, s.bucket_width, s.grouping, s.bucket_start, s.api_key_id, s.model_id ORDER BY s.account_id COLLATE "C", s.bucket_width COLLATE "C", s.grouping COLLATE "C", s.bucket_start, s.api_key_id COLLATE "C", s.model_id COLLATE "C"
-    LOOP
-        INSERT INTO usage_rollups (account_id, bucket_width, grouping, bucket_start, api_key_id, model_id, requests, input_tokens, cache_read_tokens, output_tokens, reasoning_tokens, cost_microcents, last_event_id) VALUES (v_row6_0, v_row6_1, v_row6_2, v_row6_3, v_row6_4, v_row6_5, v_row6_6, v_row6_7, v_row6_8, v_row6_9, v_row6_10, v_row6_11, v_row6_12) ON CONFLICT (account_id, bucket_width, grouping, bucket_start, api_key_id, model_id) DO UPDATE SET requests = (usage_rollups.requests + excluded.requests), input_tokens = (usage_rollups.input_tokens + excluded.input_tokens), cache_read_tokens = (usage_rollups.cache_read_tokens + excluded.cache_read_tokens), output_tokens = (usage_rollups.output_tokens + excluded.output_tokens), reasoning_tokens = (usage_rollups.reasoning_tokens + excluded.reasoning_tokens), cost_microcents = (usage_rollups.cost_microcents + excluded.cost_microcents), last_event_id = greatest(usage_rollups.last_event_id, excluded.last_event_id);
-    END LOOP;
+    WHERE true GROUP BY s.account_id, s.bucket_width, s.grouping, s.bucket_start, s.api_key_id, s.model_id ORDER BY s.account_id COLLATE "C", s.bucket_width COLLATE "C", s.grouping COLLATE "C", s.bucket_start, s.api_key_id COLLATE "C", s.model_id COLLATE "C" ON CONFLICT (account_id, bucket_width, grouping, bucket_start, api_key_id, model_id) DO UPDATE SET requests = (usage_rollups.requests + excluded.requests), input_tokens = (usage_rollups.input_tokens + excluded.input_tokens), cache_read_tokens = (usage_rollups.cache_read_tokens + excluded.cache_read_tokens), output_tokens = (usage_rollups.output_tokens + excluded.output_tokens), reasoning_tokens = (usage_rollups.reasoning_tokens + excluded.reasoning_tokens), cost_microcents = (usage_rollups.cost_microcents + excluded.cost_microcents), last_event_id = greatest(usage_rollups.last_event_id, excluded.last_event_id);
     IF p_spend_limited THEN
         WITH collected AS (
         INSERT INTO spend_limit_notices (account_id, limit_scope, scope_id, api_key_id, spend_limit_window, window_starts_at, percent, limit_microcents, spent_microcents, created_at) SELECT measured.account_id, measured.limit_scope, measured.scope_id, measured.api_key_id, measured.spend_limit_window, measured.window_starts_at, measured.percent, measured.limit_microcents, measured.spent, p_now AS anon_1
@@ -280,12 +211,8 @@ BEGIN
         )
         SELECT array_agg(collected.account_id ORDER BY collected.account_id COLLATE "C", collected.scope_id COLLATE "C", collected.percent), array_agg(collected.scope_id ORDER BY collected.account_id COLLATE "C", collected.scope_id COLLATE "C", collected.percent), array_agg(collected.percent ORDER BY collected.account_id COLLATE "C", collected.scope_id COLLATE "C", collected.percent), array_agg(collected.spent_microcents ORDER BY collected.account_id COLLATE "C", collected.scope_id COLLATE "C", collected.percent) INTO v_reached_account_id, v_reached_scope_id, v_reached_percent, v_reached_spent_microcents FROM collected;
         IF coalesce(cardinality(v_reached_account_id), 0) > 0 THEN
-            FOR v_row7_0, v_row7_1, v_row7_2, v_row7_3, v_row7_4 IN
-            SELECT 'evt_' || replace(CAST(gen_random_uuid() AS TEXT), '-', '') AS event_id_1, fired.account_id, 'spend_limit.threshold_reached' AS anon_1, CAST(json_build_object('limit_scope', shown.limit_scope, 'api_key_id', shown.api_key_id, 'project_id', shown.project_id, 'member_id', shown.member_id, 'window', shown.spend_limit_window, 'window_starts_at', shown.window_starts, 'spent_microcents', fired.spent_microcents, 'limit_microcents', shown.limit_microcents, 'percent', fired.percent) AS TEXT) AS json_object_text_1, p_now AS anon_2
-            FROM unnest(v_reached_account_id, v_reached_scope_id, v_reached_percent, v_reached_spent_microcents) AS fired(account_id, scope_id, percent, spent_microcents) JOIN (SELECT * FROM ROWS FROM (json_to_recordset(CAST(p_spend_limits AS json)) AS (account_id VARCHAR(32), limit_scope VARCHAR(8), scope_id VARCHAR(32), api_key_id VARCHAR(32), project_id VARCHAR, member_id VARCHAR, spend_limit_window VARCHAR(8), window_starts_at TIMESTAMP WITH TIME ZONE, window_ends_at TIMESTAMP WITH TIME ZONE, window_starts VARCHAR, percent INTEGER, limit_microcents BIGINT, threshold_microcents BIGINT)) WITH ORDINALITY AS t(account_id, limit_scope, scope_id, api_key_id, project_id, member_id, spend_limit_window, window_starts_at, window_ends_at, window_starts, percent, limit_microcents, threshold_microcents, position)) AS shown ON shown.account_id = fired.account_id AND shown.scope_id = fired.scope_id AND shown.percent = fired.percent ORDER BY fired.account_id COLLATE "C", fired.scope_id COLLATE "C", fired.percent
-            LOOP
-                INSERT INTO webhook_events (public_id, account_id, type, data, created_at) VALUES (v_row7_0, v_row7_1, v_row7_2, v_row7_3, v_row7_4);
-            END LOOP;
+            INSERT INTO webhook_events (public_id, account_id, type, data, created_at) SELECT 'evt_' || replace(CAST(gen_random_uuid() AS TEXT), '-', '') AS event_id_1, fired.account_id, 'spend_limit.threshold_reached' AS anon_1, CAST(json_build_object('limit_scope', shown.limit_scope, 'api_key_id', shown.api_key_id, 'project_id', shown.project_id, 'member_id', shown.member_id, 'window', shown.spend_limit_window, 'window_starts_at', shown.window_starts, 'spent_microcents', fired.spent_microcents, 'limit_microcents', shown.limit_microcents, 'percent', fired.percent) AS TEXT) AS json_object_text_1, p_now AS anon_2
+            FROM unnest(v_reached_account_id, v_reached_scope_id, v_reached_percent, v_reached_spent_microcents) AS fired(account_id, scope_id, percent, spent_microcents) JOIN (SELECT * FROM ROWS FROM (json_to_recordset(CAST(p_spend_limits AS json)) AS (account_id VARCHAR(32), limit_scope VARCHAR(8), scope_id VARCHAR(32), api_key_id VARCHAR(32), project_id VARCHAR, member_id VARCHAR, spend_limit_window VARCHAR(8), window_starts_at TIMESTAMP WITH TIME ZONE, window_ends_at TIMESTAMP WITH TIME ZONE, window_starts VARCHAR, percent INTEGER, limit_microcents BIGINT, threshold_microcents BIGINT)) WITH ORDINALITY AS t(account_id, limit_scope, scope_id, api_key_id, project_id, member_id, spend_limit_window, window_starts_at, window_ends_at, window_starts, percent, limit_microcents, threshold_microcents, position)) AS shown ON shown.account_id = fired.account_id AND shown.scope_id = fired.scope_id AND shown.percent = fired.percent ORDER BY fired.account_id COLLATE "C", fired.scope_id COLLATE "C", fired.percent;
         END IF;
     END IF;
 END;

@@ -19,17 +19,6 @@ DECLARE
     v_due_account_id VARCHAR(32)[];
     v_due_amount BIGINT[];
     v_due_expires_at TIMESTAMP WITH TIME ZONE[];
-    v_row1_0 VARCHAR(32);
-    v_row1_1 VARCHAR;
-    v_row1_2 BIGINT;
-    v_row1_3 VARCHAR(32);
-    v_row1_4 TIMESTAMP WITH TIME ZONE;
-    v_row1_5 TIMESTAMP WITH TIME ZONE;
-    v_row2_0 VARCHAR;
-    v_row2_1 VARCHAR(32);
-    v_row2_2 VARCHAR;
-    v_row2_3 TEXT;
-    v_row2_4 TIMESTAMP WITH TIME ZONE;
     v_paid_account_id VARCHAR(32)[];
     v_paid_grant_id VARCHAR(32)[];
     v_paid_amount BIGINT[];
@@ -38,22 +27,12 @@ DECLARE
     v_first_grant_id VARCHAR(32);
     v_first_remaining BIGINT;
     v_first_updated VARCHAR(32);
-    v_row3_0 VARCHAR(32);
-    v_row3_1 DATE;
-    v_row3_2 VARCHAR;
-    v_row3_3 VARCHAR(32);
-    v_row3_4 BIGINT;
     v_unpaid_account_id VARCHAR(32)[];
     v_unpaid_total BIGINT[];
     v_parts_grant_id VARCHAR(32)[];
     v_parts_account_id VARCHAR(32)[];
     v_parts_amount BIGINT[];
     v_parts_kind VARCHAR(16)[];
-    v_row4_0 VARCHAR(32);
-    v_row4_1 DATE;
-    v_row4_2 VARCHAR;
-    v_row4_3 VARCHAR(32);
-    v_row4_4 BIGINT;
 BEGIN
     PERFORM lock_shard_metadata(5, ARRAY[get_shard_id_for_distribution_column('accounts', p_account_id)]) AS shard_locked;
     SELECT array_agg(collected.account_id ORDER BY collected.account_id COLLATE "C"), array_agg(collected.total ORDER BY collected.account_id COLLATE "C") INTO v_debits_account_id, v_debits_total
@@ -93,19 +72,11 @@ BEGIN
         FROM unnest(v_debits_account_id, v_debits_total) AS xd(account_id, total)) AND credit_grants.status = 'active' AND credit_grants.remaining_microcents > 0 AND credit_grants.expires_at IS NOT NULL AND credit_grants.expires_at <= p_now
         ) AS collected;
         IF coalesce(cardinality(v_due_grant_id), 0) > 0 THEN
-            FOR v_row1_0, v_row1_1, v_row1_2, v_row1_3, v_row1_4, v_row1_5 IN
-            SELECT due.account_id, 'expiry' AS anon_1, -due.amount, due.grant_id, p_now AS anon_2, due.expires_at
-            FROM unnest(v_due_grant_id, v_due_account_id, v_due_amount, v_due_expires_at) AS due(grant_id, account_id, amount, expires_at) ORDER BY due.expires_at, due.grant_id COLLATE "C"
-            LOOP
-                INSERT INTO ledger_entries (account_id, kind, amount_microcents, created_at, grant_id, effective_at) VALUES (v_row1_0, v_row1_1, v_row1_2, v_row1_4, v_row1_3, v_row1_5);
-            END LOOP;
+            INSERT INTO ledger_entries (account_id, kind, amount_microcents, grant_id, created_at, effective_at) SELECT due.account_id, 'expiry' AS anon_1, -due.amount, due.grant_id, p_now AS anon_2, due.expires_at
+            FROM unnest(v_due_grant_id, v_due_account_id, v_due_amount, v_due_expires_at) AS due(grant_id, account_id, amount, expires_at) ORDER BY due.expires_at, due.grant_id COLLATE "C";
             UPDATE credit_grants SET remaining_microcents=0, status='expired' FROM unnest(v_due_grant_id, v_due_account_id, v_due_amount, v_due_expires_at) AS due(grant_id, account_id, amount, expires_at) WHERE credit_grants.id = due.grant_id AND credit_grants.account_id = p_account_id;
-            FOR v_row2_0, v_row2_1, v_row2_2, v_row2_3, v_row2_4 IN
-            SELECT 'evt_' || replace(CAST(gen_random_uuid() AS TEXT), '-', '') AS event_id_1, de.account_id, 'credit.grant_expired' AS anon_1, CAST(json_build_object('grant_id', de.grant_id, 'forfeited_microcents', de.amount) AS TEXT) AS json_object_text_1, p_now AS anon_2
-            FROM unnest(v_due_grant_id, v_due_account_id, v_due_amount, v_due_expires_at) AS de(grant_id, account_id, amount, expires_at)
-            LOOP
-                INSERT INTO webhook_events (public_id, account_id, type, data, created_at) VALUES (v_row2_0, v_row2_1, v_row2_2, v_row2_3, v_row2_4);
-            END LOOP;
+            INSERT INTO webhook_events (public_id, account_id, type, data, created_at) SELECT 'evt_' || replace(CAST(gen_random_uuid() AS TEXT), '-', '') AS event_id_1, de.account_id, 'credit.grant_expired' AS anon_1, CAST(json_build_object('grant_id', de.grant_id, 'forfeited_microcents', de.amount) AS TEXT) AS json_object_text_1, p_now AS anon_2
+            FROM unnest(v_due_grant_id, v_due_account_id, v_due_amount, v_due_expires_at) AS de(grant_id, account_id, amount, expires_at);
         END IF;
         UPDATE accounts SET balance_microcents=(accounts.balance_microcents - (SELECT coalesce(sum(ds.amount), 0) AS coalesce_1
         FROM unnest(v_due_grant_id, v_due_account_id, v_due_amount, v_due_expires_at) AS ds(grant_id, account_id, amount, expires_at)
@@ -139,13 +110,9 @@ BEGIN
         END IF;
     END LOOP;
     IF coalesce(cardinality(v_paid_account_id), 0) > 0 THEN
-        FOR v_row3_0, v_row3_1, v_row3_2, v_row3_3, v_row3_4 IN
-        SELECT pd.account_id, CAST(timezone('UTC', p_now) AS DATE) AS timezone_1, 'spend' AS anon_1, pd.grant_id, pd.amount
+        INSERT INTO credit_allocation_days (account_id, allocation_date, kind, grant_id, amount_microcents) SELECT pd.account_id, CAST(timezone('UTC', p_now) AS DATE) AS timezone_1, 'spend' AS anon_1, pd.grant_id, pd.amount
         FROM unnest(v_paid_account_id, v_paid_grant_id, v_paid_amount) AS pd(account_id, grant_id, amount)
-        WHERE true
-        LOOP
-            INSERT INTO credit_allocation_days (account_id, allocation_date, kind, grant_id, amount_microcents) VALUES (v_row3_0, v_row3_1, v_row3_2, v_row3_3, v_row3_4) ON CONFLICT (account_id, allocation_date, kind, grant_id) DO UPDATE SET amount_microcents = (credit_allocation_days.amount_microcents + excluded.amount_microcents);
-        END LOOP;
+        WHERE true ON CONFLICT (account_id, allocation_date, kind, grant_id) DO UPDATE SET amount_microcents = (credit_allocation_days.amount_microcents + excluded.amount_microcents);
     END IF;
     IF coalesce(cardinality(v_paid_account_id), 0) < coalesce(cardinality(v_debits_account_id), 0) THEN
         SELECT array_agg(collected.account_id), array_agg(collected.total) INTO v_unpaid_account_id, v_unpaid_total
@@ -172,13 +139,9 @@ BEGIN
         WHERE covered.account_id = d.account_id AND covered.status = 'active' AND covered.remaining_microcents > 0 AND (covered.expires_at IS NULL OR covered.expires_at > p_now))) AS found
         ) AS collected;
         IF coalesce(cardinality(v_parts_grant_id), 0) > 0 THEN
-            FOR v_row4_0, v_row4_1, v_row4_2, v_row4_3, v_row4_4 IN
-            SELECT pa.account_id, CAST(timezone('UTC', p_now) AS DATE) AS timezone_1, CASE WHEN (pa.grant_id IS NULL) THEN 'deficit' ELSE 'spend' END AS anon_1, coalesce(pa.grant_id, '') AS coalesce_1, pa.amount
+            INSERT INTO credit_allocation_days (account_id, allocation_date, kind, grant_id, amount_microcents) SELECT pa.account_id, CAST(timezone('UTC', p_now) AS DATE) AS timezone_1, CASE WHEN (pa.grant_id IS NULL) THEN 'deficit' ELSE 'spend' END AS anon_1, coalesce(pa.grant_id, '') AS coalesce_1, pa.amount
             FROM unnest(v_parts_grant_id, v_parts_account_id, v_parts_amount, v_parts_kind) AS pa(grant_id, account_id, amount, kind)
-            WHERE true
-            LOOP
-                INSERT INTO credit_allocation_days (account_id, allocation_date, kind, grant_id, amount_microcents) VALUES (v_row4_0, v_row4_1, v_row4_2, v_row4_3, v_row4_4) ON CONFLICT (account_id, allocation_date, kind, grant_id) DO UPDATE SET amount_microcents = (credit_allocation_days.amount_microcents + excluded.amount_microcents);
-            END LOOP;
+            WHERE true ON CONFLICT (account_id, allocation_date, kind, grant_id) DO UPDATE SET amount_microcents = (credit_allocation_days.amount_microcents + excluded.amount_microcents);
             UPDATE credit_grants SET remaining_microcents=(credit_grants.remaining_microcents - pt.amount) FROM unnest(v_parts_grant_id, v_parts_account_id, v_parts_amount, v_parts_kind) AS pt(grant_id, account_id, amount, kind) WHERE credit_grants.id = pt.grant_id AND credit_grants.account_id = p_account_id;
         END IF;
         IF 'deficit' = ANY (v_parts_kind) THEN

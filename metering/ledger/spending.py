@@ -631,7 +631,8 @@ def _spend_credit(on: p.Backend) -> list[p.Step]:
 
 
 SPEND_CREDIT = p.Program("metering_spend_credit", params=(NOW, DEBITS_IN), build=_spend_credit)
-SPEND_CREDIT_OF_ACCOUNT = of_account(SPEND_CREDIT)  # on a Citus cluster (metering.citus)
+# On a Citus cluster (metering.citus), inside the transaction of the spend's unit of work.
+SPEND_CREDIT_OF_ACCOUNT = of_account(SPEND_CREDIT, delegated=False)
 _SPEND = Forms.of_program(SPEND_CREDIT, SPEND_CREDIT_OF_ACCOUNT)
 
 

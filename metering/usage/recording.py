@@ -169,7 +169,8 @@ _LIMITS = (spend_limits.LIMITS_IN, spend_limits.LIMITED)
 SETTLE_USAGE = p.Program(
     "metering_settle_usage", params=(NOW, CHARGES_IN, HOURLY_IN, *_LIMITS), build=_settle_usage
 )
-SETTLE_USAGE_OF_ACCOUNT = of_account(SETTLE_USAGE)  # on a Citus cluster (metering.citus)
+# On a Citus cluster (metering.citus), inside the transaction of a batch's account.
+SETTLE_USAGE_OF_ACCOUNT = of_account(SETTLE_USAGE, delegated=False)
 
 
 _NEW = p.Rows("v_new", tuple((name, EVENTS.c[name].type) for name in _RETURNED))
