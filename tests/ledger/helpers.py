@@ -3,14 +3,19 @@ direct reads and writes of the rows the service keeps."""
 
 from __future__ import annotations
 
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
 from fractions import Fraction
 from typing import Any
 
+import pytest
 from sqlalchemy import func, insert, select
 
+from metering.kit.gathering import Gathering
 from metering.models import Account, Authorization, LedgerEntry, UsageRollup
 from tests.conftest import NOW, Api
 from tests.factories import Key, create_account, create_key, grant, priced_model
@@ -120,3 +125,65 @@ def books(api: Api, account_id: str) -> tuple[int, int]:
             )
         ).scalar_one()
     return int(balance), int(total)
+
+
+class HeldBack:
+    """Holds the first group call of a gathering (``owner.name``, e.g. ``PostgresHolds.place_all``)
+    back until every request that can has reached the gathering (polled, with a deadline), so
+    they wait behind it whatever the machine's speed; records the size of every call, and fails
+    call number ``fail_call``. Each request holds one of the process's connections while it
+    waits, so the pool's size is how many can: the first two calls then go as [1, pool - 1],
+    and the rest as they come."""
+
+    def __init__(
+        self,
+        monkeypatch: pytest.MonkeyPatch,
+        owner: type,
+        name: str,
+        fail_call: int | None = None,
+    ) -> None:
+        self.sizes: list[int] = []  # of the calls of the last ``at_once``
+        self.calls = 0  # of every call
+        self.arrived = 0
+        self.expected = 0
+        self.queued = 0  # arrivals when the first call went ahead
+        gather, call = Gathering.record, getattr(owner, name)
+
+        async def arriving(gathering: Gathering[Any, Any], item: Any, *args: Any) -> Any:
+            self.arrived += 1
+            return await gather(gathering, item, *args)
+
+        async def recorded(recorder: Any, batch: list[Any]) -> Any:
+            self.sizes.append(len(batch))
+            self.calls += 1
+            if len(self.sizes) == 1:
+                deadline = time.monotonic() + 30
+                while self.arrived < self.expected and time.monotonic() < deadline:
+                    await asyncio.sleep(0.01)
+                self.queued = self.arrived
+            if self.calls == fail_call:
+                raise RuntimeError("the database went away")
+            return await call(recorder, batch)
+
+        monkeypatch.setattr(Gathering, "record", arriving)
+        monkeypatch.setattr(owner, name, recorded)
+
+    def at_once(self, api: Api, requests: list[Callable[[], Awaitable[Any]]]) -> list[Any]:
+        """Each request's outcome (its answer or its error), all sent at once."""
+        self.sizes.clear()
+        self.expected = self.arrived + min(len(requests), pool(api))
+
+        async def all_at_once() -> list[Any]:
+            return list(
+                await asyncio.gather(*(request() for request in requests), return_exceptions=True)
+            )
+
+        outcomes = asyncio.run(all_at_once())
+        assert self.queued == self.expected, "the requests did not reach the gathering in 30 s"
+        assert sum(self.sizes) == len(requests), self.sizes
+        return outcomes
+
+
+def pool(api: Api) -> int:
+    """How many connections a process of ``api`` has: how many requests can wait at once."""
+    return int(api.database.engine.pool.size())  # type: ignore[attr-defined]

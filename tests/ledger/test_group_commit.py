@@ -5,71 +5,37 @@ stranding the next ones."""
 
 from __future__ import annotations
 
-import asyncio
-import time
 from decimal import Decimal
+from functools import partial
 from typing import Any
 
 import pytest
 
 from metering.kit.errors import InsufficientCredits
-from metering.kit.gathering import Gathering
 from metering.ledger import authorizations
 from metering.ledger.placement.postgres import PostgresHolds
 from metering.ledger.schemas import AuthorizationCreate
 from metering.ledger.service import held_counter_mismatches
 from tests.conftest import NOW, Api
 from tests.factories import GLM_RATES
-from tests.ledger.helpers import Setup, expected_estimate, holds, prepaid
+from tests.ledger.helpers import HeldBack, Setup, expected_estimate, holds, pool, prepaid
 
 ESTIMATE = expected_estimate(1000, 100, GLM_RATES)
 
 
-class Arrivals:
-    """Holds the first call to the database back until every request that can has reached the
-    group-commit queue (polled, with a deadline), so they queue behind it whatever the
-    machine's speed; records the size of every call. Each request holds one of the process's
-    connections while it waits, so the pool's size is how many can: the first two calls then
-    go as [1, pool - 1], and the rest as they come."""
+class Arrivals(HeldBack):
+    """The check-and-hold's first call held back until the holds that can have queued behind it
+    (``HeldBack``)."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch, fail_call: int | None = None) -> None:
-        self.sizes: list[int] = []  # of the calls of the last authorize_at_once
-        self.calls = 0  # of every call
-        self.arrived = 0
-        self.expected = 0
-        self.queued = 0  # arrivals when the first call went ahead
-        place, place_all = Gathering.record, PostgresHolds.place_all
-
-        async def arriving(queue: Gathering[Any, Any], item: Any, *args: Any) -> Any:
-            self.arrived += 1
-            return await place(queue, item, *args)
-
-        async def recorded(holds: PostgresHolds, batch: list[Any]) -> Any:
-            self.sizes.append(len(batch))
-            self.calls += 1
-            if len(self.sizes) == 1:
-                deadline = time.monotonic() + 30
-                while self.arrived < self.expected and time.monotonic() < deadline:
-                    await asyncio.sleep(0.01)
-                self.queued = self.arrived
-            if self.calls == fail_call:
-                raise RuntimeError("the database went away")
-            return await place_all(holds, batch)
-
-        monkeypatch.setattr(Gathering, "record", arriving)
-        monkeypatch.setattr(PostgresHolds, "place_all", recorded)
+        super().__init__(monkeypatch, PostgresHolds, "place_all", fail_call)
 
     def authorize_at_once(self, api: Api, requests: list[AuthorizationCreate]) -> list[Any]:
-        self.sizes.clear()
-        self.expected = self.arrived + min(len(requests), self.pool(api))
-        outcomes = authorize_at_once(api, requests)
-        assert self.queued == self.expected, "the requests did not reach the queue in 30 s"
-        assert sum(self.sizes) == len(requests), self.sizes
-        return outcomes
+        return self.at_once(
+            api, [partial(authorizations.authorize, api.database, r, NOW, 3600) for r in requests]
+        )
 
-    @staticmethod
-    def pool(api: Api) -> int:
-        return int(api.database.engine.pool.size())  # type: ignore[attr-defined]
+    pool = staticmethod(pool)
 
 
 @pytest.fixture
@@ -86,18 +52,6 @@ def request(setup: Setup, request_id: str) -> AuthorizationCreate:
         prompt_tokens=1000,
         max_tokens=100,
     )
-
-
-def authorize_at_once(api: Api, requests: list[AuthorizationCreate]) -> list[Any]:
-    async def all_at_once() -> list[Any]:
-        return list(
-            await asyncio.gather(
-                *(authorizations.authorize(api.database, r, NOW, 3600) for r in requests),
-                return_exceptions=True,
-            )
-        )
-
-    return asyncio.run(all_at_once())
 
 
 def test_holds_arriving_together_are_placed_together_each_as_if_alone(

@@ -9,73 +9,37 @@ import asyncio
 import time
 from datetime import timedelta
 from decimal import Decimal
+from functools import partial
 from typing import Any
 
 import psycopg
 import pytest
 
 from metering.kit.errors import NotFound
-from metering.kit.gathering import Gathering
 from metering.ledger import authorizations
 from metering.ledger.placement.postgres import PostgresHolds
 from metering.ledger.schemas import AuthorizationCreate
 from metering.ledger.service import held_counter_mismatches
 from tests.conftest import NOW, Api
 from tests.factories import GLM_RATES
-from tests.ledger.helpers import Setup, expected_estimate, holds, prepaid
+from tests.ledger.helpers import HeldBack, Setup, expected_estimate, holds, pool, prepaid
 
 ESTIMATE = expected_estimate(1000, 100, GLM_RATES)
 TTL = 3600
 
 
-class Voids:
-    """Holds the first void call back until every void that can has reached the gathering
-    (polled, with a deadline), so that they wait behind it whatever the machine's speed; records
-    the size of every call. Each void holds one of the process's connections while it waits, so
-    the pool's size is how many can: the first two calls go as [1, pool - 1]."""
+class Voids(HeldBack):
+    """The first void call held back until the voids that can have queued behind it
+    (``HeldBack``)."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.sizes: list[int] = []
-        self.arrived = 0
-        self.expected = 0
-        gather, void_all = Gathering.record, PostgresHolds.void_all
-
-        async def arriving(gathering: Gathering[Any, Any], item: Any, *args: Any) -> Any:
-            self.arrived += 1
-            return await gather(gathering, item, *args)
-
-        async def recorded(holds: PostgresHolds, batch: list[Any]) -> Any:
-            self.sizes.append(len(batch))
-            if len(self.sizes) == 1:
-                deadline = time.monotonic() + 30
-                while self.arrived < self.expected and time.monotonic() < deadline:
-                    await asyncio.sleep(0.01)
-            return await void_all(holds, batch)
-
-        monkeypatch.setattr(Gathering, "record", arriving)
-        monkeypatch.setattr(PostgresHolds, "void_all", recorded)
+        super().__init__(monkeypatch, PostgresHolds, "void_all")
 
     def void_at_once(self, api: Api, asked: list[tuple[str, Any]]) -> list[Any]:
-        self.sizes.clear()
-        self.arrived = 0
-        self.expected = min(len(asked), pool(api))
-
-        async def all_at_once() -> list[Any]:
-            return list(
-                await asyncio.gather(
-                    *(authorizations.void(api.database, hold_id, now) for hold_id, now in asked),
-                    return_exceptions=True,
-                )
-            )
-
-        outcomes = asyncio.run(all_at_once())
-        assert self.arrived >= self.expected, "the voids did not reach the gathering in 30 s"
-        assert sum(self.sizes) == len(asked), self.sizes
-        return outcomes
-
-
-def pool(api: Api) -> int:
-    return int(api.database.engine.pool.size())  # type: ignore[attr-defined]
+        return self.at_once(
+            api,
+            [partial(authorizations.void, api.database, hold_id, now) for hold_id, now in asked],
+        )
 
 
 def place(api: Api, setup: Setup, count: int, prefix: str = "void") -> list[str]:
