@@ -53,7 +53,7 @@ def multiprocess_directory() -> Path | None:
 
 
 class Counter:
-    """A counter with labels; ``inc(*label_values, amount=1)``."""
+    """A counter, with labels or none; ``inc(*label_values, amount=1)``."""
 
     def __init__(
         self, registry: CollectorRegistry, name: str, help_text: str, labels: tuple[str, ...]
@@ -65,7 +65,9 @@ class Counter:
     def inc(self, *labels: str, amount: int = 1) -> None:
         child = self._children.get(labels)
         if child is None:
-            child = self._children[labels] = self._metric.labels(*labels)
+            child = self._children[labels] = (
+                self._metric.labels(*labels) if labels else self._metric
+            )
         child.inc(amount)
 
 

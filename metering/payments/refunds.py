@@ -70,6 +70,11 @@ REFUNDED_MICROCENTS = REGISTRY.counter(
     "Credit taken back by refunds (microcents), by source.",
     ("source",),
 )
+REFUND_FAILURES_TOTAL = REGISTRY.counter(
+    "metering_payment_refund_failures_total",
+    "Refunds of ours failed (Stripe could not be asked, refused, or failed them): nothing was "
+    "refunded, and their amount may be refunded again.",
+)
 DISPUTES_TOTAL = REGISTRY.counter(
     "metering_payment_disputes_total", "Disputes Stripe reported, by payment kind.", ("kind",)
 )
@@ -228,6 +233,7 @@ def fail(
         .where(REFUNDS.c.account_id == account_id, REFUNDS.c.id == refund["id"])
         .values(values)
     )
+    REFUND_FAILURES_TOTAL.inc()
     amount_cents = int(refund["amount_cents"])
     outbox.emit(
         session,

@@ -374,6 +374,7 @@ class TestStripeUnreachable:
     def test_a_refund_stripe_did_not_make_changes_no_credit_and_is_failed(self, shop: Shop) -> None:
         key, payment = _paid(shop, 800)
         before = _credits(shop, key)
+        failures = _refund_failures(shop)
         nowhere = shop.api.settings.model_copy(update={"stripe_api_base": "http://127.0.0.1:9"})
         cut_off = Payments(shop.api.database, nowhere, shop.api.clock)
 
@@ -381,6 +382,7 @@ class TestStripeUnreachable:
             refunds.refund(cut_off, payment["id"], 300, "x", None, Auditor("test"))
 
         assert _credits(shop, key) == before
+        assert _refund_failures(shop) == failures + 1
         assert _operator_payment(shop, payment["id"])["refunded_cents"] == 0
         with shop.api.database.reading() as session:
             stored = session.execute(
@@ -392,6 +394,14 @@ class TestStripeUnreachable:
         # Nothing reserved by it: the whole amount may still be refunded.
         answer = _refund(shop, payment["id"])
         assert (answer.status_code, answer.json()["amount_cents"]) == (201, 800), answer.text
+
+
+def _refund_failures(shop: Shop) -> int:
+    """``metering_payment_refund_failures_total`` as the metrics endpoint shows it now."""
+    metrics = shop.api.admin("GET", "/metrics").text
+    name = "metering_payment_refund_failures_total "
+    [line] = [line for line in metrics.splitlines() if line.startswith(name)] or [name + "0"]
+    return int(float(line.removeprefix(name)))
 
 
 class _Died(Exception):
