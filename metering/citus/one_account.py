@@ -36,7 +36,7 @@ from itertools import count
 from typing import Any
 
 from sqlalchemy import String, Table, func, literal_column, null, select
-from sqlalchemy.dialects.postgresql import ARRAY, array
+from sqlalchemy.dialects.postgresql import array
 from sqlalchemy.dialects.postgresql.psycopg import PGCompiler_psycopg, PGDialect_psycopg
 from sqlalchemy.sql import ClauseElement, Insert, Select, operators
 from sqlalchemy.sql.elements import BinaryExpression, BooleanClauseList
@@ -392,13 +392,9 @@ def _each_row_collected(step: p.Collect, number: int) -> tuple[p.Step, ...]:
         column.key: p.Var(f"v_row{number}_returned_{column.key}", kinds[column.key])
         for column in statement._returning
     }
-    arrays = {name: p.Var(step.into.array(name), ARRAY(kind)) for name, kind in step.into.columns}
     mark = returned[str(_inserted_mark(statement))]
-    appended: list[p.Step] = [
-        p.Assign(arrays[name], func.array_append(arrays[name].ref, returned[name].ref))
-        for name, _ in step.into.columns
-    ]
-    start: list[p.Step] = [p.Assign(array_, null()) for array_ in arrays.values()]
+    appended: list[p.Step] = [*step.into.appended({n: var.ref for n, var in returned.items()})]
+    start: list[p.Step] = [*step.into.emptied()]
     if step.largest is not None:
         name, largest = step.largest
         start.append(p.Assign(largest, null()))

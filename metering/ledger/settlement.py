@@ -209,10 +209,7 @@ def _found_by_row(
                 ),
                 p.When(
                     and_(hold.ref.isnot(None), hold.ref != all_(ids.ref)),
-                    (
-                        p.Assign(ids, func.array_append(ids.ref, hold.ref)),
-                        p.Assign(events, func.array_append(events.ref, given["usage_event_id"])),
-                    ),
+                    _TARGETS.appended({"hold_id": hold.ref, "event_id": given["usage_event_id"]}),
                 ),
             ),
         ),

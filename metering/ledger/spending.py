@@ -48,7 +48,6 @@ from sqlalchemy import (
     true,
     union_all,
 )
-from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.elements import BindParameter
 
@@ -280,9 +279,8 @@ def debit_steps(on: p.Backend, debits: p.Rows, now: BindParameter[Any]) -> list[
     # which Citus plans once, where it plans an UPDATE … FROM twice at every call.
     row = {name: p.Var(f"v_debit_{name}", kind) for name, kind in debits.columns}
     returned = {name: p.Var(f"v_debited_{name}", kind) for name, kind in _MOVED.columns}
-    arrays = {name: p.Var(_MOVED.array(name), ARRAY(kind)) for name, kind in _MOVED.columns}
     by_row: list[p.Step] = [
-        *(p.Assign(array_, null()) for array_ in arrays.values()),  # as array_agg of no row
+        *_MOVED.emptied(),
         p.ForEach(
             select(d.c.account_id, d.c.total),
             into=(row["account_id"], row["total"]),
@@ -293,10 +291,7 @@ def debit_steps(on: p.Backend, debits: p.Rows, now: BindParameter[Any]) -> list[
                 ),
                 p.When(
                     returned["account_id"].ref.isnot(None),
-                    tuple(
-                        p.Assign(arrays[name], func.array_append(arrays[name].ref, var.ref))
-                        for name, var in returned.items()
-                    ),
+                    _MOVED.appended({name: var.ref for name, var in returned.items()}),
                 ),
             ),
         ),
@@ -466,10 +461,9 @@ def _first_grant_first(on: p.Backend, debits: p.Rows, now: BindParameter[Any]) -
         grant = p.Var("v_first_grant_id", GRANTS.c.id.type)
         remaining = p.Var("v_first_remaining", BigInteger())
         updated = p.Var("v_first_updated", GRANTS.c.id.type)
-        arrays = {name: p.Var(_PAID.array(name), ARRAY(kind)) for name, kind in _PAID.columns}
         paid = {"account_id": account.ref, "grant_id": grant.ref, "amount": total.ref}
         return [
-            *(p.Assign(array_, null()) for array_ in arrays.values()),  # as array_agg of no row
+            *_PAID.emptied(),
             p.ForEach(
                 select(w.c.account_id, w.c.total),
                 into=(account, total),
@@ -481,13 +475,7 @@ def _first_grant_first(on: p.Backend, debits: p.Rows, now: BindParameter[Any]) -
                             p.Fetch(
                                 spent(grant.ref, total.ref).returning(GRANTS.c.id), into=(updated,)
                             ),
-                            p.When(
-                                updated.ref.isnot(None),
-                                tuple(
-                                    p.Assign(array_, func.array_append(array_.ref, paid[name]))
-                                    for name, array_ in arrays.items()
-                                ),
-                            ),
+                            p.When(updated.ref.isnot(None), _PAID.appended(paid)),
                         ),
                     ),
                 ),

@@ -15,11 +15,12 @@ line of a generated function, named by a PL/pgSQL error, leads back to it
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import ColumnElement, bindparam
+from sqlalchemy import ColumnElement, bindparam, func, null
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.sql import ClauseElement
 from sqlalchemy.sql.elements import BindParameter
 from sqlalchemy.sql.expression import Select, UpdateBase
@@ -72,6 +73,24 @@ class Rows:
 
     def array(self, column_name: str) -> str:
         return f"{self.name}_{column_name}"
+
+    # PL/pgSQL forms hold collected rows as one array per column: a program that collects rows
+    # one at a time (a loop of one-row statements) writes those arrays with these steps.
+
+    def emptied(self) -> tuple[Assign, ...]:
+        """No row, as a ``Collect`` of none leaves them: each column's array null (``array_agg``
+        of no row)."""
+        return tuple(Assign(array, null()) for array in self._arrays().values())
+
+    def appended(self, values: Mapping[str, Any]) -> tuple[Assign, ...]:
+        """One more row, after the last: ``values`` by column."""
+        return tuple(
+            Assign(array, func.array_append(array.ref, values[name]))
+            for name, array in self._arrays().items()
+        )
+
+    def _arrays(self) -> dict[str, Var]:
+        return {name: Var(self.array(name), ARRAY(kind)) for name, kind in self.columns}
 
 
 _NOT_NAMES = {"<locals>", "<module>", "<lambda>", "<listcomp>", "<genexpr>", "<dictcomp>"}
