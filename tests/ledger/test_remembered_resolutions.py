@@ -460,21 +460,14 @@ def _key_lists(api: Api, setup: Setup, *, with_model: bool) -> None:
     _admin(api, "PATCH", f"/admin/v1/api-keys/{setup.key.id}", {"allowed_models": models})
 
 
-def _project(api: Api, setup: Setup, body: dict[str, Any]) -> None:
-    """The key's project changed through the service (which marks the account)."""
+def _scope(api: Api, setup: Setup, scope: str, body: dict[str, Any]) -> None:
+    """The key's project or member (``scope``) changed through the service (which marks the
+    account)."""
     with api.database.unit_of_work() as session:
-        project_id = session.execute(
-            text("SELECT project_id FROM api_keys WHERE id = :id"), {"id": setup.key.id}
+        scope_id = session.execute(
+            text(f"SELECT {scope}_id FROM api_keys WHERE id = :id"), {"id": setup.key.id}
         ).scalar_one()
-    _admin(api, "PATCH", f"/admin/v1/projects/{project_id}", body)
-
-
-def _member(api: Api, setup: Setup, body: dict[str, Any]) -> None:
-    with api.database.unit_of_work() as session:
-        member_id = session.execute(
-            text("SELECT member_id FROM api_keys WHERE id = :id"), {"id": setup.key.id}
-        ).scalar_one()
-    _admin(api, "PATCH", f"/admin/v1/members/{member_id}", body)
+    _admin(api, "PATCH", f"/admin/v1/{scope}s/{scope_id}", body)
 
 
 # Each fact a resolution rests on, changed behind the process; and whether the resolution's
@@ -495,16 +488,19 @@ FACTS: dict[str, tuple[Callable[[Api, Setup], None], bool]] = {
     "account's list with the model": (lambda a, s: _account_lists(a, s, with_model=True), True),
     "key's list without the model": (lambda a, s: _key_lists(a, s, with_model=False), False),
     "key's list with the model": (lambda a, s: _key_lists(a, s, with_model=True), True),
-    "project spend limit": (lambda a, s: _project(a, s, {"spend_limit_cents": 100}), False),
+    "project spend limit": (
+        lambda a, s: _scope(a, s, "project", {"spend_limit_cents": 100}),
+        False,
+    ),
     "project's list without the model": (
-        lambda a, s: _project(a, s, {"allowed_models": []}),
+        lambda a, s: _scope(a, s, "project", {"allowed_models": []}),
         False,
     ),
     "project's list with the model": (
-        lambda a, s: _project(a, s, {"allowed_models": [s.model]}),
+        lambda a, s: _scope(a, s, "project", {"allowed_models": [s.model]}),
         True,
     ),
-    "member spend limit": (lambda a, s: _member(a, s, {"spend_limit_cents": 100}), False),
+    "member spend limit": (lambda a, s: _scope(a, s, "member", {"spend_limit_cents": 100}), False),
 }
 
 
