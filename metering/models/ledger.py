@@ -20,7 +20,13 @@ from sqlalchemy import (
 from sqlalchemy.orm import Mapped, mapped_column
 
 from metering.models.base import Base, BigIntPK, UTCDateTime
-from metering.states.holds import ACTIVE_ROWS, RELEASED_ROWS, STATUS_CHECK, UNNOTICED_ROWS
+from metering.states.holds import (
+    ACTIVE_ROWS,
+    OPEN_ROWS,
+    RELEASED_ROWS,
+    STATUS_CHECK,
+    UNNOTICED_ROWS,
+)
 
 # The signs (1, 0, -1) each kind of entry's amount may have: grants add, adjustments change,
 # charges never add, expiries, voids and refunds take away. The table's two checks are rendered
@@ -154,7 +160,14 @@ class Authorization(Base):
             sqlite_where=text(ACTIVE_ROWS),
             postgresql_where=text(ACTIVE_ROWS),
         ),
-        Index("ix_authorizations_status_expires_at", "status", "expires_at"),
+        # Open holds by status and expiry (the tidy-up, the expired holds' gauge); on SQLite,
+        # which cannot use it for one status of the two, every hold's.
+        Index(
+            "ix_authorizations_status_expires_at",
+            "status",
+            "expires_at",
+            postgresql_where=text(OPEN_ROWS),
+        ),
         # Expired holds whose expired_unused event is still to be written (the tidy-up's).
         Index(
             "ix_authorizations_unnoticed_expiry",
