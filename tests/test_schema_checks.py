@@ -1,17 +1,22 @@
 """The ledger's sign rule and the allocation days' kinds as the schema enforces them, on every
 backend: PostgreSQL holds them in compact forms of its own (migrations 0006 and 0007), SQLite as
-the models write them; both must allow and refuse the same rows."""
+the models write them; both must allow and refuse the same rows. The lists of values PostgreSQL
+holds as domains (metering.models.base ``one_of``) allow exactly their values there."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import create_engine, text
+from sqlalchemy.dialects.postgresql import DOMAIN
 from sqlalchemy.exc import IntegrityError
 
 from metering.kit.ranges import INT64_MAX
-from tests.conftest import APP_BACKENDS, migrated_database
+from metering.models import Base
+from tests.conftest import APP_BACKENDS, SERVER_BACKENDS, migrated_database
 
 AMOUNTS = (-INT64_MAX - 1, -5, -1, 0, 1, 7, INT64_MAX)
 
@@ -54,7 +59,9 @@ def test_each_kind_and_sign_of_a_ledger_entry(backend: str, tmp_path: Path) -> N
                             connection.execute(insert, {"kind": kind, "amount": amount})
                     except IntegrityError as refused:
                         assert not _allowed(kind, amount), (kind, amount, refused)
-                        assert "ck_ledger_entries_" in str(refused.orig), refused
+                        # the table's checks, or (PostgreSQL) the kind's domain
+                        refusal = str(refused.orig)
+                        assert "ck_ledger_entries_" in refusal or "ledger_entry_kind" in refusal
                     else:
                         assert _allowed(kind, amount), (kind, amount)
                         stored.append((kind, amount))
@@ -98,5 +105,61 @@ def test_the_kinds_of_an_allocation_day(backend: str, tmp_path: Path) -> None:
                     text("SELECT kind FROM credit_allocation_days ORDER BY kind")
                 ).scalars()
                 assert list(kinds) == ["deficit", "payoff", "refund", "spend"]
+        finally:
+            engine.dispose()
+
+
+def _listed_columns() -> list[tuple[str, str, Any]]:
+    """Each column whose type is a list of values: its table, its name and its type."""
+    return [
+        (table.name, column.name, column.type)
+        for table in Base.metadata.tables.values()
+        for column in table.columns
+        if "postgresql" in getattr(column.type, "_variant_mapping", {})
+        and isinstance(column.type._variant_mapping["postgresql"], DOMAIN)
+    ]
+
+
+def test_lists_of_values_are_domains_on_postgresql() -> None:
+    """The gateway's lists of values (as the table checks they replace on SQLite)."""
+    assert sorted((table, column) for table, column, _ in _listed_columns()) == [
+        ("accounts", "billing"),
+        ("authorizations", "status"),
+        ("credit_grants", "category"),
+        ("credit_grants", "status"),
+        ("ledger_entries", "kind"),
+        ("usage_events", "api"),
+        ("usage_events", "outcome"),
+    ]
+
+
+@pytest.mark.parametrize("backend", SERVER_BACKENDS)
+def test_each_domain_allows_its_values_only(backend: str, tmp_path: Path) -> None:
+    """Each listed column's domain takes each of its values and refuses any other (one of them
+    in another case, a blank, an empty text), as its table's check does on SQLite."""
+    with migrated_database(backend, tmp_path) as url:
+        engine = create_engine(url)
+        try:
+            for table, column, type_ in _listed_columns():
+                domain = type_._variant_mapping["postgresql"]
+                check = str(domain.check)
+                values = re.findall(r"'([^']*)'", check)
+                assert values and check == "VALUE IN (" + ", ".join(f"'{v}'" for v in values) + ")"
+                with engine.connect() as connection:
+                    for value in values:
+                        cast = text(f"SELECT CAST(:value AS {domain.name})")
+                        assert connection.execute(cast, {"value": value}).scalar_one() == value
+                for wrong in (values[0].upper(), f"{values[0]} ", "", "other"):
+                    with pytest.raises(IntegrityError, match=domain.name), engine.connect() as c:
+                        c.execute(text(f"SELECT CAST(:value AS {domain.name})"), {"value": wrong})
+                with engine.connect() as connection:
+                    found = connection.execute(
+                        text(
+                            "SELECT format_type(atttypid, NULL) FROM pg_attribute "
+                            "WHERE attrelid = CAST(:table AS regclass) AND attname = :column"
+                        ),
+                        {"table": table, "column": column},
+                    ).scalar_one()
+                assert found == domain.name, (table, column)
         finally:
             engine.dispose()

@@ -67,7 +67,7 @@ DECLARE
     v_r_api_keys_member_id VARCHAR(32);
     v_r_api_keys_restricts_models BOOLEAN;
     v_r_accounts_found BOOLEAN;
-    v_r_accounts_billing VARCHAR(16);
+    v_r_accounts_billing account_billing;
     v_r_accounts_max_concurrent_requests INTEGER;
     v_r_accounts_restricts_models BOOLEAN;
     v_r_projects_spend_limit_microcents BIGINT;

@@ -14,8 +14,8 @@ DECLARE
     v_row1_1 VARCHAR(64);
     v_row1_2 VARCHAR(32);
     v_row1_3 VARCHAR(100);
-    v_row1_4 VARCHAR(20);
-    v_row1_5 VARCHAR(10);
+    v_row1_4 usage_api;
+    v_row1_5 usage_outcome;
     v_row1_6 TIMESTAMP WITH TIME ZONE;
     v_row1_7 VARCHAR(64);
     v_row1_8 INTEGER;
@@ -133,7 +133,7 @@ BEGIN
     v_newest := NULL;
     FOR v_row1_0, v_row1_1, v_row1_2, v_row1_3, v_row1_4, v_row1_5, v_row1_6, v_row1_7, v_row1_8, v_row1_9, v_row1_10, v_row1_11, v_row1_12, v_row1_13, v_row1_14, v_row1_15, v_row1_16, v_row1_17 IN
     SELECT e.account_id, e.request_id, e.api_key_id, e.model_id, e.api, e.outcome, e.occurred_at, e.authorization_id, e.prompt_tokens, e.cached_tokens, e.output_tokens, e.reasoning_tokens, e.input_microcents, e.cache_read_microcents, e.output_microcents, e.total_microcents, e.price_version_id, p_now AS anon_1
-    FROM (SELECT * FROM ROWS FROM (json_to_recordset(CAST(p_events AS json)) AS (account_id VARCHAR(32), request_id VARCHAR(64), api_key_id VARCHAR(32), model_id VARCHAR(100), api VARCHAR(20), outcome VARCHAR(10), occurred_at TIMESTAMP WITH TIME ZONE, authorization_id VARCHAR(64), prompt_tokens INTEGER, cached_tokens INTEGER, output_tokens INTEGER, reasoning_tokens INTEGER, input_microcents BIGINT, cache_read_microcents BIGINT, output_microcents BIGINT, total_microcents BIGINT, price_version_id VARCHAR(32))) WITH ORDINALITY AS t(account_id, request_id, api_key_id, model_id, api, outcome, occurred_at, authorization_id, prompt_tokens, cached_tokens, output_tokens, reasoning_tokens, input_microcents, cache_read_microcents, output_microcents, total_microcents, price_version_id, position)) AS e
+    FROM (SELECT * FROM ROWS FROM (json_to_recordset(CAST(p_events AS json)) AS (account_id VARCHAR(32), request_id VARCHAR(64), api_key_id VARCHAR(32), model_id VARCHAR(100), api usage_api, outcome usage_outcome, occurred_at TIMESTAMP WITH TIME ZONE, authorization_id VARCHAR(64), prompt_tokens INTEGER, cached_tokens INTEGER, output_tokens INTEGER, reasoning_tokens INTEGER, input_microcents BIGINT, cache_read_microcents BIGINT, output_microcents BIGINT, total_microcents BIGINT, price_version_id VARCHAR(32))) WITH ORDINALITY AS t(account_id, request_id, api_key_id, model_id, api, outcome, occurred_at, authorization_id, prompt_tokens, cached_tokens, output_tokens, reasoning_tokens, input_microcents, cache_read_microcents, output_microcents, total_microcents, price_version_id, position)) AS e
     WHERE true ORDER BY e.position
     LOOP
         INSERT INTO usage_events (account_id, request_id, api_key_id, model_id, api, outcome, occurred_at, recorded_at, authorization_id, prompt_tokens, cached_tokens, output_tokens, reasoning_tokens, input_microcents, cache_read_microcents, output_microcents, total_microcents, price_version_id) VALUES (v_row1_0, v_row1_1, v_row1_2, v_row1_3, v_row1_4, v_row1_5, v_row1_6, v_row1_17, v_row1_7, v_row1_8, v_row1_9, v_row1_10, v_row1_11, v_row1_12, v_row1_13, v_row1_14, v_row1_15, v_row1_16) ON CONFLICT (account_id, request_id) DO NOTHING RETURNING usage_events.id, usage_events.account_id, usage_events.request_id, usage_events.api_key_id, usage_events.authorization_id, usage_events.total_microcents

@@ -17,13 +17,15 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Mapped, mapped_column
 
-from metering.models.base import Base, UTCDateTime
+from metering.models.base import Base, UTCDateTime, one_of, one_of_check
+
+BILLINGS = ("prepaid", "unbilled")
 
 
 class Account(Base):
     __tablename__ = "accounts"
     __table_args__ = (
-        CheckConstraint("billing IN ('prepaid', 'unbilled')", name="billing"),
+        one_of_check("billing", BILLINGS),
         CheckConstraint(
             "max_concurrent_requests IS NULL OR max_concurrent_requests >= 1",
             name="max_concurrent_requests_positive",
@@ -39,7 +41,7 @@ class Account(Base):
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
     name: Mapped[str] = mapped_column(String(200))
-    billing: Mapped[str] = mapped_column(String(16))
+    billing: Mapped[str] = mapped_column(one_of("account_billing", BILLINGS, 16))
     # grants + adjustments − charges; moved only together with a ledger entry, in one transaction.
     balance_microcents: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     # The sum of the estimates of the account's holds with ``counted`` set: what the check-and-

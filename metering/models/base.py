@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any, cast
 
-from sqlalchemy import BigInteger, DateTime, Integer, MetaData, Table
+from sqlalchemy import BigInteger, CheckConstraint, DateTime, Integer, MetaData, String, Table
+from sqlalchemy.dialects.postgresql import DOMAIN
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase
-from sqlalchemy.types import TypeDecorator
+from sqlalchemy.types import TypeDecorator, TypeEngine
 
 NAMING_CONVENTION = {
     "ix": "ix_%(column_0_label)s",
@@ -55,3 +57,53 @@ BigIntPK = BigInteger().with_variant(Integer(), "sqlite")
 def table(model: type[Base]) -> Table:
     """A mapped class's Core table, for set-based statements (typed for mypy)."""
     return cast(Table, model.__table__)
+
+
+def listed(subject: str, values: Iterable[str]) -> str:
+    """The condition that ``subject`` is one of ``values``: ``subject IN ('a', 'b', …)``."""
+    return f"{subject} IN (" + ", ".join(f"'{value}'" for value in values) + ")"
+
+
+class _ListDomain(DOMAIN):
+    """A domain over a VARCHAR whose values the programs compiler writes as the VARCHAR's
+    literals (metering.programs), made and dropped with the tables only on PostgreSQL (a
+    variant's type is told of every dialect's ``create_all``)."""
+
+    cache_ok = True
+
+    def literal_processor(self, dialect: Dialect) -> Any:
+        return self.data_type.literal_processor(dialect)
+
+    def _on_table_create(self, target: Any, bind: Any, checkfirst: Any = False, **kw: Any) -> None:
+        if bind.dialect.name == "postgresql":
+            super()._on_table_create(target, bind, checkfirst, **kw)
+
+    def _on_metadata_create(
+        self, target: Any, bind: Any, checkfirst: Any = False, **kw: Any
+    ) -> None:
+        if bind.dialect.name == "postgresql":
+            super()._on_metadata_create(target, bind, checkfirst, **kw)
+
+    def _on_metadata_drop(self, target: Any, bind: Any, checkfirst: Any = False, **kw: Any) -> None:
+        if bind.dialect.name == "postgresql":
+            super()._on_metadata_drop(target, bind, checkfirst, **kw)
+
+
+def one_of(domain: str, values: Iterable[str], length: int) -> TypeEngine[str]:
+    """A text that is one of ``values``, of at most ``length`` characters: on PostgreSQL the
+    domain ``domain``, whose check says so; elsewhere ``VARCHAR(length)``, the table keeping
+    the check (``one_of_check``).
+
+    PostgreSQL reads a table's checks back from their stored text at every statement that writes
+    the table, and a domain's once per connection (docs/performance.md): the lists of values the
+    gateway's statements write are domains there."""
+    check = listed("VALUE", values)
+    return String(length).with_variant(
+        _ListDomain(domain, String(length), check=check, constraint_name=domain), "postgresql"
+    )
+
+
+def one_of_check(column: str, values: Iterable[str]) -> CheckConstraint:
+    """The table's check of ``column`` being one of ``values``, on SQLite only (on PostgreSQL
+    the column's domain checks it: ``one_of``), named after the column."""
+    return CheckConstraint(listed(column, values), name=column).ddl_if(dialect="sqlite")

@@ -19,9 +19,9 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Mapped, mapped_column
 
-from metering.models.base import Base, UTCDateTime
+from metering.models.base import Base, UTCDateTime, one_of, one_of_check
 from metering.models.ledger import kind_check
-from metering.states.grants import ACTIVE_ROWS, STATUS_CHECK
+from metering.states.grants import ACTIVE_ROWS, STORED
 
 # ACTIVE_ROWS: rows a debit may still be paid from are among these (the live test adds "a
 # remainder, not expired at now"). Not on the remainder itself: every debit moves it, and a
@@ -32,6 +32,8 @@ from metering.states.grants import ACTIVE_ROWS, STATUS_CHECK
 UNNOTICED_EXPIRY_ROWS = "expires_at IS NOT NULL AND NOT expiring_noticed"
 ALLOCATION_KINDS = ("spend", "deficit", "payoff", "refund")
 
+CATEGORIES = ("paid", "promotional", "adjustment")
+
 
 class CreditGrant(Base):
     """One grant. ``remaining_microcents`` moves only under the account's row lock, together
@@ -41,8 +43,8 @@ class CreditGrant(Base):
 
     __tablename__ = "credit_grants"
     __table_args__ = (
-        CheckConstraint("category IN ('paid', 'promotional', 'adjustment')", name="category"),
-        CheckConstraint(STATUS_CHECK, name="status"),
+        one_of_check("category", CATEGORIES),
+        one_of_check("status", STORED),
         CheckConstraint("priority >= 0 AND priority <= 100", name="priority"),
         CheckConstraint("amount_microcents > 0", name="amount_positive"),
         CheckConstraint(
@@ -75,12 +77,12 @@ class CreditGrant(Base):
     account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"))
     # The ledger entry that created it (a grant or a positive adjustment): its creation order.
     entry_id: Mapped[int] = mapped_column(BigInteger, unique=True)
-    category: Mapped[str] = mapped_column(String(16))
+    category: Mapped[str] = mapped_column(one_of("grant_category", CATEGORIES, 16))
     priority: Mapped[int] = mapped_column(Integer)
     amount_microcents: Mapped[int] = mapped_column(BigInteger)
     remaining_microcents: Mapped[int] = mapped_column(BigInteger)
     expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
-    status: Mapped[str] = mapped_column(String(16))
+    status: Mapped[str] = mapped_column(one_of("grant_status", STORED, 16))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
     note: Mapped[str | None] = mapped_column(Text)
     # Its credit.grant_expiring is written (or was not due: no remainder, voided, expired).

@@ -19,13 +19,13 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Mapped, mapped_column
 
-from metering.models.base import Base, BigIntPK, UTCDateTime
+from metering.models.base import Base, BigIntPK, UTCDateTime, one_of, one_of_check
 from metering.states.holds import (
     ACTIVE_ROWS,
     OPEN_ROWS,
     RELEASED_ROWS,
-    STATUS_CHECK,
     UNNOTICED_ROWS,
+    HoldStatus,
 )
 
 # The signs (1, 0, -1) each kind of entry's amount may have: grants add, adjustments change,
@@ -94,7 +94,7 @@ class LedgerEntry(Base):
 
     __tablename__ = "ledger_entries"
     __table_args__ = (
-        CheckConstraint(kind_check(ENTRY_SIGNS), name="kind"),
+        one_of_check("kind", ENTRY_SIGNS),
         CheckConstraint(amount_sign_check(ENTRY_SIGNS), name="amount_sign"),
         # Grants and adjustments share one idempotency namespace per account. Charges have no
         # key and stay out of the index: one per usage event, on the hot path.
@@ -112,7 +112,7 @@ class LedgerEntry(Base):
 
     id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
     account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"))
-    kind: Mapped[str] = mapped_column(String(16))
+    kind: Mapped[str] = mapped_column(one_of("ledger_entry_kind", ENTRY_SIGNS, 16))
     amount_microcents: Mapped[int] = mapped_column(BigInteger)  # signed: charges are negative
     idempotency_key: Mapped[str | None] = mapped_column(String(200))
     # SHA-256 of the request's normalised body: the same key with another body is a conflict.
@@ -143,7 +143,7 @@ class Authorization(Base):
 
     __tablename__ = "authorizations"
     __table_args__ = (
-        CheckConstraint(STATUS_CHECK, name="status"),
+        one_of_check("status", HoldStatus),
         CheckConstraint("estimate_microcents >= 0", name="estimate_non_negative"),
         UniqueConstraint("account_id", "request_id"),
         Index(
@@ -197,7 +197,7 @@ class Authorization(Base):
     reasoning: Mapped[bool] = mapped_column(Boolean)
     max_tokens: Mapped[int] = mapped_column(Integer)  # the effective output limit
     estimate_microcents: Mapped[int] = mapped_column(BigInteger)
-    status: Mapped[str] = mapped_column(String(16))
+    status: Mapped[str] = mapped_column(one_of("hold_status", HoldStatus, 16))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
     expires_at: Mapped[datetime] = mapped_column(UTCDateTime)
     closed_at: Mapped[datetime | None] = mapped_column(UTCDateTime)  # settled or voided

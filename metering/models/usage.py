@@ -17,7 +17,11 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Mapped, mapped_column
 
-from metering.models.base import Base, BigIntPK, UTCDateTime
+from metering.models.base import Base, BigIntPK, UTCDateTime, one_of, one_of_check
+from metering.pricing import API_NAMES
+
+# What a usage event says of its request (metering.usage.events refuses any other).
+OUTCOMES = ("completed", "failed")
 
 
 class UsageEvent(Base):
@@ -33,8 +37,8 @@ class UsageEvent(Base):
     __tablename__ = "usage_events"
     __table_args__ = (
         UniqueConstraint("account_id", "request_id"),
-        CheckConstraint("outcome IN ('completed', 'failed')", name="outcome"),
-        CheckConstraint("api IN ('chat_completions', 'responses', 'messages')", name="api"),
+        one_of_check("outcome", OUTCOMES),
+        one_of_check("api", API_NAMES),
         CheckConstraint(
             "total_microcents = input_microcents + cache_read_microcents + output_microcents",
             name="total_is_sum",
@@ -48,8 +52,8 @@ class UsageEvent(Base):
     request_id: Mapped[str] = mapped_column(String(64))
     api_key_id: Mapped[str] = mapped_column(String(32))
     model_id: Mapped[str] = mapped_column(String(100))
-    api: Mapped[str] = mapped_column(String(20))
-    outcome: Mapped[str] = mapped_column(String(10))
+    api: Mapped[str] = mapped_column(one_of("usage_api", API_NAMES, 20))
+    outcome: Mapped[str] = mapped_column(one_of("usage_outcome", OUTCOMES, 10))
     occurred_at: Mapped[datetime] = mapped_column(UTCDateTime)
     recorded_at: Mapped[datetime] = mapped_column(UTCDateTime)
     authorization_id: Mapped[str | None] = mapped_column(String(64))

@@ -64,7 +64,6 @@ EXPIRE = (frozenset({HoldStatus.ACTIVE}), HoldStatus.EXPIRED)
 TRANSITIONS = {"settle": SETTLE, "void": VOID, "expire": EXPIRE}
 
 # The same rules as DDL text, for the table's check constraint and its partial indexes.
-STATUS_CHECK = "status IN (" + ", ".join(f"'{status}'" for status in HoldStatus) + ")"
 ACTIVE_ROWS = f"status = '{HoldStatus.ACTIVE}'"
 RELEASED_ROWS = f"counted AND status <> '{HoldStatus.ACTIVE}'"
 # Holds not closed (active or expired: what a settlement may still take), the rows the tidy-up

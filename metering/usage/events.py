@@ -15,12 +15,12 @@ from typing import Any, NamedTuple
 from metering.kit.errors import InvalidRequest
 from metering.kit.text import storable
 from metering.kit.timeutil import parse_timestamp
+from metering.models.usage import OUTCOMES
 from metering.notifications.spend_limits import NO_SCOPES, KeyScopes
 from metering.pricing import API_NAMES, Charge, InvalidUsage, NormalizedUsage, normalize_usage
 
 REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
 _REQUEST_ID_MATCH = REQUEST_ID.fullmatch
-OUTCOMES = ("completed", "failed")
 # occurred_at later than now + this is refused (clock skew between gateway and metering is fine).
 FUTURE_TOLERANCE = timedelta(minutes=5)
 # Longest authorization id stored (metering.states.holds.new_hold_id: under 50 characters).
