@@ -162,10 +162,12 @@ class TestReadApart:
         tables = [[str(f.name) for f in statement.get_final_froms()] for statement in read]
         assert all(len(names) == 1 for names in tables), tables
         expected = {"api_keys", "accounts", "model", "account_rates", "override"}
-        expected |= {"price_versions", "listed", "account_models", "api_key_models"}
+        expected |= {"price_versions", "account_models", "api_key_models"}
         if scoped:
             expected |= {"projects", "members", "project_models"}
         assert {names[0] for names in tables} == expected
+        # The latest list price is read with its row, by one statement (its subquery's own).
+        assert [names[0] for names in tables].count("price_versions") == 1
         assert not any(
             isinstance(e, ScalarSelect | Exists) for s in read for e in iterate(s.whereclause)
         )

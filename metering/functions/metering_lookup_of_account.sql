@@ -21,7 +21,6 @@ DECLARE
     v_p_override_input_microcents_per_million BIGINT;
     v_p_override_output_microcents_per_million BIGINT;
     v_p_override_cache_read_microcents_per_million BIGINT;
-    v_p_2 VARCHAR(32);
     v_p_listed_id VARCHAR(32);
     v_p_listed_input_microcents_per_million BIGINT;
     v_p_listed_output_microcents_per_million BIGINT;
@@ -102,22 +101,11 @@ BEGIN
                     v_p_override_output_microcents_per_million := NULL;
                     v_p_override_cache_read_microcents_per_million := NULL;
                 END IF;
-                SELECT price_versions.id
+                SELECT price_versions.id, price_versions.input_microcents_per_million, price_versions.output_microcents_per_million, price_versions.cache_read_microcents_per_million
                 FROM price_versions
                 WHERE price_versions.model_id = v_l_catalog_models_id AND price_versions.effective_at <= v_l_at ORDER BY price_versions.effective_at DESC
                  LIMIT 1
-                INTO v_p_2;
-                IF v_p_2 IS NOT NULL THEN
-                    SELECT listed.id, listed.input_microcents_per_million, listed.output_microcents_per_million, listed.cache_read_microcents_per_million
-                    FROM price_versions AS listed
-                    WHERE listed.id = v_p_2
-                    INTO v_p_listed_id, v_p_listed_input_microcents_per_million, v_p_listed_output_microcents_per_million, v_p_listed_cache_read_microcents_per_million;
-                ELSE
-                    v_p_listed_id := NULL;
-                    v_p_listed_input_microcents_per_million := NULL;
-                    v_p_listed_output_microcents_per_million := NULL;
-                    v_p_listed_cache_read_microcents_per_million := NULL;
-                END IF;
+                INTO v_p_listed_id, v_p_listed_input_microcents_per_million, v_p_listed_output_microcents_per_million, v_p_listed_cache_read_microcents_per_million;
                 kind := 'price';
                 a := v_l_api_keys_account_id;
                 b := v_l_catalog_models_id;
@@ -156,22 +144,11 @@ BEGIN
                     v_p_override_output_microcents_per_million := NULL;
                     v_p_override_cache_read_microcents_per_million := NULL;
                 END IF;
-                SELECT price_versions.id
+                SELECT price_versions.id, price_versions.input_microcents_per_million, price_versions.output_microcents_per_million, price_versions.cache_read_microcents_per_million
                 FROM price_versions
                 WHERE price_versions.model_id = v_l_catalog_models_id AND price_versions.effective_at <= v_l_at ORDER BY price_versions.effective_at DESC
                  LIMIT 1
-                INTO v_p_2;
-                IF v_p_2 IS NOT NULL THEN
-                    SELECT listed.id, listed.input_microcents_per_million, listed.output_microcents_per_million, listed.cache_read_microcents_per_million
-                    FROM price_versions AS listed
-                    WHERE listed.id = v_p_2
-                    INTO v_p_listed_id, v_p_listed_input_microcents_per_million, v_p_listed_output_microcents_per_million, v_p_listed_cache_read_microcents_per_million;
-                ELSE
-                    v_p_listed_id := NULL;
-                    v_p_listed_input_microcents_per_million := NULL;
-                    v_p_listed_output_microcents_per_million := NULL;
-                    v_p_listed_cache_read_microcents_per_million := NULL;
-                END IF;
+                INTO v_p_listed_id, v_p_listed_input_microcents_per_million, v_p_listed_output_microcents_per_million, v_p_listed_cache_read_microcents_per_million;
                 kind := 'price';
                 a := v_l_api_keys_account_id;
                 b := v_l_catalog_models_id;
