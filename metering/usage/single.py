@@ -181,8 +181,9 @@ class _Statements:
 
 
 class _OneAccount(_Statements):
-    """On a Citus cluster: the key's account first, then the lookup and the program of that
-    account alone (each statement routed to its shard, the program's call delegated)."""
+    """On a Citus cluster: the key's account first, then the lookup of the event's pair read
+    apart and the program, of that account alone (each a call delegated to its worker); an
+    account's project and member limits by a statement routed to its shard."""
 
     RECORD = recording.RECORD_USAGE_OF_ACCOUNT.call_sql
     # The event's one pair read one table at a time, a call delegated to the account's worker.
