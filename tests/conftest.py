@@ -155,6 +155,7 @@ CITUS_MODULES = frozenset(
         "tests/usage/test_ranges.py",
         "tests/usage/test_reprocess_races.py",
         "tests/usage/test_single_event_path.py",
+        "tests/usage/test_single_lookup.py",
         "tests/usage/test_transient_retry.py",
         "tests/web/test_operator_tokens.py",
     }

@@ -162,10 +162,12 @@ class TestReadApart:
         tables = [[str(f.name) for f in statement.get_final_froms()] for statement in read]
         assert all(len(names) == 1 for names in tables), tables
         expected = {"api_keys", "accounts", "model", "account_rates", "override"}
-        expected |= {"price_versions", "listed", "account_models", "api_key_models"}
+        expected |= {"price_versions", "account_models", "api_key_models"}
         if scoped:
             expected |= {"projects", "members", "project_models"}
         assert {names[0] for names in tables} == expected
+        # The latest list price is read with its row, by one statement (its subquery's own).
+        assert [names[0] for names in tables].count("price_versions") == 1
         assert not any(
             isinstance(e, ScalarSelect | Exists) for s in read for e in iterate(s.whereclause)
         )
@@ -1020,8 +1022,8 @@ class TestRouting:
         kinds: list[str],
         events: list[str],
     ) -> None:
-        """The single event: its account's lookup, then the program's call, sent whole to the
-        worker holding the account (a call outside a transaction block), and nothing else; the
+        """The single event: its account's lookup, then the program's call, each sent whole to
+        the worker holding the account (a call outside a transaction block), and nothing else; the
         worker runs every statement of the call on its own shards, its charge (55,900
         microcents) paid by the account's first grant, owed, or taken from two grants; or
         taking the balance (10,000) below the account's low-balance threshold (0) and to zero
@@ -1039,7 +1041,7 @@ class TestRouting:
             )
             assert threshold.status_code == 200, threshold.text
         key = create_key(api, account)
-        group, port = holder(api.url, account)
+        _group, port = holder(api.url, account)
         event = usage_event(key, model, NOW)
         response, commands = self.assert_routed(
             api,
@@ -1052,11 +1054,17 @@ class TestRouting:
         found = sent(Shards.read(api.url), cluster.coordinator.since_mark())
         assert [command.port for command in found] == [port, port], found
         lookup, call = found
-        assert lookup.command.startswith("WITH keyed AS") and lookup.groups == {group}
+        assert (
+            lookup.command.startswith(
+                "SELECT kind, a, b, c, at, price_version_id, input_microcents_per_million,"
+            )
+            and f"FROM public.metering_lookup_of_account('{account}'" in lookup.command
+        ), lookup
         assert call.command.startswith(
             f"SELECT public.metering_record_usage_of_account('{account}'"
         )
-        assert call.transaction is None  # the worker's own transaction, not the coordinator's
+        # each the worker's own transaction, not the coordinator's
+        assert lookup.transaction is None and call.transaction is None
         # ... where the event's insert and its charge ran on the account's shard
         for table in ("usage_events", "ledger_entries"):
             assert any(c.startswith(f"INSERT INTO public.{table}_") for c in commands), table

@@ -47,11 +47,22 @@ class PriceColumns:
     def join(self, base: FromClause) -> FromClause:
         o, p = self._override, self._listed
         if o is not None:
-            has_rates = o.c.input_microcents_per_million.isnot(None)
-            # The override is the account's own row: named by its account as well as its id.
-            mine = and_(o.c.account_id == self._account_id, o.c.id == self._override_id, has_rates)
-            base = base.outerjoin(o, mine)
+            base = base.outerjoin(o, self._mine())
         return base.outerjoin(p, p.c.id == self._listed_id)
+
+    def apart(self) -> tuple[FromClause, ColumnElement[bool]]:
+        """What ``join`` joins, as a chain of its own and the WHERE of its first table: the
+        account's override, then the list price. For reading the price one table at a time
+        where the account, the model and the instant are values (metering.citus.apart)."""
+        o, p = self._override, self._listed
+        assert o is not None, "an account's price"
+        return o.outerjoin(p, p.c.id == self._listed_id), self._mine()
+
+    def _mine(self) -> ColumnElement[bool]:
+        o = self._override
+        has_rates = o.c.input_microcents_per_million.isnot(None)
+        # The override is the account's own row: named by its account as well as its id.
+        return and_(o.c.account_id == self._account_id, o.c.id == self._override_id, has_rates)
 
     @property
     def version_id(self) -> ColumnElement[Any]:

@@ -9,7 +9,10 @@ of it that anything uses, its ON condition (the WHERE for the first) with the ta
 read from the variables they were fetched into; each subquery of a condition or a column (an
 ``EXISTS``, a scalar subquery) a ``Fetch`` of its own before it is used. The columns are then
 expressions of those variables, and ``found`` says whether the row exists (the first table's
-row and each inner join's matched).
+row and each inner join's matched). A table whose condition is only its primary key compared
+with a subquery of the same table that selects that key (``t.id = (SELECT id FROM t WHERE …
+ORDER BY … LIMIT 1)``: a price's latest version) is read by the subquery's own statement, its
+columns selected: the row it names, in one statement instead of two.
 
 The same row, provided each table matches at most one row: every condition compares a unique
 key of its table with what came before (checked when the steps are built), and each scalar
@@ -85,29 +88,64 @@ def read_apart(
     markers: list[p.Var] = []
     for index, ((from_, _, outer), condition) in enumerate(zip(chain, conditions, strict=True)):
         name = f"v_{prefix}_{from_.name}"
-        condition = _without_subqueries(condition, froms, variables, steps, prefix, numbers)
-        _assert_by_unique_key(from_, condition)
+        latest = _latest_of_its_own(from_, condition, froms)
+        if latest is None:
+            condition = _without_subqueries(condition, froms, variables, steps, prefix, numbers)
+            _assert_by_unique_key(from_, condition)
+            read_from, key = from_, condition
+        else:  # the latest row itself, by its subquery's own conditions and order
+            read_from = from_.element if isinstance(from_, Alias) else from_
+            latest = replacement_traverse(  # type: ignore[call-overload]
+                latest, {}, lambda found: _variable(froms, variables, found)
+            )
+            key = and_(true(), *latest._where_criteria)
         fetched = {c: p.Var(f"{name}_{c}", from_.c[c].type) for c in used[index]}
         into = list(fetched.values())
-        selected = [from_.c[column] for column in fetched]
+        selected = [read_from.c[column] for column in fetched]
         if not outer:  # the row exists only if this table's does
             marker = p.Var(f"{name}_found", Boolean())
             markers.append(marker)
             into.insert(0, marker)
             selected.insert(0, true())
-        steps.append(
-            _unless_null_compared(
-                p.Fetch(select(*selected).select_from(from_).where(condition), into=tuple(into)),
-                condition,
-                prefix,
-            )
+        statement = (
+            select(*selected).select_from(from_).where(condition)
+            if latest is None
+            else latest.with_only_columns(*selected)
         )
+        steps.append(_unless_null_compared(p.Fetch(statement, into=tuple(into)), key, prefix))
         variables.update({(index, column): var for column, var in fetched.items()})
     values = {
         name: _without_subqueries(column, froms, variables, steps, prefix, numbers)
         for name, column in columns.items()
     }
     return ReadApart(tuple(steps), and_(*(m.ref.isnot(None) for m in markers)), values)
+
+
+def _latest_of_its_own(from_: Any, condition: Any, chain: list[Any]) -> Select[Any] | None:
+    """The subquery of a condition that is only ``t.<key> = (SELECT <key> FROM t WHERE …
+    ORDER BY … LIMIT 1)``, ``t`` (or an alias of it) the table read and ``<key>`` its primary
+    key: the row it names is the subquery's own row, read by one statement instead of two (the
+    latest version of a price, metering.catalog.prices)."""
+    if not (isinstance(condition, BinaryExpression) and condition.operator is operators.eq):
+        return None
+    column, latest = condition.left, condition.right
+    table: Any = from_.element if isinstance(from_, Alias) else from_
+    if not (
+        isinstance(column, ColumnClause)
+        and column.table is from_
+        and [c.name for c in table.primary_key.columns] == [column.name]
+        and isinstance(latest, ScalarSelect)
+    ):
+        return None
+    inner: Any = latest.element
+    if not (isinstance(inner, Select) and inner._limit == 1):
+        return None
+    # Not counting the tables of the chain it names (read before it: their variables).
+    froms = [f for f in inner.get_final_froms() if not any(f is c for c in chain)]
+    selected = list(inner.selected_columns)
+    if froms != [table] or len(selected) != 1 or selected[0] is not table.c[column.name]:
+        return None
+    return inner
 
 
 def _chain(source: FromClause) -> list[tuple[Any, Any, bool]]:

@@ -361,9 +361,12 @@ def _inserted_mark(statement: Any) -> str | None:
     return None
 
 
-def _row_values(statement: Any, number: int) -> tuple[Any, tuple[p.Var, ...], Any]:
-    """An ``INSERT … SELECT``'s SELECT, a variable for each of its columns, and the INSERT of
-    those variables by VALUES (its ``ON CONFLICT`` and ``RETURNING`` kept)."""
+def _row_values(
+    statement: Any, number: int
+) -> tuple[Any, tuple[p.Var, ...], tuple[p.Step, ...], Any]:
+    """An ``INSERT … SELECT``'s SELECT, a variable for each of its columns, the steps that
+    number the row (``_numbered``) and the INSERT of those variables by VALUES (its ``ON
+    CONFLICT`` and ``RETURNING`` kept)."""
     rows = statement.select
     into = tuple(
         p.Var(f"v_row{number}_{index}", column.type)
@@ -372,13 +375,31 @@ def _row_values(statement: Any, number: int) -> tuple[Any, tuple[p.Var, ...], An
     each = statement._generate()
     each._select_names, each.select = None, None
     names = [str(name) for name in statement._select_names]
-    return rows, into, each.values({n: v.ref for n, v in zip(names, into, strict=True)})
+    values = {n: v.ref for n, v in zip(names, into, strict=True)}
+    numbering = _numbered(statement.table, names, number)
+    values.update({name: step.into.ref for name, step in numbering})
+    return rows, into, tuple(step for _, step in numbering), each.values(values)
+
+
+def _numbered(table: Any, names: list[str], number: int) -> tuple[tuple[str, p.Assign], ...]:
+    """The row's id drawn from its column's sequence by a step of its own, when the INSERT
+    leaves it to the column's default (``nextval``, the sequence of this node: its own range,
+    docs/citus.md): a statement with a volatile function is planned again by Citus' local
+    execution at every call, where an ``INSERT … VALUES`` of parameters alone keeps its local
+    shard's plan (local_plan_cache.c). The same id the default would have drawn."""
+    column = table._autoincrement_column
+    if column is None or column.name in names:
+        return ()
+    sequence = f"{table.name}_{column.name}_seq"  # PostgreSQL's name for a serial's sequence
+    assert len(sequence) < 64, sequence
+    drawn = p.Var(f"v_row{number}_{column.name}", column.type)
+    return ((column.name, p.Assign(drawn, func.nextval(literal_column(f"'{sequence}'")))),)
 
 
 def _each_row(statement: Any, number: int) -> p.ForEach:
     """An ``INSERT … SELECT`` as a loop over the SELECT's rows, each inserted by VALUES."""
-    rows, into, each = _row_values(statement, number)
-    return p.ForEach(rows, into=into, steps=(p.Run(each),))
+    rows, into, numbering, each = _row_values(statement, number)
+    return p.ForEach(rows, into=into, steps=(*numbering, p.Run(each)))
 
 
 def _each_row_collected(step: p.Collect, number: int) -> tuple[p.Step, ...]:
@@ -386,7 +407,7 @@ def _each_row_collected(step: p.Collect, number: int) -> tuple[p.Step, ...]:
     each inserted by VALUES, what each returns appended to the collected arrays (null when
     none, as ``array_agg`` of no row) and compared with the largest."""
     statement: Any = step.statement
-    rows, into, each = _row_values(statement, number)
+    rows, into, numbering, each = _row_values(statement, number)
     kinds = dict(step.into.columns)
     returned = {
         column.key: p.Var(f"v_row{number}_returned_{column.key}", kinds[column.key])
@@ -405,6 +426,7 @@ def _each_row_collected(step: p.Collect, number: int) -> tuple[p.Step, ...]:
             rows,
             into=into,
             steps=(
+                *numbering,
                 p.Fetch(each, into=tuple(returned.values())),
                 p.When(mark.ref.isnot(None), tuple(appended)),
             ),

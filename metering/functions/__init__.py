@@ -8,7 +8,9 @@ functions equal to the files.
 Each program has two forms: as written (rows of any accounts, one call for all), and for one
 account's rows on a Citus cluster (``…_of_account``: every statement limited to the account's
 shard, the call sent to the node holding it; metering.citus). Every PostgreSQL database has
-both, so a database made on one server can move onto a cluster.
+both, so a database made on one server can move onto a cluster. A single event's lookup read one
+table at a time (metering.usage.lookup_apart) has only its one-account form: one server reads
+the join.
 
 ``python -m metering.functions --write`` writes the files anew after a definition changed;
 without ``--write`` it names the files that differ from their definitions.
@@ -24,6 +26,7 @@ from metering.ledger.placement.program import PLACE_HOLDS, PLACE_HOLDS_OF_ACCOUN
 from metering.ledger.spending import SPEND_CREDIT, SPEND_CREDIT_OF_ACCOUNT
 from metering.migrate import FUNCTIONS_DIR, committed_functions
 from metering.programs import Program
+from metering.usage.lookup_apart import LOOKUP_OF_ACCOUNT
 from metering.usage.recording import (
     RECORD_GATHERED,
     RECORD_USAGE,
@@ -42,6 +45,7 @@ PROGRAMS: tuple[Program, ...] = (
     SETTLE_USAGE_OF_ACCOUNT,
     RECORD_USAGE_OF_ACCOUNT,
     SPEND_CREDIT_OF_ACCOUNT,
+    LOOKUP_OF_ACCOUNT,
 )
 
 

@@ -85,14 +85,13 @@ DECLARE
     v_r_override_input_microcents_per_million BIGINT;
     v_r_override_output_microcents_per_million BIGINT;
     v_r_override_cache_read_microcents_per_million BIGINT;
-    v_r_2 VARCHAR(32);
     v_r_listed_id VARCHAR(32);
     v_r_listed_input_microcents_per_million BIGINT;
     v_r_listed_output_microcents_per_million BIGINT;
     v_r_listed_cache_read_microcents_per_million BIGINT;
+    v_r_2 BOOLEAN;
     v_r_3 BOOLEAN;
     v_r_4 BOOLEAN;
-    v_r_5 BOOLEAN;
     v_resolution TEXT;
     v_known BOOLEAN;
     v_outcome VARCHAR;
@@ -238,18 +237,10 @@ BEGIN
                     v_r_override_cache_read_microcents_per_million := NULL;
                 END IF;
                 IF v_r_model_id IS NOT NULL THEN
-                    SELECT price_versions.id
+                    SELECT price_versions.id, price_versions.input_microcents_per_million, price_versions.output_microcents_per_million, price_versions.cache_read_microcents_per_million
                     FROM price_versions
                     WHERE price_versions.model_id = v_r_model_id AND price_versions.effective_at <= v_h_created_at ORDER BY price_versions.effective_at DESC
                      LIMIT 1
-                    INTO v_r_2;
-                ELSE
-                    v_r_2 := NULL;
-                END IF;
-                IF v_r_2 IS NOT NULL THEN
-                    SELECT listed.id, listed.input_microcents_per_million, listed.output_microcents_per_million, listed.cache_read_microcents_per_million
-                    FROM price_versions AS listed
-                    WHERE listed.id = v_r_2
                     INTO v_r_listed_id, v_r_listed_input_microcents_per_million, v_r_listed_output_microcents_per_million, v_r_listed_cache_read_microcents_per_million;
                 ELSE
                     v_r_listed_id := NULL;
@@ -263,6 +254,19 @@ BEGIN
                         FROM account_models
                         WHERE account_models.account_id = p_account_id AND p_account_id = v_r_api_keys_account_id AND account_models.model_id = v_r_model_id
                          LIMIT 1
+                        INTO v_r_2;
+                    ELSE
+                        v_r_2 := NULL;
+                    END IF;
+                ELSE
+                    v_r_2 := NULL;
+                END IF;
+                IF (v_r_api_keys_restricts_models IS false) IS NOT true THEN
+                    IF v_r_api_keys_account_id IS NOT NULL AND v_r_api_keys_id IS NOT NULL AND v_r_model_id IS NOT NULL THEN
+                        SELECT true AS anon_1
+                        FROM api_key_models
+                        WHERE api_key_models.account_id = p_account_id AND p_account_id = v_r_api_keys_account_id AND api_key_models.api_key_id = v_r_api_keys_id AND api_key_models.model_id = v_r_model_id
+                         LIMIT 1
                         INTO v_r_3;
                     ELSE
                         v_r_3 := NULL;
@@ -270,11 +274,11 @@ BEGIN
                 ELSE
                     v_r_3 := NULL;
                 END IF;
-                IF (v_r_api_keys_restricts_models IS false) IS NOT true THEN
-                    IF v_r_api_keys_account_id IS NOT NULL AND v_r_api_keys_id IS NOT NULL AND v_r_model_id IS NOT NULL THEN
+                IF (v_r_projects_restricts_models IS NOT true) IS NOT true THEN
+                    IF v_r_api_keys_account_id IS NOT NULL AND v_r_api_keys_project_id IS NOT NULL AND v_r_model_id IS NOT NULL THEN
                         SELECT true AS anon_1
-                        FROM api_key_models
-                        WHERE api_key_models.account_id = p_account_id AND p_account_id = v_r_api_keys_account_id AND api_key_models.api_key_id = v_r_api_keys_id AND api_key_models.model_id = v_r_model_id
+                        FROM project_models
+                        WHERE project_models.account_id = p_account_id AND p_account_id = v_r_api_keys_account_id AND project_models.project_id = v_r_api_keys_project_id AND project_models.model_id = v_r_model_id
                          LIMIT 1
                         INTO v_r_4;
                     ELSE
@@ -283,20 +287,7 @@ BEGIN
                 ELSE
                     v_r_4 := NULL;
                 END IF;
-                IF (v_r_projects_restricts_models IS NOT true) IS NOT true THEN
-                    IF v_r_api_keys_account_id IS NOT NULL AND v_r_api_keys_project_id IS NOT NULL AND v_r_model_id IS NOT NULL THEN
-                        SELECT true AS anon_1
-                        FROM project_models
-                        WHERE project_models.account_id = p_account_id AND p_account_id = v_r_api_keys_account_id AND project_models.project_id = v_r_api_keys_project_id AND project_models.model_id = v_r_model_id
-                         LIMIT 1
-                        INTO v_r_5;
-                    ELSE
-                        v_r_5 := NULL;
-                    END IF;
-                ELSE
-                    v_r_5 := NULL;
-                END IF;
-                v_resolution := CASE WHEN (v_r_api_keys_found IS NOT NULL AND v_r_accounts_found IS NOT NULL) THEN CAST(json_build_array(v_r_api_keys_id, v_r_api_keys_account_id, v_r_accounts_billing, v_r_api_keys_monthly_spend_limit_microcents, v_r_api_keys_spend_limit_window, v_r_api_keys_project_id, v_r_api_keys_member_id, v_r_projects_spend_limit_microcents, CASE WHEN (v_r_projects_spend_limit_microcents IS NULL) THEN NULL ELSE v_r_projects_spend_limit_window END, v_r_members_spend_limit_microcents, CASE WHEN (v_r_members_spend_limit_microcents IS NULL) THEN NULL ELSE v_r_members_spend_limit_window END, v_r_accounts_max_concurrent_requests, v_r_model_id, v_r_model_context_length, v_r_model_max_output_tokens, v_r_model_reasoning_headroom_tokens, v_r_model_deprecation_date, coalesce(v_r_override_id, v_r_listed_id), v_r_accounts_restricts_models IS false OR (v_r_3 IS NOT NULL), v_r_api_keys_restricts_models IS false OR (v_r_4 IS NOT NULL), v_r_projects_restricts_models IS NOT true OR (v_r_5 IS NOT NULL), coalesce(v_r_override_input_microcents_per_million, v_r_listed_input_microcents_per_million), coalesce(v_r_override_output_microcents_per_million, v_r_listed_output_microcents_per_million), coalesce(v_r_override_cache_read_microcents_per_million, v_r_listed_cache_read_microcents_per_million)) AS TEXT) END;
+                v_resolution := CASE WHEN (v_r_api_keys_found IS NOT NULL AND v_r_accounts_found IS NOT NULL) THEN CAST(json_build_array(v_r_api_keys_id, v_r_api_keys_account_id, v_r_accounts_billing, v_r_api_keys_monthly_spend_limit_microcents, v_r_api_keys_spend_limit_window, v_r_api_keys_project_id, v_r_api_keys_member_id, v_r_projects_spend_limit_microcents, CASE WHEN (v_r_projects_spend_limit_microcents IS NULL) THEN NULL ELSE v_r_projects_spend_limit_window END, v_r_members_spend_limit_microcents, CASE WHEN (v_r_members_spend_limit_microcents IS NULL) THEN NULL ELSE v_r_members_spend_limit_window END, v_r_accounts_max_concurrent_requests, v_r_model_id, v_r_model_context_length, v_r_model_max_output_tokens, v_r_model_reasoning_headroom_tokens, v_r_model_deprecation_date, coalesce(v_r_override_id, v_r_listed_id), v_r_accounts_restricts_models IS false OR (v_r_2 IS NOT NULL), v_r_api_keys_restricts_models IS false OR (v_r_3 IS NOT NULL), v_r_projects_restricts_models IS NOT true OR (v_r_4 IS NOT NULL), coalesce(v_r_override_input_microcents_per_million, v_r_listed_input_microcents_per_million), coalesce(v_r_override_output_microcents_per_million, v_r_listed_output_microcents_per_million), coalesce(v_r_override_cache_read_microcents_per_million, v_r_listed_cache_read_microcents_per_million)) AS TEXT) END;
             ELSE
                 SELECT true AS anon_1, api_keys.id, api_keys.account_id, api_keys.monthly_spend_limit_microcents, api_keys.spend_limit_window, api_keys.project_id, api_keys.member_id, api_keys.restricts_models
                 FROM api_keys
@@ -338,18 +329,10 @@ BEGIN
                     v_r_override_cache_read_microcents_per_million := NULL;
                 END IF;
                 IF v_r_model_id IS NOT NULL THEN
-                    SELECT price_versions.id
+                    SELECT price_versions.id, price_versions.input_microcents_per_million, price_versions.output_microcents_per_million, price_versions.cache_read_microcents_per_million
                     FROM price_versions
                     WHERE price_versions.model_id = v_r_model_id AND price_versions.effective_at <= v_h_created_at ORDER BY price_versions.effective_at DESC
                      LIMIT 1
-                    INTO v_r_2;
-                ELSE
-                    v_r_2 := NULL;
-                END IF;
-                IF v_r_2 IS NOT NULL THEN
-                    SELECT listed.id, listed.input_microcents_per_million, listed.output_microcents_per_million, listed.cache_read_microcents_per_million
-                    FROM price_versions AS listed
-                    WHERE listed.id = v_r_2
                     INTO v_r_listed_id, v_r_listed_input_microcents_per_million, v_r_listed_output_microcents_per_million, v_r_listed_cache_read_microcents_per_million;
                 ELSE
                     v_r_listed_id := NULL;
@@ -363,12 +346,12 @@ BEGIN
                         FROM account_models
                         WHERE account_models.account_id = p_account_id AND p_account_id = v_r_api_keys_account_id AND account_models.model_id = v_r_model_id
                          LIMIT 1
-                        INTO v_r_3;
+                        INTO v_r_2;
                     ELSE
-                        v_r_3 := NULL;
+                        v_r_2 := NULL;
                     END IF;
                 ELSE
-                    v_r_3 := NULL;
+                    v_r_2 := NULL;
                 END IF;
                 IF (v_r_api_keys_restricts_models IS false) IS NOT true THEN
                     IF v_r_api_keys_account_id IS NOT NULL AND v_r_api_keys_id IS NOT NULL AND v_r_model_id IS NOT NULL THEN
@@ -376,14 +359,14 @@ BEGIN
                         FROM api_key_models
                         WHERE api_key_models.account_id = p_account_id AND p_account_id = v_r_api_keys_account_id AND api_key_models.api_key_id = v_r_api_keys_id AND api_key_models.model_id = v_r_model_id
                          LIMIT 1
-                        INTO v_r_4;
+                        INTO v_r_3;
                     ELSE
-                        v_r_4 := NULL;
+                        v_r_3 := NULL;
                     END IF;
                 ELSE
-                    v_r_4 := NULL;
+                    v_r_3 := NULL;
                 END IF;
-                v_resolution := CASE WHEN (v_r_api_keys_found IS NOT NULL AND v_r_accounts_found IS NOT NULL) THEN CAST(json_build_array(v_r_api_keys_id, v_r_api_keys_account_id, v_r_accounts_billing, v_r_api_keys_monthly_spend_limit_microcents, v_r_api_keys_spend_limit_window, v_r_api_keys_project_id, v_r_api_keys_member_id, CAST(NULL AS BIGINT), CAST(NULL AS VARCHAR), CAST(NULL AS BIGINT), CAST(NULL AS VARCHAR), v_r_accounts_max_concurrent_requests, v_r_model_id, v_r_model_context_length, v_r_model_max_output_tokens, v_r_model_reasoning_headroom_tokens, v_r_model_deprecation_date, coalesce(v_r_override_id, v_r_listed_id), v_r_accounts_restricts_models IS false OR (v_r_3 IS NOT NULL), v_r_api_keys_restricts_models IS false OR (v_r_4 IS NOT NULL), true, coalesce(v_r_override_input_microcents_per_million, v_r_listed_input_microcents_per_million), coalesce(v_r_override_output_microcents_per_million, v_r_listed_output_microcents_per_million), coalesce(v_r_override_cache_read_microcents_per_million, v_r_listed_cache_read_microcents_per_million)) AS TEXT) END;
+                v_resolution := CASE WHEN (v_r_api_keys_found IS NOT NULL AND v_r_accounts_found IS NOT NULL) THEN CAST(json_build_array(v_r_api_keys_id, v_r_api_keys_account_id, v_r_accounts_billing, v_r_api_keys_monthly_spend_limit_microcents, v_r_api_keys_spend_limit_window, v_r_api_keys_project_id, v_r_api_keys_member_id, CAST(NULL AS BIGINT), CAST(NULL AS VARCHAR), CAST(NULL AS BIGINT), CAST(NULL AS VARCHAR), v_r_accounts_max_concurrent_requests, v_r_model_id, v_r_model_context_length, v_r_model_max_output_tokens, v_r_model_reasoning_headroom_tokens, v_r_model_deprecation_date, coalesce(v_r_override_id, v_r_listed_id), v_r_accounts_restricts_models IS false OR (v_r_2 IS NOT NULL), v_r_api_keys_restricts_models IS false OR (v_r_3 IS NOT NULL), true, coalesce(v_r_override_input_microcents_per_million, v_r_listed_input_microcents_per_million), coalesce(v_r_override_output_microcents_per_million, v_r_listed_output_microcents_per_million), coalesce(v_r_override_cache_read_microcents_per_million, v_r_listed_cache_read_microcents_per_million)) AS TEXT) END;
             END IF;
         END IF;
         SELECT true AS anon_1

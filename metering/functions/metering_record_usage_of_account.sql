@@ -28,6 +28,7 @@ DECLARE
     v_row1_15 BIGINT;
     v_row1_16 VARCHAR(32);
     v_row1_17 TIMESTAMP WITH TIME ZONE;
+    v_row1_id BIGINT;
     v_row1_returned_id BIGINT;
     v_row1_returned_account_id VARCHAR(32);
     v_row1_returned_request_id VARCHAR(64);
@@ -49,6 +50,7 @@ DECLARE
     v_row2_3 BIGINT;
     v_row2_4 VARCHAR(32);
     v_row2_5 TIMESTAMP WITH TIME ZONE;
+    v_row2_id BIGINT;
     v_debits_account_id VARCHAR(32)[];
     v_debits_total BIGINT[];
     v_moved_account_id VARCHAR(32)[];
@@ -71,11 +73,13 @@ DECLARE
     v_row3_3 VARCHAR(32);
     v_row3_4 TIMESTAMP WITH TIME ZONE;
     v_row3_5 TIMESTAMP WITH TIME ZONE;
+    v_row3_id BIGINT;
     v_row4_0 VARCHAR;
     v_row4_1 VARCHAR(32);
     v_row4_2 VARCHAR;
     v_row4_3 TEXT;
     v_row4_4 TIMESTAMP WITH TIME ZONE;
+    v_row4_id BIGINT;
     v_paid_account_id VARCHAR(32)[];
     v_paid_grant_id VARCHAR(32)[];
     v_paid_amount BIGINT[];
@@ -122,6 +126,7 @@ DECLARE
     v_row8_2 VARCHAR;
     v_row8_3 TEXT;
     v_row8_4 TIMESTAMP WITH TIME ZONE;
+    v_row8_id BIGINT;
 BEGIN
     PERFORM lock_shard_metadata(5, ARRAY[get_shard_id_for_distribution_column('accounts', p_account_id)]) AS shard_locked;
     v_new_id := NULL;
@@ -136,7 +141,8 @@ BEGIN
     FROM (SELECT * FROM ROWS FROM (json_to_recordset(CAST(p_events AS json)) AS (account_id VARCHAR(32), request_id VARCHAR(64), api_key_id VARCHAR(32), model_id VARCHAR(100), api usage_api, outcome usage_outcome, occurred_at TIMESTAMP WITH TIME ZONE, authorization_id VARCHAR(64), prompt_tokens INTEGER, cached_tokens INTEGER, output_tokens INTEGER, reasoning_tokens INTEGER, input_microcents BIGINT, cache_read_microcents BIGINT, output_microcents BIGINT, total_microcents BIGINT, price_version_id VARCHAR(32))) WITH ORDINALITY AS t(account_id, request_id, api_key_id, model_id, api, outcome, occurred_at, authorization_id, prompt_tokens, cached_tokens, output_tokens, reasoning_tokens, input_microcents, cache_read_microcents, output_microcents, total_microcents, price_version_id, position)) AS e
     WHERE true ORDER BY e.position
     LOOP
-        INSERT INTO usage_events (account_id, request_id, api_key_id, model_id, api, outcome, occurred_at, recorded_at, authorization_id, prompt_tokens, cached_tokens, output_tokens, reasoning_tokens, input_microcents, cache_read_microcents, output_microcents, total_microcents, price_version_id) VALUES (v_row1_0, v_row1_1, v_row1_2, v_row1_3, v_row1_4, v_row1_5, v_row1_6, v_row1_17, v_row1_7, v_row1_8, v_row1_9, v_row1_10, v_row1_11, v_row1_12, v_row1_13, v_row1_14, v_row1_15, v_row1_16) ON CONFLICT (account_id, request_id) DO NOTHING RETURNING usage_events.id, usage_events.account_id, usage_events.request_id, usage_events.api_key_id, usage_events.authorization_id, usage_events.total_microcents
+        v_row1_id := nextval('usage_events_id_seq');
+        INSERT INTO usage_events (id, account_id, request_id, api_key_id, model_id, api, outcome, occurred_at, recorded_at, authorization_id, prompt_tokens, cached_tokens, output_tokens, reasoning_tokens, input_microcents, cache_read_microcents, output_microcents, total_microcents, price_version_id) VALUES (v_row1_id, v_row1_0, v_row1_1, v_row1_2, v_row1_3, v_row1_4, v_row1_5, v_row1_6, v_row1_17, v_row1_7, v_row1_8, v_row1_9, v_row1_10, v_row1_11, v_row1_12, v_row1_13, v_row1_14, v_row1_15, v_row1_16) ON CONFLICT (account_id, request_id) DO NOTHING RETURNING usage_events.id, usage_events.account_id, usage_events.request_id, usage_events.api_key_id, usage_events.authorization_id, usage_events.total_microcents
         INTO v_row1_returned_id, v_row1_returned_account_id, v_row1_returned_request_id, v_row1_returned_api_key_id, v_row1_returned_authorization_id, v_row1_returned_total_microcents;
         IF v_row1_returned_id IS NOT NULL THEN
             v_new_id := array_append(v_new_id, v_row1_returned_id);
@@ -192,7 +198,8 @@ BEGIN
         FROM unnest(v_new_id, v_new_account_id, v_new_request_id, v_new_api_key_id, v_new_authorization_id, v_new_total_microcents) AS n(id, account_id, request_id, api_key_id, authorization_id, total_microcents)) AS c
         WHERE c.prepaid ORDER BY c.usage_event_id
         LOOP
-            INSERT INTO ledger_entries (account_id, kind, amount_microcents, usage_event_id, api_key_id, created_at) VALUES (v_row2_0, v_row2_1, v_row2_2, v_row2_3, v_row2_4, v_row2_5);
+            v_row2_id := nextval('ledger_entries_id_seq');
+            INSERT INTO ledger_entries (id, account_id, kind, amount_microcents, usage_event_id, api_key_id, created_at) VALUES (v_row2_id, v_row2_0, v_row2_1, v_row2_2, v_row2_3, v_row2_4, v_row2_5);
         END LOOP;
         SELECT array_agg(collected.account_id), array_agg(collected.total) INTO v_debits_account_id, v_debits_total
         FROM (
@@ -238,14 +245,16 @@ BEGIN
                     SELECT due.account_id, 'expiry' AS anon_1, -due.amount, due.grant_id, p_now AS anon_2, due.expires_at
                     FROM unnest(v_due_grant_id, v_due_account_id, v_due_amount, v_due_expires_at) AS due(grant_id, account_id, amount, expires_at) ORDER BY due.expires_at, due.grant_id COLLATE "C"
                     LOOP
-                        INSERT INTO ledger_entries (account_id, kind, amount_microcents, created_at, grant_id, effective_at) VALUES (v_row3_0, v_row3_1, v_row3_2, v_row3_4, v_row3_3, v_row3_5);
+                        v_row3_id := nextval('ledger_entries_id_seq');
+                        INSERT INTO ledger_entries (id, account_id, kind, amount_microcents, created_at, grant_id, effective_at) VALUES (v_row3_id, v_row3_0, v_row3_1, v_row3_2, v_row3_4, v_row3_3, v_row3_5);
                     END LOOP;
                     UPDATE credit_grants SET remaining_microcents=0, status='expired' FROM unnest(v_due_grant_id, v_due_account_id, v_due_amount, v_due_expires_at) AS due(grant_id, account_id, amount, expires_at) WHERE credit_grants.id = due.grant_id AND credit_grants.account_id = p_account_id;
                     FOR v_row4_0, v_row4_1, v_row4_2, v_row4_3, v_row4_4 IN
                     SELECT 'evt_' || replace(CAST(gen_random_uuid() AS TEXT), '-', '') AS event_id_1, de.account_id, 'credit.grant_expired' AS anon_1, CAST(json_build_object('grant_id', de.grant_id, 'forfeited_microcents', de.amount) AS TEXT) AS json_object_text_1, p_now AS anon_2
                     FROM unnest(v_due_grant_id, v_due_account_id, v_due_amount, v_due_expires_at) AS de(grant_id, account_id, amount, expires_at)
                     LOOP
-                        INSERT INTO webhook_events (public_id, account_id, type, data, created_at) VALUES (v_row4_0, v_row4_1, v_row4_2, v_row4_3, v_row4_4);
+                        v_row4_id := nextval('webhook_events_id_seq');
+                        INSERT INTO webhook_events (id, public_id, account_id, type, data, created_at) VALUES (v_row4_id, v_row4_0, v_row4_1, v_row4_2, v_row4_3, v_row4_4);
                     END LOOP;
                 END IF;
                 UPDATE accounts SET balance_microcents=(accounts.balance_microcents - (SELECT coalesce(sum(ds.amount), 0) AS coalesce_1
@@ -368,7 +377,8 @@ BEGIN
                 SELECT 'evt_' || replace(CAST(gen_random_uuid() AS TEXT), '-', '') AS event_id_1, fired.account_id, 'spend_limit.threshold_reached' AS anon_1, CAST(json_build_object('limit_scope', shown.limit_scope, 'api_key_id', shown.api_key_id, 'project_id', shown.project_id, 'member_id', shown.member_id, 'window', shown.spend_limit_window, 'window_starts_at', shown.window_starts, 'spent_microcents', fired.spent_microcents, 'limit_microcents', shown.limit_microcents, 'percent', fired.percent) AS TEXT) AS json_object_text_1, p_now AS anon_2
                 FROM unnest(v_reached_account_id, v_reached_scope_id, v_reached_percent, v_reached_spent_microcents) AS fired(account_id, scope_id, percent, spent_microcents) JOIN (SELECT * FROM ROWS FROM (json_to_recordset(CAST(p_spend_limits AS json)) AS (account_id VARCHAR(32), limit_scope VARCHAR(8), scope_id VARCHAR(32), api_key_id VARCHAR(32), project_id VARCHAR, member_id VARCHAR, spend_limit_window VARCHAR(8), window_starts_at TIMESTAMP WITH TIME ZONE, window_ends_at TIMESTAMP WITH TIME ZONE, window_starts VARCHAR, percent INTEGER, limit_microcents BIGINT, threshold_microcents BIGINT)) WITH ORDINALITY AS t(account_id, limit_scope, scope_id, api_key_id, project_id, member_id, spend_limit_window, window_starts_at, window_ends_at, window_starts, percent, limit_microcents, threshold_microcents, position)) AS shown ON shown.account_id = fired.account_id AND shown.scope_id = fired.scope_id AND shown.percent = fired.percent ORDER BY fired.account_id COLLATE "C", fired.scope_id COLLATE "C", fired.percent
                 LOOP
-                    INSERT INTO webhook_events (public_id, account_id, type, data, created_at) VALUES (v_row8_0, v_row8_1, v_row8_2, v_row8_3, v_row8_4);
+                    v_row8_id := nextval('webhook_events_id_seq');
+                    INSERT INTO webhook_events (id, public_id, account_id, type, data, created_at) VALUES (v_row8_id, v_row8_0, v_row8_1, v_row8_2, v_row8_3, v_row8_4);
                 END LOOP;
             END IF;
         END IF;

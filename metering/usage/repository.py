@@ -23,6 +23,7 @@ from sqlalchemy import (
     BigInteger,
     ColumnElement,
     String,
+    Table,
     and_,
     cast,
     literal,
@@ -32,6 +33,8 @@ from sqlalchemy import (
     union_all,
 )
 from sqlalchemy.orm import Session
+from sqlalchemy.sql.base import ReadOnlyColumnCollection
+from sqlalchemy.types import TypeEngine
 
 from metering import programs as p
 from metering.accounts.keys import ACCOUNTS, KEYS
@@ -75,91 +78,159 @@ _LIMIT_COLUMNS = ("project_id", "member_id", "spend_limit", "spend_window", "sco
 _KINDS = ("kind", "a", "b", "c", "at", "price_version_id", *RATE_COLUMNS, *_LIMIT_COLUMNS)
 
 
+def keyed_joins(key_id: Any, model_key: Any) -> list[tuple[Table, Any, bool]]:
+    """What a (key id, model) pair's 'key' and 'model' rows are read from: each table with its
+    condition (the first's compares the key id) and whether its join is outer."""
+    return [
+        (KEYS, KEYS.c.id == key_id, False),
+        (ACCOUNTS, ACCOUNTS.c.id == KEYS.c.account_id, False),
+        (MODELS, MODELS.c.id_key == model_key, True),
+    ]
+
+
+def keyed_columns(model_key: Any) -> dict[str, ColumnElement[Any]]:
+    """A pair's key, its account and its model, by name: what the lookup's rows are made of."""
+    return {
+        "api_key_id": KEYS.c.id,
+        "account_id": KEYS.c.account_id,
+        "billing": ACCOUNTS.c.billing,
+        "project_id": KEYS.c.project_id,
+        "member_id": KEYS.c.member_id,
+        "spend_limit": KEYS.c.monthly_spend_limit_microcents,
+        "spend_window": KEYS.c.spend_limit_window,
+        "scope_limits": ACCOUNTS.c.scope_limits,
+        "model_key": model_key,
+        "model_id": MODELS.c.id,
+    }
+
+
+# ``keyed_columns``' names and what they are in a statement: the expressions themselves, or the
+# columns of a CTE that selected them.
+Keyed = Mapping[str, Any] | ReadOnlyColumnCollection[str, Any]
+
+
+def has_model(keyed: Keyed) -> ColumnElement[bool]:
+    """A pair whose model is known: it has a 'model' row."""
+    return keyed["model_id"].isnot(None)
+
+
+def priced(keyed: Keyed) -> ColumnElement[bool]:
+    """A pair whose prices are read: a known model of a prepaid account."""
+    return and_(keyed["billing"] == "prepaid", has_model(keyed))
+
+
+def instant_sources(account_id: Any, model_id: Any) -> tuple[tuple[Table, Any], ...]:
+    """Where the instants at which an account's price of a model may change are read: the list
+    prices' versions and the account's own rates (each table with its condition)."""
+    return (
+        (PRICES, PRICES.c.model_id == model_id),
+        (
+            RATES,
+            and_(RATES.c.account_id == account_id, RATES.c.model_id == model_id),
+        ),
+    )
+
+
+_NO_TEXT, _NO_TIME = cast(null(), String), cast(null(), UTCDateTime)
+_NO_PRICE: tuple[ColumnElement[Any], ...] = (
+    cast(null(), String),
+    *(cast(null(), BigInteger) for _ in RATE_COLUMNS),
+)
+_NO_LIMIT: tuple[ColumnElement[Any], ...] = tuple(
+    cast(null(), keyed_columns(None)[name].type) for name in _LIMIT_COLUMNS
+)
+
+# The lookup's columns and their types (a function's result: metering.usage.lookup_apart).
+LOOKUP_COLUMNS: tuple[tuple[str, TypeEngine[Any]], ...] = tuple(
+    zip(
+        _KINDS,
+        (
+            *(String() for _ in ("kind", "a", "b", "c")),
+            UTCDateTime(),
+            String(),
+            *(BigInteger() for _ in RATE_COLUMNS),
+            *(keyed_columns(None)[name].type for name in _LIMIT_COLUMNS),
+        ),
+        strict=True,
+    )
+)
+
+
+def key_row(keyed: Keyed) -> tuple[Any, ...]:
+    """The 'key' row of ``_KINDS`` of a pair's ``keyed_columns``."""
+    return (
+        literal("key", String),
+        keyed["api_key_id"],
+        keyed["account_id"],
+        keyed["billing"],
+        _NO_TIME,
+        *_NO_PRICE,
+        *(keyed[name] for name in _LIMIT_COLUMNS),
+    )
+
+
+def model_row(keyed: Keyed) -> tuple[Any, ...]:
+    """The 'model' row of a pair's ``keyed_columns``."""
+    return (
+        literal("model", String),
+        keyed["model_key"],
+        keyed["model_id"],
+        _NO_TEXT,
+        _NO_TIME,
+        *_NO_PRICE,
+        *_NO_LIMIT,
+    )
+
+
+def price_row(account_id: Any, model_id: Any, at: Any, price: Sequence[Any]) -> tuple[Any, ...]:
+    """A 'price' row: the price in force (``PriceColumns.labelled()``' columns) from ``at``."""
+    return (literal("price", String), account_id, model_id, _NO_TEXT, at, *price, *_NO_LIMIT)
+
+
 def _lookup(on: p.Backend) -> Any:
     """Rows of ``_KINDS``: 'key' (key id, account id, billing, project, member, spend limit and
     window, whether the account has project or member limits), 'model'
     (id_key, catalog id) and 'price' (account id, model id, an instant where its price may
     change, and the price in force from then: metering.usage.prices)."""
     pairs = on.records(PAIRS_IN, "pair")
+    joined: Any = pairs
+    for joined_table, condition, outer in keyed_joins(pairs.c.api_key_id, pairs.c.model_key):
+        joined = joined.join(joined_table, condition, isouter=outer)
     keyed = (
         select(
-            KEYS.c.id.label("api_key_id"),
-            KEYS.c.account_id,
-            ACCOUNTS.c.billing,
-            KEYS.c.project_id,
-            KEYS.c.member_id,
-            KEYS.c.monthly_spend_limit_microcents.label("spend_limit"),
-            KEYS.c.spend_limit_window.label("spend_window"),
-            ACCOUNTS.c.scope_limits,
-            pairs.c.model_key,
-            MODELS.c.id.label("model_id"),
+            *(
+                column if column.name == name else column.label(name)
+                for name, column in keyed_columns(pairs.c.model_key).items()
+            )
         )
-        .select_from(
-            pairs.join(KEYS, KEYS.c.id == pairs.c.api_key_id)
-            .join(ACCOUNTS, ACCOUNTS.c.id == KEYS.c.account_id)
-            .outerjoin(MODELS, MODELS.c.id_key == pairs.c.model_key)
-        )
+        .select_from(joined)
         .cte("keyed")
     )
-    no_text, no_time = cast(null(), String), cast(null(), UTCDateTime)
-    no_price: tuple[ColumnElement[Any], ...] = (
-        cast(null(), String),
-        *(cast(null(), BigInteger) for _ in RATE_COLUMNS),
-    )
-    no_limit: tuple[ColumnElement[Any], ...] = tuple(
-        cast(null(), keyed.c[name].type) for name in _LIMIT_COLUMNS
-    )
-    keys = select(
-        literal("key", String).label("kind"),
-        keyed.c.api_key_id,
-        keyed.c.account_id,
-        keyed.c.billing,
-        no_time,
-        *no_price,
-        *(keyed.c[name] for name in _LIMIT_COLUMNS),
-    ).distinct()
-    models = (
-        select(
-            literal("model", String),
-            keyed.c.model_key,
-            keyed.c.model_id,
-            no_text,
-            no_time,
-            *no_price,
-            *no_limit,
-        )
-        .where(keyed.c.model_id.isnot(None))
-        .distinct()
-    )
+    kind, *rest = key_row(keyed.c)
+    keys = select(kind.label("kind"), *rest).distinct()
+    models = select(*model_row(keyed.c)).where(has_model(keyed.c)).distinct()
     prepaid = (
         select(keyed.c.account_id, keyed.c.model_id)
-        .where(keyed.c.billing == "prepaid", keyed.c.model_id.isnot(None))
+        .where(priced(keyed.c))
         .distinct()
         .subquery("prepaid")
     )
     instants = union(
-        select(prepaid.c.account_id, prepaid.c.model_id, PRICES.c.effective_at).select_from(
-            prepaid.join(PRICES, PRICES.c.model_id == prepaid.c.model_id)
-        ),
-        select(prepaid.c.account_id, prepaid.c.model_id, RATES.c.effective_at).select_from(
-            prepaid.join(
-                RATES,
-                and_(
-                    RATES.c.account_id == prepaid.c.account_id,
-                    RATES.c.model_id == prepaid.c.model_id,
-                ),
+        *(
+            select(prepaid.c.account_id, prepaid.c.model_id, source.c.effective_at).select_from(
+                prepaid.join(source, condition)
             )
-        ),
+            for source, condition in instant_sources(prepaid.c.account_id, prepaid.c.model_id)
+        )
     ).subquery("instant")
     price = price_in_force(instants.c.account_id, instants.c.model_id, instants.c.effective_at)
     prices = select(
-        literal("price", String),
-        instants.c.account_id,
-        instants.c.model_id,
-        no_text,
-        instants.c.effective_at,
-        *price.labelled(),
-        *no_limit,
+        *price_row(
+            instants.c.account_id,
+            instants.c.model_id,
+            instants.c.effective_at,
+            price.labelled(),
+        )
     ).select_from(price.join(instants))
     return union_all(keys, models, prices)
 

@@ -9,9 +9,10 @@ its charge and adds it to its rollups, as one transaction. The checks, the prici
 rollup rows are the batch path's own functions.
 
 On a Citus cluster (docs/citus.md#what-runs-on-a-cluster), three: the key's account (``api_keys``, a
-reference table), then that account's lookup (routed to its shard), then
-``RECORD_USAGE_OF_ACCOUNT``, which the coordinator delegates whole to the worker holding the account
-(a call outside a transaction block): the event's transaction is that worker's alone.
+reference table), then that account's lookup of the event's pair (``LOOKUP_OF_ACCOUNT``, the
+lookup read one table at a time: metering.usage.lookup_apart), then ``RECORD_USAGE_OF_ACCOUNT``;
+the coordinator delegates each call whole to the worker holding the account (a call outside a
+transaction block): the event's transaction is that worker's alone.
 
 Several events that arrived together at one process (metering.usage.together, PostgreSQL):
 the same lookup for all of them, then the program ``RECORD_GATHERED`` (``record_gathered``).
@@ -35,6 +36,7 @@ from metering.notifications import spend_limits
 from metering.programs import POSTGRESQL
 from metering.usage import recording, repository, rollups, service
 from metering.usage.events import Event, is_keyed, parse_event
+from metering.usage.lookup_apart import KEY_ID, LOOKUP_OF_ACCOUNT, MODEL_KEY
 
 
 async def record_one(
@@ -179,10 +181,13 @@ class _Statements:
 
 
 class _OneAccount(_Statements):
-    """On a Citus cluster: the key's account first, then the lookup and the program of that
-    account alone (each statement routed to its shard, the program's call delegated)."""
+    """On a Citus cluster: the key's account first, then the lookup of the event's pair read
+    apart and the program, of that account alone (each a call delegated to its worker); an
+    account's project and member limits by a statement routed to its shard."""
 
     RECORD = recording.RECORD_USAGE_OF_ACCOUNT.call_sql
+    # The event's one pair read one table at a time, a call delegated to the account's worker.
+    LOOKUP = LOOKUP_OF_ACCOUNT.call_sql
 
     async def lookup(self, pairs: list[tuple[str, str]]) -> list[Any]:
         params = repository.lookup_params(pairs, POSTGRESQL)
@@ -190,9 +195,10 @@ class _OneAccount(_Statements):
         found = await cursor.fetchall()
         if not found:
             return []  # an unknown key: the general path quarantines it
-        [(_key, account_id)] = found
-        params = repository.of_account(params, account_id)
-        cursor = await self._connection.execute(repository.CITUS_LOOKUP, params)
+        [(key_id, account_id)] = found
+        [(_key, model_key)] = pairs
+        params = repository.of_account({KEY_ID.name: key_id, MODEL_KEY.name: model_key}, account_id)
+        cursor = await self._connection.execute(self.LOOKUP, params)
         return await cursor.fetchall()
 
     async def scope_limits(self, pairs: list[tuple[str, str]], account_id: str) -> list[Any]:
