@@ -8,6 +8,7 @@ import pytest
 from sqlalchemy import text
 
 from metering.cli import main
+from metering.kit.ranges import INT64_MAX
 from tests.conftest import NOW, Api
 from tests.factories import (
     assert_error,
@@ -223,3 +224,31 @@ class TestVerify:
         assert "): no such model" in out
         assert f"usage event {second} ({key.account_id} " in out
         assert "): no such API key of the account" in out
+
+    def test_sums_beyond_the_64_bit_range_are_exact(
+        self, fresh_api: Api, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """A ledger whose running total leaves the 64-bit range and comes back agrees with its
+        balance; one whose total stays beyond it is named with its exact sum (SQLite's own
+        ``sum()`` refuses both: ``integer overflow``)."""
+        api = fresh_api
+        back, beyond = create_account(api), create_account(api)
+        entries = {back: (INT64_MAX, INT64_MAX, -INT64_MAX), beyond: (INT64_MAX, INT64_MAX)}
+        with api.database.engine.begin() as connection:
+            for account, amounts in entries.items():
+                for amount in amounts:
+                    connection.execute(
+                        text(
+                            "INSERT INTO ledger_entries (account_id, kind, amount_microcents, "
+                            "created_at) VALUES (:id, 'adjustment', :amount, '2026-11-01')"
+                        ),
+                        {"id": account, "amount": amount},
+                    )
+            connection.execute(
+                text("UPDATE accounts SET balance_microcents = :b WHERE id = :id"),
+                {"b": INT64_MAX, "id": back},
+            )
+        code, out = run_verify(api, monkeypatch, capsys)
+        assert code == 1
+        assert f"account {back}: balance" not in out, out
+        assert f"account {beyond}: balance 0 microcents, ledger sum {2 * INT64_MAX}" in out, out
