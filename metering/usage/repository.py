@@ -309,11 +309,18 @@ def with_scopes(keys: dict[str, KeyInfo], rows: Sequence[Any]) -> dict[str, KeyI
 
 # -- Recording events (first of each key, sorted by key). ---------------------------------------
 
-_RECORD = Forms.of_statement(lambda on: insert_events(on, on.records(EVENTS_IN, "e")))
+# A batch's events from one array per column on PostgreSQL (``Backend.columns``).
+_RECORD = Forms.of_statement(lambda on: insert_events(on, on.columns(EVENTS_IN, "e")))
 # request_id matched its pattern, api and outcome their lists: no escaping needed.
 _VERBATIM = ("request_id", "api", "outcome")
 ENCODE_EVENTS = p.records_encoder(EVENTS_IN, p.POSTGRESQL, verbatim=_VERBATIM)
 _ENCODE_SQLITE_EVENTS = p.records_encoder(EVENTS_IN, p.SQLITE, verbatim=_VERBATIM)
+_EVENT_ARRAYS = p.arrays_encoder(EVENTS_IN)
+
+
+def _sqlite_events(rows: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+    """The events' parameter on SQLite (``Backend.columns`` reads the JSON document there)."""
+    return {EVENTS_IN.name: _ENCODE_SQLITE_EVENTS(rows)}
 
 
 def record(
@@ -326,9 +333,9 @@ def record(
         return {}
 
     def params(on: p.Backend) -> dict[str, Any]:
-        encode = on.choose(postgresql=ENCODE_EVENTS, sqlite=_ENCODE_SQLITE_EVENTS)
         # The rows live only while they are written: not during the round trip, beside the text.
-        return {EVENTS_IN.name: encode([event.row() for event in events]), NOW.name: now}
+        encode = on.choose(postgresql=_EVENT_ARRAYS, sqlite=_sqlite_events)
+        return {**encode([event.row() for event in events]), NOW.name: now}
 
     inserted = _RECORD.rows(session, params, account_id)
     return {(row[1], row[2]): row[0] for row in inserted}
