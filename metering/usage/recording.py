@@ -56,14 +56,17 @@ EVENT_KEY = ("account_id", "request_id")
 
 NOW = p.Var("p_now", UTCDateTime())
 PREPAID = p.Var("p_prepaid", p.Boolean())
-# What the insert hands back of each new event.
+# What the insert hands back of each new event: to the programs that settle it, and (its id and
+# dedup key) to a batch's caller, which has the rest.
 _RETURNED = ("id", "account_id", "request_id", "api_key_id", "authorization_id", "total_microcents")
+NEW_KEYS = ("id", *EVENT_KEY)
 
 
-def insert_events(on: p.Backend, rows: FromClause) -> Any:
+def insert_events(on: p.Backend, rows: FromClause, returned: Sequence[str] = _RETURNED) -> Any:
     """Insert ``rows`` (``EVENTS_IN``'s columns, in ``position`` order) with ``ON CONFLICT DO
     NOTHING``, so a row that already stands, or that a concurrent batch is inserting, wins
-    cleanly; returns the new events (those that conflicted are not among them)."""
+    cleanly; returns the new events' ``returned`` columns (those that conflicted are not among
+    them)."""
     source = (
         select(*(rows.c[name] for name in EVENT_COLUMNS), NOW.ref)
         .where(true())  # SQLite: ON CONFLICT after a SELECT needs a WHERE
@@ -73,7 +76,7 @@ def insert_events(on: p.Backend, rows: FromClause) -> Any:
         on.insert(EVENTS)
         .from_select([*EVENT_COLUMNS, "recorded_at"], source)
         .on_conflict_do_nothing(index_elements=list(EVENT_KEY))
-        .returning(*(EVENTS.c[name] for name in _RETURNED))
+        .returning(*(EVENTS.c[name] for name in returned))
     )
 
 

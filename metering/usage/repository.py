@@ -45,7 +45,14 @@ from metering.notifications.spend_limits import KeyScopes
 from metering.pricing import NormalizedUsage
 from metering.usage.events import ChargeValues, Content, Event
 from metering.usage.prices import PriceBook
-from metering.usage.recording import EVENT_COLUMNS, EVENTS, EVENTS_IN, NOW, insert_events
+from metering.usage.recording import (
+    EVENT_COLUMNS,
+    EVENTS,
+    EVENTS_IN,
+    NEW_KEYS,
+    NOW,
+    insert_events,
+)
 
 MODELS, PRICES, RATES = table(CatalogModel), table(PriceVersion), table(AccountRate)
 PROJECTS, MEMBERS = table(Project), table(Member)
@@ -310,7 +317,9 @@ def with_scopes(keys: dict[str, KeyInfo], rows: Sequence[Any]) -> dict[str, KeyI
 # -- Recording events (first of each key, sorted by key). ---------------------------------------
 
 # A batch's events from one array per column on PostgreSQL (``Backend.columns``).
-_RECORD = Forms.of_statement(lambda on: insert_events(on, on.columns(EVENTS_IN, "e")))
+_RECORD = Forms.of_statement(
+    lambda on: insert_events(on, on.columns(EVENTS_IN, "e"), returned=NEW_KEYS)
+)
 # request_id matched its pattern, api and outcome their lists: no escaping needed.
 _VERBATIM = ("request_id", "api", "outcome")
 ENCODE_EVENTS = p.records_encoder(EVENTS_IN, p.POSTGRESQL, verbatim=_VERBATIM)
@@ -338,7 +347,7 @@ def record(
         return {**encode([event.row() for event in events]), NOW.name: now}
 
     inserted = _RECORD.rows(session, params, account_id)
-    return {(row[1], row[2]): row[0] for row in inserted}
+    return {(account, request): event_id for event_id, account, request in inserted}
 
 
 # -- Stored events a batch collided with: what "same content" is compared against. -------------
