@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 API_NAMES = ("chat_completions", "responses", "messages")
 
@@ -59,7 +59,7 @@ _FIELDS: dict[
 }
 
 
-def _is_object(node: object) -> bool:
+def _is_object(node: object) -> TypeGuard[Mapping[str, Any]]:
     # A JSON object is parsed as a dict: the exact type first, without the ABC's slower check.
     return type(node) is dict or isinstance(node, Mapping)
 
