@@ -1,15 +1,8 @@
-CREATE OR REPLACE FUNCTION metering_settle_usage_of_account(p_account_id VARCHAR, p_now TIMESTAMP WITH TIME ZONE, p_charges json, p_rollups json, p_spend_limits json, p_spend_limited BOOLEAN)
+CREATE OR REPLACE FUNCTION metering_settle_usage_of_account(p_account_id VARCHAR, p_now TIMESTAMP WITH TIME ZONE, p_charges_account_id VARCHAR[], p_charges_api_key_id VARCHAR[], p_charges_request_id VARCHAR[], p_charges_usage_event_id BIGINT[], p_charges_charge_microcents BIGINT[], p_charges_authorization_id VARCHAR[], p_charges_prepaid BOOLEAN[], p_rollups json, p_spend_limits json, p_spend_limited BOOLEAN)
 RETURNS void
 LANGUAGE plpgsql VOLATILE AS $$
 #variable_conflict use_column
 DECLARE
-    v_charges_account_id VARCHAR(32)[];
-    v_charges_api_key_id VARCHAR(32)[];
-    v_charges_request_id VARCHAR(64)[];
-    v_charges_usage_event_id BIGINT[];
-    v_charges_charge_microcents BIGINT[];
-    v_charges_authorization_id VARCHAR(64)[];
-    v_charges_prepaid BOOLEAN[];
     v_targets_hold_id VARCHAR(64)[];
     v_targets_event_id BIGINT[];
     v_debits_account_id VARCHAR(32)[];
@@ -48,18 +41,13 @@ DECLARE
     v_reached_spent_microcents BIGINT[];
 BEGIN
     PERFORM lock_shard_metadata(5, ARRAY[get_shard_id_for_distribution_column('accounts', p_account_id)]) AS shard_locked;
-    SELECT array_agg(collected.account_id), array_agg(collected.api_key_id), array_agg(collected.request_id), array_agg(collected.usage_event_id), array_agg(collected.charge_microcents), array_agg(collected.authorization_id), array_agg(collected.prepaid) INTO v_charges_account_id, v_charges_api_key_id, v_charges_request_id, v_charges_usage_event_id, v_charges_charge_microcents, v_charges_authorization_id, v_charges_prepaid
-    FROM (
-    SELECT g.account_id, g.api_key_id, g.request_id, g.usage_event_id, g.charge_microcents, g.authorization_id, g.prepaid
-    FROM (SELECT * FROM ROWS FROM (json_to_recordset(CAST(p_charges AS json)) AS (account_id VARCHAR(32), api_key_id VARCHAR(32), request_id VARCHAR(64), usage_event_id BIGINT, charge_microcents BIGINT, authorization_id VARCHAR(64), prepaid BOOLEAN)) WITH ORDINALITY AS t(account_id, api_key_id, request_id, usage_event_id, charge_microcents, authorization_id, prepaid, position)) AS g
-    ) AS collected;
     SELECT array_agg(collected.hold_id), array_agg(collected.event_id) INTO v_targets_hold_id, v_targets_event_id
     FROM (
     SELECT found.hold_id, min(found.event_id) AS event_id
     FROM (SELECT authorizations.id AS hold_id, c.usage_event_id AS event_id
-    FROM unnest(v_charges_account_id, v_charges_api_key_id, v_charges_request_id, v_charges_usage_event_id, v_charges_charge_microcents, v_charges_authorization_id, v_charges_prepaid) AS c(account_id, api_key_id, request_id, usage_event_id, charge_microcents, authorization_id, prepaid) JOIN (SELECT * FROM authorizations WHERE authorizations.account_id = p_account_id) AS authorizations ON authorizations.id = c.authorization_id AND authorizations.account_id = c.account_id
+    FROM (SELECT * FROM unnest(CAST(p_charges_account_id AS VARCHAR[]), CAST(p_charges_api_key_id AS VARCHAR[]), CAST(p_charges_request_id AS VARCHAR[]), CAST(p_charges_usage_event_id AS BIGINT[]), CAST(p_charges_charge_microcents AS BIGINT[]), CAST(p_charges_authorization_id AS VARCHAR[]), CAST(p_charges_prepaid AS BOOLEAN[])) WITH ORDINALITY AS t(account_id, api_key_id, request_id, usage_event_id, charge_microcents, authorization_id, prepaid, position)) AS c JOIN (SELECT * FROM authorizations WHERE authorizations.account_id = p_account_id) AS authorizations ON authorizations.id = c.authorization_id AND authorizations.account_id = c.account_id
     WHERE authorizations.status IN ('active', 'expired') UNION ALL SELECT authorizations.id AS hold_id, c.usage_event_id AS event_id
-    FROM unnest(v_charges_account_id, v_charges_api_key_id, v_charges_request_id, v_charges_usage_event_id, v_charges_charge_microcents, v_charges_authorization_id, v_charges_prepaid) AS c(account_id, api_key_id, request_id, usage_event_id, charge_microcents, authorization_id, prepaid) JOIN (SELECT * FROM authorizations WHERE authorizations.account_id = p_account_id) AS authorizations ON authorizations.account_id = c.account_id AND authorizations.request_id = c.request_id
+    FROM (SELECT * FROM unnest(CAST(p_charges_account_id AS VARCHAR[]), CAST(p_charges_api_key_id AS VARCHAR[]), CAST(p_charges_request_id AS VARCHAR[]), CAST(p_charges_usage_event_id AS BIGINT[]), CAST(p_charges_charge_microcents AS BIGINT[]), CAST(p_charges_authorization_id AS VARCHAR[]), CAST(p_charges_prepaid AS BOOLEAN[])) WITH ORDINALITY AS t(account_id, api_key_id, request_id, usage_event_id, charge_microcents, authorization_id, prepaid, position)) AS c JOIN (SELECT * FROM authorizations WHERE authorizations.account_id = p_account_id) AS authorizations ON authorizations.account_id = c.account_id AND authorizations.request_id = c.request_id
     WHERE c.authorization_id IS NULL AND authorizations.status IN ('active', 'expired')) AS found GROUP BY found.hold_id
     ) AS collected;
     IF coalesce(cardinality(v_targets_hold_id), 0) > 1 THEN
@@ -72,12 +60,12 @@ BEGIN
         UPDATE authorizations SET status='settled', closed_at=p_now, usage_event_id=t.event_id FROM unnest(v_targets_hold_id, v_targets_event_id) AS t(hold_id, event_id) WHERE authorizations.id = t.hold_id AND authorizations.status IN ('active', 'expired') AND authorizations.account_id = p_account_id;
     END IF;
     INSERT INTO ledger_entries (account_id, kind, amount_microcents, usage_event_id, api_key_id, created_at) SELECT c.account_id, 'charge' AS anon_1, -c.charge_microcents, c.usage_event_id, c.api_key_id, p_now AS anon_2
-    FROM unnest(v_charges_account_id, v_charges_api_key_id, v_charges_request_id, v_charges_usage_event_id, v_charges_charge_microcents, v_charges_authorization_id, v_charges_prepaid) AS c(account_id, api_key_id, request_id, usage_event_id, charge_microcents, authorization_id, prepaid)
+    FROM (SELECT * FROM unnest(CAST(p_charges_account_id AS VARCHAR[]), CAST(p_charges_api_key_id AS VARCHAR[]), CAST(p_charges_request_id AS VARCHAR[]), CAST(p_charges_usage_event_id AS BIGINT[]), CAST(p_charges_charge_microcents AS BIGINT[]), CAST(p_charges_authorization_id AS VARCHAR[]), CAST(p_charges_prepaid AS BOOLEAN[])) WITH ORDINALITY AS t(account_id, api_key_id, request_id, usage_event_id, charge_microcents, authorization_id, prepaid, position)) AS c
     WHERE c.prepaid ORDER BY c.usage_event_id;
     SELECT array_agg(collected.account_id), array_agg(collected.total) INTO v_debits_account_id, v_debits_total
     FROM (
     SELECT c.account_id, CAST(sum(c.charge_microcents) AS BIGINT) AS total
-    FROM unnest(v_charges_account_id, v_charges_api_key_id, v_charges_request_id, v_charges_usage_event_id, v_charges_charge_microcents, v_charges_authorization_id, v_charges_prepaid) AS c(account_id, api_key_id, request_id, usage_event_id, charge_microcents, authorization_id, prepaid)
+    FROM (SELECT * FROM unnest(CAST(p_charges_account_id AS VARCHAR[]), CAST(p_charges_api_key_id AS VARCHAR[]), CAST(p_charges_request_id AS VARCHAR[]), CAST(p_charges_usage_event_id AS BIGINT[]), CAST(p_charges_charge_microcents AS BIGINT[]), CAST(p_charges_authorization_id AS VARCHAR[]), CAST(p_charges_prepaid AS BOOLEAN[])) WITH ORDINALITY AS t(account_id, api_key_id, request_id, usage_event_id, charge_microcents, authorization_id, prepaid, position)) AS c
     WHERE c.prepaid GROUP BY c.account_id
     ) AS collected;
     IF coalesce(cardinality(v_debits_account_id), 0) > 1 THEN

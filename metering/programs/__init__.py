@@ -27,7 +27,6 @@ from metering.programs.backends import (
     Backend,
     arrays_encoder,
     backend,
-    column_params,
     records_encoder,
     records_json,
 )
@@ -77,7 +76,6 @@ __all__ = [
     "arrays_encoder",
     "backend",
     "byte_order",
-    "column_params",
     "greatest",
     "json_row",
     "psycopg_text",

@@ -44,7 +44,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from metering.kit import records as rows_text
 from metering.models.base import UTCDateTime
-from metering.programs.plpgsql import pg_type
+from metering.programs.plpgsql import array_type, pg_type
 from metering.programs.steps import Records, RowColumns, Rows
 
 T = TypeVar("T")
@@ -94,34 +94,25 @@ class Backend:
         return type_coerce(func.date(at), Date())
 
     def records(self, records: Records, alias: str) -> FromClause:
-        """``records`` as a relation: its columns and ``position``."""
+        """``records`` as a relation: its columns and ``position``; on PostgreSQL from its JSON
+        document, or from its arrays (``by_column``)."""
         if self.name == "postgresql":
-            types = ", ".join(f"{n} {pg_type(t)}" for n, t in records.columns)
             names = ", ".join(records.names)
-            sql = (
-                f"SELECT * FROM ROWS FROM (json_to_recordset(CAST(:{records.name} AS json)) "
-                f"AS ({types})) WITH ORDINALITY AS t({names}, position)"
-            )
+            if records.by_column:
+                arrays = ", ".join(
+                    f"CAST(:{records.column_param(n)} AS {array_type(t)})"
+                    for n, t in records.columns
+                )
+                sql = f"SELECT * FROM unnest({arrays}) WITH ORDINALITY AS t({names}, position)"
+            else:
+                types = ", ".join(f"{n} {pg_type(t)}" for n, t in records.columns)
+                sql = (
+                    f"SELECT * FROM ROWS FROM (json_to_recordset(CAST(:{records.name} AS json)) "
+                    f"AS ({types})) WITH ORDINALITY AS t({names}, position)"
+                )
             columns = [column(n, t) for n, t in records.columns]
             return text(sql).columns(*columns, column("position", BigInteger)).subquery(alias)
         return self._json_rows(bindparam(records.name, type_=Text), records.columns, alias)
-
-    def columns(self, records: Records, alias: str) -> FromClause:
-        """``records`` as a relation, as ``records`` reads it, but on PostgreSQL from one array
-        per column (parameters ``column_params`` names, written by ``arrays_encoder``): for a
-        large batch, ``unnest`` of typed arrays costs PostgreSQL about a third of parsing the
-        same rows' JSON (which builds a hash table of each object's fields). SQLite reads the
-        JSON document (``records``)."""
-        if self.name != "postgresql":
-            return self.records(records, alias)
-        arrays = ", ".join(
-            f"CAST(:{param} AS {pg_type(kind)}[])"
-            for param, (_, kind) in zip(column_params(records), records.columns, strict=True)
-        )
-        names = ", ".join(records.names)
-        sql = f"SELECT * FROM unnest({arrays}) WITH ORDINALITY AS t({names}, position)"
-        columns = [column(n, t) for n, t in records.columns]
-        return text(sql).columns(*columns, column("position", BigInteger)).subquery(alias)
 
     def rows(self, rows: Rows, alias: str) -> FromClause:
         """Collected ``rows`` as a relation (its columns, in collection order)."""
@@ -249,16 +240,12 @@ def records_encoder(
     return rows_text.Encoder(_fields(records, verbatim), on.time_text)
 
 
-def column_params(records: Records) -> tuple[str, ...]:
-    """The parameters ``Backend.columns`` reads ``records`` from on PostgreSQL: one per column."""
-    return tuple(f"{records.name}_{name}" for name in records.names)
-
-
 def arrays_encoder(records: Records) -> Callable[[Sequence[Mapping[str, Any]]], dict[str, str]]:
-    """The parameters of ``Backend.columns`` on PostgreSQL for rows (mappings with ``records``'
+    """The parameters of ``records`` (``by_column``) on PostgreSQL for rows (mappings with its
     columns): each column's values as an array literal, by parameter name."""
+    assert records.by_column, records.name
     encode = rows_text.ArraysEncoder(_fields(records, ()), rows_text.postgresql_time)
-    params = column_params(records)
+    params = tuple(map(records.column_param, records.names))
 
     def arrays(rows: Sequence[Mapping[str, Any]]) -> dict[str, str]:
         return dict(zip(params, encode(rows), strict=True))

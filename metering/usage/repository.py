@@ -2,7 +2,8 @@
 stored events a batch collided with.
 
 Each is one statement whatever the batch size, defined once as Core (the rows travel as one JSON
-document, metering.programs.Records), in the form the session's database runs (metering.forms):
+document, metering.programs.Records; the events, on PostgreSQL, as one array per column,
+``Records.by_column``), in the form the session's database runs (metering.forms):
 on PostgreSQL text built once at import, on the session's driver connection; on SQLite through
 SQLAlchemy Core.
 
@@ -16,6 +17,7 @@ table, on every node): ``key_accounts``.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from datetime import datetime
 from typing import Any, NamedTuple
 
@@ -316,19 +318,20 @@ def with_scopes(keys: dict[str, KeyInfo], rows: Sequence[Any]) -> dict[str, KeyI
 
 # -- Recording events (first of each key, sorted by key). ---------------------------------------
 
-# A batch's events from one array per column on PostgreSQL (``Backend.columns``).
+# A batch's events from one array per column on PostgreSQL (``Records.by_column``).
+EVENTS_BY_COLUMN = replace(EVENTS_IN, by_column=True)
 _RECORD = Forms.of_statement(
-    lambda on: insert_events(on, on.columns(EVENTS_IN, "e"), returned=NEW_KEYS)
+    lambda on: insert_events(on, on.records(EVENTS_BY_COLUMN, "e"), returned=NEW_KEYS)
 )
 # request_id matched its pattern, api and outcome their lists: no escaping needed.
 _VERBATIM = ("request_id", "api", "outcome")
 ENCODE_EVENTS = p.records_encoder(EVENTS_IN, p.POSTGRESQL, verbatim=_VERBATIM)
 _ENCODE_SQLITE_EVENTS = p.records_encoder(EVENTS_IN, p.SQLITE, verbatim=_VERBATIM)
-_EVENT_ARRAYS = p.arrays_encoder(EVENTS_IN)
+_EVENT_ARRAYS = p.arrays_encoder(EVENTS_BY_COLUMN)
 
 
 def _sqlite_events(rows: Sequence[Mapping[str, Any]]) -> dict[str, str]:
-    """The events' parameter on SQLite (``Backend.columns`` reads the JSON document there)."""
+    """The events' parameter on SQLite (which reads their JSON document)."""
     return {EVENTS_IN.name: _ENCODE_SQLITE_EVENTS(rows)}
 
 

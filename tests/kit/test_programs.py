@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -157,11 +158,12 @@ _MIXED_IN = p.Records(
         ("at", UTCDateTime()),
     ),
 )
+_MIXED_BY_COLUMN = replace(_MIXED_IN, by_column=True)
 
 
 def test_rows_read_from_column_arrays_are_the_rows_read_from_json(plain_pg_url: str) -> None:
-    """``Backend.columns`` (one array literal per column, ``arrays_encoder``) gives PostgreSQL the
-    same rows, in the same order, as ``Backend.records`` (one JSON document)."""
+    """Rows read from one array literal per column (``Records.by_column``, ``arrays_encoder``)
+    are, on PostgreSQL, the rows read from their JSON document, in the same order."""
     at = datetime(2026, 11, 29, 13, 5, 7, 123, tzinfo=UTC)
     rows = [
         {
@@ -179,7 +181,9 @@ def test_rows_read_from_column_arrays_are_the_rows_read_from_json(plain_pg_url: 
         with psycopg.connect(plain_pg_url.replace("+psycopg", "")) as connection:
             return connection.execute(p.psycopg_text(statement), params).fetchall()
 
-    from_arrays = read(POSTGRESQL.columns(_MIXED_IN, "c"), p.arrays_encoder(_MIXED_IN)(rows))
+    from_arrays = read(
+        POSTGRESQL.records(_MIXED_BY_COLUMN, "c"), p.arrays_encoder(_MIXED_BY_COLUMN)(rows)
+    )
     from_json = read(
         POSTGRESQL.records(_MIXED_IN, "c"),
         {_MIXED_IN.name: p.records_json(_MIXED_IN, rows, POSTGRESQL)},
