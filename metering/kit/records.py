@@ -12,8 +12,8 @@ a batch's column by column (each column read, checked and converted in one pass,
 distinct string of a document JSON-encoded once).
 
 ``ArraysEncoder`` writes the same rows as one PostgreSQL array literal per column, for a
-statement that reads them with ``unnest`` (metering.programs.Backend.columns): a batch's events
-cost PostgreSQL about a third of what parsing their JSON document did.
+statement that reads them with ``unnest`` (metering.programs.Records.by_column): a batch's
+events cost PostgreSQL about a third of what parsing their JSON document did.
 """
 
 from __future__ import annotations
