@@ -1,6 +1,7 @@
 """What one gateway request costs, counted in ways a busy machine does not change: the server's
 instructions (valgrind's callgrind), the statements and round trips it sends PostgreSQL
-(``pg_stat_statements``), and, with ``--profile``, a cProfile of the server's Python.
+(``pg_stat_statements``), and, with ``--profile``, a cProfile of the server's Python (of its
+event loop's thread: a batch is recorded in the thread pool, which the profile does not see).
 
 One server process (uvicorn, one worker) of the code under test, one sequential client on one
 keep-alive connection (the benchmarks' own client, ``bench.loadgen``), on a fresh database set
@@ -12,6 +13,10 @@ the remembered resolutions) are left out, and the total divided by the count is 
 The operations:
 
 - ``ingest``: ``POST /v1/usage/events`` with one new, billable event;
+- ``ingest-batch``: the same with a batch of ``--batch`` (1,000) new, billable events across the
+  account's keys and both models, as the ingest benchmark sends them (``bench_ingest.Bodies``):
+  a tenth of ``--requests`` batches counted, after a third of ``--warmup`` (20 after 10 by
+  default: past the fifth, from which psycopg prepares a statement), the figures per event;
 - ``authorize``: ``POST /v1/authorizations`` of a known key (its resolution remembered after
   the warm-up), credit plentiful, no spend limit, then ``DELETE /v1/authorizations/{id}`` of
   its hold: the ledger benchmark's loop, counted as one;
@@ -36,8 +41,8 @@ Backend CPU (``/proc``, 10 ms ticks) is the database's CPU over them, a rough fi
 ``--database-callgrind USER``: the database runs under callgrind too (docs/performance.md says
 how), and its backends' instructions are counted the same way.
 
-Run: ``python -m bench.per_request [--code DIR] [--profile] [ingest ingest-together authorize
-authorize-together authorize-limited]`` with
+Run: ``python -m bench.per_request [--code DIR] [--profile] [--batch N] [ingest ingest-batch
+ingest-together authorize authorize-together authorize-limited]`` with
 ``METERING_TEST_PG_URL`` naming the PostgreSQL server (its maintenance database).
 The harness never imports ``metering``, as ``bench.common`` says.
 """
@@ -78,10 +83,19 @@ from bench.common import (
 )
 from bench.loadgen import Connection, expect
 
-OPERATIONS = ("ingest", "ingest-together", "authorize", "authorize-together", "authorize-limited")
+OPERATIONS = (
+    "ingest",
+    "ingest-batch",
+    "ingest-together",
+    "authorize",
+    "authorize-together",
+    "authorize-limited",
+)
 _HEADERS = {"Authorization": f"Bearer {GATEWAY_TOKEN}"}
 # What an operation ``…-together`` sends at once: its operation on each of as many connections.
 TOGETHER = 4
+# ``ingest-batch`` sends this fraction of ``--requests`` and of ``--warmup``: each is a batch.
+BATCHES_PER_REQUEST, WARMUP_BATCHES_PER_REQUEST = 1 / 10, 1 / 3
 # A thread's count in ``callgrind_control -e`` ("Th 1  1,234,567").
 _THREAD_TOTAL = re.compile(r"^\s*Th \d+\s+([\d,]+)", re.MULTILINE)
 # The server of the code under test, with a cProfile switched on by SIGUSR1 and written out by
@@ -108,7 +122,8 @@ class Figures:
     """One operation's counts, per request."""
 
     operation: str
-    requests: int
+    requests: int  # what the figures are divided by (events, for ``ingest-batch``)
+    per_request: int = 1  # of those in one request (the statements are listed per request)
     instructions: float | None = None
     round_trips: float | None = None
     in_functions: float | None = None
@@ -291,8 +306,10 @@ class Client:
     key_ids: list[str]  # the events' keys, in turn
     secret: str  # the authorizations' key
     limited_secret: str  # the limited authorizations' key
+    batch: int = 1000  # events per ``ingest_batch``
     run_id: str = field(default_factory=lambda: secrets.token_hex(4))
     sent: int = 0
+    _bodies: bench_ingest.Bodies | None = None
 
     async def ingest(self, connection: Connection) -> None:
         self.sent += 1
@@ -302,6 +319,16 @@ class Client:
         event = bench_ingest._event(key_id, model, f"{self.run_id}-e{self.sent}", at, self.sent)
         response = await connection.request("POST", bench_ingest.PATH, {"events": [event]})
         expect(response, 200, "single event", recorded=1, duplicates=0, quarantined=0)
+
+    async def ingest_batch(self, connection: Connection) -> None:
+        """A batch of new, billable events, as the ingest benchmark sends it."""
+        if self._bodies is None:
+            self._bodies = bench_ingest.Bodies(self.key_ids, self.batch, 1)
+        self.sent += 1
+        body = self._bodies.body(self.run_id, 0, self.sent)
+        bench_ingest.check_counts(
+            await connection.request("POST", bench_ingest.PATH, body), self.batch
+        )
 
     async def authorize(self, connection: Connection) -> None:
         """An authorization, then its void: the ledger benchmark's loop."""
@@ -344,7 +371,17 @@ async def _send(port: int, client: Client, name: str, count: int) -> None:
     await connection.close()
 
 
-def _setup(code: CodeUnderTest, url: str, workdir: Path) -> Client:
+def _count(name: str, requests: int, warmup: int, batch: int) -> tuple[int, int, int]:
+    """How many requests of operation ``name`` are counted, how many are sent before them, and
+    what the figures are divided by: the events of ``ingest-batch``, the requests of the
+    ``TOGETHER`` clients of an operation ``…-together``."""
+    if name == "ingest-batch":
+        batches = max(1, round(requests * BATCHES_PER_REQUEST))
+        return batches, max(1, round(warmup * WARMUP_BATCHES_PER_REQUEST)), batches * batch
+    return requests, warmup, requests * (TOGETHER if name.endswith("-together") else 1)
+
+
+def _setup(code: CodeUnderTest, url: str, workdir: Path, batch: int) -> Client:
     """Both benchmarks' models, priced; an account with two keys, three grants and access
     rules (the ledger benchmark's); and an account of the ledger benchmark's case (e), its key
     having spent once."""
@@ -366,7 +403,7 @@ def _setup(code: CodeUnderTest, url: str, workdir: Path) -> Client:
                 raise RuntimeError(problem)
     finally:
         server.stop()
-    return Client([key_id for key_id, _secret in keys], keys[0][1], limited_secret)
+    return Client([key_id for key_id, _secret in keys], keys[0][1], limited_secret, batch)
 
 
 def measure(
@@ -377,12 +414,13 @@ def measure(
     how: str,
     baseline: bool,
     database_user: str | None = None,
+    batch: int = 1000,
 ) -> list[Figures]:
     workdir = Path(tempfile.mkdtemp(prefix="metering-per-request-"))
     results: list[Figures] = []
     try:
         with bench_database() as url:
-            client = _setup(code, url, workdir)
+            client = _setup(code, url, workdir, batch)
             statements = Statements(url, database_user)
             env = code.env(url, workdir, server=True)
             env["PROMETHEUS_MULTIPROC_DIR"] = str(workdir / "metrics")
@@ -395,14 +433,15 @@ def measure(
                 try:
                     server.instrument()
                     for name in operations:
-                        asyncio.run(_send(server.port, client, name, warmup))
-                        # Each figure is per request: …-together sends TOGETHER a time.
-                        sent = requests * (TOGETHER if name.endswith("-together") else 1)
-                        figures = Figures(label + name, sent)
+                        counted_requests, warmup_requests, sent = _count(
+                            name, requests, warmup, batch
+                        )
+                        asyncio.run(_send(server.port, client, name, warmup_requests))
+                        figures = Figures(label + name, sent, sent // counted_requests)
                         if counter:
                             counter.reset()
                         server.start_counting()
-                        asyncio.run(_send(server.port, client, name, requests))
+                        asyncio.run(_send(server.port, client, name, counted_requests))
                         counted = server.stop_counting()
                         if counter:
                             counter.read(figures)
@@ -451,14 +490,15 @@ def report(results: Sequence[Figures], statements: bool) -> None:
     if statements:
         for f in results:
             if f.statements:
+                requests = f.requests / f.per_request
                 print(
                     f"\n== statements of {f.operation}: calls and µs per request (planning and "
                     "execution, a function's including its statements'); nested marked >"
                 )
                 for calls, nested, ms, query in f.statements:
-                    per = calls / f.requests
+                    per = calls / requests
                     mark = ">" if nested else " "
-                    print(f"{per:5.2f} {ms * 1000 / f.requests:7.0f} {mark} {query[:140]}")
+                    print(f"{per:5.2f} {ms * 1000 / requests:7.0f} {mark} {query[:140]}")
 
 
 def main(argv: Sequence[str]) -> int:
@@ -467,6 +507,7 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--code", type=Path, help="the checkout to measure (default: this one)")
     parser.add_argument("--requests", type=int, default=200)
     parser.add_argument("--warmup", type=int, default=30)
+    parser.add_argument("--batch", type=int, default=1000, help="events per ingest-batch request")
     parser.add_argument("--profile", action="store_true", help="cProfile instead of callgrind")
     parser.add_argument("--no-baseline", action="store_true")
     parser.add_argument("--statements", action="store_true", help="list each statement")
@@ -493,6 +534,7 @@ def main(argv: Sequence[str]) -> int:
         how,
         not args.no_baseline,
         args.database_callgrind,
+        args.batch,
     )
     report(results, args.statements)
     return 0

@@ -10,6 +10,10 @@ bool).
 the kind of (``Field``), fast, for the gateway's hot path: a single event's document row by row,
 a batch's column by column (each column read, checked and converted in one pass, every
 distinct string of a document JSON-encoded once).
+
+``ArraysEncoder`` writes the same rows as one PostgreSQL array literal per column, for a
+statement that reads them with ``unnest`` (metering.programs.Records.by_column): a batch's
+events cost PostgreSQL about a third of what parsing their JSON document did.
 """
 
 from __future__ import annotations
@@ -150,3 +154,59 @@ class Encoder:
                 values = list(map(_integer, values))
             columns.append(values)
         return columns
+
+
+def _array_element(value: str | None) -> str:
+    """A string as an element of an array literal: double-quoted, ``"`` and ``\\`` escaped
+    (``array_in``'s rule: anything else stands for itself between the quotes); null unquoted."""
+    if value is None:
+        return "NULL"
+    assert type(value) is str, value
+    if "\\" in value or '"' in value:
+        value = value.replace("\\", "\\\\").replace('"', '\\"')
+    return f'"{value}"'
+
+
+def _array_integer(value: int | None) -> str:
+    if value is None:
+        return "NULL"
+    assert type(value) is int, value  # never a float, never a bool
+    return str(value)
+
+
+class _Elements(dict[Any, str]):
+    """The array element of each distinct string of a column, written once."""
+
+    def __missing__(self, value: Any) -> str:
+        element = self[value] = _array_element(value)
+        return element
+
+
+class ArraysEncoder:
+    """Rows with these ``fields`` (name and kind, in order) as one PostgreSQL array literal per
+    column, in order; times by ``time_text``. ``rows`` must be a sequence (read once per
+    column)."""
+
+    def __init__(self, fields: Sequence[tuple[str, Field]], time_text: TimeText) -> None:
+        self._fields = tuple(fields)
+        self._time_text = time_text
+        self._getters = tuple(itemgetter(name) for name, _ in self._fields)
+
+    def __call__(self, rows: Sequence[Mapping[str, Any]]) -> list[str]:
+        arrays = []
+        for get, (_, kind) in zip(self._getters, self._fields, strict=True):
+            values = list(map(get, rows))
+            if kind is Field.INTEGER:
+                if set(map(type, values)) <= _INTEGERS:
+                    elements = list(map(str, values))
+                else:
+                    elements = list(map(_array_integer, values))
+            elif kind is Field.BOOLEAN:
+                elements = list(map(_BOOLEANS.__getitem__, values))
+            elif kind is Field.TIME:
+                time_text = self._time_text
+                elements = ["NULL" if v is None else f'"{time_text(v)}"' for v in values]
+            else:  # TEXT and VERBATIM alike: an element's quoting is not JSON's
+                elements = list(map(_Elements().__getitem__, values))
+            arrays.append("{" + ",".join(elements) + "}")
+        return arrays

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 API_NAMES = ("chat_completions", "responses", "messages")
 
@@ -59,15 +59,26 @@ _FIELDS: dict[
 }
 
 
+def _is_object(node: object) -> TypeGuard[Mapping[str, Any]]:
+    # A JSON object is parsed as a dict: the exact type first, without the ABC's slower check.
+    return type(node) is dict or isinstance(node, Mapping)
+
+
 def _count(usage: Mapping[str, Any], path: tuple[str, ...]) -> int:
     """A token count at ``path``; a missing or null object or field on the way means 0."""
     node: Any = usage
-    for depth, name in enumerate(path):
-        if node is None:
-            return 0
-        if not isinstance(node, Mapping):
-            raise InvalidUsage(f"usage.{'.'.join(path[:depth])} must be an object", ".".join(path))
+    for name in path:
+        if type(node) is not dict:  # the common case (a parsed JSON object) checked first
+            if node is None:
+                return 0
+            if not isinstance(node, Mapping):
+                depth = path.index(name)
+                raise InvalidUsage(
+                    f"usage.{'.'.join(path[:depth])} must be an object", ".".join(path)
+                )
         node = node.get(name)
+    if type(node) is int and 0 <= node <= MAX_TOKEN_COUNT:  # the common case, checked first
+        return node
     if node is None:
         return 0
     dotted = ".".join(path)
@@ -88,7 +99,7 @@ def normalize_usage(api: str, usage: object) -> NormalizedUsage:
     fields = _FIELDS.get(api)
     if fields is None:
         raise ValueError(f"unknown api {api!r}")
-    if not isinstance(usage, Mapping):
+    if not _is_object(usage):
         raise InvalidUsage("usage must be an object")
     prompt_path, cached_path, output_path, reasoning_path = fields
     prompt = _count(usage, prompt_path)

@@ -15,7 +15,7 @@ by backend, each with the reason in a comment beside it, never an ``if`` on a ba
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Literal, TypeVar
@@ -44,7 +44,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from metering.kit import records as rows_text
 from metering.models.base import UTCDateTime
-from metering.programs.plpgsql import pg_type
+from metering.programs.plpgsql import array_type, pg_type
 from metering.programs.steps import Records, RowColumns, Rows
 
 T = TypeVar("T")
@@ -94,14 +94,22 @@ class Backend:
         return type_coerce(func.date(at), Date())
 
     def records(self, records: Records, alias: str) -> FromClause:
-        """``records`` as a relation: its columns and ``position``."""
+        """``records`` as a relation: its columns and ``position``; on PostgreSQL from its JSON
+        document, or from its arrays (``by_column``)."""
         if self.name == "postgresql":
-            types = ", ".join(f"{n} {pg_type(t)}" for n, t in records.columns)
             names = ", ".join(records.names)
-            sql = (
-                f"SELECT * FROM ROWS FROM (json_to_recordset(CAST(:{records.name} AS json)) "
-                f"AS ({types})) WITH ORDINALITY AS t({names}, position)"
-            )
+            if records.by_column:
+                arrays = ", ".join(
+                    f"CAST(:{records.column_param(n)} AS {array_type(t)})"
+                    for n, t in records.columns
+                )
+                sql = f"SELECT * FROM unnest({arrays}) WITH ORDINALITY AS t({names}, position)"
+            else:
+                types = ", ".join(f"{n} {pg_type(t)}" for n, t in records.columns)
+                sql = (
+                    f"SELECT * FROM ROWS FROM (json_to_recordset(CAST(:{records.name} AS json)) "
+                    f"AS ({types})) WITH ORDINALITY AS t({names}, position)"
+                )
             columns = [column(n, t) for n, t in records.columns]
             return text(sql).columns(*columns, column("position", BigInteger)).subquery(alias)
         return self._json_rows(bindparam(records.name, type_=Text), records.columns, alias)
@@ -205,12 +213,8 @@ def records_json(records: Records, rows: Iterable[Mapping[str, Any]], on: Backen
     return rows_text.rows_json(records.names, rows, on.time_text)
 
 
-def records_encoder(
-    records: Records, on: Backend, *, verbatim: Iterable[str] = ()
-) -> rows_text.Encoder:
-    """A fast writer of exactly the JSON ``records_json`` writes, for a hot caller.
-    ``verbatim``: text columns whose values never need escaping (checked against a pattern
-    before they get here)."""
+def _fields(records: Records, verbatim: Iterable[str]) -> list[tuple[str, rows_text.Field]]:
+    """How an encoder writes each column of ``records``."""
     verbatim = set(verbatim)
 
     def field(name: str, kind: Any) -> rows_text.Field:
@@ -224,4 +228,26 @@ def records_encoder(
             return rows_text.Field.BOOLEAN
         return rows_text.Field.INTEGER
 
-    return rows_text.Encoder([(n, field(n, t)) for n, t in records.columns], on.time_text)
+    return [(n, field(n, t)) for n, t in records.columns]
+
+
+def records_encoder(
+    records: Records, on: Backend, *, verbatim: Iterable[str] = ()
+) -> rows_text.Encoder:
+    """A fast writer of exactly the JSON ``records_json`` writes, for a hot caller.
+    ``verbatim``: text columns whose values never need escaping (checked against a pattern
+    before they get here)."""
+    return rows_text.Encoder(_fields(records, verbatim), on.time_text)
+
+
+def arrays_encoder(records: Records) -> Callable[[Sequence[Mapping[str, Any]]], dict[str, str]]:
+    """The parameters of ``records`` (``by_column``) on PostgreSQL for rows (mappings with its
+    columns): each column's values as an array literal, by parameter name."""
+    assert records.by_column, records.name
+    encode = rows_text.ArraysEncoder(_fields(records, ()), rows_text.postgresql_time)
+    params = tuple(map(records.column_param, records.names))
+
+    def arrays(rows: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+        return dict(zip(params, encode(rows), strict=True))
+
+    return arrays

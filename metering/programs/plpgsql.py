@@ -83,9 +83,21 @@ def pg_type(kind: TypeEngine[Any]) -> str:
     return str(PLPGSQL.type_compiler_instance.process(kind))
 
 
-def param_type(param: Var | Records) -> str:
-    """A program parameter's PostgreSQL type (rows: one ``json`` document)."""
-    return "json" if isinstance(param, Records) else pg_type(param.type)
+def array_type(kind: TypeEngine[Any]) -> str:
+    """The PostgreSQL type of an array of ``kind`` (a column of ``Records.by_column``), its
+    strings of no declared length: an explicit cast to ``VARCHAR(n)`` cuts a longer value
+    short, where the JSON document's reading (and a column's assignment) refuses it."""
+    return pg_type(String() if isinstance(kind, String) else kind) + "[]"
+
+
+def function_params(param: Var | Records) -> list[tuple[str, str]]:
+    """The function's parameters of a program's parameter, each name and PostgreSQL type: rows
+    are one ``json`` document, or one array per column (``Records.by_column``)."""
+    if not isinstance(param, Records):
+        return [(param.name, pg_type(param.type))]
+    if param.by_column:
+        return [(param.column_param(n), array_type(t)) for n, t in param.columns]
+    return [(param.name, "json")]
 
 
 def function_lines(
@@ -105,7 +117,7 @@ def function_lines(
         declared.setdefault(variable, kind)
     for param in params:
         declared.pop(param.name, None)
-    arguments = ", ".join(f"{p.name} {param_type(p)}" for p in params)
+    arguments = ", ".join(f"{n} {kind}" for p in params for n, kind in function_params(p))
     if returns is None:
         result = "void"
     elif isinstance(returns, TypeEngine):

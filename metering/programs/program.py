@@ -75,7 +75,9 @@ class Program:
     @cached_property
     def call_sql(self) -> str:
         """The call, as psycopg text with ``%(p_…)s`` parameters."""
-        args = ", ".join(f"%({p.name})s::{plpgsql.param_type(p)}" for p in self.params)
+        args = ", ".join(
+            f"%({name})s::{kind}" for p in self.params for name, kind in plpgsql.function_params(p)
+        )
         if self.returns is None or isinstance(self.returns, TypeEngine):
             return f"SELECT {self.name}({args})"
         return f"SELECT * FROM {self.name}({args})"

@@ -17,7 +17,7 @@ from metering.db import Database, Kind, retry_transient
 from metering.kit.pagination import PageParams
 from metering.metrics import REGISTRY
 from metering.usage import isolation, quarantine, service, sharded, single, support, together
-from metering.usage.events import CHARGE_FIELDS, ChargeValues
+from metering.usage.events import CHARGE_FIELDS
 from metering.usage.schemas import EventBatch, QuarantineCode, ReprocessRequest
 from metering.web.deps import AdminDep, GatewayDep, NowDep, SessionDep
 from metering.web.fastlane import fast_lane
@@ -51,7 +51,7 @@ _CHARGED = (
     + ",".join(f'"{name}":%d' for name in CHARGE_FIELDS if name != "price_version_id")
     + ',"price_version_id":%s},"error":null}'
 )
-_COUNTED = CHARGE_FIELDS[:-1]
+# A charge's values in ``CHARGE_FIELDS`` order: the counted ones, then the price version.
 assert CHARGE_FIELDS[-1] == "price_version_id"
 
 
@@ -70,19 +70,11 @@ def render_answer(outcome: service.BatchOutcome, counts: dict[str, int]) -> byte
         if charge is None or result.error is not None:
             parts.append(_dumps(result.body()))
             continue
-        values = ChargeValues._make(charge)
-        version = values.price_version_id
+        *counted, version = charge
         if version not in quoted:
             quoted[version] = _dumps(version)
         parts.append(
-            _CHARGED
-            % (
-                result.index,
-                result.request_id,
-                result.status,
-                *(getattr(values, name) for name in _COUNTED),
-                quoted[version],
-            )
+            _CHARGED % (result.index, result.request_id, result.status, *counted, quoted[version])
         )
     data = ",".join(parts)
     return (

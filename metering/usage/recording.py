@@ -21,6 +21,7 @@ key, model and hour (``HOURLY_IN``) and spread it over the six rows each hour co
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
@@ -56,14 +57,17 @@ EVENT_KEY = ("account_id", "request_id")
 
 NOW = p.Var("p_now", UTCDateTime())
 PREPAID = p.Var("p_prepaid", p.Boolean())
-# What the insert hands back of each new event.
+# What the insert hands back of each new event: to the programs that settle it, and (its id and
+# dedup key) to a batch's caller, which has the rest.
 _RETURNED = ("id", "account_id", "request_id", "api_key_id", "authorization_id", "total_microcents")
+NEW_KEYS = ("id", *EVENT_KEY)
 
 
-def insert_events(on: p.Backend, rows: FromClause) -> Any:
+def insert_events(on: p.Backend, rows: FromClause, returned: Sequence[str] = _RETURNED) -> Any:
     """Insert ``rows`` (``EVENTS_IN``'s columns, in ``position`` order) with ``ON CONFLICT DO
     NOTHING``, so a row that already stands, or that a concurrent batch is inserting, wins
-    cleanly; returns the new events (those that conflicted are not among them)."""
+    cleanly; returns the new events' ``returned`` columns (those that conflicted are not among
+    them)."""
     source = (
         select(*(rows.c[name] for name in EVENT_COLUMNS), NOW.ref)
         .where(true())  # SQLite: ON CONFLICT after a SELECT needs a WHERE
@@ -73,7 +77,7 @@ def insert_events(on: p.Backend, rows: FromClause) -> Any:
         on.insert(EVENTS)
         .from_select([*EVENT_COLUMNS, "recorded_at"], source)
         .on_conflict_do_nothing(index_elements=list(EVENT_KEY))
-        .returning(*(EVENTS.c[name] for name in _RETURNED))
+        .returning(*(EVENTS.c[name] for name in returned))
     )
 
 
@@ -152,9 +156,15 @@ def _add_rollups(on: p.Backend, source: Any) -> Any:
     )
 
 
+# A batch's charges, one array per column on PostgreSQL: the settlement reads them three times
+# (the holds they name, the holds of their request ids, the ledger's entries), and each read of
+# a JSON document parsed it whole again, where each read of the arrays only unnests them.
+CHARGES_BY_COLUMN = replace(CHARGES_IN, by_column=True)
+
+
 def _settle_usage(on: p.Backend) -> list[p.Step]:
     return [
-        *settle_steps(on, on.records(CHARGES_IN, "c"), NOW.ref),
+        *settle_steps(on, on.records(CHARGES_BY_COLUMN, "c"), NOW.ref),
         # The contended rows last (every concurrent batch of the account adds to them): their
         # locks are held only until the commit.
         p.Run(rollup_upsert(on, on.records(HOURLY_IN, "r"))),
@@ -167,7 +177,9 @@ def _settle_usage(on: p.Backend) -> list[p.Step]:
 _LIMITS = (spend_limits.LIMITS_IN, spend_limits.LIMITED)
 
 SETTLE_USAGE = p.Program(
-    "metering_settle_usage", params=(NOW, CHARGES_IN, HOURLY_IN, *_LIMITS), build=_settle_usage
+    "metering_settle_usage",
+    params=(NOW, CHARGES_BY_COLUMN, HOURLY_IN, *_LIMITS),
+    build=_settle_usage,
 )
 # On a Citus cluster (metering.citus), inside the transaction of a batch's account.
 SETTLE_USAGE_OF_ACCOUNT = of_account(SETTLE_USAGE, delegated=False)
@@ -315,10 +327,15 @@ RECORD_GATHERED = p.Program(
 
 
 ENCODE_GATHERED = p.records_encoder(GATHERED_IN, p.POSTGRESQL, verbatim=("request_id",))
-_ENCODE_CHARGES = {
-    on.name: p.records_encoder(CHARGES_IN, on, verbatim=("request_id",))
-    for on in (p.POSTGRESQL, p.SQLITE)
-}
+_CHARGE_ARRAYS = p.arrays_encoder(CHARGES_BY_COLUMN)
+_ENCODE_SQLITE_CHARGES = p.records_encoder(CHARGES_IN, p.SQLITE, verbatim=("request_id",))
+
+
+def _sqlite_charges(rows: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+    """The charges' parameter on SQLite (which reads their JSON document)."""
+    return {CHARGES_IN.name: _ENCODE_SQLITE_CHARGES(rows)}
+
+
 _SETTLE = Forms.of_program(SETTLE_USAGE, SETTLE_USAGE_OF_ACCOUNT)
 
 
@@ -349,9 +366,10 @@ def settle_usage(
     def params(on: p.Backend) -> dict[str, Any]:
         # The rows live only while they are written: not during the round trip, beside the text.
         ordered = [c.row() for c in sorted(charges, key=lambda c: c.usage_event_id)]
+        charges_params = on.choose(postgresql=_CHARGE_ARRAYS, sqlite=_sqlite_charges)
         return {
             "p_now": now,
-            "p_charges": _ENCODE_CHARGES[on.name](ordered),
+            **charges_params(ordered),
             "p_rollups": on.choose(postgresql=rollups.ENCODE, sqlite=rollups.ENCODE_SQLITE)(
                 rollup_rows
             ),

@@ -2,7 +2,8 @@
 stored events a batch collided with.
 
 Each is one statement whatever the batch size, defined once as Core (the rows travel as one JSON
-document, metering.programs.Records), in the form the session's database runs (metering.forms):
+document, metering.programs.Records; the events, on PostgreSQL, as one array per column,
+``Records.by_column``), in the form the session's database runs (metering.forms):
 on PostgreSQL text built once at import, on the session's driver connection; on SQLite through
 SQLAlchemy Core.
 
@@ -16,6 +17,7 @@ table, on every node): ``key_accounts``.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from datetime import datetime
 from typing import Any, NamedTuple
 
@@ -48,7 +50,14 @@ from metering.notifications.spend_limits import KeyScopes
 from metering.pricing import NormalizedUsage
 from metering.usage.events import ChargeValues, Content, Event
 from metering.usage.prices import PriceBook
-from metering.usage.recording import EVENT_COLUMNS, EVENTS, EVENTS_IN, NOW, insert_events
+from metering.usage.recording import (
+    EVENT_COLUMNS,
+    EVENTS,
+    EVENTS_IN,
+    NEW_KEYS,
+    NOW,
+    insert_events,
+)
 
 MODELS, PRICES, RATES = table(CatalogModel), table(PriceVersion), table(AccountRate)
 PROJECTS, MEMBERS = table(Project), table(Member)
@@ -380,11 +389,21 @@ def with_scopes(keys: dict[str, KeyInfo], rows: Sequence[Any]) -> dict[str, KeyI
 
 # -- Recording events (first of each key, sorted by key). ---------------------------------------
 
-_RECORD = Forms.of_statement(lambda on: insert_events(on, on.records(EVENTS_IN, "e")))
+# A batch's events from one array per column on PostgreSQL (``Records.by_column``).
+EVENTS_BY_COLUMN = replace(EVENTS_IN, by_column=True)
+_RECORD = Forms.of_statement(
+    lambda on: insert_events(on, on.records(EVENTS_BY_COLUMN, "e"), returned=NEW_KEYS)
+)
 # request_id matched its pattern, api and outcome their lists: no escaping needed.
 _VERBATIM = ("request_id", "api", "outcome")
 ENCODE_EVENTS = p.records_encoder(EVENTS_IN, p.POSTGRESQL, verbatim=_VERBATIM)
 _ENCODE_SQLITE_EVENTS = p.records_encoder(EVENTS_IN, p.SQLITE, verbatim=_VERBATIM)
+_EVENT_ARRAYS = p.arrays_encoder(EVENTS_BY_COLUMN)
+
+
+def _sqlite_events(rows: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+    """The events' parameter on SQLite (which reads their JSON document)."""
+    return {EVENTS_IN.name: _ENCODE_SQLITE_EVENTS(rows)}
 
 
 def record(
@@ -397,12 +416,12 @@ def record(
         return {}
 
     def params(on: p.Backend) -> dict[str, Any]:
-        encode = on.choose(postgresql=ENCODE_EVENTS, sqlite=_ENCODE_SQLITE_EVENTS)
         # The rows live only while they are written: not during the round trip, beside the text.
-        return {EVENTS_IN.name: encode([event.row() for event in events]), NOW.name: now}
+        encode = on.choose(postgresql=_EVENT_ARRAYS, sqlite=_sqlite_events)
+        return {**encode([event.row() for event in events]), NOW.name: now}
 
     inserted = _RECORD.rows(session, params, account_id)
-    return {(row[1], row[2]): row[0] for row in inserted}
+    return {(account, request): event_id for event_id, account, request in inserted}
 
 
 # -- Stored events a batch collided with: what "same content" is compared against. -------------

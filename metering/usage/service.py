@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy.orm import Session
 
@@ -123,9 +123,8 @@ def parse(raws: Sequence[object], now: datetime) -> Parsed:
     results: list[Result | None] = [None] * len(raws)
     events: list[Event] = []
     for index, raw in enumerate(raws):
-        if is_keyed(raw):
-            assert isinstance(raw, Mapping)
-            events.append(parse_event(index, raw, now))
+        if is_keyed(raw):  # a Mapping (the assertion, an ABC's check, cost more per event)
+            events.append(parse_event(index, cast(Mapping[str, Any], raw), now))
             continue
         request_id = raw.get("request_id") if isinstance(raw, Mapping) else None
         results[index] = Result(

@@ -4,13 +4,17 @@ once gives the same answer interpreted on SQLite and as its generated PL/pgSQL f
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
 import pytest
-from sqlalchemy import BigInteger, create_engine, literal, select
+from sqlalchemy import BigInteger, String, create_engine, literal, select
 
 from metering import programs as p
+from metering.models.base import UTCDateTime
 from metering.programs import POSTGRESQL, SQLITE, Backend
 from tests.conftest import BACKENDS
 
@@ -139,3 +143,50 @@ def test_a_plpgsql_error_leads_back_to_the_step_and_where_it_was_built(plain_pg_
     assert isinstance(step, p.Run) and text.strip().startswith("PERFORM")
     assert step.origin == f"{__name__}._quotient"
     assert DIVIDE.steps(POSTGRESQL)[0].origin == f"{__name__}._divide"
+
+
+# What a column of text may hold that an array literal must quote or escape: nothing special,
+# the empty string, the word NULL, the literal's own punctuation, quotes and backslashes,
+# whitespace, non-ASCII; and null.
+_AWKWARD = ["acct_1", "", "NULL", "null", "{a,b}", 'say "hi"', "back\\slash\\", " x ", "«é»", None]
+_MIXED_IN = p.Records(
+    "p_mixed",
+    (
+        ("label", String()),
+        ("amount", BigInteger()),
+        ("prepaid", p.Boolean()),
+        ("at", UTCDateTime()),
+    ),
+)
+_MIXED_BY_COLUMN = replace(_MIXED_IN, by_column=True)
+
+
+def test_rows_read_from_column_arrays_are_the_rows_read_from_json(plain_pg_url: str) -> None:
+    """Rows read from one array literal per column (``Records.by_column``, ``arrays_encoder``)
+    are, on PostgreSQL, the rows read from their JSON document, in the same order."""
+    at = datetime(2026, 11, 29, 13, 5, 7, 123, tzinfo=UTC)
+    rows = [
+        {
+            "label": label,
+            "amount": [0, -(2**63), 2**63 - 1, None][index % 4],
+            "prepaid": [True, False, None][index % 3],
+            "at": None if index == 3 else at + timedelta(hours=index),
+        }
+        for index, label in enumerate(_AWKWARD)
+    ]
+    columns = [*_MIXED_IN.names, "position"]
+
+    def read(relation: Any, params: Mapping[str, Any]) -> list[Any]:
+        statement = select(*(relation.c[name] for name in columns)).order_by(relation.c.position)
+        with psycopg.connect(plain_pg_url.replace("+psycopg", "")) as connection:
+            return connection.execute(p.psycopg_text(statement), params).fetchall()
+
+    from_arrays = read(
+        POSTGRESQL.records(_MIXED_BY_COLUMN, "c"), p.arrays_encoder(_MIXED_BY_COLUMN)(rows)
+    )
+    from_json = read(
+        POSTGRESQL.records(_MIXED_IN, "c"),
+        {_MIXED_IN.name: p.records_json(_MIXED_IN, rows, POSTGRESQL)},
+    )
+    assert from_arrays == from_json
+    assert [row[0] for row in from_arrays] == _AWKWARD
