@@ -255,8 +255,10 @@ LOCK_ACCOUNT_SHARD = p.Run(
 )
 
 
-# The plan cache's mode, which a one-account form leaves to Citus (``of_account``).
+# The plan cache's mode: a delegated one-account form plans each statement for its call, any
+# other leaves the mode to Citus (``of_account``).
 PLAN_CACHE_MODE = "plan_cache_mode"
+FORCE_CUSTOM_PLAN = "force_custom_plan"
 
 
 def of_account(program: p.Program, *, delegated: bool = True) -> p.Program:
@@ -278,7 +280,18 @@ def of_account(program: p.Program, *, delegated: bool = True) -> p.Program:
     no plan and counts on the plan cache to choose a custom one (distributed_planner.c,
     ``REPLAN_WITH_BOUND_PARAMETERS``). Forced generic, the statement fails on the worker
     instead ("could not create distributed plan": a single event's delegated call failed, and
-    the event took its account's transaction, metering.usage.single)."""
+    the event took its account's transaction, metering.usage.single).
+
+    A delegated form plans its statements for each call (``force_custom_plan``): on the worker
+    Citus 13.2 keeps no local plan between calls for a statement whose shard it chooses at each
+    call (a fast-path statement of a distributed table, every ``INSERT … VALUES``). Its lookup of
+    the plan it kept reads the kept plan's task list, which such a statement's kept plan never
+    fills (local_plan_cache.c ``GetCachedLocalPlan``, multi_router_planner.c ``RouterJob``), so at
+    every call it deparses, parses and plans the shard query again and appends that plan to the
+    kept ones: a worker's backend grew by about 350 kB per single event, without bound (Citus'
+    pull request 8824 fixes it, in no release for PostgreSQL 15 here). A plan made for one call
+    is run once and freed: no such plan is kept (``IsLocalPlanCachingSupported`` wants a plan
+    executed before), and the statement costs what it cost (docs/citus.md)."""
     build = program.build
     return replace(
         program,
@@ -288,7 +301,10 @@ def of_account(program: p.Program, *, delegated: bool = True) -> p.Program:
             LOCK_ACCOUNT_SHARD,
             *(_row_by_row(build(on), count(1)) if delegated else build(on)),
         ),
-        settings={k: v for k, v in program.settings.items() if k != PLAN_CACHE_MODE},
+        settings={
+            **{k: v for k, v in program.settings.items() if k != PLAN_CACHE_MODE},
+            **({PLAN_CACHE_MODE: FORCE_CUSTOM_PLAN} if delegated else {}),
+        },
         plpgsql_backend=p.ONE_SHARD,
         plpgsql_dialect=_PLPGSQL,
     )
