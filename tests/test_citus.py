@@ -1091,7 +1091,7 @@ class TestWorkerMemory:
         self, routed: tuple[Api, Cluster]
     ) -> None:
         """A worker's backend runs one-account calls again and again (the coordinator keeps its
-        connection) and must not grow with them: Citus 13.2 appended a plan of each fast-path
+        connection) and must not grow with them: Citus 13.2.2 appended a plan of each fast-path
         statement to the function's kept plan at every call (docs/citus.md), about 350 kB per
         single event. The lookup's call, run on the worker that holds the account 40 times in
         one session, leaves that session's memory as it was after the first 10."""

@@ -255,10 +255,32 @@ LOCK_ACCOUNT_SHARD = p.Run(
 )
 
 
-# The plan cache's mode: a delegated one-account form plans each statement for its call, any
-# other leaves the mode to Citus (``of_account``).
+# The plan cache's mode, which a one-account form leaves to Citus (``of_account``) but where
+# Citus' own local plans pile up (``delegated_settings``).
 PLAN_CACHE_MODE = "plan_cache_mode"
-FORCE_CUSTOM_PLAN = "force_custom_plan"
+
+# The Citus releases that keep no local plan of a fast-path statement and pile one up at every
+# call instead (read in each release tag's local_plan_cache.c): for a statement whose shard it
+# chooses when it runs (deferred pruning: a PL/pgSQL statement comparing the sharding column with
+# a variable, every ``INSERT … VALUES``), ``CacheLocalPlanForShardQuery`` asks
+# ``GetCachedLocalPlan`` for the plan it kept, which since Citus pull request 8371 answers none
+# unless the kept plan's task list has one task, and a deferred-pruning plan's has none
+# (multi_router_planner.c ``RouterJob``: the tasks are made on each execution's copy). So at
+# every call the shard query is deparsed, parsed and planned again and appended to the kept
+# plan's list, in its memory context: a worker's backend grew about 350 kB per single event,
+# without bound (docs/citus.md). Citus pull request 8824 fixes it upstream.
+PLANS_PILE_UP = frozenset({"12.1.11", "12.1.12", "13.2.1", "13.2.2", "14.0.0", "14.0.1"})
+
+
+def delegated_settings(citus_release: str) -> dict[str, str]:
+    """The settings ``metering migrate`` gives the delegated one-account functions on a
+    cluster of that Citus release (``13.2.2``), beyond their programs': where local plans pile
+    up, each statement planned for its call (``force_custom_plan``). Such a plan is run once and
+    freed, and Citus makes no local plan to keep for it (``IsLocalPlanCachingSupported`` wants a
+    plan executed before); its fast-path statements cost what they cost (their shard query was
+    planned at every call anyway), the others a plan per call. Elsewhere the mode stays Citus'
+    (a release without the growth keeps those local plans between calls)."""
+    return {PLAN_CACHE_MODE: "force_custom_plan"} if citus_release in PLANS_PILE_UP else {}
 
 
 def of_account(program: p.Program, *, delegated: bool = True) -> p.Program:
@@ -280,18 +302,7 @@ def of_account(program: p.Program, *, delegated: bool = True) -> p.Program:
     no plan and counts on the plan cache to choose a custom one (distributed_planner.c,
     ``REPLAN_WITH_BOUND_PARAMETERS``). Forced generic, the statement fails on the worker
     instead ("could not create distributed plan": a single event's delegated call failed, and
-    the event took its account's transaction, metering.usage.single).
-
-    A delegated form plans its statements for each call (``force_custom_plan``): on the worker
-    Citus 13.2 keeps no local plan between calls for a statement whose shard it chooses at each
-    call (a fast-path statement of a distributed table, every ``INSERT … VALUES``). Its lookup of
-    the plan it kept reads the kept plan's task list, which such a statement's kept plan never
-    fills (local_plan_cache.c ``GetCachedLocalPlan``, multi_router_planner.c ``RouterJob``), so at
-    every call it deparses, parses and plans the shard query again and appends that plan to the
-    kept ones: a worker's backend grew by about 350 kB per single event, without bound (Citus'
-    pull request 8824 fixes it, in no release for PostgreSQL 15 here). A plan made for one call
-    is run once and freed: no such plan is kept (``IsLocalPlanCachingSupported`` wants a plan
-    executed before), and the statement costs what it cost (docs/citus.md)."""
+    the event took its account's transaction, metering.usage.single)."""
     build = program.build
     return replace(
         program,
@@ -301,10 +312,7 @@ def of_account(program: p.Program, *, delegated: bool = True) -> p.Program:
             LOCK_ACCOUNT_SHARD,
             *(_row_by_row(build(on), count(1)) if delegated else build(on)),
         ),
-        settings={
-            **{k: v for k, v in program.settings.items() if k != PLAN_CACHE_MODE},
-            **({PLAN_CACHE_MODE: FORCE_CUSTOM_PLAN} if delegated else {}),
-        },
+        settings={k: v for k, v in program.settings.items() if k != PLAN_CACHE_MODE},
         plpgsql_backend=p.ONE_SHARD,
         plpgsql_dialect=_PLPGSQL,
     )

@@ -1,8 +1,6 @@
 CREATE OR REPLACE FUNCTION metering_lookup_of_account(p_account_id VARCHAR, p_api_key_id VARCHAR, p_model_key VARCHAR)
 RETURNS TABLE (kind VARCHAR, a VARCHAR, b VARCHAR, c VARCHAR, at TIMESTAMP WITH TIME ZONE, price_version_id VARCHAR, input_microcents_per_million BIGINT, output_microcents_per_million BIGINT, cache_read_microcents_per_million BIGINT, project_id VARCHAR(32), member_id VARCHAR(32), spend_limit BIGINT, spend_window VARCHAR(8), scope_limits BOOLEAN)
-LANGUAGE plpgsql VOLATILE
-SET plan_cache_mode = force_custom_plan
-AS $$
+LANGUAGE plpgsql VOLATILE AS $$
 #variable_conflict use_column
 DECLARE
     v_l_api_keys_found BOOLEAN;

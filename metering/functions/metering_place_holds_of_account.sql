@@ -1,8 +1,6 @@
 CREATE OR REPLACE FUNCTION metering_place_holds_of_account(p_account_id VARCHAR, p_now TIMESTAMP WITH TIME ZONE, p_holds json)
 RETURNS TABLE (hold_id VARCHAR, outcome VARCHAR, available BIGINT, spent BIGINT)
-LANGUAGE plpgsql VOLATILE
-SET plan_cache_mode = force_custom_plan
-AS $$
+LANGUAGE plpgsql VOLATILE AS $$
 #variable_conflict use_column
 DECLARE
     v_h_id VARCHAR(64);

@@ -1,8 +1,6 @@
 CREATE OR REPLACE FUNCTION metering_record_usage_of_account(p_account_id VARCHAR, p_now TIMESTAMP WITH TIME ZONE, p_events json, p_prepaid BOOLEAN, p_rollups json, p_spend_limits json, p_spend_limited BOOLEAN)
 RETURNS BIGINT
-LANGUAGE plpgsql VOLATILE
-SET plan_cache_mode = force_custom_plan
-AS $$
+LANGUAGE plpgsql VOLATILE AS $$
 #variable_conflict use_column
 DECLARE
     v_new_id BIGINT[];
