@@ -1086,6 +1086,40 @@ class TestRouting:
             assert "webhook_events" in copied, commands
 
 
+class TestWorkerMemory:
+    def test_a_worker_backend_keeps_no_plan_per_delegated_call(
+        self, routed: tuple[Api, Cluster]
+    ) -> None:
+        """A worker's backend runs one-account calls again and again (the coordinator keeps its
+        connection) and must not grow with them: Citus 13.2.2 appended a plan of each fast-path
+        statement to the function's kept plan at every call (docs/citus.md), about 350 kB per
+        single event. The lookup's call, run on the worker that holds the account 40 times in
+        one session, leaves that session's memory as it was after the first 10."""
+        api, _cluster = routed
+        model = priced_model(api, NOW - timedelta(days=1))
+        account = create_account(api)
+        key = create_key(api, account)
+        _group, port = holder(api.url, account)
+        worker = make_url(api.url).set(port=port).render_as_string(False)
+        engine = create_engine(worker, isolation_level="AUTOCOMMIT")
+        call = text("SELECT count(*) FROM metering_lookup_of_account(:a, :k, :m)")
+        used = text("SELECT sum(total_bytes) FROM pg_backend_memory_contexts")
+        try:
+            with engine.connect() as connection:
+                sizes = []
+                for calls in (10, 30):
+                    for _ in range(calls):
+                        found = connection.execute(
+                            call, {"a": account, "k": key.id, "m": model.lower()}
+                        ).scalar_one()
+                        assert found == 3  # the key, the model, its price
+                    sizes.append(connection.execute(used).scalar_one())
+        finally:
+            engine.dispose()
+        after_10, after_40 = sizes
+        assert after_40 - after_10 < 256 * 1024, sizes
+
+
 def events_in(url: str, account: str) -> int:
     [(count,)] = rows(
         url, "SELECT count(*) FROM usage_events WHERE account_id = :account", account=account

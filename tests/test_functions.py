@@ -16,6 +16,7 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from metering import functions, migrate
+from metering.citus.one_account import delegated_settings
 from metering.cli import main
 from metering.functions import PROGRAMS
 from tests.conftest import SECRET_KEY, Api
@@ -59,13 +60,24 @@ def assert_functions_are_the_programs(url: str) -> None:
     nothing else: what ``metering migrate`` leaves after the migrations."""
     held = database_functions(url)
     assert sorted(held) == sorted(program.name for program in PROGRAMS)
+    # The distribution gives the functions it delegates the settings of the cluster's Citus.
+    delegated: dict[str, dict[str, str]] = {}
+    if rows(url, "SELECT 1 FROM pg_extension WHERE extname = 'citus'"):
+        for name, release in rows(
+            url,
+            "SELECT p.proname, substring(citus_version() FROM 'Citus ([0-9.]+)') FROM pg_proc p "
+            "JOIN pg_dist_object d ON d.classid = 'pg_proc'::regclass AND d.objid = p.oid "
+            "WHERE d.colocationid IS NOT NULL",
+        ):
+            delegated[name] = delegated_settings(release)
     for program in PROGRAMS:
         source, settings = held[program.name]
         assert source == _body(program.plpgsql), (
             f"{program.name} in the database differs from its program: run `{WRITE}`, "
             "then `metering migrate`"
         )
-        assert settings == [f"{k}={v}" for k, v in program.settings.items()]
+        expected = {**program.settings, **delegated.get(program.name, {})}
+        assert settings == [f"{k}={v}" for k, v in expected.items()]
     assert migrate.is_current(url)
 
 

@@ -1,8 +1,8 @@
 """A row of a join read one table at a time, for a program's form on a Citus shard.
 
-Citus keeps the plan of a statement of one table between calls of a function (metering.citus
-.one_account): a join, even with a reference table, and a subquery in an expression are planned
-twice at every call. ``read_apart`` takes a SELECT's parts — its columns, a FROM that is a chain
+Citus plans a statement of one table cheaply, by its fast path (metering.citus.one_account): a
+join, even with a reference table, and a subquery in an expression are planned in full twice at
+every call. ``read_apart`` takes a SELECT's parts — its columns, a FROM that is a chain
 of joins (``a JOIN b ON … LEFT JOIN c ON …``) and a WHERE of its first table — and reads the
 same row by steps of a program: for each table in the join's order, one ``Fetch`` of the columns
 of it that anything uses, its ON condition (the WHERE for the first) with the tables before it

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from sqlalchemy import Connection, create_engine, text
 
-from metering.citus.one_account import ACCOUNT
+from metering.citus.one_account import ACCOUNT, PLAN_CACHE_MODE, delegated_settings
 from metering.citus.placement import (
     ACCOUNTS,
     NOT_DISTRIBUTED,
@@ -137,7 +137,35 @@ def _distribute_functions(connection: Connection) -> list[str]:
             {"f": signature, "argument": ACCOUNT.name, "anchor": ACCOUNTS},
         )
         done.append(signature)
+    _set_delegated(connection)
     return done
+
+
+def _set_delegated(connection: Connection) -> None:
+    """Every one-account function given the settings the cluster's Citus release needs
+    (``delegated_settings``) beyond its program's, altered where it lacks them or holds them
+    where the release needs none (a cluster upgraded, then migrated again): Citus sends the
+    ``ALTER FUNCTION`` to every node. A function the installer replaced has its program's
+    settings only, so each ``metering migrate`` sets them again."""
+    release = connection.execute(
+        text("SELECT substring(citus_version() FROM 'Citus ([0-9.]+)')")
+    ).scalar_one()
+    wanted = delegated_settings(release)
+    for signature, config in connection.execute(
+        text(
+            "SELECT p.oid::regprocedure::text, coalesce(p.proconfig, '{}') FROM pg_proc p "
+            "JOIN pg_namespace n ON n.oid = p.pronamespace "
+            "WHERE n.nspname = 'public' AND p.proname LIKE 'metering\\_%\\_of\\_account' "
+            "ORDER BY 1"
+        )
+    ):
+        held = dict(setting.split("=", 1) for setting in config)
+        for name, value in wanted.items():
+            if held.get(name) != value:
+                connection.execute(text(f"ALTER FUNCTION {signature} SET {name} = {value}"))
+        for name in {PLAN_CACHE_MODE} - wanted.keys():  # which no one-account program sets
+            if name in held:
+                connection.execute(text(f"ALTER FUNCTION {signature} RESET {name}"))
 
 
 def _place(

@@ -14,11 +14,11 @@ conditions, and a condition of theirs that compares that column (``t.<column> = 
 ``t.<column> IN (…)``) compares the account instead (``<account> = x``: the same rows, as only
 the account's pass the limit). The sharding column then appears once, compared with a
 parameter: Citus' cheapest plan, its fast path (fast_path_router_planner.c), which a subquery
-in the FROM or the column named twice forgo. In a PL/pgSQL function the fast path's plan is
-kept between calls, the account's shard chosen at each (deferred pruning), and so is the local
-shard's own plan (local_plan_cache.c), where every other shape is planned twice at every call:
-by Citus, then its deparsed text by the local execution (docs/citus.md). A condition that uses
-the column otherwise keeps the subquery.
+in the FROM or the column named twice forgo. On the worker the fast path's statement is
+planned by Citus as a placeholder, its shard chosen when it runs (deferred pruning), then its
+shard query planned once by the local execution, where every other shape is planned in full
+twice: by Citus, then its deparsed text by the local execution (docs/citus.md). A condition that
+uses the column otherwise keeps the subquery.
 
 * ``text_of_account`` (``compiled_of_account``): a statement's psycopg text, the account its
   ``%(p_account_id)s`` parameter;
@@ -255,8 +255,32 @@ LOCK_ACCOUNT_SHARD = p.Run(
 )
 
 
-# The plan cache's mode, which a one-account form leaves to Citus (``of_account``).
+# The plan cache's mode, which a one-account form leaves to Citus (``of_account``) but where
+# Citus' own local plans pile up (``delegated_settings``).
 PLAN_CACHE_MODE = "plan_cache_mode"
+
+# The Citus releases that keep no local plan of a fast-path statement and pile one up at every
+# call instead (read in each release tag's local_plan_cache.c): for a statement whose shard it
+# chooses when it runs (deferred pruning: a PL/pgSQL statement comparing the sharding column with
+# a variable, every ``INSERT … VALUES``), ``CacheLocalPlanForShardQuery`` asks
+# ``GetCachedLocalPlan`` for the plan it kept, which since Citus pull request 8371 answers none
+# unless the kept plan's task list has one task, and a deferred-pruning plan's has none
+# (multi_router_planner.c ``RouterJob``: the tasks are made on each execution's copy). So at
+# every call the shard query is deparsed, parsed and planned again and appended to the kept
+# plan's list, in its memory context: a worker's backend grew about 350 kB per single event,
+# without bound (docs/citus.md). Citus pull request 8824 fixes it upstream.
+PLANS_PILE_UP = frozenset({"12.1.11", "12.1.12", "13.2.1", "13.2.2", "14.0.0", "14.0.1"})
+
+
+def delegated_settings(citus_release: str) -> dict[str, str]:
+    """The settings ``metering migrate`` gives the delegated one-account functions on a
+    cluster of that Citus release (``13.2.2``), beyond their programs': where local plans pile
+    up, each statement planned for its call (``force_custom_plan``). Such a plan is run once and
+    freed, and Citus makes no local plan to keep for it (``IsLocalPlanCachingSupported`` wants a
+    plan executed before); its fast-path statements cost what they cost (their shard query was
+    planned at every call anyway), the others a plan per call. Elsewhere the mode stays Citus'
+    (a release without the growth keeps those local plans between calls)."""
+    return {PLAN_CACHE_MODE: "force_custom_plan"} if citus_release in PLANS_PILE_UP else {}
 
 
 def of_account(program: p.Program, *, delegated: bool = True) -> p.Program:
@@ -302,8 +326,8 @@ def _row_by_row(steps: Iterable[p.Step], numbers: Iterator[int]) -> tuple[p.Step
     coordinator" (insert_select_planner.c): planned at every call (it needs its parameters'
     values), the SELECT's rows written as an intermediate result, then an insert from that
     result deparsed, parsed and planned again by the local execution. An ``INSERT … VALUES``
-    takes the fast path instead: planned once, the shard chosen at each call, and the local
-    shard's plan kept too unless a default of the table is volatile (a sequence's ``nextval``).
+    takes the fast path instead: the shard chosen when it runs and its shard query planned
+    once, by the local execution.
     The rows are the same, inserted in the same order; ``ON CONFLICT`` acts on each in turn, as
     the SELECT's rows never repeat a key (an upsert that met a key twice in one statement would
     fail instead). Measured on the local cluster: 2.36 ms of a worker's CPU per call for two
@@ -384,9 +408,10 @@ def _row_values(
 def _numbered(table: Any, names: list[str], number: int) -> tuple[tuple[str, p.Assign], ...]:
     """The row's id drawn from its column's sequence by a step of its own, when the INSERT
     leaves it to the column's default (``nextval``, the sequence of this node: its own range,
-    docs/citus.md): a statement with a volatile function is planned again by Citus' local
-    execution at every call, where an ``INSERT … VALUES`` of parameters alone keeps its local
-    shard's plan (local_plan_cache.c). The same id the default would have drawn."""
+    docs/citus.md): a statement with a volatile function has its functions evaluated by Citus
+    first, its rows' values then sent as constants, where an ``INSERT … VALUES`` of parameters
+    alone is run by the local execution as it stands. The same id the default would have
+    drawn."""
     column = table._autoincrement_column
     if column is None or column.name in names:
         return ()

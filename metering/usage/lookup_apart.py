@@ -9,7 +9,7 @@ answers the same rows for the event's one pair, built from the lookup's own part
 (metering.citus.apart), then, for a known model of a prepaid account, each instant where the
 price may change (a list price's version, an override of the account's) and the price in force
 from it, read apart too. A call delegated to the worker that holds the account, whose every
-statement is of one table and keeps its plan between calls.
+statement is of one table, the shape Citus plans cheapest.
 
 Two differences from the join, neither in what it answers: an instant that is both a list
 version's and an override's comes twice (the same price both times: a price book's timeline is

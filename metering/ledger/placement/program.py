@@ -353,7 +353,7 @@ def _place_holds(on: p.Backend) -> list[p.Step]:
     # limit's below).
     # Whether the account has a hold of this request id: a subquery of the decision's CASE, or,
     # on a Citus shard, a statement of its own before it (one table filtered by the account,
-    # planned once for all calls, where a subquery in an expression is planned twice at each:
+    # Citus' fast path, where a subquery in an expression is planned in full twice at each call:
     # metering.citus.one_account); the same answer, as nothing changes the holds in between.
     duplicate = (HOLDS.c.account_id == account.ref, HOLDS.c.request_id == h["request_id"].ref)
     known = p.Var("v_known", Boolean())
