@@ -17,7 +17,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Mapped, mapped_column
 
-from metering.models.base import Base, UTCDateTime, one_of, one_of_check
+from metering.models.base import Base, UTCDateTime, one_of
 
 BILLINGS = ("prepaid", "unbilled")
 
@@ -25,7 +25,6 @@ BILLINGS = ("prepaid", "unbilled")
 class Account(Base):
     __tablename__ = "accounts"
     __table_args__ = (
-        one_of_check("billing", BILLINGS),
         CheckConstraint(
             "max_concurrent_requests IS NULL OR max_concurrent_requests >= 1",
             name="max_concurrent_requests_positive",

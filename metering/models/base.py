@@ -12,6 +12,8 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase
 from sqlalchemy.types import TypeDecorator, TypeEngine
 
+from metering.states import listed
+
 NAMING_CONVENTION = {
     "ix": "ix_%(column_0_label)s",
     "uq": "uq_%(table_name)s_%(column_0_N_name)s",
@@ -59,17 +61,16 @@ def table(model: type[Base]) -> Table:
     return cast(Table, model.__table__)
 
 
-def listed(subject: str, values: Iterable[str]) -> str:
-    """The condition that ``subject`` is one of ``values``: ``subject IN ('a', 'b', …)``."""
-    return f"{subject} IN (" + ", ".join(f"'{value}'" for value in values) + ")"
-
-
 class _ListDomain(DOMAIN):
-    """A domain over a VARCHAR whose values the programs compiler writes as the VARCHAR's
-    literals (metering.programs), made and dropped with the tables only on PostgreSQL (a
-    variant's type is told of every dialect's ``create_all``)."""
+    """A domain over a VARCHAR that holds one of ``values``, whose values the programs compiler
+    writes as the VARCHAR's literals (metering.programs), made and dropped with the tables only
+    on PostgreSQL (a variant's type is told of every dialect's ``create_all``)."""
 
     cache_ok = True
+
+    def __init__(self, name: str, length: int, values: tuple[str, ...]) -> None:
+        super().__init__(name, String(length), check=listed("VALUE", values), constraint_name=name)
+        self.values = values
 
     def literal_processor(self, dialect: Dialect) -> Any:
         return self.data_type.literal_processor(dialect)
@@ -92,18 +93,19 @@ class _ListDomain(DOMAIN):
 def one_of(domain: str, values: Iterable[str], length: int) -> TypeEngine[str]:
     """A text that is one of ``values``, of at most ``length`` characters: on PostgreSQL the
     domain ``domain``, whose check says so; elsewhere ``VARCHAR(length)``, the table keeping
-    the check (``one_of_check``).
+    the check (``add_one_of_checks``).
 
     PostgreSQL reads a table's checks back from their stored text at every statement that writes
     the table, and a domain's once per connection (docs/performance.md): the lists of values the
     gateway's statements write are domains there."""
-    check = listed("VALUE", values)
-    return String(length).with_variant(
-        _ListDomain(domain, String(length), check=check, constraint_name=domain), "postgresql"
-    )
+    return String(length).with_variant(_ListDomain(domain, length, tuple(values)), "postgresql")
 
 
-def one_of_check(column: str, values: Iterable[str]) -> CheckConstraint:
-    """The table's check of ``column`` being one of ``values``, on SQLite only (on PostgreSQL
-    the column's domain checks it: ``one_of``), named after the column."""
-    return CheckConstraint(listed(column, values), name=column).ddl_if(dialect="sqlite")
+def add_one_of_checks(table: Table) -> None:
+    """Give ``table`` a SQLite check for each of its ``one_of`` columns, named after the column
+    (on PostgreSQL the column's domain checks it), from the values its domain holds."""
+    for column in table.columns:
+        domain = getattr(column.type, "_variant_mapping", {}).get("postgresql")
+        if isinstance(domain, _ListDomain):
+            check = CheckConstraint(listed(column.name, domain.values), name=column.name)
+            table.append_constraint(check.ddl_if(dialect="sqlite"))

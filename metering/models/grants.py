@@ -19,7 +19,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Mapped, mapped_column
 
-from metering.models.base import Base, UTCDateTime, one_of, one_of_check
+from metering.models.base import Base, UTCDateTime, one_of
 from metering.models.ledger import kind_check
 from metering.states.grants import ACTIVE_ROWS, STORED
 
@@ -43,8 +43,6 @@ class CreditGrant(Base):
 
     __tablename__ = "credit_grants"
     __table_args__ = (
-        one_of_check("category", CATEGORIES),
-        one_of_check("status", STORED),
         CheckConstraint("priority >= 0 AND priority <= 100", name="priority"),
         CheckConstraint("amount_microcents > 0", name="amount_positive"),
         CheckConstraint(

@@ -19,7 +19,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Mapped, mapped_column
 
-from metering.models.base import Base, BigIntPK, UTCDateTime, one_of, one_of_check
+from metering.models.base import Base, BigIntPK, UTCDateTime, one_of
+from metering.states import listed as listed_as_sql
 from metering.states.holds import (
     ACTIVE_ROWS,
     OPEN_ROWS,
@@ -66,7 +67,7 @@ def kind_check(kinds: Iterable[str], compact: bool = False) -> str:
         return f"kind = '{listed[0]}'"
     if compact:
         return f"kind::text = ANY ({_text_array(listed)})"
-    return "kind IN (" + ", ".join(f"'{kind}'" for kind in listed) + ")"
+    return listed_as_sql("kind", listed)
 
 
 def amount_sign_check(
@@ -94,7 +95,6 @@ class LedgerEntry(Base):
 
     __tablename__ = "ledger_entries"
     __table_args__ = (
-        one_of_check("kind", ENTRY_SIGNS),
         CheckConstraint(amount_sign_check(ENTRY_SIGNS), name="amount_sign"),
         # Grants and adjustments share one idempotency namespace per account. Charges have no
         # key and stay out of the index: one per usage event, on the hot path.
@@ -143,7 +143,6 @@ class Authorization(Base):
 
     __tablename__ = "authorizations"
     __table_args__ = (
-        one_of_check("status", HoldStatus),
         CheckConstraint("estimate_microcents >= 0", name="estimate_non_negative"),
         UniqueConstraint("account_id", "request_id"),
         Index(

@@ -17,7 +17,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Mapped, mapped_column
 
-from metering.models.base import Base, BigIntPK, UTCDateTime, one_of, one_of_check
+from metering.models.base import Base, BigIntPK, UTCDateTime, one_of
 from metering.pricing import API_NAMES
 
 # What a usage event says of its request (metering.usage.events refuses any other).
@@ -37,8 +37,6 @@ class UsageEvent(Base):
     __tablename__ = "usage_events"
     __table_args__ = (
         UniqueConstraint("account_id", "request_id"),
-        one_of_check("outcome", OUTCOMES),
-        one_of_check("api", API_NAMES),
         CheckConstraint(
             "total_microcents = input_microcents + cache_read_microcents + output_microcents",
             name="total_is_sum",

@@ -12,3 +12,10 @@ table's check constraint and partial-index predicates written from the same enum
 They import nothing of the service but ``metering.kit``: the tables (``metering.models``) and
 every domain that moves a record take their states from here.
 """
+
+from collections.abc import Iterable
+
+
+def listed(subject: str, values: Iterable[str]) -> str:
+    """The DDL condition that ``subject`` is one of ``values``: ``subject IN ('a', 'b', …)``."""
+    return f"{subject} IN (" + ", ".join(f"'{value}'" for value in values) + ")"

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from enum import StrEnum
 
+from metering.states import listed
+
 
 class ExportStatus(StrEnum):
     PENDING = "pending"
@@ -29,13 +31,9 @@ FAIL = (frozenset(ExportStatus), ExportStatus.FAILED)
 TRANSITIONS = {"export": EXPORT, "fail": FAIL}
 
 
-def _one_of(statuses: tuple[ExportStatus, ...]) -> str:
-    return "status IN (" + ", ".join(f"'{status}'" for status in statuses) + ")"
-
-
 # The same rules as DDL text, for the tables' check constraints.
-DAY_STATUS_CHECK = _one_of(tuple(ExportStatus))
-RUN_STATUS_CHECK = _one_of(RUN_OUTCOMES)
+DAY_STATUS_CHECK = listed("status", ExportStatus)
+RUN_STATUS_CHECK = listed("status", RUN_OUTCOMES)
 
 
 def target(transition: str) -> str:

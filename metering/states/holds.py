@@ -23,6 +23,7 @@ from typing import Any
 from sqlalchemy import ColumnElement, Table, and_, or_
 
 from metering.kit.ids import random_text
+from metering.states import listed
 
 # -- A hold's id names its account ----------------------------------------------------------------
 # ``auth_<its account's id after "acct_">_<16 random characters>``: whoever holds a hold's id (the
@@ -63,13 +64,14 @@ VOID = (frozenset({HoldStatus.ACTIVE}), HoldStatus.VOIDED)
 EXPIRE = (frozenset({HoldStatus.ACTIVE}), HoldStatus.EXPIRED)
 TRANSITIONS = {"settle": SETTLE, "void": VOID, "expire": EXPIRE}
 
-# The same rules as DDL text, for the table's check constraint and its partial indexes.
+# The same rules as DDL text, for the table's partial indexes (its statuses' check:
+# metering.models.base ``one_of``, from ``HoldStatus``).
 ACTIVE_ROWS = f"status = '{HoldStatus.ACTIVE}'"
 RELEASED_ROWS = f"counted AND status <> '{HoldStatus.ACTIVE}'"
 # Holds not closed (active or expired: what a settlement may still take), the rows the tidy-up
 # and the expired holds' gauge read. A void or a settlement takes a hold out of them, so the
 # index over them is not written again by either (one server; SQLite keeps its whole index).
-OPEN_ROWS = "status IN (" + ", ".join(f"'{status}'" for status in sorted(SETTLE[0])) + ")"
+OPEN_ROWS = listed("status", sorted(SETTLE[0]))
 # Expired holds whose ``authorization.expired_unused`` event is still to be written.
 UNNOTICED_ROWS = f"status = '{HoldStatus.EXPIRED}' AND NOT unused_noticed"
 

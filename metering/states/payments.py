@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from enum import StrEnum
 
+from metering.states import listed
+
 
 class PaymentStatus(StrEnum):
     PENDING = "pending"
@@ -76,13 +78,9 @@ def target(transition: str, status: str) -> PaymentStatus:
     return result
 
 
-def _in(column: str, values: type[StrEnum]) -> str:
-    return f"{column} IN (" + ", ".join(f"'{value}'" for value in values) + ")"
-
-
 # The same rules as DDL text, for the table's check constraints.
-STATUS_CHECK = _in("status", PaymentStatus)
-KIND_CHECK = _in("kind", PaymentKind)
+STATUS_CHECK = listed("status", PaymentStatus)
+KIND_CHECK = listed("kind", PaymentKind)
 PENDING_ROWS = f"status = '{PaymentStatus.PENDING}'"
 RECHARGE_IN_FLIGHT = f"kind = '{PaymentKind.AUTO_RECHARGE}' AND status = '{PaymentStatus.PENDING}'"
 
@@ -141,5 +139,5 @@ class StripeRefundStatus(StrEnum):
 # refund may stay pending a while).
 UNREFUNDED = frozenset({StripeRefundStatus.FAILED, StripeRefundStatus.CANCELED})
 
-REFUND_STATUS_CHECK = _in("status", RefundStatus)
-REFUND_SOURCE_CHECK = _in("source", RefundSource)
+REFUND_STATUS_CHECK = listed("status", RefundStatus)
+REFUND_SOURCE_CHECK = listed("source", RefundSource)
