@@ -18,17 +18,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import secrets
 import sqlite3
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from contextlib import AbstractContextManager, ExitStack, closing, contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 from fastapi.testclient import TestClient
@@ -530,6 +531,24 @@ def make_settings(url: str, tmp_dir: Path, **overrides: Any) -> Settings:
     }
     values.update(overrides)
     return Settings(**values)
+
+
+T = TypeVar("T")
+
+
+def run_on_database(database: Database, work: Coroutine[Any, Any, T]) -> T:
+    """``asyncio.run(work)``, then the pool of async connections this loop opened on
+    ``database`` closed on the same loop, as a worker's shutdown does: a pool left open when its
+    loop ends leaves background tasks that ``asyncio.run``'s close waits on, at times for ever
+    (seen: a void's loop that never closed)."""
+
+    async def closing_its_pool() -> T:
+        try:
+            return await work
+        finally:
+            await database.close_async_pool()
+
+    return asyncio.run(closing_its_pool())
 
 
 @dataclass

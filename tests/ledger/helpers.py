@@ -17,7 +17,7 @@ from sqlalchemy import func, insert, select
 
 from metering.kit.gathering import Gathering
 from metering.models import Account, Authorization, LedgerEntry, UsageRollup
-from tests.conftest import NOW, Api
+from tests.conftest import NOW, Api, run_on_database
 from tests.factories import Key, create_account, create_key, grant, priced_model
 
 DAY_BEFORE = NOW - timedelta(days=1)
@@ -178,7 +178,7 @@ class HeldBack:
                 await asyncio.gather(*(request() for request in requests), return_exceptions=True)
             )
 
-        outcomes = asyncio.run(all_at_once())
+        outcomes = run_on_database(api.database, all_at_once())
         assert self.queued == self.expected, "the requests did not reach the gathering in 30 s"
         assert sum(self.sizes) == len(requests), self.sizes
         return outcomes

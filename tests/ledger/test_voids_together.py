@@ -20,7 +20,7 @@ from metering.ledger import authorizations
 from metering.ledger.placement.postgres import PostgresHolds
 from metering.ledger.schemas import AuthorizationCreate
 from metering.ledger.service import held_counter_mismatches
-from tests.conftest import NOW, Api
+from tests.conftest import NOW, Api, run_on_database
 from tests.factories import GLM_RATES
 from tests.ledger.helpers import HeldBack, Setup, expected_estimate, holds, pool, prepaid
 
@@ -62,7 +62,7 @@ def place(api: Api, setup: Setup, count: int, prefix: str = "void") -> list[str]
             ids.append(hold["id"])
         return ids
 
-    return asyncio.run(placed())
+    return run_on_database(api.database, placed())
 
 
 def test_voids_arriving_together_are_made_together_each_as_if_alone(
@@ -73,7 +73,8 @@ def test_voids_arriving_together_are_made_together_each_as_if_alone(
     setup = prepaid(plain_pg_api, Decimal((count + 3) * ESTIMATE) / 10**6)
     ids = place(plain_pg_api, setup, count + 3)
     first, voided_before, past_expiry, twice, *rest = ids
-    asyncio.run(authorizations.void(plain_pg_api.database, voided_before, NOW))
+    database = plain_pg_api.database
+    run_on_database(database, authorizations.void(database, voided_before, NOW))
     late = NOW + timedelta(seconds=TTL)  # the hold's expiry: it reads as expired then
     stamps = {hold_id: NOW + timedelta(milliseconds=i) for i, hold_id in enumerate(ids)}
     voids = Voids(monkeypatch)

@@ -18,7 +18,7 @@ from metering.db import Database
 from metering.kit.errors import DatabaseUnavailable
 from metering.usage import service, single, together
 from tests import oracle
-from tests.conftest import NOW, Api, running_api
+from tests.conftest import NOW, Api, run_on_database, running_api
 from tests.factories import (
     GLM_RATES,
     chat_usage,
@@ -151,7 +151,7 @@ def pg_api(plain_pg_url: str, tmp_path: Path) -> Iterator[Api]:
 def _gathered(api: Api, events: list[dict[str, Any]]) -> list[service.Result | None] | None:
     database = Database.from_url(api.url, pool_size=1)
     try:
-        return asyncio.run(single.record_gathered(database, events, NOW))
+        return run_on_database(database, single.record_gathered(database, events, NOW))
     finally:
         database.dispose()
 
