@@ -3,10 +3,20 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, cast
 
-from sqlalchemy import BigInteger, CheckConstraint, DateTime, Integer, MetaData, String, Table
+from sqlalchemy import (
+    BigInteger,
+    CheckConstraint,
+    Column,
+    DateTime,
+    Integer,
+    MetaData,
+    String,
+    Table,
+)
 from sqlalchemy.dialects.postgresql import DOMAIN
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase
@@ -109,3 +119,48 @@ def add_one_of_checks(table: Table) -> None:
         if isinstance(domain, _ListDomain):
             check = CheckConstraint(listed(column.name, domain.values), name=column.name)
             table.append_constraint(check.ddl_if(dialect="sqlite"))
+
+
+@dataclass(frozen=True)
+class Names:
+    """A column's ``info["names"]``: the column names a row of ``target`` ("table.column")
+    without a foreign key, and ``metering verify`` names every row whose target is missing,
+    calling it ``what``. ``within``: a column both rows share, which must match too (the key of
+    the same account).
+
+    The tables every gateway request writes have no foreign keys (docs/decisions/0024): their
+    writers read the rows they name in the same transaction, and none of those rows is ever
+    deleted."""
+
+    target: str
+    what: str
+    within: str | None = None
+
+    @property
+    def table(self) -> str:
+        return self.target.split(".")[0]
+
+    @property
+    def column(self) -> str:
+        return self.target.split(".")[1]
+
+
+NAMES = "names"
+ACCOUNT_ROW = Names("accounts.id", "account")
+KEY_ROW = Names("api_keys.id", "API key of the account", within="account_id")
+MODEL_ROW = Names("catalog_models.id", "model")
+
+
+def names(row: Names) -> dict[str, Names]:
+    """The ``info`` of a column that names ``row`` (``Names``)."""
+    return {NAMES: row}
+
+
+def named_rows(metadata: MetaData) -> list[tuple[Table, list[tuple[Column[Any], Names]]]]:
+    """Each table with columns that name rows without a foreign key, and those columns."""
+    found = []
+    for each in metadata.sorted_tables:
+        named = [(column, column.info[NAMES]) for column in each.columns if NAMES in column.info]
+        if named:
+            found.append((each, named))
+    return found

@@ -19,7 +19,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Mapped, mapped_column
 
-from metering.models.base import Base, UTCDateTime, one_of
+from metering.models.base import ACCOUNT_ROW, Base, UTCDateTime, names, one_of
 from metering.models.ledger import kind_check
 from metering.states.grants import ACTIVE_ROWS, STORED
 
@@ -103,7 +103,7 @@ class CreditAllocationDay(Base):
         CheckConstraint("(kind = 'deficit') = (grant_id = '')", name="grant_named"),
     )
 
-    account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"), primary_key=True)
+    account_id: Mapped[str] = mapped_column(String(32), primary_key=True, info=names(ACCOUNT_ROW))
     allocation_date: Mapped[date] = mapped_column(Date, primary_key=True)  # the debit's UTC day
     kind: Mapped[str] = mapped_column(String(16), primary_key=True)
     grant_id: Mapped[str] = mapped_column(String(32), primary_key=True)  # '' for ``deficit``

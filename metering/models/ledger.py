@@ -9,7 +9,6 @@ from sqlalchemy import (
     BigInteger,
     Boolean,
     CheckConstraint,
-    ForeignKey,
     Index,
     Integer,
     String,
@@ -19,7 +18,16 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Mapped, mapped_column
 
-from metering.models.base import Base, BigIntPK, UTCDateTime, one_of
+from metering.models.base import (
+    ACCOUNT_ROW,
+    KEY_ROW,
+    MODEL_ROW,
+    Base,
+    BigIntPK,
+    UTCDateTime,
+    names,
+    one_of,
+)
 from metering.states import listed as listed_as_sql
 from metering.states.holds import (
     ACTIVE_ROWS,
@@ -111,7 +119,7 @@ class LedgerEntry(Base):
     )
 
     id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
-    account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"))
+    account_id: Mapped[str] = mapped_column(String(32), info=names(ACCOUNT_ROW))
     kind: Mapped[str] = mapped_column(one_of("ledger_entry_kind", ENTRY_SIGNS, 16))
     amount_microcents: Mapped[int] = mapped_column(BigInteger)  # signed: charges are negative
     idempotency_key: Mapped[str | None] = mapped_column(String(200))
@@ -184,11 +192,11 @@ class Authorization(Base):
     )
 
     id: Mapped[str] = mapped_column(String(64), primary_key=True)  # auth_… (holds.new_hold_id)
-    account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"))
-    api_key_id: Mapped[str] = mapped_column(ForeignKey("api_keys.id"))
+    account_id: Mapped[str] = mapped_column(String(32), info=names(ACCOUNT_ROW))
+    api_key_id: Mapped[str] = mapped_column(String(32), info=names(KEY_ROW))
     request_id: Mapped[str | None] = mapped_column(String(64))
     request_fingerprint: Mapped[str] = mapped_column(String(64))
-    model_id: Mapped[str] = mapped_column(ForeignKey("catalog_models.id"))
+    model_id: Mapped[str] = mapped_column(String(100), info=names(MODEL_ROW))
     api: Mapped[str] = mapped_column(String(20))
     prompt_tokens: Mapped[int] = mapped_column(Integer)
     requested_max_tokens: Mapped[int | None] = mapped_column(Integer)

@@ -7,7 +7,6 @@ from datetime import datetime
 from sqlalchemy import (
     BigInteger,
     CheckConstraint,
-    ForeignKey,
     Index,
     Integer,
     String,
@@ -17,7 +16,16 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Mapped, mapped_column
 
-from metering.models.base import Base, BigIntPK, UTCDateTime, one_of
+from metering.models.base import (
+    ACCOUNT_ROW,
+    KEY_ROW,
+    MODEL_ROW,
+    Base,
+    BigIntPK,
+    UTCDateTime,
+    names,
+    one_of,
+)
 from metering.pricing import API_NAMES
 
 # What a usage event says of its request (metering.usage.events refuses any other).
@@ -29,10 +37,9 @@ class UsageEvent(Base):
 
     ``id`` is the ingest order. (account_id, request_id) is unique forever: the dedup key.
 
-    No foreign keys: the ingest writes the account, key and model it read in
-    the same transaction, and none of them is ever deleted; the checks cost half of the insert
-    and share-locked the account row that authorizations wait for, once per event.
-    ``metering verify`` names any event whose account, key or model is missing."""
+    No foreign keys, as every table a gateway request writes (``Names``, decision 0024): the
+    checks cost half of the insert and share-locked the account row that authorizations wait
+    for, once per event."""
 
     __tablename__ = "usage_events"
     __table_args__ = (
@@ -46,10 +53,10 @@ class UsageEvent(Base):
     )
 
     id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
-    account_id: Mapped[str] = mapped_column(String(32))
+    account_id: Mapped[str] = mapped_column(String(32), info=names(ACCOUNT_ROW))
     request_id: Mapped[str] = mapped_column(String(64))
-    api_key_id: Mapped[str] = mapped_column(String(32))
-    model_id: Mapped[str] = mapped_column(String(100))
+    api_key_id: Mapped[str] = mapped_column(String(32), info=names(KEY_ROW))
+    model_id: Mapped[str] = mapped_column(String(100), info=names(MODEL_ROW))
     api: Mapped[str] = mapped_column(one_of("usage_api", API_NAMES, 20))
     outcome: Mapped[str] = mapped_column(one_of("usage_outcome", OUTCOMES, 10))
     occurred_at: Mapped[datetime] = mapped_column(UTCDateTime)
@@ -118,7 +125,7 @@ class UsageRollup(Base):
         ),
     )
 
-    account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"), primary_key=True)
+    account_id: Mapped[str] = mapped_column(String(32), primary_key=True, info=names(ACCOUNT_ROW))
     bucket_width: Mapped[str] = mapped_column(String(2), primary_key=True)
     grouping: Mapped[str] = mapped_column(String(10), primary_key=True)
     bucket_start: Mapped[datetime] = mapped_column(UTCDateTime, primary_key=True)

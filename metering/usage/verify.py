@@ -4,8 +4,9 @@
 * every account's charge entries add up to its recorded events' charges;
 * every ``usage_rollups`` row equals the sum of its events, recomputed here in SQL from
   ``usage_events`` for all six row kinds, both ways (a row missing, a row that should not exist);
-* every usage event's account, API key (of that account) and model exist (usage_events has no
-  foreign keys: see metering.models.usage);
+* every row that names an account, API key (of its account) or model without a foreign key
+  names one that exists (metering.models.base.Names: usage events, holds, ledger entries,
+  allocation days, rollups);
 * every account's held counter equals the sum of the holds it counts (metering.ledger);
 * every account's credit grants: the remainders of its active grants less its deficit
   equal its balance; remainders of grants already expired at the clock whose ``expiry`` entry
@@ -29,7 +30,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, case, func, literal, select, type_coerce
+from sqlalchemy import ColumnElement, case, func, literal, or_, select, type_coerce
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.functions import Function
 
@@ -40,8 +41,7 @@ from metering.kit.timeutil import format_timestamp
 from metering.ledger.service import held_counter_mismatches
 from metering.models import (
     Account,
-    ApiKey,
-    CatalogModel,
+    Base,
     CreditAllocationDay,
     CreditGrant,
     LedgerEntry,
@@ -50,7 +50,7 @@ from metering.models import (
     UsageRollup,
     table,
 )
-from metering.models.base import UTCDateTime
+from metering.models.base import UTCDateTime, named_rows
 from metering.states.grants import pending_sql, stored_active
 from metering.states.payments import PaymentStatus
 from metering.usage.rollups import COUNTERS, GROUPINGS, LAST_EVENT, WIDTHS, RollupKey
@@ -231,40 +231,34 @@ def _check_balances(session: Session, mismatches: list[str]) -> int:
 
 
 def _check_references(session: Session, mismatches: list[str]) -> None:
-    accounts, keys, models = table(Account), table(ApiKey), table(CatalogModel)
-    query = (
-        select(
-            EVENTS.c.id,
-            EVENTS.c.account_id,
-            EVENTS.c.request_id,
-            accounts.c.id.is_(None),
-            keys.c.id.is_(None),
-            models.c.id.is_(None),
+    """Every row that names an account, key or model without a foreign key (``Names``): the row
+    it names exists (a key, in the row's own account). Each missing one is named by its table,
+    its row's key and account."""
+    for each, named in named_rows(Base.metadata):
+        joined: Any = each
+        missing: list[tuple[str, ColumnElement[bool]]] = []
+        for column, names in named:
+            target = Base.metadata.tables[names.table].alias()
+            condition = target.c[names.column] == column
+            if names.within is not None:
+                condition &= target.c[names.within] == each.c[names.within]
+            joined = joined.outerjoin(target, condition)
+            missing.append((names.what, target.c[names.column].is_(None)))
+        key = list(each.primary_key.columns)
+        query = (
+            select(*key, each.c.account_id, *(gone for _, gone in missing))
+            .select_from(joined)
+            .where(or_(*(gone for _, gone in missing)))
+            .order_by(*key)
         )
-        .select_from(
-            EVENTS.outerjoin(accounts, accounts.c.id == EVENTS.c.account_id)
-            .outerjoin(
-                keys,
-                (keys.c.id == EVENTS.c.api_key_id) & (keys.c.account_id == EVENTS.c.account_id),
+        for found in session.execute(query):
+            *row_key, account_id = found[: len(key) + 1]
+            flags = found[len(key) + 1 :]
+            whats = [what for (what, _), gone in zip(missing, flags, strict=True) if gone]
+            mismatches.append(
+                f"{each.name} {'/'.join(map(str, row_key))} ({account_id}): "
+                f"no such {', '.join(whats)}"
             )
-            .outerjoin(models, models.c.id == EVENTS.c.model_id)
-        )
-        .where(accounts.c.id.is_(None) | keys.c.id.is_(None) | models.c.id.is_(None))
-        .order_by(EVENTS.c.id)
-    )
-    for event_id, account_id, request_id, no_account, no_key, no_model in session.execute(query):
-        missing = [
-            name
-            for name, gone in (
-                ("account", no_account),
-                ("API key of the account", no_key),
-                ("model", no_model),
-            )
-            if gone
-        ]
-        mismatches.append(
-            f"usage event {event_id} ({account_id} {request_id}): no such {', '.join(missing)}"
-        )
 
 
 def _check_grants(session: Session, now: datetime, mismatches: list[str], report: Report) -> None:

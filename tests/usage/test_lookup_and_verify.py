@@ -12,9 +12,12 @@ from metering.kit.ranges import INT64_MAX
 from tests.conftest import NOW, Api
 from tests.factories import (
     assert_error,
+    authorize,
     chat_usage,
     create_account,
     create_key,
+    expect,
+    grant,
     ingest,
     priced_model,
     usage_event,
@@ -203,7 +206,7 @@ class TestVerify:
     def test_an_event_whose_key_or_model_does_not_exist(
         self, fresh_api: Api, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
     ) -> None:
-        # usage_events has no foreign keys (metering.models.usage): verify checks the references.
+        # usage_events has no foreign keys (metering.models.base.Names): verify checks them.
         api = fresh_api
         key = create_key(api, create_account(api))
         other = create_key(api, create_account(api))
@@ -220,10 +223,76 @@ class TestVerify:
             )
         code, out = run_verify(api, monkeypatch, capsys)
         assert code == 1
-        assert f"usage event {first} ({key.account_id} " in out
-        assert "): no such model" in out
-        assert f"usage event {second} ({key.account_id} " in out
-        assert "): no such API key of the account" in out
+        assert f"usage_events {first} ({key.account_id}): no such model" in out
+        assert f"usage_events {second} ({key.account_id}): no such API key of the account" in out
+
+    def test_a_hold_entry_day_or_rollup_naming_no_row(
+        self, fresh_api: Api, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """The tables every gateway request writes have no foreign keys (decision 0024):
+        verify names each row whose account, key (of its account) or model is missing, and
+        nothing while every one exists."""
+        api = fresh_api
+        account = create_account(api)
+        key, other = create_key(api, account), create_key(api, create_account(api))
+        model = priced_model(api, NOW - timedelta(days=2))
+        grant(api, account, 100)
+        hold = expect(authorize(api, key, model), 200)["id"]
+        ingest(api, usage_event(key, model, AT))
+        code, out = run_verify(api, monkeypatch, capsys)
+        assert code == 0, out
+        # Rows of an account that does not exist: copies of the account's own (on Citus a row's
+        # account places it, and cannot be changed).
+        copies = {
+            "ledger_entries": (
+                "kind, amount_microcents, created_at",
+                "id = (SELECT max(id) FROM ledger_entries WHERE account_id = :a)",
+            ),
+            "credit_allocation_days": (
+                "allocation_date, kind, grant_id, amount_microcents",
+                "account_id = :a",
+            ),
+            "usage_rollups": (
+                "bucket_width, grouping, bucket_start, api_key_id, model_id, requests, "
+                "input_tokens, cache_read_tokens, output_tokens, reasoning_tokens, "
+                "cost_microcents, last_event_id",
+                "account_id = :a AND grouping = 'model' AND bucket_width = '1d'",
+            ),
+        }
+        with api.database.engine.begin() as connection:
+            connection.execute(
+                text(
+                    "UPDATE authorizations SET api_key_id = :other, model_id = 'Gone-1' "
+                    "WHERE id = :hold"
+                ),
+                {"other": other.id, "hold": hold},
+            )
+            for name, (columns, which) in copies.items():
+                connection.execute(
+                    text(
+                        f"INSERT INTO {name} (account_id, {columns}) "
+                        f"SELECT 'acct_gone', {columns} FROM {name} WHERE {which}"
+                    ),
+                    {"a": account},
+                )
+            entry = connection.execute(
+                text("SELECT id FROM ledger_entries WHERE account_id = 'acct_gone'")
+            ).scalar_one()
+            day = connection.execute(
+                text(
+                    "SELECT allocation_date, kind, grant_id FROM credit_allocation_days "
+                    "WHERE account_id = 'acct_gone'"
+                )
+            ).one()
+        code, out = run_verify(api, monkeypatch, capsys)
+        assert code == 1
+        assert f"authorizations {hold} ({account}): no such API key of the account, model" in out
+        assert f"ledger_entries {entry} (acct_gone): no such account" in out
+        assert (
+            f"credit_allocation_days acct_gone/{day.allocation_date}/{day.kind}/{day.grant_id} "
+            "(acct_gone): no such account"
+        ) in out
+        assert "usage_rollups acct_gone/1d/model/" in out
 
     def test_sums_beyond_the_64_bit_range_are_exact(
         self, fresh_api: Api, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
