@@ -325,7 +325,8 @@ def _line(name: str, load: LoadResult, per_op: int) -> str:
     p99 = percentile(load.latencies, 99) * 1000 if load.latencies else 0.0
     return (
         f"   {name}: {load.rate * per_op:,.0f}/s ({load.operations} requests measured, "
-        f"{load.errors} errors of {load.attempted}, p50 {p50:.0f} ms, p99 {p99:.0f} ms)"
+        f"{load.errors} errors of {load.attempted}, p50 {p50:.0f} ms, p99 {p99:.0f} ms, "
+        f"connections per server process {load.spread})"
     )
 
 

@@ -6,9 +6,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
+import subprocess
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 
@@ -37,6 +41,12 @@ class Connection:
 
     async def _connect(self) -> None:
         self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+
+    @property
+    def local_port(self) -> int | None:
+        if self.writer is None:
+            return None
+        return int(self.writer.get_extra_info("sockname")[1])
 
     async def request(
         self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None
@@ -120,6 +130,7 @@ class LoadResult:
     attempted: int = 0
     errors: int = 0
     error_samples: list[str] = field(default_factory=list)
+    spread: str = ""  # the connections per server process, e.g. "4 + 4"
 
     @property
     def rate(self) -> float:
@@ -141,6 +152,72 @@ class LoadResult:
 Operation = Callable[[Connection, int, int], Awaitable[float | None]]
 
 
+# -- Connections spread over the server's processes ---------------------------------------------
+#
+# A server of several uvicorn workers shares one listening socket, and a worker that wakes for a
+# burst of connections accepts all of it: eight keep-alive clients opened at once were often all
+# served by one of two workers (seen: 8 and 0, 7 and 1, in six runs of eight), which halved the
+# rate measured, and a benchmark's figure and its ceiling each drew their own split. The
+# clients' connections are opened one at a time, and one that lands on a process already
+# serving its share is opened again, until each process serves at most its share.
+
+SPREAD_ATTEMPTS = 50  # new connections per client, at most, before the spread is left as it is
+
+
+def _socket_owners(port: int) -> tuple[set[int], dict[int, int]]:
+    """The processes that accept on the local ``port`` (those holding its listening socket, but
+    a supervisor whose workers hold it too), and the process serving each established
+    connection, by the client's port (``ss``; empty when it cannot tell)."""
+    try:
+        listening = subprocess.run(
+            ["ss", "-tlnpH", "sport", f"= :{port}"], capture_output=True, text=True, check=True
+        ).stdout
+        established = subprocess.run(
+            ["ss", "-tnpH", "state", "established", "sport", f"= :{port}"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return set(), {}
+    holders = {int(part.split(",")[0]) for part in listening.split("pid=")[1:]}
+    parents = {_parent(pid) for pid in holders}
+    accepting = {pid for pid in holders if pid not in parents}
+    serving = {}
+    for line in established.splitlines():
+        fields = line.split()
+        if "pid=" in line and len(fields) >= 4:
+            client_port = int(fields[3].rsplit(":", 1)[1])
+            serving[client_port] = int(line.split("pid=")[1].split(",")[0])
+    return accepting, serving
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[1])
+
+
+async def _spread(connections: list[Connection], port: int) -> str:
+    """Open ``connections`` one at a time, each again (up to ``SPREAD_ATTEMPTS``) while the
+    process it landed on serves its share already; how they ended up spread."""
+    accepting, _ = _socket_owners(port)
+    share = math.ceil(len(connections) / len(accepting)) if accepting else len(connections)
+    served: Counter[int | None] = Counter()
+    for connection in connections:
+        for _attempt in range(SPREAD_ATTEMPTS):
+            await connection._connect()
+            await asyncio.sleep(0.005)  # accepted by then: the server's loop is idle
+            owner = _socket_owners(port)[1].get(connection.local_port or 0)
+            if owner is None or served[owner] < share:
+                break
+            await connection.close()
+        served[owner] += 1
+    return " + ".join(str(n) for n in sorted(served.values(), reverse=True))
+
+
 async def _run(
     host: str,
     port: int,
@@ -159,8 +236,11 @@ async def _run(
         if len(result.error_samples) < 2:
             result.error_samples.append(message)
 
+    connections = [Connection(host, port, headers) for _ in range(clients)]
+    result.spread = await _spread(connections, port)
+
     async def client(index: int) -> None:
-        connection = Connection(host, port, headers)
+        connection = connections[index]
         iteration = 0
         try:
             while True:
