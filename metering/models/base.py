@@ -123,32 +123,25 @@ def add_one_of_checks(table: Table) -> None:
 
 @dataclass(frozen=True)
 class Names:
-    """A column's ``info["names"]``: the column names a row of ``target`` ("table.column")
-    without a foreign key, and ``metering verify`` names every row whose target is missing,
-    calling it ``what``. ``within``: a column both rows share, which must match too (the key of
-    the same account).
+    """A column's ``info["names"]``: the column names the row of ``table`` whose ``column`` it
+    holds, without a foreign key, and ``metering verify`` names every row whose named row is
+    missing, calling it ``what``. ``within``: a column both rows share, which must match too
+    (the key of the same account).
 
     The tables every gateway request writes have no foreign keys (docs/decisions/0024): their
     writers read the rows they name in the same transaction, and none of those rows is ever
     deleted."""
 
-    target: str
+    table: str
+    column: str
     what: str
     within: str | None = None
 
-    @property
-    def table(self) -> str:
-        return self.target.split(".")[0]
-
-    @property
-    def column(self) -> str:
-        return self.target.split(".")[1]
-
 
 NAMES = "names"
-ACCOUNT_ROW = Names("accounts.id", "account")
-KEY_ROW = Names("api_keys.id", "API key of the account", within="account_id")
-MODEL_ROW = Names("catalog_models.id", "model")
+ACCOUNT_ROW = Names("accounts", "id", "account")
+KEY_ROW = Names("api_keys", "id", "API key of the account", within="account_id")
+MODEL_ROW = Names("catalog_models", "id", "model")
 
 
 def names(row: Names) -> dict[str, Names]:

@@ -32,6 +32,7 @@ from typing import Any
 
 from sqlalchemy import ColumnElement, case, func, literal, or_, select, type_coerce
 from sqlalchemy.orm import Session
+from sqlalchemy.sql.elements import Label
 from sqlalchemy.sql.functions import Function
 
 from metering import citus
@@ -236,28 +237,28 @@ def _check_references(session: Session, mismatches: list[str]) -> None:
     its row's key and account."""
     for each, named in named_rows(Base.metadata):
         joined: Any = each
-        missing: list[tuple[str, ColumnElement[bool]]] = []
+        missing: list[tuple[str, Label[bool]]] = []  # what the row names, whether it is gone
         for column, names in named:
             target = Base.metadata.tables[names.table].alias()
             condition = target.c[names.column] == column
             if names.within is not None:
                 condition &= target.c[names.within] == each.c[names.within]
             joined = joined.outerjoin(target, condition)
-            missing.append((names.what, target.c[names.column].is_(None)))
+            missing.append(
+                (names.what, target.c[names.column].is_(None).label(f"no_{column.name}"))
+            )
         key = list(each.primary_key.columns)
         query = (
-            select(*key, each.c.account_id, *(gone for _, gone in missing))
+            select(*key, each.c.account_id.label("of_account"), *(gone for _, gone in missing))
             .select_from(joined)
             .where(or_(*(gone for _, gone in missing)))
             .order_by(*key)
         )
-        for found in session.execute(query):
-            *row_key, account_id = found[: len(key) + 1]
-            flags = found[len(key) + 1 :]
-            whats = [what for (what, _), gone in zip(missing, flags, strict=True) if gone]
+        for found in session.execute(query).mappings():
+            row_key = "/".join(str(found[column]) for column in key)
+            whats = [what for what, gone in missing if found[gone.name]]
             mismatches.append(
-                f"{each.name} {'/'.join(map(str, row_key))} ({account_id}): "
-                f"no such {', '.join(whats)}"
+                f"{each.name} {row_key} ({found['of_account']}): no such {', '.join(whats)}"
             )
 
 
