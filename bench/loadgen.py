@@ -164,32 +164,35 @@ Operation = Callable[[Connection, int, int], Awaitable[float | None]]
 SPREAD_ATTEMPTS = 50  # new connections per client, at most, before the spread is left as it is
 
 
-def _socket_owners(port: int) -> tuple[set[int], dict[int, int]]:
-    """The processes that accept on the local ``port`` (those holding its listening socket, but
-    a supervisor whose workers hold it too), and the process serving each established
-    connection, by the client's port (``ss``; empty when it cannot tell)."""
+def _ss(*arguments: str) -> str:
+    """``ss``'s lines for ``arguments`` (none when it cannot tell)."""
     try:
-        listening = subprocess.run(
-            ["ss", "-tlnpH", "sport", f"= :{port}"], capture_output=True, text=True, check=True
-        ).stdout
-        established = subprocess.run(
-            ["ss", "-tnpH", "state", "established", "sport", f"= :{port}"],
-            capture_output=True,
-            text=True,
-            check=True,
+        return subprocess.run(
+            ["ss", "-tnpH", *arguments], capture_output=True, text=True, check=True
         ).stdout
     except (OSError, subprocess.CalledProcessError):
-        return set(), {}
+        return ""
+
+
+def _accepting(port: int) -> set[int]:
+    """The processes that accept on the local ``port``: those holding its listening socket, but
+    a supervisor whose workers hold it too."""
+    listening = _ss("-l", "sport", f"= :{port}")
     holders = {int(part.split(",")[0]) for part in listening.split("pid=")[1:]}
     parents = {_parent(pid) for pid in holders}
-    accepting = {pid for pid in holders if pid not in parents}
+    return {pid for pid in holders if pid not in parents}
+
+
+def _serving(port: int) -> dict[int, int]:
+    """The process serving each connection established to the local ``port``, by the client's
+    port."""
     serving = {}
-    for line in established.splitlines():
+    for line in _ss("state", "established", "sport", f"= :{port}").splitlines():
         fields = line.split()
         if "pid=" in line and len(fields) >= 4:
             client_port = int(fields[3].rsplit(":", 1)[1])
             serving[client_port] = int(line.split("pid=")[1].split(",")[0])
-    return accepting, serving
+    return serving
 
 
 def _parent(pid: int) -> int | None:
@@ -203,16 +206,16 @@ def _parent(pid: int) -> int | None:
 async def _spread(connections: list[Connection], port: int) -> str:
     """Open ``connections`` one at a time, each again (up to ``SPREAD_ATTEMPTS``) while the
     process it landed on serves its share already; how they ended up spread."""
-    accepting, _ = _socket_owners(port)
+    accepting = _accepting(port)
     share = math.ceil(len(connections) / len(accepting)) if accepting else len(connections)
     served: Counter[int | None] = Counter()
     for connection in connections:
-        for _attempt in range(SPREAD_ATTEMPTS):
+        for attempt in range(SPREAD_ATTEMPTS):
             await connection._connect()
             await asyncio.sleep(0.005)  # accepted by then: the server's loop is idle
-            owner = _socket_owners(port)[1].get(connection.local_port or 0)
-            if owner is None or served[owner] < share:
-                break
+            owner = _serving(port).get(connection.local_port or 0)
+            if owner is None or served[owner] < share or attempt == SPREAD_ATTEMPTS - 1:
+                break  # the last attempt's connection is kept, wherever it landed
             await connection.close()
         served[owner] += 1
     return " + ".join(str(n) for n in sorted(served.values(), reverse=True))
