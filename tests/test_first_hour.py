@@ -10,15 +10,17 @@ import re
 import signal
 import subprocess
 import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx2 as httpx
 import pytest
 
-from metering import migrate
+from metering import demo, migrate
 from metering.catalog.importer import SHIPPED_CATALOG
 from metering.cli import main
 from metering.functions import PROGRAMS
+from metering.kit.timeutil import floor_day
 from tests.conftest import BACKENDS, SECRET_KEY, fresh_database, running_api
 from tests.test_cli import METERING, SHIPPED, _clean_env, _free_port
 
@@ -96,28 +98,41 @@ def test_migrate_leaves_a_catalog_that_has_models_alone(
     assert SHIPPED_CATALOG.exists()
 
 
+def _whole_demo_days(earliest: datetime, latest: datetime) -> set[str]:
+    """The days wholly inside the demo's window whatever instant in [earliest, latest] the
+    server seeded it at: each has usage and has ended (the window ends a minute before then)."""
+    first = floor_day(latest - timedelta(days=demo.DAYS, minutes=1))
+    last = floor_day(earliest - timedelta(minutes=1))
+    days = (first + timedelta(days=n) for n in range(1, demo.DAYS + 1))
+    return {day.date().isoformat() for day in days if day + timedelta(days=1) <= last}
+
+
 def test_the_embedded_server_runs_the_scheduler_once_with_two_workers(tmp_path: Path) -> None:
     """The demo's ended days are exported by the server itself (no `metering scheduler`), by
     one scheduler in the command's process, not one per worker."""
     port = _free_port()
     out, err = tmp_path / "serve.out", tmp_path / "serve.err"
+    env = {**_clean_env(), "METERING_EXPORT_AFTER_MINUTES": "0"}
+    started = datetime.now(UTC)
     with out.open("wb") as stdout, err.open("wb") as stderr:
         process = subprocess.Popen(
             [str(METERING), "serve", "--port", str(port), "--workers", "2"],
             cwd=tmp_path,
-            env=_clean_env(),
+            env=env,
             stdout=stdout,
             stderr=stderr,
         )
     try:
         exports = tmp_path / "data" / "exports"
         deadline = time.monotonic() + 90
+        expected = _whole_demo_days(started, datetime.now(UTC) + timedelta(seconds=90))
+        assert len(expected) >= demo.DAYS - 2
         while time.monotonic() < deadline and process.poll() is None:
-            if exports.is_dir() and len(list(exports.iterdir())) >= 7:
+            if exports.is_dir() and expected <= {p.name for p in exports.iterdir()}:
                 break
             time.sleep(0.2)
-        days = sorted(p.name for p in exports.iterdir()) if exports.is_dir() else []
-        assert len(days) >= 7, (days, err.read_text()[-3000:])
+        days = {p.name for p in exports.iterdir()} if exports.is_dir() else set()
+        assert expected <= days, (sorted(expected - days), err.read_text()[-3000:])
         time.sleep(2)  # both workers up by now: neither starts a scheduler of its own
     finally:
         stop(process)
