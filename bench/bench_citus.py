@@ -51,10 +51,13 @@ coordinator's maintenance URL; the nodes must run on this machine for their CPU 
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import re
 import secrets
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
@@ -73,6 +76,7 @@ from bench.bench_ingest import GLM_RATES, MODELS, Bodies, Sent, check_counts
 from bench.bench_ingest import Config as IngestConfig
 from bench.bench_ingest import _drive as drive_ingest
 from bench.bench_ledger import Load
+from bench.bench_webhooks import ALLOW_PRIVATE, Receiver, check_messages, make_endpoint
 from bench.common import (
     GATEWAY_TOKEN,
     HARNESS_ROOT,
@@ -117,6 +121,9 @@ class Config:
     batch: int = 1000
     shard_count: int = 32  # Citus' default
     counted: int = 20  # operations of each kind sent with the remote commands logged
+    ticks: int = 20  # scheduler ticks measured, after one unmeasured
+    messages: int = 1000  # webhook messages delivered by the scheduler, measured
+    message_accounts: int = 10  # over this many accounts, an endpoint each
     coordinator_url: str = CITUS_URL
     # bench_refusals' figures of the cluster too (a refused batch, a reprocess of 2,000
     # entries), so that ``make bench BENCH=citus`` prints them.
@@ -208,10 +215,15 @@ def citus_database(coordinator_url: str, shard_count: int) -> Iterator[str]:
 # --- CPU, from /proc -------------------------------------------------------------------------
 
 
-def cpu_seconds(pid: int, reaped: bool = False) -> float | None:
-    """utime + stime of one process in seconds (``reaped``: cutime + cstime, of its children
-    that ended and were waited for); None when it is gone."""
+def cpu_seconds(pid: int, reaped: bool = False, one_thread: bool = False) -> float | None:
+    """utime + stime of one process in seconds, every thread's, counted in clock ticks
+    (``reaped``: cutime + cstime, of its children that ended and were waited for); for a
+    process of ``one_thread`` (a PostgreSQL backend), the scheduler's own count of its thread
+    (``schedstat``, in nanoseconds: a backend's few milliseconds are not rounded to ticks).
+    None when it is gone."""
     try:
+        if one_thread and not reaped:
+            return int(Path(f"/proc/{pid}/schedstat").read_text().split()[0]) / 1e9
         stat = Path(f"/proc/{pid}/stat").read_text()
     except (FileNotFoundError, ProcessLookupError):
         return None
@@ -274,6 +286,7 @@ class Tier:
     # during a load (a backend whose connection was closed) are counted through it.
     postmaster: int | None = None
     sessions: Any = None  # () -> sessions ever opened in the bench's database on the node
+    backends: bool = False  # PostgreSQL backends: one thread each
 
 
 @dataclass
@@ -288,7 +301,7 @@ def snapshot(tiers: Sequence[Tier]) -> Snapshot:
     for tier in tiers:
         values = {}
         for pid in tier.pids():
-            cpu = cpu_seconds(pid)
+            cpu = cpu_seconds(pid, one_thread=tier.backends)
             if cpu is not None:
                 values[pid] = cpu
         if tier.postmaster is not None:
@@ -333,6 +346,7 @@ class Fixture:
     secrets: list[str]  # one key per account (the authorizations)
     key_ids: list[str]  # the first accounts' two keys each (ingest)
     books: Books  # every account
+    accounts: list[str]  # every account's id, in the order made
 
 
 @dataclass
@@ -397,6 +411,7 @@ class Side:
                     lambda node=node: _backends(node, database),
                     parent,
                     lambda node=node: _sessions(node, database),
+                    backends=True,
                 )
             )
         return found
@@ -406,11 +421,12 @@ def _setup(config: Config, url: str, base_url: str, workdir: Path) -> Fixture:
     """Both models priced (``metering catalog import``); the accounts with their keys, grants
     and limits (admin API), as an operator sets them up."""
     config.code.import_catalog(url, workdir, catalog_file(workdir, MODELS, GLM_RATES))
-    keys, key_ids = [], []
+    keys, key_ids, accounts = [], [], []
     books = Books()
     with Admin(base_url) as admin:
         for index in range(config.accounts):
             account = admin.account(f"bench-{index}")
+            accounts.append(account)
             made = [admin.key(account)]
             keys.append(made[0][1])
             if index < config.ingest_accounts:
@@ -419,7 +435,7 @@ def _setup(config: Config, url: str, base_url: str, workdir: Path) -> Fixture:
             admin.three_grants(account, GRANT_CENTS)
             books.open(account, GRANT_CENTS, made)
             admin.access_rules(account, list(MODELS), CONCURRENCY)
-    return Fixture(keys, key_ids, books)
+    return Fixture(keys, key_ids, books, accounts)
 
 
 def _measure(side: Side, kind: str, drive: Any, per_operation: int = 1) -> LoadResult:
@@ -500,6 +516,111 @@ def _round(config: Config, side: Side, bodies: tuple[Bodies, Bodies], workdir: P
         f"{rates[AUTH]:,.0f} authorizations/s, {rates[BATCH]:,.0f} events/s in batches, "
         f"{rates[EVENT]:,.0f} single events/s"
     )
+
+
+# --- The scheduler's work: its tick's per-account scans, its webhook deliveries --------------
+
+BACKGROUND = Path(__file__).with_name("background_work.py")
+SCHEDULER = "scheduler"  # the tier of the scheduler's process
+
+
+@dataclass
+class Background:
+    """The scheduler's work of one kind on one side: CPU seconds per tier (the scheduler's own
+    process as ``SCHEDULER``, each node's backends in the bench's database), over ``done``
+    units (accounts scanned, over every tick; messages delivered)."""
+
+    cpu: dict[str, float] = field(default_factory=dict)
+    done: int = 0
+    problems: list[str] = field(default_factory=list)
+
+    def ms_per_unit(self, tiers: Sequence[str]) -> float:
+        total = sum(self.cpu.get(tier, 0.0) for tier in tiers)
+        return total * 1000 / self.done if self.done else 0.0
+
+
+def _scheduler_work(
+    config: Config, side: Side, workdir: Path, job: str, count: int, prepare: Any = None
+) -> tuple[Background, int]:
+    """``bench/background_work.py job count`` in the code under test, its start-up and first
+    run unmeasured (then ``prepare()``, if given), the nodes' CPU read around the rest; the
+    figures, and what the driver reports done (ticks, or messages delivered)."""
+    measured = Background()
+    env = {**config.code.env(side.url, workdir), **dict(ALLOW_PRIVATE)}
+    log = (workdir / f"{job}.log").open("ab")
+    process = subprocess.Popen(
+        [sys.executable, str(BACKGROUND), job, str(count)],
+        cwd=config.code.root, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        stderr=log, text=True,
+    )  # fmt: skip
+    assert process.stdin is not None and process.stdout is not None
+    try:
+        if process.stdout.readline().strip() != "ready":
+            measured.problems.append(f"{side.name}: the scheduler's {job} did not start")
+            return measured, 0
+        if prepare is not None:
+            prepare()
+        tiers = [tier for tier in side.tiers() if tier.name != "api"]
+        before = snapshot(tiers)
+        process.stdin.write("go\n")
+        process.stdin.flush()
+        line = process.stdout.readline()
+        used = spent(before, snapshot(tiers))
+        process.stdin.close()  # then it closes its connections and ends
+        process.wait(60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        log.close()
+    try:
+        reported = json.loads(line)
+    except ValueError:
+        measured.problems.append(f"{side.name}: the scheduler's {job} failed: {line[:200]!r}")
+        return measured, 0
+    measured.cpu = {SCHEDULER: float(reported["cpu"]), **used.cpu}
+    return measured, int(reported["done"])
+
+
+def _ticks(config: Config, side: Side, workdir: Path) -> Background:
+    """``config.ticks`` scheduler ticks over the side's accounts, as the rounds left them; per
+    account in the database (on a cluster a tick's cost grows with the shards and the accounts
+    having work more than with the accounts: docs/citus.md)."""
+    measured, ticks = _scheduler_work(config, side, workdir, "tick", config.ticks)
+    accounts = common.sql_scalar(side.url, "SELECT count(*) FROM accounts")
+    measured.done = ticks * accounts
+    if ticks != config.ticks:
+        measured.problems.append(f"{side.name}: {ticks} of {config.ticks} ticks ran")
+    return measured
+
+
+def _deliveries(config: Config, side: Side, workdir: Path, receiver: Receiver) -> Background:
+    """``config.messages`` webhook messages (``webhook.test``, queued through the API over the
+    first ``config.message_accounts`` accounts, an endpoint each at the harness's receiver)
+    delivered by the scheduler's passes; each checked as bench_webhooks checks it."""
+    accounts = side.fixture.accounts[: config.message_accounts]
+    slug = "single" if side.name == SINGLE else "cluster"
+    expected: dict[str, dict[str, str]] = {}
+
+    def queue() -> None:
+        with Admin(side.server.base_url) as admin:
+            for index, account in enumerate(accounts):
+                name = f"{slug}-{index}"
+                endpoint = make_endpoint(admin, receiver, name, ["webhook.test"], account)
+                expected[name] = {}
+                for _ in range(config.messages // len(accounts)):
+                    answer = admin.client.post(f"/admin/v1/webhook-endpoints/{endpoint}/test")
+                    answer.raise_for_status()
+                    expected[name][answer.json()["id"]] = "webhook.test"
+
+    total = config.messages // len(accounts) * len(accounts)
+    measured, delivered = _scheduler_work(config, side, workdir, "deliver", total, queue)
+    measured.done = delivered
+    if delivered != total:
+        measured.problems.append(f"{side.name}: {delivered} of {total} messages delivered")
+    for name, ids in expected.items():
+        measured.problems += check_messages(f"{side.name} {name}", receiver.arrived(name), ids)
+    return measured
 
 
 def _rows(url: str, query: str, *params: Any) -> list[tuple[Any, ...]]:
@@ -690,13 +811,49 @@ def count_round_trips(
 # --- The run ---------------------------------------------------------------------------------
 
 
-def _settings(url: str) -> str:
+# What a commit costs and risks: the cluster's nodes run with the single server's values of these
+# for the whole run (``same_durability``), and both sides' are printed with the figures.
+DURABILITY = ("fsync", "full_page_writes", "synchronous_commit")
+
+
+def durability(url: str) -> dict[str, str]:
     rows = _rows(
-        url,
-        "SELECT name, setting FROM pg_settings WHERE name IN ('fsync', 'synchronous_commit') "
-        "ORDER BY 1",
+        url, "SELECT name, setting FROM pg_settings WHERE name = ANY(%s)", list(DURABILITY)
     )
-    return ", ".join(f"{name}={value}" for name, value in rows)
+    return {str(name): str(value) for name, value in rows}
+
+
+def _settings(url: str) -> str:
+    return ", ".join(f"{name}={value}" for name, value in sorted(durability(url).items()))
+
+
+@contextmanager
+def same_durability(node_urls: Sequence[str], single_url: str) -> Iterator[None]:
+    """Every node of the cluster with the single server's ``DURABILITY`` settings while the
+    block runs (``ALTER SYSTEM``, reloaded; reset after): scripts/citus.sh starts its nodes with
+    fsync off, for the tests' sake, which spares them every WAL flush the server pays."""
+    wanted = durability(single_url)
+    changed = []
+    try:
+        for node in node_urls:
+            differing = {n: v for n, v in wanted.items() if durability(node).get(n) != v}
+            if not differing:
+                continue
+            with psycopg.connect(libpq_url(node), autocommit=True) as connection:
+                for name, value in differing.items():
+                    connection.execute(f"ALTER SYSTEM SET {name} = '{value}'")
+                connection.execute("SELECT pg_reload_conf()")
+            changed.append((node, tuple(differing)))
+            deadline = time.monotonic() + 10
+            while durability(node) != wanted and time.monotonic() < deadline:
+                time.sleep(0.1)
+        yield
+    finally:
+        for node, names in changed:
+            with psycopg.connect(libpq_url(node), autocommit=True) as connection:
+                for name in names:
+                    connection.execute(f"ALTER SYSTEM RESET {name}")
+                connection.execute("SELECT pg_reload_conf()")
 
 
 @contextmanager
@@ -725,6 +882,9 @@ def _ms(value: float) -> str:
 
 def run(config: Config | None = None) -> list[Result]:
     config = config or Config()
+    # The scheduler's deliveries go to the harness's receiver on this machine.
+    code = CodeUnderTest(config.code.root, (*config.code.server_env, *ALLOW_PRIVATE))
+    config = dataclasses.replace(config, code=code)
     ensure_cluster(config.coordinator_url)
     node_urls = _node_urls(config.coordinator_url)
     workers = [f"worker :{make_url(node).port}" for node in node_urls[1:]]
@@ -736,6 +896,7 @@ def run(config: Config | None = None) -> list[Result]:
         tempfile.TemporaryDirectory() as tmp,
         bench_database() as single_url,
         citus_database(config.coordinator_url, config.shard_count) as cluster_url,
+        same_durability(node_urls, single_url),
     ):
         workdir = Path(tmp)
         # A shared server: its backends in the bench's database only (others' sessions end
@@ -756,14 +917,27 @@ def run(config: Config | None = None) -> list[Result]:
                 for side in (single, cluster):
                     summary = _round(config, side, bodies[side.name], workdir / "cli")
                     print(f"   round {index + 1}, {side.name}: {summary}", flush=True)
+            receiver = Receiver()
+            try:
+                background = {
+                    side.name: {
+                        "tick": _ticks(config, side, workdir / "cli"),
+                        "deliver": _deliveries(config, side, workdir / "cli", receiver),
+                    }
+                    for side in (single, cluster)
+                }
+            finally:
+                receiver.close()
             settings = {
                 SINGLE: _settings(single_url),
-                CLUSTER: _settings(cluster_url),
+                # Every node's (one line when they agree, as they should).
+                CLUSTER: " | ".join(sorted({_settings(node) for node in node_urls})),
             }
             trips, counting_problems = count_round_trips(
                 config, cluster_url, cluster.fixture, workdir
             )
     results = report(config, single, cluster, trips, counting_problems, settings, workers)
+    results += report_background(config, background, workers)
     if config.refusals:
         from bench import bench_refusals  # it builds on this module's cluster helpers
 
@@ -794,6 +968,7 @@ def report(
         "machine: the cluster's three nodes share its cores with the API and the load generator."
     )
     print(f"   Settings: one server {settings[SINGLE]}; cluster nodes {settings[CLUSTER]}.")
+    unfair = [] if settings[SINGLE] == settings[CLUSTER] else ["durability settings differ"]
     lines = table(
         ("figure", SINGLE, CLUSTER, "cluster ÷ one server"),
         [
@@ -899,7 +1074,7 @@ def report(
         "   PROJECTION (not a measurement): each operation runs on the one worker that holds its "
         "account, so a worker core takes 1 / (worker CPU per operation) operations a second. "
         "Assumes: load spread over many accounts (one hot account stays on one worker), shards "
-        "spread evenly, workers CPU-bound (not disk: these nodes run with fsync off), the API "
+        "spread evenly, workers CPU-bound (not disk; their WAL flushed as the server's), the API "
         "tier and the coordinator scaled apart (their own ceilings below), the same CPU per "
         "operation on a server's cores as here. See docs/citus.md."
     )
@@ -931,7 +1106,7 @@ def report(
     )
     print("\n".join("   " + line for line in table(header, projection)))
 
-    verify = tuple(single.verify_problems + cluster.verify_problems)
+    verify = tuple(single.verify_problems + cluster.verify_problems + unfair)
     for kind, what, who in kinds:
         s, c = single.loads[kind], cluster.loads[kind]
         problems = tuple(s.problems + c.problems) + verify
@@ -956,7 +1131,7 @@ def report(
         worker_ms = c.ms_per_operation(workers)
         slug = {AUTH: "authorization", BATCH: "batch_event", EVENT: "single_event"}[kind]
         single_ms = single.loads[kind].ms_per_operation(["PostgreSQL"])
-        problems = tuple(c.problems) + tuple(counting_problems)
+        problems = tuple(c.problems) + tuple(counting_problems) + tuple(unfair)
         results.append(
             Result(
                 f"citus.worker_cpu.{slug}",
@@ -983,6 +1158,66 @@ def report(
                 None,
                 "projection",
                 f"coordinator ceiling {_per_core(c.ms_per_operation(['coordinator']))} per core",
+                problems=problems,
+            )
+        )
+    return results
+
+
+def report_background(
+    config: Config, background: dict[str, dict[str, Background]], workers: list[str]
+) -> list[Result]:
+    """The scheduler's work on both sides, printed; the cluster's worker figures, for the
+    runner's table."""
+    single, cluster = background[SINGLE], background[CLUSTER]
+    accounts = f"{config.accounts} accounts"
+    units = {
+        "tick": f"tick, per account in the database ({config.ticks} ticks, {accounts})",
+        "deliver": f"webhook message delivered ({config.messages} over "
+        f"{config.message_accounts} accounts)",
+    }
+    print()
+    print(
+        "   The scheduler's work, after the rounds, on the data they left (a process of the code "
+        "under test, its start-up and a first run unmeasured; CPU from its own clock and from "
+        "/proc for the nodes' backends in the bench's database):"
+    )
+    rows = [
+        (
+            what,
+            _ms(single[job].ms_per_unit([SCHEDULER])),
+            _ms(single[job].ms_per_unit(["PostgreSQL"])),
+            _ms(cluster[job].ms_per_unit([SCHEDULER])),
+            _ms(cluster[job].ms_per_unit(["coordinator"])),
+            _ms(cluster[job].ms_per_unit(workers)),
+        )
+        for job, what in units.items()
+    ]
+    header = (
+        "per",
+        "one server: scheduler CPU",
+        "one server: PostgreSQL CPU",
+        "cluster: scheduler CPU",
+        "coordinator CPU",
+        "worker CPU",
+    )
+    print("\n".join("   " + line for line in table(header, rows)))
+    results = []
+    for job, slug in (("tick", "tick_per_account"), ("deliver", "webhook_message")):
+        problems = tuple(single[job].problems + cluster[job].problems)
+        for problem in problems:
+            print(f"   PROBLEM {problem}")
+        results.append(
+            Result(
+                f"citus.worker_cpu.{slug}",
+                f"Citus: worker CPU per {units[job]}",
+                "-",
+                cluster[job].ms_per_unit(workers),
+                "ms",
+                None,
+                "CPU over the measured runs",
+                f"one server's PostgreSQL: {_ms(single[job].ms_per_unit(['PostgreSQL']))}",
+                higher_is_better=False,
                 problems=problems,
             )
         )

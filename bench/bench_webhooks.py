@@ -114,7 +114,7 @@ class Receipt:
     signed: bool  # by the endpoint's secret (``signed_by``)
 
 
-class _Receiver:
+class Receiver:
     """The harness's receiver: one path per endpoint (``url(name)``), whose secret it is told
     (``expect``) before anything is sent there."""
 
@@ -239,7 +239,7 @@ def run(config: Config) -> list[Result]:
         workdir = Path(tmp)
         code.migrate(url, workdir)
         code.import_catalog(url, workdir, catalog_file(workdir, [MODEL], CENT_RATES))
-        receiver = _Receiver()
+        receiver = Receiver()
         server = code.server(url, workdir, 1).start()
         try:
             with Admin(server.base_url) as admin:
@@ -274,8 +274,8 @@ def run(config: Config) -> list[Result]:
     ]  # fmt: skip
 
 
-def _endpoint(
-    admin: Admin, receiver: _Receiver, name: str, types: list[str], account: str | None = None
+def make_endpoint(
+    admin: Admin, receiver: Receiver, name: str, types: list[str], account: str | None = None
 ) -> str:
     """A webhook endpoint at the receiver's path ``name``, whose secret the receiver learns."""
     made = admin._post(
@@ -292,11 +292,11 @@ def _throughput(
     url: str,
     workdir: Path,
     admin: Admin,
-    receiver: _Receiver,
+    receiver: Receiver,
     problems: list[str],
 ) -> float:
     account = admin.account("bench-hooks")
-    endpoint = _endpoint(admin, receiver, "throughput", ["webhook.test"], account)
+    endpoint = make_endpoint(admin, receiver, "throughput", ["webhook.test"], account)
     ids = set()
     for _ in range(config.events):
         response = admin.client.post(f"/admin/v1/webhook-endpoints/{endpoint}/test")
@@ -326,7 +326,7 @@ def _lags(
     workdir: Path,
     base_url: str,
     admin: Admin,
-    receiver: _Receiver,
+    receiver: Receiver,
     problems: list[str],
 ) -> list[float]:
     """Each crossing account: a key, 1 cent of credit and a threshold of 1 cent; an endpoint
@@ -344,7 +344,7 @@ def _lags(
         )
         if response.status_code != 200:
             problems.append(f"PATCH account: {response.status_code} {response.text[:200]}")
-    endpoint = _endpoint(admin, receiver, "lag", ["credit.balance_low", "webhook.test"])
+    endpoint = make_endpoint(admin, receiver, "lag", ["credit.balance_low", "webhook.test"])
     scheduler = _scheduler(code, url, workdir)
     sent: dict[str, float] = {}
     charged: Counter[str] = Counter()
