@@ -50,7 +50,7 @@ from typing import Any, TypeVar
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool
-from sqlalchemy import Connection, Engine, create_engine, event, text
+from sqlalchemy import Connection, Engine, create_engine, event, func, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
@@ -58,6 +58,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
 from metering.kit.errors import DatabaseUnavailable, MeteringError
+from metering.kit.ranges import fits
 
 log = logging.getLogger(__name__)
 
@@ -215,6 +216,39 @@ def is_postgresql(session: Session) -> bool:
 def is_cluster(session: Session) -> bool:
     """Whether a session's database is a Citus coordinator."""
     return kind_of(session) is Kind.CITUS
+
+
+class _ExactSum:
+    """SQLite's aggregate ``exact_sum``: the total of integers as a Python integer, handed back
+    as an integer within the 64-bit range and as its decimal text beyond it (which no stored
+    value equals: a mismatch, named with its exact value)."""
+
+    def __init__(self) -> None:
+        self.total: int | None = None
+
+    def step(self, value: int | None) -> None:
+        if value is not None:
+            self.total = (self.total or 0) + value
+
+    def finalize(self) -> int | str | None:
+        if self.total is None or fits(self.total):
+            return self.total
+        return str(self.total)
+
+
+_EXACT_SUM = "exact_sum"
+
+
+def exact_sum(session: Session, value: Any) -> Any:
+    """The exact sum of ``value`` in ``session``'s statements, for the checks that reconcile
+    stored totals (``metering verify``): PostgreSQL's ``sum`` (a bigint's is numeric); on
+    SQLite, whose ``sum()`` refuses a total beyond the 64-bit range (``integer overflow``),
+    ``exact_sum`` (made known to the session's connection here)."""
+    if is_postgresql(session):
+        return func.sum(value)
+    connection = session.connection().connection.driver_connection
+    connection.create_aggregate(_EXACT_SUM, 1, _ExactSum)  # type: ignore[union-attr]
+    return getattr(func, _EXACT_SUM)(value)
 
 
 def driver_connection(session: Session) -> psycopg.Connection[Any]:

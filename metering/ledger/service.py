@@ -20,6 +20,7 @@ from sqlalchemy import BigInteger, bindparam, cast, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from metering.db import exact_sum
 from metering.kit.errors import Conflict, InvalidRequest, NotFound
 from metering.kit.money import INT64_MAX, cents
 from metering.kit.pagination import newest_first_by_time
@@ -124,7 +125,7 @@ def held_counter_mismatches(session: Session) -> list[str]:
     counted = (
         select(
             HOLDS.c.account_id,
-            func.sum(HOLDS.c.estimate_microcents).label("total"),
+            exact_sum(session, HOLDS.c.estimate_microcents).label("total"),
             func.count().label("number"),
         )
         .where(HOLDS.c.counted)

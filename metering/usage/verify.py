@@ -33,11 +33,9 @@ from typing import Any
 from sqlalchemy import ColumnElement, case, func, literal, or_, select, type_coerce
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.elements import Label
-from sqlalchemy.sql.functions import Function
 
 from metering import citus
-from metering.db import is_postgresql
-from metering.kit.ranges import fits
+from metering.db import exact_sum, is_postgresql
 from metering.kit.timeutil import format_timestamp
 from metering.ledger.service import held_counter_mismatches
 from metering.models import (
@@ -74,39 +72,6 @@ class Report:
         return not self.mismatches
 
 
-class _ExactSum:
-    """SQLite's aggregate ``exact_sum``: the total of integers as a Python integer, handed back
-    as an integer within the 64-bit range and as its decimal text beyond it (which no stored
-    value equals: a mismatch, named with its exact value)."""
-
-    def __init__(self) -> None:
-        self.total: int | None = None
-
-    def step(self, value: int | None) -> None:
-        if value is not None:
-            self.total = (self.total or 0) + value
-
-    def finalize(self) -> int | str | None:
-        if self.total is None or fits(self.total):
-            return self.total
-        return str(self.total)
-
-
-_EXACT_SUM = "exact_sum"
-
-
-def _exact_sums(session: Session) -> None:
-    """On SQLite, ``exact_sum`` made known to the session's connection (``_sum``)."""
-    if not is_postgresql(session):
-        connection = session.connection().connection.driver_connection
-        connection.create_aggregate(_EXACT_SUM, 1, _ExactSum)  # type: ignore[union-attr]
-
-
-def _sum(session: Session, value: Any) -> Function[Any]:
-    """The exact sum of ``value``: PostgreSQL's ``sum``, SQLite's ``exact_sum``."""
-    return func.sum(value) if is_postgresql(session) else getattr(func, _EXACT_SUM)(value)
-
-
 def _bucket(session: Session, width: str) -> ColumnElement[Any]:
     column = EVENTS.c.occurred_at
     if is_postgresql(session):
@@ -123,11 +88,11 @@ def _expected_rollups(session: Session) -> dict[RollupKey, dict[str, int]]:
     expected: dict[RollupKey, dict[str, int]] = {}
     sums = {
         "requests": func.count(),
-        "input_tokens": _sum(session, EVENTS.c.prompt_tokens),
-        "cache_read_tokens": _sum(session, EVENTS.c.cached_tokens),
-        "output_tokens": _sum(session, EVENTS.c.output_tokens),
-        "reasoning_tokens": _sum(session, EVENTS.c.reasoning_tokens),
-        "cost_microcents": _sum(session, EVENTS.c.total_microcents),
+        "input_tokens": exact_sum(session, EVENTS.c.prompt_tokens),
+        "cache_read_tokens": exact_sum(session, EVENTS.c.cached_tokens),
+        "output_tokens": exact_sum(session, EVENTS.c.output_tokens),
+        "reasoning_tokens": exact_sum(session, EVENTS.c.reasoning_tokens),
+        "cost_microcents": exact_sum(session, EVENTS.c.total_microcents),
         LAST_EVENT: func.max(EVENTS.c.id),
     }
     assert tuple(sums) == _FIELDS
@@ -193,8 +158,8 @@ def _check_balances(session: Session, mismatches: list[str]) -> int:
     ledger = (
         select(
             LedgerEntry.account_id,
-            _sum(session, LedgerEntry.amount_microcents).label("total"),
-            _sum(session, LedgerEntry.amount_microcents)
+            exact_sum(session, LedgerEntry.amount_microcents).label("total"),
+            exact_sum(session, LedgerEntry.amount_microcents)
             .filter(LedgerEntry.kind == "charge")
             .label("charges"),
         )
@@ -202,7 +167,9 @@ def _check_balances(session: Session, mismatches: list[str]) -> int:
         .subquery()
     )
     charged = (
-        select(UsageEvent.account_id, _sum(session, UsageEvent.total_microcents).label("total"))
+        select(
+            UsageEvent.account_id, exact_sum(session, UsageEvent.total_microcents).label("total")
+        )
         .group_by(UsageEvent.account_id)
         .subquery()
     )
@@ -267,14 +234,16 @@ def _check_grants(session: Session, now: datetime, mismatches: list[str], report
     held = (
         select(
             grants.c.account_id,
-            _sum(session, grants.c.remaining_microcents).label("held"),
+            exact_sum(session, grants.c.remaining_microcents).label("held"),
         )
         .where(stored_active(grants))
         .group_by(grants.c.account_id)
         .subquery()
     )
     ledger = (
-        select(LedgerEntry.account_id, _sum(session, LedgerEntry.amount_microcents).label("total"))
+        select(
+            LedgerEntry.account_id, exact_sum(session, LedgerEntry.amount_microcents).label("total")
+        )
         .group_by(LedgerEntry.account_id)
         .subquery()
     )
@@ -282,7 +251,7 @@ def _check_grants(session: Session, now: datetime, mismatches: list[str], report
     allocated = (
         select(
             days.c.account_id,
-            _sum(
+            exact_sum(
                 session,
                 case(
                     (days.c.kind == "payoff", -days.c.amount_microcents),
@@ -323,9 +292,9 @@ def _check_grants(session: Session, now: datetime, mismatches: list[str], report
         if int(deficit) < 0:
             mismatches.append(f"account {account_id}: negative deficit {deficit}")
     count, total = session.execute(
-        select(func.count(), func.coalesce(_sum(session, grants.c.remaining_microcents), 0)).where(
-            pending_sql(grants, now)
-        )
+        select(
+            func.count(), func.coalesce(exact_sum(session, grants.c.remaining_microcents), 0)
+        ).where(pending_sql(grants, now))
     ).one()
     report.pending_expiries, report.pending_microcents = int(count), int(total)
 
@@ -336,7 +305,7 @@ def _check_payments(session: Session, mismatches: list[str]) -> None:
         select(
             entries.c.account_id,
             entries.c.grant_id,
-            _sum(session, -entries.c.amount_microcents).label("total"),
+            exact_sum(session, -entries.c.amount_microcents).label("total"),
         )
         .where(entries.c.kind == "refund")
         .group_by(entries.c.account_id, entries.c.grant_id)
@@ -396,7 +365,6 @@ def verify(session: Session, now: datetime | None = None) -> Report:
         # One snapshot for every query, so concurrent ingest cannot show up half-counted.
         session.connection(execution_options={"isolation_level": "REPEATABLE READ"})
         citus.one_snapshot(session)
-    _exact_sums(session)
     mismatches: list[str] = []
     report = Report()
     report.accounts = _check_balances(session, mismatches)

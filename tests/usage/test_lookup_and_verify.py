@@ -321,3 +321,31 @@ class TestVerify:
         assert code == 1
         assert f"account {back}: balance" not in out, out
         assert f"account {beyond}: balance 0 microcents, ledger sum {2 * INT64_MAX}" in out, out
+
+    def test_held_counters_beyond_the_64_bit_range_are_named_exactly(
+        self, fresh_api: Api, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """Counted holds whose estimates add up beyond the 64-bit range (a tampered table):
+        verify names the account's held counter against their exact sum (SQLite's own
+        ``sum()`` refused it: ``integer overflow``, and verify failed instead of answering)."""
+        api = fresh_api
+        account = create_account(api)
+        key = create_key(api, account)
+        model = priced_model(api, NOW - timedelta(days=2))
+        grant(api, account, 100)
+        for _ in range(2):
+            expect(authorize(api, key, model), 200)
+        code, out = run_verify(api, monkeypatch, capsys)
+        assert code == 0, out
+        with api.database.engine.begin() as connection:
+            held = connection.execute(
+                text("SELECT held_microcents FROM accounts WHERE id = :a"), {"a": account}
+            ).scalar_one()
+            connection.execute(
+                text("UPDATE authorizations SET estimate_microcents = :e WHERE account_id = :a"),
+                {"e": INT64_MAX, "a": account},
+            )
+        code, out = run_verify(api, monkeypatch, capsys)
+        assert code == 1
+        expected = f"account {account}: held counter {held} microcents, counted holds"
+        assert f"{expected} {2 * INT64_MAX}" in out, out
