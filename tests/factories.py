@@ -269,3 +269,13 @@ def expect(response: Any, status: int) -> Any:
     5xx there must fail the test too); its JSON body."""
     assert response.status_code == status, response.text
     return response.json()
+
+
+def counted_by(api: Api, metric: str, label: str, values: tuple[str, ...]) -> dict[str, int]:
+    """A counter of ``/metrics`` by one label's values (0 for a value not yet counted)."""
+    counts = dict.fromkeys(values, 0)
+    for line in api.client.get("/metrics").text.splitlines():
+        for value in values:
+            if line.startswith(f'{metric}{{{label}="{value}"}} '):
+                counts[value] = int(float(line.rpartition(" ")[2]))
+    return counts

@@ -31,7 +31,7 @@ from metering.programs.backends import (
     records_json,
 )
 from metering.programs.expressions import byte_order, greatest, json_row
-from metering.programs.plpgsql import psycopg_text
+from metering.programs.plpgsql import Positional, positional, psycopg_text
 from metering.programs.program import Program
 from metering.programs.sqlite import ProgramError
 from metering.programs.steps import (
@@ -62,6 +62,7 @@ __all__ = [
     "Emit",
     "Fetch",
     "ForEach",
+    "Positional",
     "Program",
     "ProgramError",
     "Records",
@@ -78,6 +79,7 @@ __all__ = [
     "byte_order",
     "greatest",
     "json_row",
+    "positional",
     "psycopg_text",
     "records_encoder",
     "records_json",

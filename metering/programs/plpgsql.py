@@ -13,7 +13,9 @@ column, a ``Sum`` the sum of what its statement returns.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import String, func, literal_column, select
@@ -77,6 +79,36 @@ def psycopg_text(statement: ClauseElement) -> str:
     once at import, so a hot path neither compiles nor looks up a compiled form (SQLAlchemy's
     execution layer costs about 70 µs of Python per statement, twice the driver's own)."""
     return str(statement.compile(dialect=_PSYCOPG))
+
+
+@dataclass(frozen=True, slots=True)
+class Positional:
+    """A statement's driver text with ``$n`` parameters (``positional``), and the names of the
+    values they take, in order."""
+
+    text: str
+    names: tuple[str, ...]
+
+    def params(self, values: Mapping[str, Any]) -> list[Any]:
+        return [values[name] for name in self.names]
+
+
+_NAMED = re.compile(r"%\((\w+)\)s")
+
+
+def positional(text: str) -> Positional:
+    """``text`` (with ``%(name)s`` parameters, as ``psycopg_text`` writes them) with ``$n``
+    parameters instead, for a raw cursor (``psycopg.AsyncRawCursor``), which sends it as it
+    is: psycopg converts a named statement at every call when it is longer than it caches
+    (4 kB), a regular expression's pass over the whole text."""
+    names: list[str] = []
+
+    def number(match: re.Match[str]) -> str:
+        if match[1] not in names:
+            names.append(match[1])
+        return f"${names.index(match[1]) + 1}"
+
+    return Positional(_NAMED.sub(number, text).replace("%%", "%"), tuple(names))
 
 
 def pg_type(kind: TypeEngine[Any]) -> str:

@@ -246,6 +246,29 @@ def _lookup(on: p.Backend) -> Any:
 
 _LOOKUP = Forms.of_statement(_lookup)
 PG_LOOKUP = _LOOKUP.postgresql
+
+
+# The lookup's rows (``found``) as one text, in a fixed order: what a lookup this process
+# remembers is confirmed by (metering.usage.single). Written around the lookup's own text.
+_ROWS_TEXT = (
+    "SELECT CAST(array_agg(CAST(every AS TEXT) ORDER BY CAST(every AS TEXT)) AS TEXT) "
+    "FROM found AS every"
+)
+# One server: the lookup's rows, each with the text of them all (its last column).
+PG_LOOKUP_WITH_TEXT = (
+    f"WITH found AS ({PG_LOOKUP}) SELECT found.*, ({_ROWS_TEXT}) AS lookup_text FROM found"
+)
+# The text of the lookup's rows now, for a condition of its own (``confirming``).
+_PG_LOOKUP_TEXT = f"WITH found AS ({PG_LOOKUP}) {_ROWS_TEXT}"
+
+
+def confirming(call: str) -> str:
+    """``call`` (a program's ``SELECT f(…)``) made only if the lookup's rows are still those
+    whose text is ``%(lookup_text)s`` (``PG_LOOKUP_WITH_TEXT``'s), in one statement: no row
+    when they are not (nothing was written), the call's one row when they are."""
+    return f"{call} WHERE ({_PG_LOOKUP_TEXT}) = %(lookup_text)s"
+
+
 # One account's part of it on a Citus cluster: its pairs, its billing and its rate overrides.
 CITUS_LOOKUP = _LOOKUP.citus
 

@@ -6,7 +6,10 @@ lookup (the batch path's statement; then, only for an account with project or me
 limits, their limits: metering.usage.repository ``with_scopes``), then the program
 ``RECORD_USAGE`` (metering.usage.recording), which inserts it and, only if it was new, settles
 its charge and adds it to its rollups, as one transaction. The checks, the pricing and the
-rollup rows are the batch path's own functions.
+rollup rows are the batch path's own functions. The lookup a process read last for the event's
+key and model is remembered (``_Lookups``): the next such event is priced from it, and its call
+is made only if the lookup still reads the same, in the call's own statement
+(``repository.confirming``): one round trip (decision 0025).
 
 On a Citus cluster (docs/citus.md#what-runs-on-a-cluster), three: the key's account (``api_keys``, a
 reference table), then that account's lookup of the event's pair (``LOOKUP_OF_ACCOUNT``, the
@@ -26,14 +29,17 @@ written.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
+from enum import Enum
 from typing import Any, cast
 
 import psycopg
 
 from metering.db import Database, Steps
+from metering.metrics import REGISTRY
 from metering.notifications import spend_limits
-from metering.programs import POSTGRESQL
+from metering.programs import POSTGRESQL, positional
 from metering.usage import recording, repository, rollups, service
 from metering.usage.events import Event, is_keyed, parse_event
 from metering.usage.lookup_apart import KEY_ID, LOOKUP_OF_ACCOUNT, MODEL_KEY
@@ -80,11 +86,12 @@ async def record_gathered(
     ]
 
 
-def _priced(events: list[Event]) -> Steps[bool]:
+def _priced(events: list[Event], remembered: bool = False) -> Steps[bool]:
     """The events' keys, models and prices looked up (their project and member limits too,
-    for accounts that have any), and the events priced: whether all of them are billable now."""
+    for accounts that have any), and the events priced: whether all of them are billable now.
+    ``remembered``: one event, whose record confirms a lookup this process remembers."""
     pairs = service.lookup_pairs(events)
-    rows = yield lambda db: db.lookup(pairs)
+    rows = yield lambda db: db.lookup(pairs, remembered)
     keys, book = repository.read_lookup(rows)
     limited = repository.scope_pairs(keys, pairs)
     if limited:
@@ -95,10 +102,16 @@ def _priced(events: list[Event]) -> Steps[bool]:
 
 
 def _steps(event: Event, now: datetime) -> Steps[service.BatchOutcome | None]:
-    if not (yield from _priced([event])):
+    if not (yield from _priced([event], remembered=True)):
         return None
     new_id = yield lambda db: db.record(event, now)
-    if new_id is None:
+    if new_id is STALE:
+        # The lookup remembered no longer holds (nothing was written, and it was forgotten):
+        # read afresh, and kept for the next.
+        if not (yield from _priced([event], remembered=True)):
+            return None
+        new_id = yield lambda db: db.record(event, now)
+    if new_id is None or new_id is STALE:
         return None
     result = service.Result(0, event.request_id, service.RECORDED, event.charge_values())
     return service.BatchOutcome([result])
@@ -110,38 +123,127 @@ def _gathered(events: list[Event], now: datetime) -> Steps[set[str] | None]:
     return (yield lambda db: db.record_gathered(events, now))
 
 
+class _Stale(Enum):
+    STALE = "stale"
+
+
+# A single event's record not made: the lookup it confirmed had changed.
+STALE = _Stale.STALE
+
+LOOKUPS = REGISTRY.counter(
+    "metering_usage_single_lookups_total",
+    "PostgreSQL: how single usage events looked up their key, model and prices: read (a "
+    "lookup), remembered (priced from the lookup this process read before), stale (a "
+    "remembered one the record found changed; it was then read afresh).",
+    ("source",),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class _Found:
+    rows: list[Any]  # the lookup's rows, as read
+    text: str  # their text, as the database wrote it: what the record confirms
+
+
+class _Lookups:
+    """The lookup this process last read for each (key, model lower-cased) of a single event,
+    for the next one to be priced from without the lookup's round trip. Nothing is decided on
+    it: the event's record is made only if the lookup's rows are still the same, in the same
+    statement (``repository.confirming``); one that no longer holds is read afresh (and
+    replaced). Only a known key's, of an account without project or member limits (theirs are
+    read by a statement of their own). Bounded: when full, it starts again empty (a miss costs
+    one round trip)."""
+
+    LIMIT = 10_000
+
+    def __init__(self) -> None:
+        self._found: dict[tuple[str, str], _Found] = {}
+
+    def get(self, pair: tuple[str, str]) -> _Found | None:
+        return self._found.get(pair)
+
+    def keep(self, pair: tuple[str, str], rows: list[Any], text: str | None) -> None:
+        keys, _book = repository.read_lookup(rows)
+        if text is None or len(keys) != 1 or repository.scope_pairs(keys, [pair]):
+            self.forget(pair)
+            return
+        if len(self._found) >= self.LIMIT:
+            self._found.clear()
+        self._found[pair] = _Found(rows, text)
+
+    def forget(self, pair: tuple[str, str]) -> None:
+        self._found.pop(pair, None)
+
+
+_LOOKUPS = _Lookups()
+
+
 class _Statements:
-    """The two statements, on an autocommit connection: each its own transaction."""
+    """The two statements, on an autocommit connection: each its own transaction. A single
+    event's lookup remembered, one: its record, made only if the lookup still holds."""
 
     RECORD = recording.RECORD_USAGE.call_sql
+    # Longer than psycopg caches the conversion of: sent as it is, by a raw cursor.
+    RECORD_CONFIRMED = positional(repository.confirming(recording.RECORD_USAGE.call_sql))
     RECORD_GATHERED = recording.RECORD_GATHERED.call_sql
 
     def __init__(self, connection: psycopg.AsyncConnection[Any]) -> None:
         self._connection = connection
+        # The remembered lookup the next record confirms: its pair and its parameters.
+        self._confirming: tuple[tuple[str, str], dict[str, Any]] | None = None
 
-    async def lookup(self, pairs: list[tuple[str, str]]) -> list[Any]:
+    async def lookup(self, pairs: list[tuple[str, str]], remembered: bool = False) -> list[Any]:
+        """The lookup's rows; ``remembered`` (one pair, whose record confirms them): those this
+        process read before, when it has them, else read with their text and kept."""
         params = repository.lookup_params(pairs, POSTGRESQL)
-        cursor = await self._connection.execute(repository.PG_LOOKUP, params)
-        return await cursor.fetchall()
+        self._confirming = None
+        if not remembered:
+            cursor = await self._connection.execute(repository.PG_LOOKUP, params)
+            return await cursor.fetchall()
+        [pair] = pairs
+        found = _LOOKUPS.get(pair)
+        if found is not None:
+            LOOKUPS.inc("remembered")
+            self._confirming = (pair, {**params, "lookup_text": found.text})
+            return found.rows
+        LOOKUPS.inc("read")
+        cursor = await self._connection.execute(repository.PG_LOOKUP_WITH_TEXT, params)
+        read = await cursor.fetchall()
+        rows = [row[:-1] for row in read]
+        _LOOKUPS.keep(pair, rows, read[0][-1] if read else None)
+        return rows
 
     async def scope_limits(self, pairs: list[tuple[str, str]], account_id: str) -> list[Any]:
         params = repository.lookup_params(pairs, POSTGRESQL)
         cursor = await self._connection.execute(repository.PG_SCOPE_LIMITS, params)
         return await cursor.fetchall()
 
-    async def record(self, event: Event, now: datetime) -> int | None:
+    async def record(self, event: Event, now: datetime) -> int | _Stale | None:
         """The new event's id; None when its request id is taken, or when the database refused
         it (a charge beyond the range, metering.kit.ranges): the general path then decides,
-        nothing having been written (the program is one transaction)."""
+        nothing having been written (the program is one transaction). ``STALE``: the lookup
+        remembered had changed, nothing was written."""
         try:
             return await self._record(event, now)
         except psycopg.DatabaseError:
             return None
 
-    async def _record(self, event: Event, now: datetime) -> int | None:
-        cursor = await self._connection.execute(self.RECORD, self._params(event, now))
+    async def _record(self, event: Event, now: datetime) -> int | _Stale | None:
+        params = self._params(event, now)
+        if self._confirming is None:
+            cursor = await self._connection.execute(self.RECORD, params)
+            row = await cursor.fetchone()
+            return None if row is None else row[0]
+        (pair, confirm), self._confirming = self._confirming, None
+        confirmed = self.RECORD_CONFIRMED
+        cursor = psycopg.AsyncRawCursor(self._connection)
+        await cursor.execute(confirmed.text, confirmed.params({**params, **confirm}))
         row = await cursor.fetchone()
-        return None if row is None else row[0]
+        if row is None:
+            LOOKUPS.inc("stale")
+            _LOOKUPS.forget(pair)
+            return STALE
+        return row[0]
 
     async def record_gathered(self, events: list[Event], now: datetime) -> set[str] | None:
         """The request ids of those of ``events`` that were new (recorded); None when the
@@ -189,7 +291,8 @@ class _OneAccount(_Statements):
     # The event's one pair read one table at a time, a call delegated to the account's worker.
     LOOKUP = LOOKUP_OF_ACCOUNT.call_sql
 
-    async def lookup(self, pairs: list[tuple[str, str]]) -> list[Any]:
+    async def lookup(self, pairs: list[tuple[str, str]], remembered: bool = False) -> list[Any]:
+        """Read at every event (``remembered`` is not used on a cluster)."""
         params = repository.lookup_params(pairs, POSTGRESQL)
         cursor = await self._connection.execute(repository.KEY_ACCOUNTS, params)
         found = await cursor.fetchall()

@@ -28,7 +28,14 @@ from metering.ledger.resolution import (
 )
 from metering.ledger.service import held_counter_mismatches
 from tests.conftest import NOW, Api
-from tests.factories import GLM_RATES, Key, assert_error, authorization_request, authorize
+from tests.factories import (
+    GLM_RATES,
+    Key,
+    assert_error,
+    authorization_request,
+    authorize,
+    counted_by,
+)
 from tests.ledger.helpers import Setup, expected_estimate, holds, prepaid
 
 ESTIMATE = expected_estimate(1000, 100, GLM_RATES)
@@ -382,13 +389,8 @@ def test_the_check_and_hold_places_only_a_confirmed_resolution(plain_pg_api: Api
 
 
 def _resolutions(api: Api) -> dict[str, int]:
-    """metering_authorization_resolutions_total by source, from /metrics."""
-    counts = dict.fromkeys(("read", "remembered", "stale"), 0)
-    for line in api.client.get("/metrics").text.splitlines():
-        for source in counts:
-            if line.startswith(f'metering_authorization_resolutions_total{{source="{source}"}} '):
-                counts[source] = int(float(line.rpartition(" ")[2]))
-    return counts
+    sources = ("read", "remembered", "stale")
+    return counted_by(api, "metering_authorization_resolutions_total", "source", sources)
 
 
 def test_metrics_count_reads_remembered_and_stale_resolutions(pg_api: Api) -> None:

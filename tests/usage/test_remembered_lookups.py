@@ -1,0 +1,184 @@
+"""Remembered lookups (PostgreSQL): an API process prices a single event from the lookup it
+read last for the event's key and model, and the event's record is made only if that lookup
+still holds, in the same statement (``metering.usage.single``). A change made behind the
+process's back, straight in the database, must take effect on the very next event, which is
+recorded once, priced as a fresh lookup prices it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import text
+
+from metering.kit.timeutil import format_timestamp
+from tests import oracle
+from tests.conftest import NOW, Api, running_api
+from tests.factories import (
+    GLM_RATES,
+    Key,
+    chat_usage,
+    counted_by,
+    create_account,
+    create_key,
+    grant,
+    ingest,
+    priced_model,
+    unique,
+    usage_event,
+)
+from tests.security.helpers import assert_books_reconcile
+
+USAGE = (1200, 300, 200)  # prompt, completion, cached
+AT = NOW - timedelta(minutes=5)
+
+
+@pytest.fixture
+def pg_api(plain_pg_url: str, tmp_path: Path) -> Iterator[Api]:
+    """A PostgreSQL database of its own (``metering verify`` checks all of it)."""
+    with running_api("postgresql", plain_pg_url, tmp_path) as api:
+        api.clock.set(NOW)
+        yield api
+
+
+class Setup:
+    def __init__(self, api: Api) -> None:
+        self.model = priced_model(api, NOW - timedelta(days=1))
+        self.account = create_account(api)
+        self.key: Key = create_key(api, self.account)
+        grant(api, self.account, 100)
+
+
+def _lookups(api: Api) -> dict[str, int]:
+    sources = ("read", "remembered", "stale")
+    return counted_by(api, "metering_usage_single_lookups_total", "source", sources)
+
+
+def _send(api: Api, setup: Setup) -> dict[str, Any]:
+    """One single-event request; its one result."""
+    event = usage_event(setup.key, setup.model, AT, chat_usage(*USAGE))
+    [result] = ingest(api, event)["data"]
+    return dict(result)
+
+
+def _charge(rates: tuple[int, int, int]) -> int:
+    prompt, completion, cached = USAGE
+    tokens = oracle.Tokens(prompt, cached, completion)
+    return oracle.charge(tokens, rates).total_microcents
+
+
+def _change(api: Api, sql: str, **params: Any) -> None:
+    """A change made straight in the database, as another process would: nothing in this
+    process hears of it."""
+    with api.database.unit_of_work() as session:
+        session.execute(text(sql), params)
+        session.commit()
+
+
+def test_a_key_and_models_lookup_is_read_once_then_remembered(pg_api: Api) -> None:
+    setup = Setup(pg_api)
+    before = _lookups(pg_api)
+    results = [_send(pg_api, setup) for _ in range(4)]
+    assert [r["status"] for r in results] == ["recorded"] * 4
+    assert {r["charge"]["total_microcents"] for r in results} == {_charge(GLM_RATES)}
+    after = _lookups(pg_api)
+    assert {k: after[k] - before[k] for k in after} == {"read": 1, "remembered": 3, "stale": 0}
+    assert_books_reconcile(pg_api)
+
+
+def _reprice(api: Api, setup: Setup) -> tuple[int, int, int]:
+    doubled = (GLM_RATES[0], 2 * GLM_RATES[1], GLM_RATES[2])
+    _change(
+        api,
+        "UPDATE price_versions SET output_microcents_per_million = :rate WHERE model_id = :id",
+        rate=doubled[1],
+        id=setup.model,
+    )
+    return doubled
+
+
+def _override(api: Api, setup: Setup) -> tuple[int, int, int]:
+    halved = (GLM_RATES[0] // 2, GLM_RATES[1] // 2, GLM_RATES[2] // 2)
+    response = api.admin(
+        "POST",
+        f"/admin/v1/accounts/{setup.account}/rates",
+        json={
+            "model": setup.model,
+            "effective_at": format_timestamp(NOW),
+            "input_microcents_per_million": halved[0],
+            "output_microcents_per_million": halved[1],
+            "cache_read_microcents_per_million": halved[2],
+        },
+    )
+    assert response.status_code == 201, response.text
+    # Effective before the event, which the admin route refuses (the past is immutable).
+    _change(
+        api,
+        "UPDATE account_rates SET effective_at = :at WHERE account_id = :a",
+        at=AT - timedelta(hours=1),
+        a=setup.account,
+    )
+    return halved
+
+
+def _unbill(api: Api, setup: Setup) -> tuple[int, int, int]:
+    _change(api, "UPDATE accounts SET billing = 'unbilled' WHERE id = :id", id=setup.account)
+    return (0, 0, 0)
+
+
+@pytest.mark.parametrize("change", [_reprice, _override, _unbill], ids=lambda c: c.__name__)
+def test_a_change_to_what_the_lookup_read_prices_the_next_event(
+    pg_api: Api, change: Callable[[Api, Setup], tuple[int, int, int]]
+) -> None:
+    setup = Setup(pg_api)
+    for _ in range(2):
+        assert _send(pg_api, setup)["status"] == "recorded"
+    before = _lookups(pg_api)
+    rates = change(pg_api, setup)
+    results = [_send(pg_api, setup) for _ in range(2)]
+    assert [r["status"] for r in results] == ["recorded"] * 2
+    assert [r["charge"]["total_microcents"] for r in results] == [_charge(rates)] * 2
+    after = _lookups(pg_api)
+    # The first after the change found the remembered lookup stale, read it again and kept it.
+    assert {k: after[k] - before[k] for k in after} == {"read": 1, "remembered": 2, "stale": 1}
+    assert_books_reconcile(pg_api)
+
+
+def test_a_key_limit_set_meanwhile_is_counted_by_the_next_event(pg_api: Api) -> None:
+    """The key's own spend limit (one of what the lookup reads): set in the database after
+    two events, it is reached by the third, whose record writes the key's notice."""
+    setup = Setup(pg_api)
+    for _ in range(2):
+        assert _send(pg_api, setup)["status"] == "recorded"
+    _change(
+        pg_api,
+        "UPDATE api_keys SET monthly_spend_limit_microcents = :limit WHERE id = :id",
+        limit=3 * _charge(GLM_RATES),
+        id=setup.key.id,
+    )
+    assert _send(pg_api, setup)["status"] == "recorded"
+    with pg_api.database.reading() as session:
+        percents = session.execute(
+            text("SELECT percent FROM spend_limit_notices WHERE api_key_id = :k"),
+            {"k": setup.key.id},
+        ).scalars()
+        assert 100 in set(percents)
+    assert_books_reconcile(pg_api)
+
+
+def test_a_model_no_longer_found_is_quarantined_not_recorded(pg_api: Api) -> None:
+    setup = Setup(pg_api)
+    assert _send(pg_api, setup)["status"] == "recorded"
+    _change(
+        pg_api,
+        "UPDATE catalog_models SET id_key = :other WHERE id = :id",
+        other=unique("gone").lower(),
+        id=setup.model,
+    )
+    result = _send(pg_api, setup)
+    assert result["status"] == "quarantined", result
+    assert result["error"]["code"] == "model_not_found"
+    assert_books_reconcile(pg_api)
