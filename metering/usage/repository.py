@@ -16,7 +16,7 @@ table, on every node): ``key_accounts``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime
 from typing import Any, NamedTuple
@@ -248,29 +248,25 @@ _LOOKUP = Forms.of_statement(_lookup)
 PG_LOOKUP = _LOOKUP.postgresql
 
 
-# The lookup's rows as texts (each row cast to text), for a lookup this process remembers to
-# be confirmed by (metering.usage.single). Written around the lookup's own text.
-# One server: the lookup's rows, each with its text (its last column).
-PG_LOOKUP_WITH_TEXT = f"WITH found AS ({PG_LOOKUP}) SELECT found.*, CAST(found AS TEXT) FROM found"
-# The texts of the lookup's rows now, distinct, in byte order (``rows_texts`` writes the same of
-# texts read before).
-_PG_LOOKUP_TEXTS = (
-    f'WITH found AS ({PG_LOOKUP}) SELECT array_agg(t ORDER BY t COLLATE "C") '
-    "FROM (SELECT DISTINCT CAST(every AS TEXT) AS t FROM found AS every) AS texts"
+# The lookup's rows (``found``) as one text, in a fixed order: what a lookup this process
+# remembers is confirmed by (metering.usage.single). Written around the lookup's own text.
+_ROWS_TEXT = (
+    "SELECT CAST(array_agg(CAST(every AS TEXT) ORDER BY CAST(every AS TEXT)) AS TEXT) "
+    "FROM found AS every"
 )
-
-
-def rows_texts(texts: Iterable[str]) -> list[str]:
-    """Rows' texts (``PG_LOOKUP_WITH_TEXT``'s), distinct, in byte order (the order of their
-    UTF-8 encodings, which Python's order of code points is): what ``confirming`` compares."""
-    return sorted(set(texts))
+# One server: the lookup's rows, each with the text of them all (its last column).
+PG_LOOKUP_WITH_TEXT = (
+    f"WITH found AS ({PG_LOOKUP}) SELECT found.*, ({_ROWS_TEXT}) AS lookup_text FROM found"
+)
+# The text of the lookup's rows now, for a condition of its own (``confirming``).
+_PG_LOOKUP_TEXT = f"WITH found AS ({PG_LOOKUP}) {_ROWS_TEXT}"
 
 
 def confirming(call: str) -> str:
-    """``call`` (a program's ``SELECT f(…)``) made only if the lookup of ``%(p_pairs)s`` still
-    reads the rows whose texts are ``%(lookup_texts)s`` (``rows_texts``), in one statement: no
-    row when it does not (nothing was written), the call's one row when it does."""
-    return f"{call} WHERE ({_PG_LOOKUP_TEXTS}) = CAST(%(lookup_texts)s AS TEXT[])"
+    """``call`` (a program's ``SELECT f(…)``) made only if the lookup's rows are still those
+    whose text is ``%(lookup_text)s`` (``PG_LOOKUP_WITH_TEXT``'s), in one statement: no row
+    when they are not (nothing was written), the call's one row when they are."""
+    return f"{call} WHERE ({_PG_LOOKUP_TEXT}) = %(lookup_text)s"
 
 
 # One account's part of it on a Citus cluster: its pairs, its billing and its rate overrides.

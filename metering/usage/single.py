@@ -39,7 +39,7 @@ import psycopg
 from metering.db import Database, Steps
 from metering.metrics import REGISTRY
 from metering.notifications import spend_limits
-from metering.programs import POSTGRESQL, Positional, positional
+from metering.programs import POSTGRESQL, positional
 from metering.usage import recording, repository, rollups, service
 from metering.usage.events import Event, is_keyed, parse_event
 from metering.usage.lookup_apart import KEY_ID, LOOKUP_OF_ACCOUNT, MODEL_KEY
@@ -89,8 +89,7 @@ async def record_gathered(
 def _priced(events: list[Event], remembered: bool = False) -> Steps[bool]:
     """The events' keys, models and prices looked up (their project and member limits too,
     for accounts that have any), and the events priced: whether all of them are billable now.
-    ``remembered``: the events' record confirms the lookups this process remembers, if it
-    has every pair's."""
+    ``remembered``: one event, whose record confirms a lookup this process remembers."""
     pairs = service.lookup_pairs(events)
     rows = yield lambda db: db.lookup(pairs, remembered)
     keys, book = repository.read_lookup(rows)
@@ -119,15 +118,9 @@ def _steps(event: Event, now: datetime) -> Steps[service.BatchOutcome | None]:
 
 
 def _gathered(events: list[Event], now: datetime) -> Steps[set[str] | None]:
-    if not (yield from _priced(events, remembered=True)):
+    if not (yield from _priced(events)):
         return None
-    new = yield lambda db: db.record_gathered(events, now)
-    if new is STALE:
-        # A lookup remembered no longer holds (nothing was written): read afresh.
-        if not (yield from _priced(events)):
-            return None
-        new = yield lambda db: db.record_gathered(events, now)
-    return None if new is STALE else new
+    return (yield lambda db: db.record_gathered(events, now))
 
 
 class _Stale(Enum):
@@ -148,18 +141,18 @@ LOOKUPS = REGISTRY.counter(
 
 @dataclass(frozen=True, slots=True)
 class _Found:
-    rows: list[Any]  # the pair's lookup rows, as read
-    texts: list[str]  # each row's text, as the database wrote it: what a record confirms
+    rows: list[Any]  # the lookup's rows, as read
+    text: str  # their text, as the database wrote it: what the record confirms
 
 
 class _Lookups:
     """The lookup this process last read for each (key, model lower-cased) of a single event,
-    for the next events of that pair to be priced from without the lookup's round trip. Nothing
-    is decided on it: their record is made only if the lookup still reads the same rows, in the
-    same statement (``repository.confirming``); one that no longer holds is forgotten and read
-    afresh. Only a known key's, of an account without project or member limits (theirs are read
-    by a statement of their own). Bounded: when full, it starts again empty (a miss costs one
-    round trip)."""
+    for the next one to be priced from without the lookup's round trip. Nothing is decided on
+    it: the event's record is made only if the lookup's rows are still the same, in the same
+    statement (``repository.confirming``); one that no longer holds is read afresh (and
+    replaced). Only a known key's, of an account without project or member limits (theirs are
+    read by a statement of their own). Bounded: when full, it starts again empty (a miss costs
+    one round trip)."""
 
     LIMIT = 10_000
 
@@ -169,14 +162,14 @@ class _Lookups:
     def get(self, pair: tuple[str, str]) -> _Found | None:
         return self._found.get(pair)
 
-    def keep(self, pair: tuple[str, str], rows: list[Any], texts: list[str]) -> None:
+    def keep(self, pair: tuple[str, str], rows: list[Any], text: str | None) -> None:
         keys, _book = repository.read_lookup(rows)
-        if len(keys) != 1 or repository.scope_pairs(keys, [pair]):
+        if text is None or len(keys) != 1 or repository.scope_pairs(keys, [pair]):
             self.forget(pair)
             return
         if len(self._found) >= self.LIMIT:
             self._found.clear()
-        self._found[pair] = _Found(rows, texts)
+        self._found[pair] = _Found(rows, text)
 
     def forget(self, pair: tuple[str, str]) -> None:
         self._found.pop(pair, None)
@@ -186,66 +179,39 @@ _LOOKUPS = _Lookups()
 
 
 class _Statements:
-    """The two statements, on an autocommit connection: each its own transaction. When the
-    lookups of the events' pairs are remembered, one: their record, made only if the lookup
-    still reads the same."""
+    """The two statements, on an autocommit connection: each its own transaction. A single
+    event's lookup remembered, one: its record, made only if the lookup still holds."""
 
     RECORD = recording.RECORD_USAGE.call_sql
-    RECORD_GATHERED = recording.RECORD_GATHERED.call_sql
-    # Longer than psycopg caches the conversion of: sent as they are, by a raw cursor.
+    # Longer than psycopg caches the conversion of: sent as it is, by a raw cursor.
     RECORD_CONFIRMED = positional(repository.confirming(recording.RECORD_USAGE.call_sql))
-    RECORD_GATHERED_CONFIRMED = positional(
-        repository.confirming(recording.RECORD_GATHERED.call_sql)
-    )
+    RECORD_GATHERED = recording.RECORD_GATHERED.call_sql
 
     def __init__(self, connection: psycopg.AsyncConnection[Any]) -> None:
         self._connection = connection
-        # The remembered lookups the next record confirms: their pairs, and its parameters.
-        self._confirming: tuple[list[tuple[str, str]], dict[str, Any]] | None = None
+        # The remembered lookup the next record confirms: its pair and its parameters.
+        self._confirming: tuple[tuple[str, str], dict[str, Any]] | None = None
 
     async def lookup(self, pairs: list[tuple[str, str]], remembered: bool = False) -> list[Any]:
-        """The lookup's rows; ``remembered`` (the record confirms them): those this process read
-        before, when it has every pair's; else read (a single event's with their texts, and
-        kept)."""
+        """The lookup's rows; ``remembered`` (one pair, whose record confirms them): those this
+        process read before, when it has them, else read with their text and kept."""
         params = repository.lookup_params(pairs, POSTGRESQL)
         self._confirming = None
-        if remembered:
-            found = [_LOOKUPS.get(pair) for pair in pairs]
-            if all(each is not None for each in found):
-                LOOKUPS.inc("remembered")
-                rows: dict[str, Any] = {}  # by text: a key or a price two pairs share, once
-                for each in found:
-                    assert each is not None
-                    rows.update(zip(each.texts, each.rows, strict=True))
-                texts = repository.rows_texts(rows)
-                self._confirming = (pairs, {**params, "lookup_texts": texts})
-                return list(rows.values())
+        if not remembered:
+            cursor = await self._connection.execute(repository.PG_LOOKUP, params)
+            return await cursor.fetchall()
+        [pair] = pairs
+        found = _LOOKUPS.get(pair)
+        if found is not None:
+            LOOKUPS.inc("remembered")
+            self._confirming = (pair, {**params, "lookup_text": found.text})
+            return found.rows
         LOOKUPS.inc("read")
-        if remembered and len(pairs) == 1:
-            cursor = await self._connection.execute(repository.PG_LOOKUP_WITH_TEXT, params)
-            read = await cursor.fetchall()
-            found_rows = [row[:-1] for row in read]
-            _LOOKUPS.keep(pairs[0], found_rows, [row[-1] for row in read])
-            return found_rows
-        cursor = await self._connection.execute(repository.PG_LOOKUP, params)
-        return await cursor.fetchall()
-
-    async def _confirmed(
-        self, confirmed: Positional, params: dict[str, Any]
-    ) -> tuple[Any, ...] | _Stale:
-        """The record's one row when the lookups it confirms still hold; ``STALE`` (nothing
-        was written, their pairs are forgotten) when not."""
-        assert self._confirming is not None
-        (pairs, confirm), self._confirming = self._confirming, None
-        cursor = psycopg.AsyncRawCursor(self._connection)
-        await cursor.execute(confirmed.text, confirmed.params({**params, **confirm}))
-        row = await cursor.fetchone()
-        if row is None:
-            LOOKUPS.inc("stale")
-            for pair in pairs:
-                _LOOKUPS.forget(pair)
-            return STALE
-        return row
+        cursor = await self._connection.execute(repository.PG_LOOKUP_WITH_TEXT, params)
+        read = await cursor.fetchall()
+        rows = [row[:-1] for row in read]
+        _LOOKUPS.keep(pair, rows, read[0][-1] if read else None)
+        return rows
 
     async def scope_limits(self, pairs: list[tuple[str, str]], account_id: str) -> list[Any]:
         params = repository.lookup_params(pairs, POSTGRESQL)
@@ -268,10 +234,18 @@ class _Statements:
             cursor = await self._connection.execute(self.RECORD, params)
             row = await cursor.fetchone()
             return None if row is None else row[0]
-        row = await self._confirmed(self.RECORD_CONFIRMED, params)
-        return row if row is STALE else row[0]
+        (pair, confirm), self._confirming = self._confirming, None
+        confirmed = self.RECORD_CONFIRMED
+        cursor = psycopg.AsyncRawCursor(self._connection)
+        await cursor.execute(confirmed.text, confirmed.params({**params, **confirm}))
+        row = await cursor.fetchone()
+        if row is None:
+            LOOKUPS.inc("stale")
+            _LOOKUPS.forget(pair)
+            return STALE
+        return row[0]
 
-    async def record_gathered(self, events: list[Event], now: datetime) -> set[str] | _Stale | None:
+    async def record_gathered(self, events: list[Event], now: datetime) -> set[str] | None:
         """The request ids of those of ``events`` that were new (recorded); None when the
         database refused them (nothing was written, the program being one transaction)."""
         params = {
@@ -290,16 +264,11 @@ class _Statements:
             **spend_limits.limit_params(service.spend_limited(events), now, POSTGRESQL),
         }
         try:
-            if self._confirming is None:
-                cursor = await self._connection.execute(self.RECORD_GATHERED, params)
-                row = await cursor.fetchone()
-            else:
-                row = await self._confirmed(self.RECORD_GATHERED_CONFIRMED, params)
-                if row is STALE:
-                    return STALE
+            cursor = await self._connection.execute(self.RECORD_GATHERED, params)
+            row = await cursor.fetchone()
         except psycopg.DatabaseError:
             return None
-        assert isinstance(row, tuple)
+        assert row is not None
         return set(row[0] or ())
 
     def _params(self, event: Event, now: datetime) -> dict[str, Any]:

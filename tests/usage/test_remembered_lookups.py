@@ -14,11 +14,9 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
-from metering.db import Database
 from metering.kit.timeutil import format_timestamp
-from metering.usage import single
 from tests import oracle
-from tests.conftest import NOW, Api, run_on_database, running_api
+from tests.conftest import NOW, Api, running_api
 from tests.factories import (
     GLM_RATES,
     Key,
@@ -183,35 +181,4 @@ def test_a_model_no_longer_found_is_quarantined_not_recorded(pg_api: Api) -> Non
     result = _send(pg_api, setup)
     assert result["status"] == "quarantined", result
     assert result["error"]["code"] == "model_not_found"
-    assert_books_reconcile(pg_api)
-
-
-def _gathered(api: Api, events: list[dict[str, Any]]) -> list[Any] | None:
-    """``events`` recorded together, as one process records the single events that arrive
-    while one is being recorded (``single.record_gathered``)."""
-    database = Database.from_url(api.url, pool_size=1)
-    try:
-        return run_on_database(database, single.record_gathered(database, events, NOW))
-    finally:
-        database.dispose()
-
-
-def test_events_recorded_together_confirm_their_pairs_lookups(pg_api: Api) -> None:
-    """A group whose every pair's lookup is remembered is one statement too; a change to one
-    pair's makes the whole group read its lookup afresh, and nothing is written twice."""
-    setup = Setup(pg_api)
-    other = create_key(pg_api, setup.account)
-    for key in (setup.key, other):
-        assert ingest(pg_api, usage_event(key, setup.model, AT, chat_usage(*USAGE)))["recorded"]
-    before = _lookups(pg_api)
-    for change in (None, _reprice):
-        rates = GLM_RATES if change is None else change(pg_api, setup)
-        keys = (setup.key, other)
-        events = [usage_event(key, setup.model, AT, chat_usage(*USAGE)) for key in keys]
-        results = _gathered(pg_api, events)
-        assert results is not None
-        assert [r.charge_values.total_microcents for r in results] == [_charge(rates)] * 2
-    after = _lookups(pg_api)
-    # Remembered twice; the second found stale, read afresh (the whole group's: not kept).
-    assert {k: after[k] - before[k] for k in after} == {"read": 1, "remembered": 2, "stale": 1}
     assert_books_reconcile(pg_api)
