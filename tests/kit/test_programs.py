@@ -11,7 +11,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from sqlalchemy import BigInteger, String, create_engine, literal, select
+from sqlalchemy import BigInteger, String, bindparam, create_engine, literal, select
 
 from metering import programs as p
 from metering.models.base import UTCDateTime
@@ -190,3 +190,23 @@ def test_rows_read_from_column_arrays_are_the_rows_read_from_json(plain_pg_url: 
     )
     assert from_arrays == from_json
     assert [row[0] for row in from_arrays] == _AWKWARD
+
+
+def test_a_statement_with_positional_parameters_takes_the_same_values(plain_pg_url: str) -> None:
+    """``positional``: each name numbered at its first use, a name used twice one parameter,
+    a literal ``%`` unescaped; run by a raw cursor, the same answer as the named statement."""
+    named = p.psycopg_text(
+        select(
+            literal("50%").label("text"),
+            bindparam("b", type_=BigInteger) + bindparam("a", type_=BigInteger),
+            bindparam("b", type_=BigInteger) * 2,
+        )
+    )
+    raw = p.positional(named)
+    assert raw.names == ("b", "a")
+    assert "%(" not in raw.text and "$1" in raw.text and "$2" in raw.text
+    values = {"a": 3, "b": 2**40}
+    with psycopg.connect(plain_pg_url.replace("+psycopg", "")) as connection:
+        expected = connection.execute(named, values).fetchone()
+        found = psycopg.RawCursor(connection).execute(raw.text, raw.params(values)).fetchone()
+    assert found == expected == ("50%", 2**40 + 3, 2**41)
