@@ -78,6 +78,10 @@ class KeyInfo(NamedTuple):
     scope_limited: bool
 
 
+# A lookup read: its keys by id, and the price book of the models its pairs name.
+Lookup = tuple[dict[str, KeyInfo], PriceBook]
+
+
 # -- The lookup: keys, models, and the price timelines of the batch's (key, model) pairs. --------
 
 PAIRS_IN = p.Records("p_pairs", (("api_key_id", String()), ("model_key", String())))
@@ -315,7 +319,7 @@ def accounts_on_cluster(
 
 def lookup(
     session: Session, pairs: Sequence[tuple[str, str]], account_id: str | None = None
-) -> tuple[dict[str, KeyInfo], PriceBook]:
+) -> Lookup:
     """The batch's keys (``KeyInfo``, with their project's and member's limits when their
     account has such limits: a second statement) and a price book of the models its (key,
     model) pairs name. ``account_id`` (a Citus cluster): the pairs' keys are that account's,
@@ -328,7 +332,7 @@ def lookup(
     return keys, book
 
 
-def read_lookup(rows: Sequence[Any]) -> tuple[dict[str, KeyInfo], PriceBook]:
+def read_lookup(rows: Sequence[Any]) -> Lookup:
     """The lookup's rows as keys (``KeyInfo``) and a price book."""
     keys: dict[str, KeyInfo] = {}
     models: dict[str, str] = {}

@@ -43,6 +43,8 @@ from metering.programs import POSTGRESQL, positional
 from metering.usage import recording, repository, rollups, service
 from metering.usage.events import Event, is_keyed, parse_event
 from metering.usage.lookup_apart import KEY_ID, LOOKUP_OF_ACCOUNT, MODEL_KEY
+from metering.usage.prices import PriceBook
+from metering.usage.repository import Lookup
 
 
 async def record_one(
@@ -91,8 +93,7 @@ def _priced(events: list[Event], remembered: bool = False) -> Steps[bool]:
     for accounts that have any), and the events priced: whether all of them are billable now.
     ``remembered``: one event, whose record confirms a lookup this process remembers."""
     pairs = service.lookup_pairs(events)
-    rows = yield lambda db: db.lookup(pairs, remembered)
-    keys, book = repository.read_lookup(rows)
+    keys, book = yield lambda db: db.lookup(pairs, remembered)
     limited = repository.scope_pairs(keys, pairs)
     if limited:
         # An account with project or member limits: theirs, by a statement of its own.
@@ -141,8 +142,9 @@ LOOKUPS = REGISTRY.counter(
 
 @dataclass(frozen=True, slots=True)
 class _Found:
-    rows: list[Any]  # the lookup's rows, as read
-    text: str  # their text, as the database wrote it: what the record confirms
+    keys: dict[str, repository.KeyInfo]  # the lookup's rows, read (repository.read_lookup)
+    book: PriceBook
+    text: str  # the rows' text, as the database wrote it: what the record confirms
 
 
 class _Lookups:
@@ -162,14 +164,13 @@ class _Lookups:
     def get(self, pair: tuple[str, str]) -> _Found | None:
         return self._found.get(pair)
 
-    def keep(self, pair: tuple[str, str], rows: list[Any], text: str | None) -> None:
-        keys, _book = repository.read_lookup(rows)
-        if text is None or len(keys) != 1 or repository.scope_pairs(keys, [pair]):
+    def keep(self, pair: tuple[str, str], found: _Found) -> None:
+        if len(found.keys) != 1 or repository.scope_pairs(found.keys, [pair]):
             self.forget(pair)
             return
         if len(self._found) >= self.LIMIT:
             self._found.clear()
-        self._found[pair] = _Found(rows, text)
+        self._found[pair] = found
 
     def forget(self, pair: tuple[str, str]) -> None:
         self._found.pop(pair, None)
@@ -192,26 +193,28 @@ class _Statements:
         # The remembered lookup the next record confirms: its pair and its parameters.
         self._confirming: tuple[tuple[str, str], dict[str, Any]] | None = None
 
-    async def lookup(self, pairs: list[tuple[str, str]], remembered: bool = False) -> list[Any]:
-        """The lookup's rows; ``remembered`` (one pair, whose record confirms them): those this
-        process read before, when it has them, else read with their text and kept."""
+    async def lookup(self, pairs: list[tuple[str, str]], remembered: bool = False) -> Lookup:
+        """The lookup's keys and price book; ``remembered`` (one pair, whose record confirms
+        them): those this process read before, when it has them, else read with their text and
+        kept."""
         params = repository.lookup_params(pairs, POSTGRESQL)
         self._confirming = None
         if not remembered:
             cursor = await self._connection.execute(repository.PG_LOOKUP, params)
-            return await cursor.fetchall()
+            return repository.read_lookup(await cursor.fetchall())
         [pair] = pairs
         found = _LOOKUPS.get(pair)
         if found is not None:
             LOOKUPS.inc("remembered")
             self._confirming = (pair, {**params, "lookup_text": found.text})
-            return found.rows
+            return found.keys, found.book
         LOOKUPS.inc("read")
         cursor = await self._connection.execute(repository.PG_LOOKUP_WITH_TEXT, params)
         read = await cursor.fetchall()
-        rows = [row[:-1] for row in read]
-        _LOOKUPS.keep(pair, rows, read[0][-1] if read else None)
-        return rows
+        keys, book = repository.read_lookup([row[:-1] for row in read])
+        if read:
+            _LOOKUPS.keep(pair, _Found(keys, book, read[0][-1]))
+        return keys, book
 
     async def scope_limits(self, pairs: list[tuple[str, str]], account_id: str) -> list[Any]:
         params = repository.lookup_params(pairs, POSTGRESQL)
@@ -291,18 +294,18 @@ class _OneAccount(_Statements):
     # The event's one pair read one table at a time, a call delegated to the account's worker.
     LOOKUP = LOOKUP_OF_ACCOUNT.call_sql
 
-    async def lookup(self, pairs: list[tuple[str, str]], remembered: bool = False) -> list[Any]:
+    async def lookup(self, pairs: list[tuple[str, str]], remembered: bool = False) -> Lookup:
         """Read at every event (``remembered`` is not used on a cluster)."""
         params = repository.lookup_params(pairs, POSTGRESQL)
         cursor = await self._connection.execute(repository.KEY_ACCOUNTS, params)
         found = await cursor.fetchall()
         if not found:
-            return []  # an unknown key: the general path quarantines it
+            return {}, PriceBook()  # an unknown key: the general path quarantines it
         [(key_id, account_id)] = found
         [(_key, model_key)] = pairs
         params = repository.of_account({KEY_ID.name: key_id, MODEL_KEY.name: model_key}, account_id)
         cursor = await self._connection.execute(self.LOOKUP, params)
-        return await cursor.fetchall()
+        return repository.read_lookup(await cursor.fetchall())
 
     async def scope_limits(self, pairs: list[tuple[str, str]], account_id: str) -> list[Any]:
         params = repository.of_account(repository.lookup_params(pairs, POSTGRESQL), account_id)
