@@ -243,11 +243,9 @@ def exact_sum(session: Session, value: Any) -> Any:
     """The exact sum of ``value`` in ``session``'s statements, for the checks that reconcile
     stored totals (``metering verify``): PostgreSQL's ``sum`` (a bigint's is numeric); on
     SQLite, whose ``sum()`` refuses a total beyond the 64-bit range (``integer overflow``),
-    ``exact_sum`` (made known to the session's connection here)."""
+    ``exact_sum`` (made known to each connection as it opens: ``_configure_sqlite``)."""
     if is_postgresql(session):
         return func.sum(value)
-    connection = session.connection().connection.driver_connection
-    connection.create_aggregate(_EXACT_SUM, 1, _ExactSum)  # type: ignore[union-attr]
     return getattr(func, _EXACT_SUM)(value)
 
 
@@ -329,6 +327,7 @@ def _configure_sqlite(engine: Engine, *, immediate: bool) -> None:
         cursor.execute("PRAGMA busy_timeout=30000")
         cursor.execute("PRAGMA synchronous=FULL")
         cursor.close()
+        dbapi_connection.create_aggregate(_EXACT_SUM, 1, _ExactSum)
 
     begin = "BEGIN IMMEDIATE" if immediate else "BEGIN"
 
