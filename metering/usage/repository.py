@@ -26,14 +26,19 @@ from sqlalchemy import (
     ColumnElement,
     String,
     Table,
+    Text,
     and_,
+    bindparam,
     cast,
+    func,
     literal,
+    literal_column,
     null,
     select,
     union,
     union_all,
 )
+from sqlalchemy.dialects.postgresql import aggregate_order_by
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.base import ReadOnlyColumnCollection
 from sqlalchemy.types import TypeEngine
@@ -252,25 +257,77 @@ _LOOKUP = Forms.of_statement(_lookup)
 PG_LOOKUP = _LOOKUP.postgresql
 
 
-# The lookup's rows (``found``) as one text, in a fixed order: what a lookup this process
-# remembers is confirmed by (metering.usage.single). Written around the lookup's own text.
-_ROWS_TEXT = (
-    "SELECT CAST(array_agg(CAST(every AS TEXT) ORDER BY CAST(every AS TEXT)) AS TEXT) "
-    "FROM found AS every"
-)
-# One server: the lookup's rows, each with the text of them all (its last column).
+# -- A lookup remembered (metering.usage.single): the rows it is made of, as one text. ----------
+#
+# A pair's lookup is a function of the rows it reads: the key's (``keyed_joins``: the key, its
+# account, the model of that id_key) and the rows the instants and prices in force of that
+# account and model are read from (``instant_sources``, which ``price_in_force`` reads within).
+# While those rows read the same, so does the lookup: a remembered one is confirmed by them, read
+# by index from the pair's two values, not by the lookup again (its union, distinct rows and
+# price timelines). A superset: a change to such a row that the lookup does not see (a price
+# version of a postpaid account's model) makes it read afresh, never the reverse.
+
+LOOKUP_KEY_ID, LOOKUP_MODEL_KEY = "lookup_key_id", "lookup_model_key"
+
+
+def _inputs_text() -> Any:
+    """The text of the rows a pair's lookup reads (the pair: ``LOOKUP_KEY_ID`` and
+    ``LOOKUP_MODEL_KEY``): each with its table's name, in a fixed order, as one text."""
+    key_id = bindparam(LOOKUP_KEY_ID, type_=String)
+    model_key = bindparam(LOOKUP_MODEL_KEY, type_=String)
+    (first, where, _outer), *joins = keyed_joins(key_id, model_key)
+    joined: Any = first
+    for joined_table, condition, outer in joins:
+        joined = joined.join(joined_table, condition, isouter=outer)
+    keyed = (
+        select(*(column.label(name) for name, column in keyed_columns(model_key).items()))
+        .select_from(joined)
+        .where(where)
+        .cte("keyed")
+    )
+    rows = union_all(
+        select(
+            literal("keyed", String).label("source"), _row_text(keyed.name).label("row")
+        ).select_from(keyed),
+        *(
+            select(literal(source.name, String), _row_text(source.name)).select_from(
+                keyed.join(source, condition)
+            )
+            for source, condition in instant_sources(keyed.c.account_id, keyed.c.model_id)
+        ),
+    ).subquery("every")
+    every: ColumnElement[Any] = literal_column("every")
+    ordered = aggregate_order_by(cast(every, Text), cast(every, Text))
+    return select(cast(func.array_agg(ordered), Text)).select_from(rows)
+
+
+def _row_text(name: str) -> ColumnElement[str]:
+    """The whole row of the table (or CTE) ``name``, as text."""
+    return cast(literal_column(name), Text)
+
+
+# The rows a pair's lookup is made of now, as one text (``_inputs_text``).
+_PG_INPUTS_TEXT = p.psycopg_text(_inputs_text())
+# One server: the lookup's rows, each with the text of the rows it was made of (its last
+# column), read in the same statement: what a lookup remembered is confirmed by.
 PG_LOOKUP_WITH_TEXT = (
-    f"WITH found AS ({PG_LOOKUP}) SELECT found.*, ({_ROWS_TEXT}) AS lookup_text FROM found"
+    f"WITH found AS ({PG_LOOKUP}) SELECT found.*, ({_PG_INPUTS_TEXT}) AS lookup_text FROM found"
 )
-# The text of the lookup's rows now, for a condition of its own (``confirming``).
-_PG_LOOKUP_TEXT = f"WITH found AS ({PG_LOOKUP}) {_ROWS_TEXT}"
+
+
+def lookup_text_params(pair: tuple[str, str]) -> dict[str, str]:
+    """The parameters of the text of the rows the lookup of ``pair`` (key id, lower-case model)
+    is made of."""
+    key_id, model_key = pair
+    return {LOOKUP_KEY_ID: key_id, LOOKUP_MODEL_KEY: model_key}
 
 
 def confirming(call: str) -> str:
-    """``call`` (a program's ``SELECT f(…)``) made only if the lookup's rows are still those
-    whose text is ``%(lookup_text)s`` (``PG_LOOKUP_WITH_TEXT``'s), in one statement: no row
-    when they are not (nothing was written), the call's one row when they are."""
-    return f"{call} WHERE ({_PG_LOOKUP_TEXT}) = %(lookup_text)s"
+    """``call`` (a program's ``SELECT f(…)``) made only if the rows the lookup of a pair
+    (``lookup_text_params``) is made of still read as ``%(lookup_text)s``
+    (``PG_LOOKUP_WITH_TEXT``'s), in one statement: no row when they do not (nothing was
+    written), the call's one row when they do."""
+    return f"{call} WHERE ({_PG_INPUTS_TEXT}) = %(lookup_text)s"
 
 
 # One account's part of it on a Citus cluster: its pairs, its billing and its rate overrides.

@@ -144,7 +144,7 @@ LOOKUPS = REGISTRY.counter(
 class _Found:
     keys: dict[str, repository.KeyInfo]  # the lookup's rows, read (repository.read_lookup)
     book: PriceBook
-    text: str  # the rows' text, as the database wrote it: what the record confirms
+    text: str  # what it is made of, as text (repository.confirming): the record confirms it
 
 
 class _Lookups:
@@ -197,18 +197,20 @@ class _Statements:
         """The lookup's keys and price book; ``remembered`` (one pair, whose record confirms
         them): those this process read before, when it has them, else read with their text and
         kept."""
-        params = repository.lookup_params(pairs, POSTGRESQL)
         self._confirming = None
         if not remembered:
+            params = repository.lookup_params(pairs, POSTGRESQL)
             cursor = await self._connection.execute(repository.PG_LOOKUP, params)
             return repository.read_lookup(await cursor.fetchall())
         [pair] = pairs
+        of_pair = repository.lookup_text_params(pair)
         found = _LOOKUPS.get(pair)
         if found is not None:
             LOOKUPS.inc("remembered")
-            self._confirming = (pair, {**params, "lookup_text": found.text})
+            self._confirming = (pair, {**of_pair, "lookup_text": found.text})
             return found.keys, found.book
         LOOKUPS.inc("read")
+        params = {**repository.lookup_params(pairs, POSTGRESQL), **of_pair}
         cursor = await self._connection.execute(repository.PG_LOOKUP_WITH_TEXT, params)
         read = await cursor.fetchall()
         keys, book = repository.read_lookup([row[:-1] for row in read])

@@ -12,9 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import text
+from sqlalchemy import Column, Table, text
+from sqlalchemy.sql import visitors
 
 from metering.kit.timeutil import format_timestamp
+from metering.programs import POSTGRESQL
+from metering.usage import repository
 from tests import oracle
 from tests.conftest import NOW, Api, running_api
 from tests.factories import (
@@ -182,3 +185,33 @@ def test_a_model_no_longer_found_is_quarantined_not_recorded(pg_api: Api) -> Non
     assert result["status"] == "quarantined", result
     assert result["error"]["code"] == "model_not_found"
     assert_books_reconcile(pg_api)
+
+
+def _read(statement: Any) -> tuple[set[str], set[tuple[str, str]]]:
+    """The tables a statement names, and their columns it names (by table)."""
+    elements = list(visitors.iterate(statement))
+    tables = {element.name for element in elements if isinstance(element, Table)}
+    columns = {
+        (element.table.name, element.name)
+        for element in elements
+        if isinstance(element, Column) and isinstance(element.table, Table)
+    }
+    return tables, columns
+
+
+def test_the_confirmation_reads_every_table_and_column_the_lookup_reads() -> None:
+    """A remembered lookup is confirmed by the rows it is made of, not by the lookup again
+    (``repository.confirming``): whatever the lookup reads, the confirmation must read too,
+    the price tables' rows whole, the others' columns that the lookup names."""
+    lookup_tables, lookup_columns = _read(repository._lookup(POSTGRESQL))
+    confirmed_tables, confirmed_columns = _read(repository._inputs_text())
+    whole = {source.name for source, _ in repository.instant_sources(None, None)}
+    assert lookup_tables == confirmed_tables
+    assert {"price_versions", "account_rates"} == whole
+    assert {(table, column) for table, column in lookup_columns - confirmed_columns} <= {
+        (table, column) for table, column in lookup_columns if table in whole
+    }
+    # The test sees what it must: the key's limit and the account's billing are named.
+    assert {("api_keys", "monthly_spend_limit_microcents"), ("accounts", "billing")} <= (
+        lookup_columns & confirmed_columns
+    )
