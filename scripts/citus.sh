@@ -5,10 +5,13 @@
 # is started but registered nowhere, for the test that adds a worker and rebalances under load
 # (tests/reliability/test_citus_rebalance.py registers it in its own database only).
 #
-#   scripts/citus.sh build    install Citus into the system PostgreSQL 15 when it is not there:
-#                             built from the vendored source (../shared/vendor/citus), checked by
-#                             its sha256; the Debian build dependencies installed when missing
+#   scripts/citus.sh build    install Citus into the system PostgreSQL 15 when it is not there
+#                             (or another build is): built from the vendored source
+#                             (../shared/vendor/citus), checked by its sha256, with the fixes in
+#                             scripts/citus-patches applied; the Debian build dependencies
+#                             installed when missing
 #   scripts/citus.sh start    build if needed, then make (first time) and start the four nodes
+#                             (a node that runs another build of Citus is restarted)
 #   scripts/citus.sh stop     stop the four nodes (their data stays)
 #   scripts/citus.sh status   each node: running or not; the workers the coordinator knows
 #
@@ -37,6 +40,11 @@ if ! test -d "$VENDOR"; then
 fi
 TARBALL="citus-13.2.2.tar.gz"
 TARBALL_SHA256="cd67db89b77180fdfaede0b3b4c5f2e0965ef7d729b1f43fa7711edeea4601a0"
+# The fixes applied to that source (each a file of scripts/citus-patches, with its reasons), and
+# the name the build gives itself for them: citus_version() says `Citus 13.2.2+metering.1 on …`,
+# which tells `metering migrate` that its local plans do not pile up (docs/citus.md).
+PATCHES="scripts/citus-patches"
+BUILD_VERSION="13.2.2+metering.1"
 BUILD_DEPS=(postgresql-server-dev-15 liblz4-dev libzstd-dev libkrb5-dev)
 
 as_postgres() {
@@ -47,9 +55,10 @@ as_postgres() {
     fi
 }
 
-installed() {
+installed() {  # this script's build of Citus, not only some build
     test -f /usr/lib/postgresql/15/lib/citus.so &&
-        test -f /usr/share/postgresql/15/extension/citus.control
+        test -f /usr/share/postgresql/15/extension/citus.control &&
+        grep -q -a -F "Citus $BUILD_VERSION on " /usr/lib/postgresql/15/lib/citus.so
 }
 
 build() {
@@ -78,11 +87,16 @@ build() {
     fi
     local work
     work=$(mktemp -d)
-    echo "building Citus 13.2.2 from $tarball in $work"
+    echo "building Citus $BUILD_VERSION from $tarball and $PATCHES in $work"
     tar -xzf "$tarball" -C "$work"
+    local patch
+    for patch in "$PATCHES"/*.patch; do
+        patch -d "$work/citus-13.2.2" -p1 --forward --quiet <"$patch"
+    done
     (
         cd "$work/citus-13.2.2"
-        ./configure --without-libcurl PG_CONFIG=/usr/lib/postgresql/15/bin/pg_config >/dev/null
+        ./configure --without-libcurl --with-extra-version="${BUILD_VERSION#13.2.2}" \
+            PG_CONFIG=/usr/lib/postgresql/15/bin/pg_config >/dev/null
         make -s -j2 with_llvm=no >/dev/null
         make -s install with_llvm=no >/dev/null
     )
@@ -164,6 +178,12 @@ start() {
         fi
         if ! running "$name"; then
             as_postgres "$PGBIN/pg_ctl" -D "$dir" -l "$dir/server.log" -w -t 60 start >/dev/null
+        elif [ "$(psql_at "$port" -c "SELECT citus_version() LIKE 'Citus $BUILD_VERSION %'")" != t ]
+        then
+            # Running another build of Citus (preloaded at its start): restarted on this one.
+            echo "$name: restarting on Citus $BUILD_VERSION"
+            as_postgres "$PGBIN/pg_ctl" -D "$dir" -l "$dir/server.log" -m fast -w -t 60 \
+                restart >/dev/null
         else
             # Running already: a setting only a start takes (wal_level, the numbers of slots
             # and workers) differing from the file's (pg_file_settings reads the files afresh

@@ -16,7 +16,7 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from metering import functions, migrate
-from metering.citus.one_account import delegated_settings
+from metering.citus.one_account import CITUS_RELEASE, delegated_settings
 from metering.cli import main
 from metering.functions import PROGRAMS
 from tests.conftest import SECRET_KEY, Api
@@ -65,7 +65,7 @@ def assert_functions_are_the_programs(url: str) -> None:
     if rows(url, "SELECT 1 FROM pg_extension WHERE extname = 'citus'"):
         for name, release in rows(
             url,
-            "SELECT p.proname, substring(citus_version() FROM 'Citus ([0-9.]+)') FROM pg_proc p "
+            f"SELECT p.proname, {CITUS_RELEASE} FROM pg_proc p "
             "JOIN pg_dist_object d ON d.classid = 'pg_proc'::regclass AND d.objid = p.oid "
             "WHERE d.colocationid IS NOT NULL",
         ):

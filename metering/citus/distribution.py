@@ -25,7 +25,12 @@ from dataclasses import dataclass, field
 
 from sqlalchemy import Connection, create_engine, text
 
-from metering.citus.one_account import ACCOUNT, PLAN_CACHE_MODE, delegated_settings
+from metering.citus.one_account import (
+    ACCOUNT,
+    CITUS_RELEASE,
+    PLAN_CACHE_MODE,
+    delegated_settings,
+)
 from metering.citus.placement import (
     ACCOUNTS,
     NOT_DISTRIBUTED,
@@ -147,9 +152,7 @@ def _set_delegated(connection: Connection) -> None:
     where the release needs none (a cluster upgraded, then migrated again): Citus sends the
     ``ALTER FUNCTION`` to every node. A function the installer replaced has its program's
     settings only, so each ``metering migrate`` sets them again."""
-    release = connection.execute(
-        text("SELECT substring(citus_version() FROM 'Citus ([0-9.]+)')")
-    ).scalar_one()
+    release = connection.execute(text(f"SELECT {CITUS_RELEASE}")).scalar_one()
     wanted = delegated_settings(release)
     for signature, config in connection.execute(
         text(

@@ -268,8 +268,14 @@ PLAN_CACHE_MODE = "plan_cache_mode"
 # (multi_router_planner.c ``RouterJob``: the tasks are made on each execution's copy). So at
 # every call the shard query is deparsed, parsed and planned again and appended to the kept
 # plan's list, in its memory context: a worker's backend grew about 350 kB per single event,
-# without bound (docs/citus.md). Citus pull request 8824 fixes it upstream.
+# without bound (docs/citus.md). Citus pull request 8824 fixes it upstream; a build of one of
+# those releases that carries a fix names itself otherwise (the local cluster's
+# ``13.2.2+metering.1``: scripts/citus-patches) and keeps its plans.
 PLANS_PILE_UP = frozenset({"12.1.11", "12.1.12", "13.2.1", "13.2.2", "14.0.0", "14.0.1"})
+
+# The node's Citus release as its build names itself: ``13.2.2``, or with what its build added
+# (configure's ``--with-extra-version``: ``13.2.2+metering.1``).
+CITUS_RELEASE = "substring(citus_version() FROM 'Citus ([^ ]+)')"
 
 
 def delegated_settings(citus_release: str) -> dict[str, str]:
