@@ -381,7 +381,7 @@ def _count(name: str, requests: int, warmup: int, batch: int) -> tuple[int, int,
     return requests, warmup, requests * (TOGETHER if name.endswith("-together") else 1)
 
 
-def _setup(code: CodeUnderTest, url: str, workdir: Path, batch: int) -> Client:
+def _setup(code: CodeUnderTest, url: str, workdir: Path, batch: int = Client.batch) -> Client:
     """Both benchmarks' models, priced; an account with two keys, three grants and access
     rules (the ledger benchmark's); and an account of the ledger benchmark's case (e), its key
     having spent once."""
