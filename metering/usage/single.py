@@ -8,8 +8,8 @@ limits, their limits: metering.usage.repository ``with_scopes``), then the progr
 its charge and adds it to its rollups, as one transaction. The checks, the pricing and the
 rollup rows are the batch path's own functions. The lookup a process read last for the event's
 key and model is remembered (``_Lookups``): the next such event is priced from it, and its call
-is made only if the lookup still reads the same, in the call's own statement
-(``repository.confirming``): one round trip (decision 0025).
+is made only if the rows that lookup was made of still read the same, in the call's own
+statement (``repository.confirming``): one round trip (decision 0025).
 
 On a Citus cluster (docs/citus.md#what-runs-on-a-cluster), three: the key's account (``api_keys``, a
 reference table), then that account's lookup of the event's pair (``LOOKUP_OF_ACCOUNT``, the
