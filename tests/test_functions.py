@@ -230,3 +230,13 @@ def test_metering_migrate_says_what_it_installed_and_serve_wants_it_current(
     assert main(["migrate"]) == 0
     assert f"installed 1 of the {len(PROGRAMS)} generated functions" in capsys.readouterr().out
     assert migrate.is_current(pg_url)
+
+
+def test_the_delegated_calls_plan_per_call_only_where_citus_piles_up_plans() -> None:
+    """A stock release whose local plans pile up gets ``force_custom_plan``; a build of it that
+    carries the fix names itself otherwise (scripts/citus-patches: ``13.2.2+metering.1``), as
+    does a release without the growth, and keeps the plan cache's default."""
+    assert delegated_settings("13.2.2") == {"plan_cache_mode": "force_custom_plan"}
+    assert delegated_settings("14.0.1") == {"plan_cache_mode": "force_custom_plan"}
+    assert delegated_settings("13.2.2+metering.1") == {}
+    assert delegated_settings("13.2.0") == {}
