@@ -98,15 +98,15 @@ DECLARE
     v_parts_grant_id VARCHAR(32)[];
     v_parts_account_id VARCHAR(32)[];
     v_parts_amount BIGINT[];
-    v_parts_kind VARCHAR(16)[];
+    v_parts_kind allocation_kind[];
     v_row6_0 VARCHAR(32);
     v_row6_1 DATE;
     v_row6_2 VARCHAR;
     v_row6_3 VARCHAR(32);
     v_row6_4 BIGINT;
     v_row7_0 VARCHAR(32);
-    v_row7_1 VARCHAR(2);
-    v_row7_2 VARCHAR(10);
+    v_row7_1 rollup_bucket_width;
+    v_row7_2 rollup_grouping;
     v_row7_3 TIMESTAMP WITH TIME ZONE;
     v_row7_4 VARCHAR;
     v_row7_5 VARCHAR;

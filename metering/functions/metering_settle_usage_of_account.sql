@@ -34,7 +34,7 @@ DECLARE
     v_parts_grant_id VARCHAR(32)[];
     v_parts_account_id VARCHAR(32)[];
     v_parts_amount BIGINT[];
-    v_parts_kind VARCHAR(16)[];
+    v_parts_kind allocation_kind[];
     v_reached_account_id VARCHAR(32)[];
     v_reached_scope_id VARCHAR(32)[];
     v_reached_percent INTEGER[];

@@ -32,7 +32,7 @@ DECLARE
     v_parts_grant_id VARCHAR(32)[];
     v_parts_account_id VARCHAR(32)[];
     v_parts_amount BIGINT[];
-    v_parts_kind VARCHAR(16)[];
+    v_parts_kind allocation_kind[];
 BEGIN
     PERFORM lock_shard_metadata(5, ARRAY[get_shard_id_for_distribution_column('accounts', p_account_id)]) AS shard_locked;
     SELECT array_agg(collected.account_id ORDER BY collected.account_id COLLATE "C"), array_agg(collected.total ORDER BY collected.account_id COLLATE "C") INTO v_debits_account_id, v_debits_total

@@ -20,7 +20,6 @@ from sqlalchemy import (
 from sqlalchemy.orm import Mapped, mapped_column
 
 from metering.models.base import ACCOUNT_ROW, Base, UTCDateTime, names, one_of
-from metering.models.ledger import kind_check
 from metering.states.grants import ACTIVE_ROWS, STORED
 
 # ACTIVE_ROWS: rows a debit may still be paid from are among these (the live test adds "a
@@ -98,14 +97,15 @@ class CreditAllocationDay(Base):
 
     __tablename__ = "credit_allocation_days"
     __table_args__ = (
-        CheckConstraint(kind_check(ALLOCATION_KINDS), name="kind"),
         CheckConstraint("amount_microcents > 0", name="amount_positive"),
         CheckConstraint("(kind = 'deficit') = (grant_id = '')", name="grant_named"),
     )
 
     account_id: Mapped[str] = mapped_column(String(32), primary_key=True, info=names(ACCOUNT_ROW))
     allocation_date: Mapped[date] = mapped_column(Date, primary_key=True)  # the debit's UTC day
-    kind: Mapped[str] = mapped_column(String(16), primary_key=True)
+    kind: Mapped[str] = mapped_column(
+        one_of("allocation_kind", ALLOCATION_KINDS, 16), primary_key=True
+    )
     grant_id: Mapped[str] = mapped_column(String(32), primary_key=True)  # '' for ``deficit``
     amount_microcents: Mapped[int] = mapped_column(BigInteger)
 

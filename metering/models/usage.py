@@ -102,6 +102,9 @@ class QuarantinedEvent(Base):
 
 
 _DAY_ROWS = "bucket_width = '1d' AND grouping = 'key_model'"
+# A rollup row's bucket widths, and the dimensions it keeps (metering.usage.rollups).
+ROLLUP_WIDTHS = ("1h", "1d")
+ROLLUP_GROUPINGS = ("key_model", "key", "model")
 
 
 class UsageRollup(Base):
@@ -112,8 +115,6 @@ class UsageRollup(Base):
 
     __tablename__ = "usage_rollups"
     __table_args__ = (
-        CheckConstraint("bucket_width IN ('1h', '1d')", name="bucket_width"),
-        CheckConstraint("grouping IN ('key_model', 'key', 'model')", name="grouping"),
         # Which accounts and days have usage, across accounts (the scheduler's due days, a
         # day's export): the primary key starts with the account. Only the day rows of one
         # grouping, and no column an upsert changes, so the rollup updates stay HOT.
@@ -126,8 +127,12 @@ class UsageRollup(Base):
     )
 
     account_id: Mapped[str] = mapped_column(String(32), primary_key=True, info=names(ACCOUNT_ROW))
-    bucket_width: Mapped[str] = mapped_column(String(2), primary_key=True)
-    grouping: Mapped[str] = mapped_column(String(10), primary_key=True)
+    bucket_width: Mapped[str] = mapped_column(
+        one_of("rollup_bucket_width", ROLLUP_WIDTHS, 2), primary_key=True
+    )
+    grouping: Mapped[str] = mapped_column(
+        one_of("rollup_grouping", ROLLUP_GROUPINGS, 10), primary_key=True
+    )
     bucket_start: Mapped[datetime] = mapped_column(UTCDateTime, primary_key=True)
     api_key_id: Mapped[str] = mapped_column(String(32), primary_key=True)
     model_id: Mapped[str] = mapped_column(String(100), primary_key=True)

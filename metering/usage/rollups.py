@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 from metering import programs as p
 from metering.kit.timeutil import floor_day, floor_hour
 from metering.models import UsageRollup, table
+from metering.models.usage import ROLLUP_GROUPINGS, ROLLUP_WIDTHS
 from metering.pricing import Charge, NormalizedUsage
 from metering.usage.events import Event
 
@@ -30,8 +31,7 @@ LAST_EVENT = "last_event_id"
 COUNTERS = tuple(
     c.name for c in ROLLUPS.columns if c.name not in ROLLUP_KEY and c.name != LAST_EVENT
 )
-GROUPINGS = ("key_model", "key", "model")
-WIDTHS = ("1h", "1d")
+GROUPINGS, WIDTHS = ROLLUP_GROUPINGS, ROLLUP_WIDTHS
 # The usage of one account, key and model in one (UTC) hour: its hour and the day that hour is
 # in, its counters and its newest event's id (``rows``).
 HOURLY_IN = p.Records(
