@@ -45,7 +45,7 @@ TARBALL_SHA256="cd67db89b77180fdfaede0b3b4c5f2e0965ef7d729b1f43fa7711edeea4601a0
 # which tells `metering migrate` that its local plans do not pile up (docs/citus.md).
 PATCHES="scripts/citus-patches"
 BUILD_VERSION="13.2.2+metering.1"
-BUILD_DEPS=(postgresql-server-dev-15 liblz4-dev libzstd-dev libkrb5-dev)
+BUILD_DEPS=(postgresql-server-dev-15 liblz4-dev libzstd-dev libkrb5-dev patch)
 
 as_postgres() {
     if [ "$(id -u)" = 0 ]; then
