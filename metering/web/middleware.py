@@ -91,7 +91,17 @@ class RequestContextMiddleware:
         limit = self.max_body_bytes
         started = time.perf_counter()
         status = 500
-        responded = False
+        responded = observed = False
+
+        def observe() -> None:
+            nonlocal observed
+            observed = True
+            route = scope.get("route")
+            # The route template (not the raw path) keeps the label set small.
+            template = getattr(route, "path", None) or "unmatched"
+            REQUEST_LATENCY.observe(
+                time.perf_counter() - started, template, scope["method"], str(status)
+            )
 
         async def send_with_id(message: Message) -> None:
             nonlocal status, responded
@@ -100,6 +110,10 @@ class RequestContextMiddleware:
                 headers = [(k, v) for k, v in message.get("headers", []) if k != REQUEST_ID_HEADER]
                 headers.append((REQUEST_ID_HEADER, header_value))
                 message["headers"] = headers
+            elif message["type"] == "http.response.body" and not message.get("more_body", False):
+                # Counted before its last part leaves: a scrape made after the client has its
+                # answer counts it.
+                observe()
             await send(message)
 
         declared = _content_length(scope)
@@ -145,12 +159,8 @@ class RequestContextMiddleware:
                 self.render_error, _unexpected(scope, request_id), scope, send_with_id, close=False
             )
         finally:
-            route = scope.get("route")
-            # The route template (not the raw path) keeps the label set small.
-            template = getattr(route, "path", None) or "unmatched"
-            REQUEST_LATENCY.observe(
-                time.perf_counter() - started, template, scope["method"], str(status)
-            )
+            if not observed:  # no answer was finished (the client went away first)
+                observe()
             if self.access_log:
                 _log_access(scope, status, started, request_id)
 
