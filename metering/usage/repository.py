@@ -205,6 +205,17 @@ def price_row(account_id: Any, model_id: Any, at: Any, price: Sequence[Any]) -> 
     return (literal("price", String), account_id, model_id, _NO_TEXT, at, *price, *_NO_LIMIT)
 
 
+def _keyed(found: Any, model_key: Any) -> Any:
+    """The CTE ``keyed``: ``keyed_columns`` by name, of the rows ``found`` (a SELECT of the
+    joined tables, without its columns yet)."""
+    return found.add_columns(
+        *(
+            column if getattr(column, "name", None) == name else column.label(name)
+            for name, column in keyed_columns(model_key).items()
+        )
+    ).cte("keyed")
+
+
 def _lookup(on: p.Backend) -> Any:
     """Rows of ``_KINDS``: 'key' (key id, account id, billing, project, member, spend limit and
     window, whether the account has project or member limits), 'model'
@@ -214,16 +225,7 @@ def _lookup(on: p.Backend) -> Any:
     joined: Any = pairs
     for joined_table, condition, outer in keyed_joins(pairs.c.api_key_id, pairs.c.model_key):
         joined = joined.join(joined_table, condition, isouter=outer)
-    keyed = (
-        select(
-            *(
-                column if column.name == name else column.label(name)
-                for name, column in keyed_columns(pairs.c.model_key).items()
-            )
-        )
-        .select_from(joined)
-        .cte("keyed")
-    )
+    keyed = _keyed(select().select_from(joined), pairs.c.model_key)
     kind, *rest = key_row(keyed.c)
     keys = select(kind.label("kind"), *rest).distinct()
     models = select(*model_row(keyed.c)).where(has_model(keyed.c)).distinct()
@@ -279,12 +281,7 @@ def _inputs_text() -> Any:
     joined: Any = first
     for joined_table, condition, outer in joins:
         joined = joined.join(joined_table, condition, isouter=outer)
-    keyed = (
-        select(*(column.label(name) for name, column in keyed_columns(model_key).items()))
-        .select_from(joined)
-        .where(where)
-        .cte("keyed")
-    )
+    keyed = _keyed(select().select_from(joined).where(where), model_key)
     rows = union_all(
         select(
             literal("keyed", String).label("source"), _row_text(keyed.name).label("row")
