@@ -770,7 +770,9 @@ class TestRouting:
             lambda: api.gateway("DELETE", f"/v1/authorizations/{hold_id}"),
         )
         assert response.status_code == 200 and response.json()["status"] == "voided"
-        assert commands, "the void reached the account's shard"
+        calls = [c for c in commands if "metering_void_of_account(" in c]
+        assert len(calls) == 1, "the void is one call, sent to the account's worker"
+        assert any(c.startswith("UPDATE public.authorizations_") for c in commands), commands
         response, _ = self.assert_routed(
             api,
             cluster,

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from metering.ledger.placement.program import PLACE_HOLDS, PLACE_HOLDS_OF_ACCOUNT
+from metering.ledger.placement.program import PLACE_HOLDS, PLACE_HOLDS_OF_ACCOUNT, VOID_OF_ACCOUNT
 from metering.ledger.spending import SPEND_CREDIT, SPEND_CREDIT_OF_ACCOUNT
 from metering.migrate import FUNCTIONS_DIR, committed_functions
 from metering.programs import Program
@@ -46,6 +46,7 @@ PROGRAMS: tuple[Program, ...] = (
     RECORD_USAGE_OF_ACCOUNT,
     SPEND_CREDIT_OF_ACCOUNT,
     LOOKUP_OF_ACCOUNT,
+    VOID_OF_ACCOUNT,
 )
 
 

@@ -38,6 +38,7 @@ from metering.ledger.placement.program import (
     PLACE_HOLDS,
     PLACE_HOLDS_OF_ACCOUNT,
     VOID,
+    VOID_OF_ACCOUNT,
     VOID_TOGETHER,
     Outcome,
     Placement,
@@ -76,7 +77,7 @@ class _OnCitus:
     RESOLVE = text_of_account(_RESOLVING)
     PLACE = PLACE_HOLDS_OF_ACCOUNT.call_sql
     INSERT_UNBILLED = text_of_account(INSERT_UNBILLED)
-    VOID = text_of_account(VOID)
+    VOID = VOID_OF_ACCOUNT.call_sql
     BY_ID = text_of_account(BY_ID)
 
 
@@ -230,7 +231,7 @@ class PostgresHolds:
         # names none, is looked for on every shard).
         if account is not None and self._cluster:
             void, by_id = _OnCitus.VOID, _OnCitus.BY_ID
-            params["p_account_id"] = account
+            params.update(p_account_id=account, p_hold_id=hold_id, p_now=now)
         row = await self._one(void, params)
         if row is not None:
             return _body(row), True

@@ -576,12 +576,41 @@ HELD_IN_FORCE = select(func.coalesce(func.sum(_in_force.c.estimate_microcents), 
 BY_REQUEST_ID = select(*(HOLDS.c[name] for name in (*BODY_COLUMNS, "request_fingerprint"))).where(
     HOLDS.c.account_id == _ACCOUNT_ID, HOLDS.c.request_id == bindparam("request_id", type_=String())
 )
-# A void releases an active hold in force; the account's counter is left to its next check.
-VOID = (
-    update(HOLDS)
-    .where(HOLDS.c.id == _HOLD_ID, holds.in_force(HOLDS, _NOW))
-    .values(status=holds.target("void"), closed_at=_NOW)
-    .returning(*(HOLDS.c[name] for name in BODY_COLUMNS))
+
+
+def void(hold_id: Any, now: Any) -> Any:
+    """A void: it releases the active hold ``hold_id`` in force at ``now``; the account's
+    counter is left to its next check."""
+    return (
+        update(HOLDS)
+        .where(HOLDS.c.id == hold_id, holds.in_force(HOLDS, now))
+        .values(status=holds.target("void"), closed_at=now)
+        .returning(*(HOLDS.c[name] for name in BODY_COLUMNS))
+    )
+
+
+VOID = void(_HOLD_ID, _NOW)
+_VOIDED_HOLD = p.Var("p_hold_id", String())
+_VOIDED_AT = p.Var("p_now", UTCDateTime())
+_VOIDED = tuple(p.Var(f"v_voided_{name}", HOLDS.c[name].type) for name in BODY_COLUMNS)
+
+
+def _void(on: p.Backend) -> list[p.Step]:
+    return [
+        p.Fetch(void(_VOIDED_HOLD.ref, _VOIDED_AT.ref), into=_VOIDED),
+        p.When(_VOIDED[0].ref.is_not(None), (p.Emit(tuple(v.ref for v in _VOIDED)),)),
+    ]
+
+
+# On a Citus cluster, a void as a call delegated to the account's node: there its statement's
+# plan is kept between calls, where the statement sent as text was planned at every void.
+VOID_OF_ACCOUNT = of_account(
+    p.Program(
+        "metering_void",
+        params=(_VOIDED_HOLD, _VOIDED_AT),
+        build=_void,
+        returns=tuple((name, HOLDS.c[name].type) for name in BODY_COLUMNS),
+    )
 )
 BY_ID = select(*(HOLDS.c[name] for name in BODY_COLUMNS)).where(HOLDS.c.id == _HOLD_ID)
 # Voids that arrive together (PostgreSQL, metering.ledger.placement.postgres): each asked hold

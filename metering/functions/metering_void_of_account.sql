@@ -1,0 +1,32 @@
+CREATE OR REPLACE FUNCTION metering_void_of_account(p_account_id VARCHAR, p_hold_id VARCHAR, p_now TIMESTAMP WITH TIME ZONE)
+RETURNS TABLE (id VARCHAR(64), status hold_status, request_id VARCHAR(64), account_id VARCHAR(32), api_key_id VARCHAR(32), model_id VARCHAR(100), max_tokens INTEGER, estimate_microcents BIGINT, expires_at TIMESTAMP WITH TIME ZONE)
+LANGUAGE plpgsql VOLATILE AS $$
+#variable_conflict use_column
+DECLARE
+    v_voided_id VARCHAR(64);
+    v_voided_status hold_status;
+    v_voided_request_id VARCHAR(64);
+    v_voided_account_id VARCHAR(32);
+    v_voided_api_key_id VARCHAR(32);
+    v_voided_model_id VARCHAR(100);
+    v_voided_max_tokens INTEGER;
+    v_voided_estimate_microcents BIGINT;
+    v_voided_expires_at TIMESTAMP WITH TIME ZONE;
+BEGIN
+    PERFORM lock_shard_metadata(5, ARRAY[get_shard_id_for_distribution_column('accounts', p_account_id)]) AS shard_locked;
+    UPDATE authorizations SET status='voided', closed_at=p_now WHERE authorizations.account_id = p_account_id AND authorizations.id = p_hold_id AND authorizations.status = 'active' AND authorizations.expires_at > p_now RETURNING authorizations.id, authorizations.status, authorizations.request_id, authorizations.account_id, authorizations.api_key_id, authorizations.model_id, authorizations.max_tokens, authorizations.estimate_microcents, authorizations.expires_at
+    INTO v_voided_id, v_voided_status, v_voided_request_id, v_voided_account_id, v_voided_api_key_id, v_voided_model_id, v_voided_max_tokens, v_voided_estimate_microcents, v_voided_expires_at;
+    IF v_voided_id IS NOT NULL THEN
+        id := v_voided_id;
+        status := v_voided_status;
+        request_id := v_voided_request_id;
+        account_id := v_voided_account_id;
+        api_key_id := v_voided_api_key_id;
+        model_id := v_voided_model_id;
+        max_tokens := v_voided_max_tokens;
+        estimate_microcents := v_voided_estimate_microcents;
+        expires_at := v_voided_expires_at;
+        RETURN NEXT;
+    END IF;
+END;
+$$
