@@ -1,7 +1,8 @@
 """The ledger's sign rule and the allocation days' kinds as the schema enforces them, on every
 backend: PostgreSQL holds them in compact forms of its own (migrations 0006 and 0007), SQLite as
 the models write them; both must allow and refuse the same rows. The lists of values PostgreSQL
-holds as domains (metering.models.base ``one_of``) allow exactly their values there."""
+holds as domains (metering.models.base ``one_of``) allow exactly their values there, and the
+checks of one column it holds as domains (``checked``) allow what their rule allows."""
 
 from __future__ import annotations
 
@@ -113,15 +114,38 @@ def test_the_kinds_of_an_allocation_day(backend: str, tmp_path: Path) -> None:
             engine.dispose()
 
 
-def _listed_columns() -> list[tuple[str, str, Any]]:
-    """Each column whose type is a list of values: its table, its name and its type."""
+def _domain_columns(lists: bool) -> list[tuple[str, str, Any]]:
+    """Each column whose type is a domain on PostgreSQL, of a list of values (``lists``) or of
+    another check of the column: its table, its name and its type."""
     return [
         (table.name, column.name, column.type)
         for table in Base.metadata.tables.values()
         for column in table.columns
         if "postgresql" in getattr(column.type, "_variant_mapping", {})
         and isinstance(column.type._variant_mapping["postgresql"], DOMAIN)
+        and hasattr(column.type._variant_mapping["postgresql"], "values") == lists
     ]
+
+
+def _listed_columns() -> list[tuple[str, str, Any]]:
+    return _domain_columns(lists=True)
+
+
+def _domain_of(url: str, table: str, column: str) -> str:
+    engine = create_engine(url)
+    try:
+        with engine.connect() as connection:
+            return str(
+                connection.execute(
+                    text(
+                        "SELECT format_type(atttypid, NULL) FROM pg_attribute "
+                        "WHERE attrelid = CAST(:table AS regclass) AND attname = :column"
+                    ),
+                    {"table": table, "column": column},
+                ).scalar_one()
+            )
+    finally:
+        engine.dispose()
 
 
 def test_lists_of_values_are_domains_on_postgresql() -> None:
@@ -170,14 +194,62 @@ def test_each_domain_allows_its_values_only(backend: str, tmp_path: Path) -> Non
                     )
                     with pytest.raises(error, match=named), engine.connect() as c:
                         c.execute(text(f"SELECT CAST(:value AS {domain.name})"), {"value": wrong})
+                assert _domain_of(url, table, column) == domain.name, (table, column)
+        finally:
+            engine.dispose()
+
+
+# The checks of one column the gateway's statements meet (migration 0014), written out here:
+# what each allows (NULL aside, which a column's NOT NULL refuses or allows).
+_CHECKED = {
+    ("accounts", "max_concurrent_requests"): lambda value: value >= 1,
+    ("authorizations", "estimate_microcents"): lambda value: value >= 0,
+    ("credit_allocation_days", "amount_microcents"): lambda value: value > 0,
+    ("credit_grants", "amount_microcents"): lambda value: value > 0,
+    ("credit_grants", "priority"): lambda value: 0 <= value <= 100,
+}
+
+
+def test_checks_of_one_column_are_domains_on_postgresql() -> None:
+    assert sorted((table, column) for table, column, _ in _domain_columns(lists=False)) == sorted(
+        _CHECKED
+    )
+
+
+@pytest.mark.parametrize("backend", SERVER_BACKENDS)
+def test_each_checked_domain_allows_what_its_check_allows(backend: str, tmp_path: Path) -> None:
+    """Each such column's domain takes what the rule above allows and refuses the rest, the
+    column is of the domain, and no table check of the column is left."""
+    with migrated_database(backend, tmp_path) as url:
+        engine = create_engine(url)
+        try:
+            for table, column, type_ in _domain_columns(lists=False):
+                domain = type_._variant_mapping["postgresql"]
+                allowed = _CHECKED[(table, column)]
+                for value in (-(2**31), -1, 0, 1, 7, 100, 101, 2**31 - 1):
+                    cast = text(f"SELECT CAST(:value AS {domain.name})")
+                    if allowed(value):
+                        with engine.connect() as connection:
+                            assert connection.execute(cast, {"value": value}).scalar_one() == value
+                    else:
+                        with (
+                            pytest.raises(IntegrityError, match=domain.name),
+                            engine.connect() as c,
+                        ):
+                            c.execute(cast, {"value": value})
                 with engine.connect() as connection:
-                    found = connection.execute(
+                    null = text(f"SELECT CAST(NULL AS {domain.name})")
+                    assert connection.execute(null).scalar_one() is None
+                    alone = connection.execute(
                         text(
-                            "SELECT format_type(atttypid, NULL) FROM pg_attribute "
-                            "WHERE attrelid = CAST(:table AS regclass) AND attname = :column"
+                            "SELECT count(*) FROM pg_constraint c JOIN pg_attribute a "
+                            "ON a.attrelid = c.conrelid AND c.conkey = ARRAY[a.attnum] "
+                            "WHERE c.contype = 'c' AND c.conrelid = CAST(:table AS regclass) "
+                            "AND a.attname = :column"
                         ),
                         {"table": table, "column": column},
                     ).scalar_one()
-                assert found == domain.name, (table, column)
+                assert alone == 0, f"a table check of {table}.{column} alone is left"
+                assert _domain_of(url, table, column) == domain.name, (table, column)
         finally:
             engine.dispose()

@@ -15,7 +15,7 @@ DECLARE
     v_h_n INTEGER;
     v_h_reasoning BOOLEAN;
     v_h_max_tokens INTEGER;
-    v_h_estimate_microcents BIGINT;
+    v_h_estimate_microcents non_negative_microcents;
     v_h_created_at TIMESTAMP WITH TIME ZONE;
     v_h_expires_at TIMESTAMP WITH TIME ZONE;
     v_h_spend_limit BIGINT;
@@ -68,7 +68,7 @@ DECLARE
     v_r_api_keys_restricts_models BOOLEAN;
     v_r_accounts_found BOOLEAN;
     v_r_accounts_billing account_billing;
-    v_r_accounts_max_concurrent_requests INTEGER;
+    v_r_accounts_max_concurrent_requests concurrency_limit;
     v_r_accounts_restricts_models BOOLEAN;
     v_r_projects_spend_limit_microcents BIGINT;
     v_r_projects_spend_limit_window VARCHAR(8);
@@ -102,7 +102,7 @@ BEGIN
     PERFORM lock_shard_metadata(5, ARRAY[get_shard_id_for_distribution_column('accounts', p_account_id)]) AS shard_locked;
     FOR v_h_id, v_h_account_id, v_h_api_key_id, v_h_request_id, v_h_request_fingerprint, v_h_model_id, v_h_api, v_h_prompt_tokens, v_h_requested_max_tokens, v_h_n, v_h_reasoning, v_h_max_tokens, v_h_estimate_microcents, v_h_created_at, v_h_expires_at, v_h_spend_limit, v_h_window_start, v_h_window_end, v_h_project_id, v_h_project_limit, v_h_project_window_start, v_h_project_window_end, v_h_member_id, v_h_member_limit, v_h_member_window_start, v_h_member_window_end, v_h_resolution, v_h_secret_hash, v_h_model_key IN
     SELECT h.id, h.account_id, h.api_key_id, h.request_id, h.request_fingerprint, h.model_id, h.api, h.prompt_tokens, h.requested_max_tokens, h.n, h.reasoning, h.max_tokens, h.estimate_microcents, h.created_at, h.expires_at, h.spend_limit, h.window_start, h.window_end, h.project_id, h.project_limit, h.project_window_start, h.project_window_end, h.member_id, h.member_limit, h.member_window_start, h.member_window_end, h.resolution, h.secret_hash, h.model_key
-    FROM (SELECT * FROM ROWS FROM (json_to_recordset(CAST(p_holds AS json)) AS (id VARCHAR(64), account_id VARCHAR(32), api_key_id VARCHAR(32), request_id VARCHAR(64), request_fingerprint VARCHAR(64), model_id VARCHAR(100), api VARCHAR(20), prompt_tokens INTEGER, requested_max_tokens INTEGER, n INTEGER, reasoning BOOLEAN, max_tokens INTEGER, estimate_microcents BIGINT, created_at TIMESTAMP WITH TIME ZONE, expires_at TIMESTAMP WITH TIME ZONE, spend_limit BIGINT, window_start TIMESTAMP WITH TIME ZONE, window_end TIMESTAMP WITH TIME ZONE, project_id VARCHAR, project_limit BIGINT, project_window_start TIMESTAMP WITH TIME ZONE, project_window_end TIMESTAMP WITH TIME ZONE, member_id VARCHAR, member_limit BIGINT, member_window_start TIMESTAMP WITH TIME ZONE, member_window_end TIMESTAMP WITH TIME ZONE, resolution TEXT, secret_hash VARCHAR, model_key VARCHAR)) WITH ORDINALITY AS t(id, account_id, api_key_id, request_id, request_fingerprint, model_id, api, prompt_tokens, requested_max_tokens, n, reasoning, max_tokens, estimate_microcents, created_at, expires_at, spend_limit, window_start, window_end, project_id, project_limit, project_window_start, project_window_end, member_id, member_limit, member_window_start, member_window_end, resolution, secret_hash, model_key, position)) AS h ORDER BY h.account_id COLLATE "C", h.position
+    FROM (SELECT * FROM ROWS FROM (json_to_recordset(CAST(p_holds AS json)) AS (id VARCHAR(64), account_id VARCHAR(32), api_key_id VARCHAR(32), request_id VARCHAR(64), request_fingerprint VARCHAR(64), model_id VARCHAR(100), api VARCHAR(20), prompt_tokens INTEGER, requested_max_tokens INTEGER, n INTEGER, reasoning BOOLEAN, max_tokens INTEGER, estimate_microcents non_negative_microcents, created_at TIMESTAMP WITH TIME ZONE, expires_at TIMESTAMP WITH TIME ZONE, spend_limit BIGINT, window_start TIMESTAMP WITH TIME ZONE, window_end TIMESTAMP WITH TIME ZONE, project_id VARCHAR, project_limit BIGINT, project_window_start TIMESTAMP WITH TIME ZONE, project_window_end TIMESTAMP WITH TIME ZONE, member_id VARCHAR, member_limit BIGINT, member_window_start TIMESTAMP WITH TIME ZONE, member_window_end TIMESTAMP WITH TIME ZONE, resolution TEXT, secret_hash VARCHAR, model_key VARCHAR)) WITH ORDINALITY AS t(id, account_id, api_key_id, request_id, request_fingerprint, model_id, api, prompt_tokens, requested_max_tokens, n, reasoning, max_tokens, estimate_microcents, created_at, expires_at, spend_limit, window_start, window_end, project_id, project_limit, project_window_start, project_window_end, member_id, member_limit, member_window_start, member_window_end, resolution, secret_hash, model_key, position)) AS h ORDER BY h.account_id COLLATE "C", h.position
     LOOP
         IF v_h_account_id IS DISTINCT FROM v_account_id THEN
             IF v_changed THEN

@@ -1,5 +1,5 @@
 CREATE OR REPLACE FUNCTION metering_void_of_account(p_account_id VARCHAR, p_hold_id VARCHAR, p_now TIMESTAMP WITH TIME ZONE)
-RETURNS TABLE (id VARCHAR(64), status hold_status, request_id VARCHAR(64), account_id VARCHAR(32), api_key_id VARCHAR(32), model_id VARCHAR(100), max_tokens INTEGER, estimate_microcents BIGINT, expires_at TIMESTAMP WITH TIME ZONE)
+RETURNS TABLE (id VARCHAR(64), status VARCHAR(16), request_id VARCHAR(64), account_id VARCHAR(32), api_key_id VARCHAR(32), model_id VARCHAR(100), max_tokens INTEGER, estimate_microcents BIGINT, expires_at TIMESTAMP WITH TIME ZONE)
 LANGUAGE plpgsql VOLATILE AS $$
 #variable_conflict use_column
 DECLARE
@@ -10,7 +10,7 @@ DECLARE
     v_voided_api_key_id VARCHAR(32);
     v_voided_model_id VARCHAR(100);
     v_voided_max_tokens INTEGER;
-    v_voided_estimate_microcents BIGINT;
+    v_voided_estimate_microcents non_negative_microcents;
     v_voided_expires_at TIMESTAMP WITH TIME ZONE;
 BEGIN
     PERFORM lock_shard_metadata(5, ARRAY[get_shard_id_for_distribution_column('accounts', p_account_id)]) AS shard_locked;

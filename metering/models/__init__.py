@@ -11,7 +11,7 @@ from metering.models.accounts import (
     ProjectModel,
 )
 from metering.models.audit import AuditEvent
-from metering.models.base import Base, add_one_of_checks, table
+from metering.models.base import Base, add_domain_checks, table
 from metering.models.catalog import AccountRate, CatalogModel, PriceVersion
 from metering.models.exports import ExportDay, ExportRun
 from metering.models.grants import CreditAllocationDay, CreditGrant, CreditRollforward
@@ -72,7 +72,8 @@ __all__ = [
 
 # Ranges (metering.kit.ranges): on SQLite every integer column refuses a non-integer value
 # (the baseline migration makes the checks); PostgreSQL's column types refuse by themselves.
-# A column of a list of values (``one_of``): a domain on PostgreSQL, a table's check on SQLite.
+# A column of a domain (``one_of``, ``checked``): a domain on PostgreSQL, a table's check on
+# SQLite.
 for _table in Base.metadata.tables.values():
     add_integer_checks(_table)
-    add_one_of_checks(_table)
+    add_domain_checks(_table)

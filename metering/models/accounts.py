@@ -10,14 +10,13 @@ from sqlalchemy import (
     CheckConstraint,
     ForeignKey,
     Index,
-    Integer,
     PrimaryKeyConstraint,
     String,
     text,
 )
 from sqlalchemy.orm import Mapped, mapped_column
 
-from metering.models.base import Base, UTCDateTime, one_of
+from metering.models.base import CONCURRENCY_LIMIT, Base, UTCDateTime, checked, one_of
 
 BILLINGS = ("prepaid", "unbilled")
 
@@ -25,10 +24,6 @@ BILLINGS = ("prepaid", "unbilled")
 class Account(Base):
     __tablename__ = "accounts"
     __table_args__ = (
-        CheckConstraint(
-            "max_concurrent_requests IS NULL OR max_concurrent_requests >= 1",
-            name="max_concurrent_requests_positive",
-        ),
         # The scheduler's auto-recharge loop reads the accounts a recharge is due for.
         Index(
             "ix_accounts_recharge_due_at",
@@ -52,7 +47,7 @@ class Account(Base):
     # it by the same check-and-hold (metering.accounts.access).
     held_count: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     # Null = no limit on requests in flight.
-    max_concurrent_requests: Mapped[int | None] = mapped_column(Integer)
+    max_concurrent_requests: Mapped[int | None] = mapped_column(checked(CONCURRENCY_LIMIT))
     # False = every catalog model; true = exactly the models of ``account_models``.
     restricts_models: Mapped[bool] = mapped_column(Boolean, default=False, server_default="0")
     # Set once a project or a member of the account is given a spend limit (never cleared): the

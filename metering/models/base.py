@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, cast
@@ -71,16 +71,20 @@ def table(model: type[Base]) -> Table:
     return cast(Table, model.__table__)
 
 
-class _ListDomain(DOMAIN):
-    """A domain over a VARCHAR that holds one of ``values``, whose values the programs compiler
-    writes as the VARCHAR's literals (metering.programs), made and dropped with the tables only
-    on PostgreSQL (a variant's type is told of every dialect's ``create_all``)."""
+class _Domain(DOMAIN):
+    """A domain over ``data_type`` whose check is ``check`` of a column name (``VALUE`` in the
+    domain), made and dropped with the tables only on PostgreSQL (a variant's type is told of
+    every dialect's ``create_all``); elsewhere the table keeps the check, named ``check_name``
+    (``add_domain_checks``). Its literals are the data type's (metering.programs)."""
 
     cache_ok = True
 
-    def __init__(self, name: str, length: int, values: tuple[str, ...]) -> None:
-        super().__init__(name, String(length), check=listed("VALUE", values), constraint_name=name)
-        self.values = values
+    def __init__(
+        self, name: str, data_type: TypeEngine[Any], check: Callable[[str], str], check_name: str
+    ) -> None:
+        super().__init__(name, data_type, check=check("VALUE"), constraint_name=name)
+        self.column_check = check
+        self.check_name = check_name
 
     def literal_processor(self, dialect: Dialect) -> Any:
         return self.data_type.literal_processor(dialect)
@@ -100,10 +104,21 @@ class _ListDomain(DOMAIN):
             super()._on_metadata_drop(target, bind, checkfirst, **kw)
 
 
+class _ListDomain(_Domain):
+    """A domain over a VARCHAR that holds one of ``values``; elsewhere the table's check is
+    named after the column."""
+
+    cache_ok = True
+
+    def __init__(self, name: str, length: int, values: tuple[str, ...]) -> None:
+        super().__init__(name, String(length), lambda column: listed(column, values), "")
+        self.values = values
+
+
 def one_of(domain: str, values: Iterable[str], length: int) -> TypeEngine[str]:
     """A text that is one of ``values``, of at most ``length`` characters: on PostgreSQL the
     domain ``domain``, whose check says so; elsewhere ``VARCHAR(length)``, the table keeping
-    the check (``add_one_of_checks``).
+    the check (``add_domain_checks``).
 
     PostgreSQL reads a table's checks back from their stored text at every statement that writes
     the table, and a domain's once per connection (docs/performance.md): the lists of values the
@@ -111,13 +126,40 @@ def one_of(domain: str, values: Iterable[str], length: int) -> TypeEngine[str]:
     return String(length).with_variant(_ListDomain(domain, length, tuple(values)), "postgresql")
 
 
-def add_one_of_checks(table: Table) -> None:
-    """Give ``table`` a SQLite check for each of its ``one_of`` columns, named after the column
-    (on PostgreSQL the column's domain checks it), from the values its domain holds."""
+def checked(domain: _Domain) -> TypeEngine[Any]:
+    """``domain``'s data type, which on PostgreSQL is the domain (its check evaluated only where
+    a value is written to the column), elsewhere the type with the table's check
+    (``add_domain_checks``): for a check of one column that the gateway's statements meet, which
+    as a table's would be read back at every statement writing the table, whatever it sets."""
+    return domain.data_type.with_variant(domain, "postgresql")
+
+
+# The domains of one column's checks (migration 0014), each written once: a name and its check.
+POSITIVE_MICROCENTS = _Domain(
+    "positive_microcents", BigInteger(), lambda c: f"{c} > 0", "amount_positive"
+)
+NON_NEGATIVE_MICROCENTS = _Domain(
+    "non_negative_microcents", BigInteger(), lambda c: f"{c} >= 0", "estimate_non_negative"
+)
+GRANT_PRIORITY = _Domain(
+    "grant_priority", Integer(), lambda c: f"{c} >= 0 AND {c} <= 100", "priority"
+)
+CONCURRENCY_LIMIT = _Domain(
+    "concurrency_limit",
+    Integer(),
+    lambda c: f"{c} >= 1" if c == "VALUE" else f"{c} IS NULL OR {c} >= 1",
+    "max_concurrent_requests_positive",
+)
+
+
+def add_domain_checks(table: Table) -> None:
+    """Give ``table`` a SQLite check for each of its domain columns (on PostgreSQL the column's
+    domain checks it): a list of values' named after the column, another's by its domain."""
     for column in table.columns:
         domain = getattr(column.type, "_variant_mapping", {}).get("postgresql")
-        if isinstance(domain, _ListDomain):
-            check = CheckConstraint(listed(column.name, domain.values), name=column.name)
+        if isinstance(domain, _Domain):
+            name = domain.check_name or column.name
+            check = CheckConstraint(domain.column_check(column.name), name=name)
             table.append_constraint(check.ddl_if(dialect="sqlite"))
 
 

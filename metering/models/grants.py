@@ -19,7 +19,16 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Mapped, mapped_column
 
-from metering.models.base import ACCOUNT_ROW, Base, UTCDateTime, names, one_of
+from metering.models.base import (
+    ACCOUNT_ROW,
+    GRANT_PRIORITY,
+    POSITIVE_MICROCENTS,
+    Base,
+    UTCDateTime,
+    checked,
+    names,
+    one_of,
+)
 from metering.states.grants import ACTIVE_ROWS, STORED
 
 # ACTIVE_ROWS: rows a debit may still be paid from are among these (the live test adds "a
@@ -42,8 +51,6 @@ class CreditGrant(Base):
 
     __tablename__ = "credit_grants"
     __table_args__ = (
-        CheckConstraint("priority >= 0 AND priority <= 100", name="priority"),
-        CheckConstraint("amount_microcents > 0", name="amount_positive"),
         CheckConstraint(
             "remaining_microcents >= 0 AND remaining_microcents <= amount_microcents",
             name="remaining_within_amount",
@@ -75,8 +82,8 @@ class CreditGrant(Base):
     # The ledger entry that created it (a grant or a positive adjustment): its creation order.
     entry_id: Mapped[int] = mapped_column(BigInteger, unique=True)
     category: Mapped[str] = mapped_column(one_of("grant_category", CATEGORIES, 16))
-    priority: Mapped[int] = mapped_column(Integer)
-    amount_microcents: Mapped[int] = mapped_column(BigInteger)
+    priority: Mapped[int] = mapped_column(checked(GRANT_PRIORITY))
+    amount_microcents: Mapped[int] = mapped_column(checked(POSITIVE_MICROCENTS))
     remaining_microcents: Mapped[int] = mapped_column(BigInteger)
     expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     status: Mapped[str] = mapped_column(one_of("grant_status", STORED, 16))
@@ -96,10 +103,7 @@ class CreditAllocationDay(Base):
     reads days, never one row per debit."""
 
     __tablename__ = "credit_allocation_days"
-    __table_args__ = (
-        CheckConstraint("amount_microcents > 0", name="amount_positive"),
-        CheckConstraint("(kind = 'deficit') = (grant_id = '')", name="grant_named"),
-    )
+    __table_args__ = (CheckConstraint("(kind = 'deficit') = (grant_id = '')", name="grant_named"),)
 
     account_id: Mapped[str] = mapped_column(String(32), primary_key=True, info=names(ACCOUNT_ROW))
     allocation_date: Mapped[date] = mapped_column(Date, primary_key=True)  # the debit's UTC day
@@ -107,7 +111,7 @@ class CreditAllocationDay(Base):
         one_of("allocation_kind", ALLOCATION_KINDS, 16), primary_key=True
     )
     grant_id: Mapped[str] = mapped_column(String(32), primary_key=True)  # '' for ``deficit``
-    amount_microcents: Mapped[int] = mapped_column(BigInteger)
+    amount_microcents: Mapped[int] = mapped_column(checked(POSITIVE_MICROCENTS))
 
 
 class CreditRollforward(Base):

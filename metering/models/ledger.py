@@ -22,9 +22,11 @@ from metering.models.base import (
     ACCOUNT_ROW,
     KEY_ROW,
     MODEL_ROW,
+    NON_NEGATIVE_MICROCENTS,
     Base,
     BigIntPK,
     UTCDateTime,
+    checked,
     names,
     one_of,
 )
@@ -151,7 +153,6 @@ class Authorization(Base):
 
     __tablename__ = "authorizations"
     __table_args__ = (
-        CheckConstraint("estimate_microcents >= 0", name="estimate_non_negative"),
         UniqueConstraint("account_id", "request_id"),
         Index(
             "ix_authorizations_active_account",
@@ -203,7 +204,7 @@ class Authorization(Base):
     n: Mapped[int] = mapped_column(Integer)
     reasoning: Mapped[bool] = mapped_column(Boolean)
     max_tokens: Mapped[int] = mapped_column(Integer)  # the effective output limit
-    estimate_microcents: Mapped[int] = mapped_column(BigInteger)
+    estimate_microcents: Mapped[int] = mapped_column(checked(NON_NEGATIVE_MICROCENTS))
     status: Mapped[str] = mapped_column(one_of("hold_status", HoldStatus, 16))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
     expires_at: Mapped[datetime] = mapped_column(UTCDateTime)

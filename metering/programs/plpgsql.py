@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import String, func, literal_column, select
+from sqlalchemy.dialects.postgresql import DOMAIN
 from sqlalchemy.dialects.postgresql.psycopg import PGCompiler_psycopg, PGDialect_psycopg
 from sqlalchemy.sql import ClauseElement
 from sqlalchemy.sql.expression import Select
@@ -115,6 +116,15 @@ def pg_type(kind: TypeEngine[Any]) -> str:
     return str(PLPGSQL.type_compiler_instance.process(kind))
 
 
+def signature_type(kind: TypeEngine[Any]) -> str:
+    """The PostgreSQL type of a function's parameter or result column: a column's domain
+    (metering.models.base) as its data type. A function whose signature named a domain would
+    depend on it, and a migration's downgrade could not drop the domain under the function
+    (``metering migrate`` installs the functions after the migrations)."""
+    domain = getattr(kind, "_variant_mapping", {}).get("postgresql", kind)
+    return pg_type(domain.data_type if isinstance(domain, DOMAIN) else kind)
+
+
 def array_type(kind: TypeEngine[Any]) -> str:
     """The PostgreSQL type of an array of ``kind`` (a column of ``Records.by_column``), its
     strings of no declared length: an explicit cast to ``VARCHAR(n)`` cuts a longer value
@@ -126,7 +136,7 @@ def function_params(param: Var | Records) -> list[tuple[str, str]]:
     """The function's parameters of a program's parameter, each name and PostgreSQL type: rows
     are one ``json`` document, or one array per column (``Records.by_column``)."""
     if not isinstance(param, Records):
-        return [(param.name, pg_type(param.type))]
+        return [(param.name, signature_type(param.type))]
     if param.by_column:
         return [(param.column_param(n), array_type(t)) for n, t in param.columns]
     return [(param.name, "json")]
@@ -153,9 +163,9 @@ def function_lines(
     if returns is None:
         result = "void"
     elif isinstance(returns, TypeEngine):
-        result = pg_type(returns)
+        result = signature_type(returns)
     else:
-        result = "TABLE (" + ", ".join(f"{n} {pg_type(t)}" for n, t in returns) + ")"
+        result = "TABLE (" + ", ".join(f"{n} {signature_type(t)}" for n, t in returns) + ")"
     lines = [
         f"CREATE OR REPLACE FUNCTION {name}({arguments})",
         f"RETURNS {result}",
