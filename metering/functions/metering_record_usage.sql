@@ -30,12 +30,10 @@ DECLARE
     v_reached_percent INTEGER[];
     v_reached_spent_microcents BIGINT[];
 BEGIN
-    WITH collected AS (
-    INSERT INTO usage_events (account_id, request_id, api_key_id, model_id, api, outcome, occurred_at, authorization_id, prompt_tokens, cached_tokens, output_tokens, reasoning_tokens, input_microcents, cache_read_microcents, output_microcents, total_microcents, price_version_id, recorded_at) SELECT e.account_id, e.request_id, e.api_key_id, e.model_id, e.api, e.outcome, e.occurred_at, e.authorization_id, e.prompt_tokens, e.cached_tokens, e.output_tokens, e.reasoning_tokens, e.input_microcents, e.cache_read_microcents, e.output_microcents, e.total_microcents, e.price_version_id, p_now AS anon_1
+    INSERT INTO usage_events (account_id, request_id, api_key_id, model_id, api, outcome, occurred_at, authorization_id, prompt_tokens, cached_tokens, output_tokens, reasoning_tokens, input_microcents, cache_read_microcents, output_microcents, total_microcents, price_version_id, recorded_at) SELECT e.account_id, e.request_id, e.api_key_id, e.model_id, e.api, e.outcome, e.occurred_at, e.authorization_id, e.prompt_tokens, e.cached_tokens, e.output_tokens, e.reasoning_tokens, e.input_microcents, e.cache_read_microcents, e.output_microcents, e.total_microcents, e.price_version_id, p_now AS anon_7
     FROM (SELECT * FROM ROWS FROM (json_to_recordset(CAST(p_events AS json)) AS (account_id VARCHAR(32), request_id VARCHAR(64), api_key_id VARCHAR(32), model_id VARCHAR(100), api usage_api, outcome usage_outcome, occurred_at TIMESTAMP WITH TIME ZONE, authorization_id VARCHAR(64), prompt_tokens INTEGER, cached_tokens INTEGER, output_tokens INTEGER, reasoning_tokens INTEGER, input_microcents BIGINT, cache_read_microcents BIGINT, output_microcents BIGINT, total_microcents BIGINT, price_version_id VARCHAR(32))) WITH ORDINALITY AS t(account_id, request_id, api_key_id, model_id, api, outcome, occurred_at, authorization_id, prompt_tokens, cached_tokens, output_tokens, reasoning_tokens, input_microcents, cache_read_microcents, output_microcents, total_microcents, price_version_id, position)) AS e
-    WHERE true ORDER BY e.position ON CONFLICT (account_id, request_id) DO NOTHING RETURNING usage_events.id, usage_events.account_id, usage_events.request_id, usage_events.api_key_id, usage_events.authorization_id, usage_events.total_microcents
-    )
-    SELECT array_agg(collected.id), array_agg(collected.account_id), array_agg(collected.request_id), array_agg(collected.api_key_id), array_agg(collected.authorization_id), array_agg(collected.total_microcents), max(collected.id) INTO v_new_id, v_new_account_id, v_new_request_id, v_new_api_key_id, v_new_authorization_id, v_new_total_microcents, v_newest FROM collected;
+    WHERE true ORDER BY e.position ON CONFLICT (account_id, request_id) DO NOTHING RETURNING ARRAY[usage_events.id] AS anon_1, ARRAY[usage_events.account_id] AS anon_2, ARRAY[usage_events.request_id] AS anon_3, ARRAY[usage_events.api_key_id] AS anon_4, ARRAY[usage_events.authorization_id] AS anon_5, ARRAY[usage_events.total_microcents] AS anon_6, usage_events.id
+    INTO v_new_id, v_new_account_id, v_new_request_id, v_new_api_key_id, v_new_authorization_id, v_new_total_microcents, v_newest;
     IF coalesce(cardinality(v_new_id), 0) > 0 THEN
         SELECT array_agg(collected.hold_id), array_agg(collected.event_id) INTO v_targets_hold_id, v_targets_event_id
         FROM (
@@ -57,14 +55,10 @@ BEGIN
         IF coalesce(cardinality(v_targets_hold_id), 0) > 0 THEN
             UPDATE authorizations SET status='settled', closed_at=p_now, usage_event_id=t.event_id FROM unnest(v_targets_hold_id, v_targets_event_id) AS t(hold_id, event_id) WHERE authorizations.id = t.hold_id AND authorizations.status IN ('active', 'expired');
         END IF;
-        WITH charged AS
-        (INSERT INTO ledger_entries (account_id, kind, amount_microcents, usage_event_id, api_key_id, created_at) SELECT c.account_id AS account_id, 'charge' AS anon_1, -c.charge_microcents AS anon_2, c.usage_event_id AS usage_event_id, c.api_key_id AS api_key_id, p_now AS anon_3
+        INSERT INTO ledger_entries (account_id, kind, amount_microcents, usage_event_id, api_key_id, created_at) SELECT c.account_id, 'charge' AS anon_3, -c.charge_microcents, c.usage_event_id, c.api_key_id, p_now AS anon_4
         FROM (SELECT n.account_id AS account_id, n.api_key_id AS api_key_id, n.request_id AS request_id, n.id AS usage_event_id, n.total_microcents AS charge_microcents, n.authorization_id AS authorization_id, p_prepaid AS prepaid
         FROM unnest(v_new_id, v_new_account_id, v_new_request_id, v_new_api_key_id, v_new_authorization_id, v_new_total_microcents) AS n(id, account_id, request_id, api_key_id, authorization_id, total_microcents)) AS c
-        WHERE c.prepaid ORDER BY c.usage_event_id RETURNING ledger_entries.account_id, ledger_entries.amount_microcents)
-         SELECT array_agg(collected.account_id) AS array_agg_1, array_agg(collected.total) AS array_agg_2
-        FROM (SELECT charged.account_id AS account_id, CAST(-sum(charged.amount_microcents) AS BIGINT) AS total
-        FROM charged GROUP BY charged.account_id) AS collected
+        WHERE c.prepaid ORDER BY c.usage_event_id RETURNING ARRAY[ledger_entries.account_id] AS anon_1, ARRAY[CAST(-ledger_entries.amount_microcents AS BIGINT)] AS anon_2
         INTO v_debits_account_id, v_debits_total;
         IF coalesce(cardinality(v_debits_account_id), 0) > 1 THEN
             PERFORM accounts.id
@@ -73,10 +67,8 @@ BEGIN
             FROM unnest(v_debits_account_id, v_debits_total) AS d(account_id, total)) ORDER BY accounts.id COLLATE "C" FOR NO KEY UPDATE;
         END IF;
         IF coalesce(cardinality(v_debits_account_id), 0) > 0 THEN
-            WITH collected AS (
-            UPDATE accounts SET balance_microcents=(accounts.balance_microcents - d.total), recharge_due_at=CASE WHEN (accounts.recharge_due_at IS NULL AND accounts.recharge_threshold_microcents IS NOT NULL AND accounts.balance_microcents - d.total < accounts.recharge_threshold_microcents) THEN p_now ELSE accounts.recharge_due_at END FROM unnest(v_debits_account_id, v_debits_total) AS d(account_id, total) WHERE accounts.id = d.account_id RETURNING accounts.id AS account_id, accounts.balance_microcents AS after_microcents, CASE WHEN (accounts.next_expiry_at <= p_now) THEN 1 ELSE 0 END AS expiring, CASE WHEN (accounts.next_expiry_at <= p_now OR accounts.low_balance_threshold_microcents IS NOT NULL AND accounts.balance_microcents + d.total >= accounts.low_balance_threshold_microcents AND accounts.balance_microcents < accounts.low_balance_threshold_microcents OR accounts.balance_microcents + d.total > 0 AND accounts.balance_microcents <= 0) THEN 1 ELSE 0 END AS crossing
-            )
-            SELECT array_agg(collected.account_id), array_agg(collected.after_microcents), array_agg(collected.expiring), array_agg(collected.crossing) INTO v_moved_account_id, v_moved_after_microcents, v_moved_expiring, v_moved_crossing FROM collected;
+            UPDATE accounts SET balance_microcents=(accounts.balance_microcents - d.total), recharge_due_at=CASE WHEN (accounts.recharge_due_at IS NULL AND accounts.recharge_threshold_microcents IS NOT NULL AND accounts.balance_microcents - d.total < accounts.recharge_threshold_microcents) THEN p_now ELSE accounts.recharge_due_at END FROM unnest(v_debits_account_id, v_debits_total) AS d(account_id, total) WHERE accounts.id = d.account_id RETURNING ARRAY[accounts.id] AS anon_1, ARRAY[accounts.balance_microcents] AS anon_2, ARRAY[CASE WHEN (accounts.next_expiry_at <= p_now) THEN 1 ELSE 0 END] AS anon_3, ARRAY[CASE WHEN (accounts.next_expiry_at <= p_now OR accounts.low_balance_threshold_microcents IS NOT NULL AND accounts.balance_microcents + d.total >= accounts.low_balance_threshold_microcents AND accounts.balance_microcents < accounts.low_balance_threshold_microcents OR accounts.balance_microcents + d.total > 0 AND accounts.balance_microcents <= 0) THEN 1 ELSE 0 END] AS anon_4
+            INTO v_moved_account_id, v_moved_after_microcents, v_moved_expiring, v_moved_crossing;
             IF 1 = ANY (v_moved_expiring) THEN
                 SELECT array_agg(collected.grant_id ORDER BY collected.expires_at, collected.grant_id COLLATE "C"), array_agg(collected.account_id ORDER BY collected.expires_at, collected.grant_id COLLATE "C"), array_agg(collected.amount ORDER BY collected.expires_at, collected.grant_id COLLATE "C"), array_agg(collected.expires_at ORDER BY collected.expires_at, collected.grant_id COLLATE "C") INTO v_due_grant_id, v_due_account_id, v_due_amount, v_due_expires_at
                 FROM (
@@ -109,13 +101,10 @@ BEGIN
              LIMIT 1) AS first ON true
             WHERE w.total > 0 AND first.remaining_microcents >= w.total),
             spent AS
-            (UPDATE credit_grants SET remaining_microcents=(credit_grants.remaining_microcents - whole.amount) FROM whole WHERE credit_grants.id = whole.grant_id),
-            collected AS
-            (INSERT INTO credit_allocation_days (account_id, allocation_date, kind, grant_id, amount_microcents) SELECT whole.account_id AS account_id, CAST(timezone('UTC', p_now) AS DATE) AS timezone_1, 'spend' AS anon_1, whole.grant_id AS grant_id, whole.amount AS amount
+            (UPDATE credit_grants SET remaining_microcents=(credit_grants.remaining_microcents - whole.amount) FROM whole WHERE credit_grants.id = whole.grant_id)
+             INSERT INTO credit_allocation_days (account_id, allocation_date, kind, grant_id, amount_microcents) SELECT whole.account_id, CAST(timezone('UTC', p_now) AS DATE) AS timezone_1, 'spend' AS anon_2, whole.grant_id, whole.amount
             FROM whole
-            WHERE true ON CONFLICT (account_id, allocation_date, kind, grant_id) DO UPDATE SET amount_microcents = (credit_allocation_days.amount_microcents + excluded.amount_microcents) RETURNING credit_allocation_days.account_id)
-             SELECT array_agg(collected.account_id) AS array_agg_1
-            FROM collected
+            WHERE true ON CONFLICT (account_id, allocation_date, kind, grant_id) DO UPDATE SET amount_microcents = (credit_allocation_days.amount_microcents + excluded.amount_microcents) RETURNING ARRAY[credit_allocation_days.account_id] AS anon_1
             INTO v_whole_account_id;
             IF coalesce(cardinality(v_whole_account_id), 0) < coalesce(cardinality(v_debits_account_id), 0) THEN
                 WITH found AS

@@ -114,7 +114,8 @@ def settle_steps(
     """Settle the holds of ``charges`` (a relation with ``CHARGES_IN``'s columns), append the
     ledger debits and debit the balances. ``one_event``: the charges are one event's (a single
     event's call), whose hold a Citus shard then finds and settles by statements of one table
-    (``_found_by_row``)."""
+    (``_found_by_row``), and whose one charge and one account's debit are collected as one row
+    (``Collect.one_row``)."""
     settleable = holds.may("settle", HOLDS)
     named = (
         select(HOLDS.c.id.label("hold_id"), charges.c.usage_event_id.label("event_id"))
@@ -167,11 +168,11 @@ def settle_steps(
             ),
         ),
         p.When(on.count(_TARGETS) > 0, tuple(settle)),
-        *_charge_steps(on, charges, now),
+        *_charge_steps(on, charges, now, one_event),
         lock_accounts(on, _DEBITS, "d"),
         # The balances, due expiries, the allocation over the grants and the balance crossings
         # of the move (metering.ledger.spending).
-        p.When(on.count(_DEBITS) > 0, tuple(debit_steps(on, _DEBITS, now))),
+        p.When(on.count(_DEBITS) > 0, tuple(debit_steps(on, _DEBITS, now, one_account=one_event))),
     ]
 
 
@@ -230,7 +231,9 @@ def _found_by_row(
     return find, settle
 
 
-def _charge_steps(on: p.Backend, charges: FromClause, now: BindParameter[Any]) -> list[p.Step]:
+def _charge_steps(
+    on: p.Backend, charges: FromClause, now: BindParameter[Any], one_event: bool
+) -> list[p.Step]:
     """The ledger's charge entries of the prepaid charges (in event order), and each account's
     total into ``_DEBITS`` (one row per account, in no particular order: every statement that
     locks accounts orders them itself). On PostgreSQL one statement: the insert is a CTE and
@@ -238,7 +241,8 @@ def _charge_steps(on: p.Backend, charges: FromClause, now: BindParameter[Any]) -
     totals summed from the charges. So on a Citus shard, where the insert of the charges' rows
     is a loop of one-row inserts Citus plans once (metering.citus.one_account) and the totals
     then a statement of no table, where the CTE made one statement planned twice at every call
-    (an ``INSERT … SELECT`` of no distributed table, through an intermediate result)."""
+    (an ``INSERT … SELECT`` of no distributed table, through an intermediate result). One
+    event's charge on PostgreSQL: its entry's insert returns its account's debit, one row."""
     entries = ENTRIES.insert().from_select(
         ["account_id", "kind", "amount_microcents", "usage_event_id", "api_key_id", "created_at"],
         select(
@@ -252,7 +256,8 @@ def _charge_steps(on: p.Backend, charges: FromClause, now: BindParameter[Any]) -
         .where(charges.c.prepaid)
         .order_by(charges.c.usage_event_id),
     )
-    return on.choose(postgresql=_charged_in_one, sqlite=_charged_in_two, one_shard=_charged_in_two)(
+    in_one = _charge_in_one if one_event else _charged_in_one
+    return on.choose(postgresql=in_one, sqlite=_charged_in_two, one_shard=_charged_in_two)(
         entries, charges
     )
 
@@ -264,6 +269,11 @@ def _charged_in_one(entries: Insert, charges: FromClause) -> list[p.Step]:
         cast(-func.sum(charged.c.amount_microcents), BigInteger).label("total"),
     ).group_by(charged.c.account_id)
     return [p.Collect(totals, into=_DEBITS)]
+
+
+def _charge_in_one(entries: Insert, charges: FromClause) -> list[p.Step]:
+    debit = cast(-ENTRIES.c.amount_microcents, BigInteger).label("total")
+    return [p.Collect(entries.returning(ENTRIES.c.account_id, debit), into=_DEBITS, one_row=True)]
 
 
 def _charged_in_two(entries: Insert, charges: FromClause) -> list[p.Step]:

@@ -30,7 +30,9 @@ only when some account needs them, decided on the collected rows without a query
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
+from functools import partial
 from typing import Any
 
 from sqlalchemy import (
@@ -242,10 +244,14 @@ def recharge_due(after: Any, now: Any) -> Any:
     )
 
 
-def debit_steps(on: p.Backend, debits: p.Rows, now: BindParameter[Any]) -> list[p.Step]:
+def debit_steps(
+    on: p.Backend, debits: p.Rows, now: BindParameter[Any], one_account: bool = False
+) -> list[p.Step]:
     """Debit each account of ``debits`` (rows ``account_id``, ``total`` ≥ 0, one per account,
     their rows locked first when there are several) by its total: the balance, due expiries,
-    and the allocation over its live grants in spending order (see the module)."""
+    and the allocation over its live grants in spending order (see the module).
+    ``one_account``: ``debits`` is one row at most (a single event's), and so is what its
+    statements return (``Collect.one_row``)."""
     d = on.rows(debits, "d")
     totals = on.rows(debits, "dt")
     after = ACCOUNTS.c.balance_microcents
@@ -298,7 +304,9 @@ def debit_steps(on: p.Backend, debits: p.Rows, now: BindParameter[Any]) -> list[
     ]
     in_sqlite = select(totals.c.total).where(totals.c.account_id == ACCOUNTS.c.id)
     debited: list[p.Step] = on.choose(
-        postgresql=[p.Collect(debit(d.c.account_id, d.c.total, d.c.total), into=_MOVED)],
+        postgresql=[
+            p.Collect(debit(d.c.account_id, d.c.total, d.c.total), into=_MOVED, one_row=one_account)
+        ],
         sqlite=[
             p.Collect(debit(d.c.account_id, d.c.total, in_sqlite.scalar_subquery()), into=_MOVED)
         ],
@@ -307,7 +315,7 @@ def debit_steps(on: p.Backend, debits: p.Rows, now: BindParameter[Any]) -> list[
     return [
         *debited,
         p.When(on.holds_any(_MOVED, "expiring", 1), tuple(expiry_steps(on, debits, now))),
-        *_spending_steps(on, debits, now),
+        *_spending_steps(on, debits, now, one_account),
         # The balance thresholds the whole move (debit and due expiries) crosses, once.
         p.When(
             on.holds_any(_MOVED, "crossing", 1),
@@ -375,12 +383,17 @@ _PAID = p.Rows(
 _UNPAID = p.Rows("v_unpaid", (("account_id", ACCOUNTS.c.id.type), ("total", BigInteger())))
 
 
-def _spending_steps(on: p.Backend, debits: p.Rows, now: BindParameter[Any]) -> list[p.Step]:
+def _spending_steps(
+    on: p.Backend, debits: p.Rows, now: BindParameter[Any], one_account: bool
+) -> list[p.Step]:
     """The allocation of ``debits`` over their accounts' live grants (``_parts``).
 
     On PostgreSQL the most frequent case first (``_first_grant_first``). SQLite, which has no
     lateral joins, runs the general allocation for every debit."""
-    return on.choose(postgresql=_first_grant_first, sqlite=_allocated)(on, debits, now)
+    first: Callable[[p.Backend, p.Rows, BindParameter[Any]], list[p.Step]] = partial(
+        _first_grant_first, one_account=one_account
+    )
+    return on.choose(postgresql=first, sqlite=_allocated)(on, debits, now)
 
 
 def _allocated(on: p.Backend, debits: p.Rows, now: BindParameter[Any]) -> list[p.Step]:
@@ -388,7 +401,9 @@ def _allocated(on: p.Backend, debits: p.Rows, now: BindParameter[Any]) -> list[p
     return _allocation_steps(on, _parts(on, on.rows(debits, "d"), on.rows(debits, "dt"), now), now)
 
 
-def _first_grant_first(on: p.Backend, debits: p.Rows, now: BindParameter[Any]) -> list[p.Step]:
+def _first_grant_first(
+    on: p.Backend, debits: p.Rows, now: BindParameter[Any], one_account: bool = False
+) -> list[p.Step]:
     """A debit paid whole by the account's first live grant in spending order (its remainder
     covers the debit, so by ``_parts`` it is the one part), found by one lookup of that grant
     per account (``ORDER BY`` the spending order, ``LIMIT 1``), spent and written as its
@@ -445,7 +460,8 @@ def _first_grant_first(on: p.Backend, debits: p.Rows, now: BindParameter[Any]) -
     def paid_in_one() -> tuple[list[p.Step], p.Rows]:
         whole = found.cte("whole")
         paid = spend(whole).add_cte(spent(whole.c.grant_id, whole.c.amount).cte("spent"))
-        return [p.Collect(paid.returning(ALLOCATIONS.c.account_id), into=_WHOLE)], _WHOLE
+        paying = paid.returning(ALLOCATIONS.c.account_id)
+        return [p.Collect(paying, into=_WHOLE, one_row=one_account)], _WHOLE
 
     def paid_in_two() -> tuple[list[p.Step], p.Rows]:
         whole = found.subquery("whole")

@@ -19,9 +19,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import String, func, literal_column, select
-from sqlalchemy.dialects.postgresql import DOMAIN
+from sqlalchemy.dialects.postgresql import DOMAIN, array
 from sqlalchemy.dialects.postgresql.psycopg import PGCompiler_psycopg, PGDialect_psycopg
 from sqlalchemy.sql import ClauseElement
+from sqlalchemy.sql.elements import Label
 from sqlalchemy.sql.expression import Select
 from sqlalchemy.types import TypeEngine
 
@@ -110,6 +111,20 @@ def positional(text: str) -> Positional:
         return f"${names.index(match[1]) + 1}"
 
     return Positional(_NAMED.sub(number, text).replace("%%", "%"), tuple(names))
+
+
+def _one_row_returning(step: Collect) -> Any:
+    """A one-row ``Collect``'s DML statement returning each column as an array of one (its
+    ``largest`` column as it is, after them), in ``into``'s order."""
+    statement: Any = step.statement
+    columns = {
+        str(column.key): column.element if isinstance(column, Label) else column
+        for column in statement._returning
+    }
+    one = statement._generate()
+    one._returning = ()
+    largest = [] if step.largest is None else [columns[step.largest[0]]]
+    return one.returning(*(array([column]) for column in columns.values()), *largest)
 
 
 def pg_type(kind: TypeEngine[Any]) -> str:
@@ -284,7 +299,9 @@ def _render(
                 aggregates += f", max(collected.{step.largest[0]})"
                 into += f", {step.largest[1].name}"
             source = _sql(step.statement)
-            if source.startswith("WITH "):
+            if step.one_row:
+                sql = f"{_sql(_one_row_returning(step))}\nINTO {into};"
+            elif source.startswith("WITH "):
                 # Its CTEs may write, and a CTE that writes must be at the top: the statement
                 # read as a subquery (a SELECT) or a CTE (DML), the compiler putting every CTE
                 # at the top, and INTO at the end.

@@ -109,6 +109,8 @@ def _interpret(
             result = connection.execute(step.statement, env)  # type: ignore[call-overload]
             names = [name for name, _ in step.into.columns]
             rows = [dict(zip(names, row, strict=False)) for row in result]
+            if step.one_row and len(rows) > 1:
+                raise ProgramError("query returned more than one row")  # as PL/pgSQL's INTO
             if step.order_by:
                 rows.sort(key=lambda row: tuple(row[name] for name in step.order_by))
             env[step.into.name] = rows_json(names, rows, sqlite_time)

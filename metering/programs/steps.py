@@ -162,12 +162,28 @@ class Collect(_Built):
     ``largest``, the largest value of that column among them into that variable as well (NULL
     for no row), in the same statement. Order only what a later step needs in order: each
     ordered column is a sort of its own on PostgreSQL. A SELECT whose CTEs write (an ``INSERT …
-    RETURNING`` as a CTE) keeps them at the top of the statement, as PostgreSQL requires."""
+    RETURNING`` as a CTE) keeps them at the top of the statement, as PostgreSQL requires.
+
+    ``one_row``: the statement is DML that returns one row at most (a single event's insert, its
+    account's debit), named as ``into``'s columns. On PostgreSQL it returns each column as an
+    array of one, ``INTO`` the arrays: no aggregate to start and feed, and PL/pgSQL refuses a
+    DML statement ``INTO`` that returns more than one row (an error, never a row lost); none
+    leaves them NULL, as ``array_agg`` of no row does. SQLite refuses more than one row too."""
 
     statement: ClauseElement
     into: Rows
     order_by: tuple[str, ...] = ()
     largest: tuple[str, Var] | None = None
+    one_row: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.one_row:
+            return
+        if not isinstance(self.statement, UpdateBase) or self.order_by:
+            raise ValueError(f"one row is of a DML statement, in no order: {self.origin}")
+        returned = [str(getattr(column, "key", "")) for column in self.statement._returning]
+        if returned != [name for name, _ in self.into.columns]:
+            raise ValueError(f"one row's columns {returned} are not {self.into.name}'s")
 
 
 @dataclass(frozen=True)

@@ -210,8 +210,12 @@ def _record_usage(on: p.Backend) -> list[p.Step]:
     charge = _charge_of_new(new, PREPAID.ref)
     charges = select(*(charge[name].label(name) for name, _ in CHARGES_IN.columns)).subquery("c")
     return [
+        # One event: one row at most.
         p.Collect(
-            insert_events(on, on.records(EVENTS_IN, "e")), into=_NEW, largest=("id", _NEWEST)
+            insert_events(on, on.records(EVENTS_IN, "e")),
+            into=_NEW,
+            largest=("id", _NEWEST),
+            one_row=True,
         ),
         p.When(
             on.count(_NEW) > 0,

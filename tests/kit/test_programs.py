@@ -11,11 +11,23 @@ from typing import Any
 
 import psycopg
 import pytest
-from sqlalchemy import BigInteger, String, bindparam, create_engine, literal, select
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    MetaData,
+    String,
+    Table,
+    bindparam,
+    create_engine,
+    func,
+    literal,
+    select,
+)
 
 from metering import programs as p
 from metering.models.base import UTCDateTime
 from metering.programs import POSTGRESQL, SQLITE, Backend
+from metering.programs.sqlite import ProgramError
 from tests.conftest import BACKENDS
 
 ROWS_IN = p.Records("p_rows", (("id", BigInteger()), ("amount", BigInteger())))
@@ -210,3 +222,79 @@ def test_a_statement_with_positional_parameters_takes_the_same_values(plain_pg_u
         expected = connection.execute(named, values).fetchone()
         found = psycopg.RawCursor(connection).execute(raw.text, raw.params(values)).fetchone()
     assert found == expected == ("50%", 2**40 + 3, 2**41)
+
+
+# A one-row Collect (``Collect.one_row``): a DML statement's one returned row kept as arrays of
+# one, with no aggregate on PostgreSQL; more than one row is an error on both backends.
+_ONE_ROW_TABLE = Table(
+    "metering_test_one_row",
+    MetaData(),
+    Column("id", BigInteger()),
+    Column("amount", BigInteger()),
+)
+_NEWEST = p.Var("v_newest", BigInteger())
+
+
+def _one_row(on: Backend) -> list[p.Step]:
+    rows = on.records(ROWS_IN, "r")
+    inserted = (
+        _ONE_ROW_TABLE.insert()
+        .from_select(["id", "amount"], select(rows.c.id, rows.c.amount))
+        .returning(_ONE_ROW_TABLE.c.id, _ONE_ROW_TABLE.c.amount)
+    )
+    kept = on.rows(KEPT, "k")
+    return [
+        p.Collect(inserted, into=KEPT, largest=("id", _NEWEST), one_row=True),
+        p.Return(
+            on.count(KEPT) * 1_000_000
+            + func.coalesce(_NEWEST.ref, 0) * 1_000
+            + func.coalesce(select(func.sum(kept.c.amount)).scalar_subquery(), 0)
+        ),
+    ]
+
+
+ONE_ROW = p.Program("metering_test_one_row", params=(ROWS_IN,), build=_one_row,
+                    returns=BigInteger())  # fmt: skip
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_one_row_collect_keeps_its_row_and_refuses_two(
+    backend: str, tmp_path: Any, request: pytest.FixtureRequest
+) -> None:
+    cases = [([], 0), ([{"id": 7, "amount": 3}], 1_007_003)]
+    two = [{"id": 1, "amount": 1}, {"id": 2, "amount": 2}]
+    if backend == "postgresql":
+        url = request.getfixturevalue("plain_pg_url")
+        with psycopg.connect(url.replace("+psycopg", "")) as connection:
+            connection.execute("CREATE TEMP TABLE metering_test_one_row (id BIGINT, amount BIGINT)")
+            connection.execute(ONE_ROW.plpgsql)
+            for rows, expected in cases:
+                records = p.records_json(ROWS_IN, rows, POSTGRESQL)
+                row = connection.execute(ONE_ROW.call_sql, {"p_rows": records}).fetchone()
+                assert row is not None and row[0] == expected, rows
+            with pytest.raises(psycopg.errors.TooManyRows):
+                records = p.records_json(ROWS_IN, two, POSTGRESQL)
+                connection.execute(ONE_ROW.call_sql, {"p_rows": records})
+            connection.rollback()
+        assert "array_agg" not in ONE_ROW.plpgsql and "max(" not in ONE_ROW.plpgsql
+        return
+    engine = create_engine(f"sqlite:///{tmp_path / 'programs.db'}")
+    try:
+        with engine.begin() as connection:
+            _ONE_ROW_TABLE.create(connection)
+            for rows, expected in cases:
+                records = p.records_json(ROWS_IN, rows, SQLITE)
+                assert ONE_ROW.run(connection, p_rows=records) == expected, rows
+            with pytest.raises(ProgramError, match="more than one row"):
+                ONE_ROW.run(connection, p_rows=p.records_json(ROWS_IN, two, SQLITE))
+    finally:
+        engine.dispose()
+
+
+def test_a_one_row_collect_is_of_a_dml_statement_returning_its_columns() -> None:
+    rows = POSTGRESQL.records(ROWS_IN, "r")
+    with pytest.raises(ValueError, match="DML"):
+        p.Collect(select(rows.c.id, rows.c.amount), into=KEPT, one_row=True)
+    misnamed = _ONE_ROW_TABLE.insert().returning(_ONE_ROW_TABLE.c.amount, _ONE_ROW_TABLE.c.id)
+    with pytest.raises(ValueError, match="not v_kept's"):
+        p.Collect(misnamed, into=KEPT, one_row=True)
