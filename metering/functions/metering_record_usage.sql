@@ -14,6 +14,13 @@ DECLARE
     v_newest BIGINT;
     v_targets_hold_id VARCHAR(64)[];
     v_targets_event_id BIGINT[];
+    v_charge_account_id VARCHAR(32);
+    v_charge_request_id VARCHAR(64);
+    v_charge_authorization_id VARCHAR(64);
+    v_charge_usage_event_id BIGINT;
+    v_charge_hold VARCHAR(64);
+    v_target_hold VARCHAR(64);
+    v_target_event BIGINT;
     v_debits_account_id VARCHAR(32)[];
     v_debits_total BIGINT[];
     v_moved_account_id VARCHAR(32)[];
@@ -32,20 +39,32 @@ DECLARE
 BEGIN
     INSERT INTO usage_events (account_id, request_id, api_key_id, model_id, api, outcome, occurred_at, authorization_id, prompt_tokens, cached_tokens, output_tokens, reasoning_tokens, input_microcents, cache_read_microcents, output_microcents, total_microcents, price_version_id, recorded_at) SELECT e.account_id, e.request_id, e.api_key_id, e.model_id, e.api, e.outcome, e.occurred_at, e.authorization_id, e.prompt_tokens, e.cached_tokens, e.output_tokens, e.reasoning_tokens, e.input_microcents, e.cache_read_microcents, e.output_microcents, e.total_microcents, e.price_version_id, p_now AS anon_7
     FROM (SELECT * FROM ROWS FROM (json_to_recordset(CAST(p_events AS json)) AS (account_id VARCHAR(32), request_id VARCHAR(64), api_key_id VARCHAR(32), model_id VARCHAR(100), api usage_api, outcome usage_outcome, occurred_at TIMESTAMP WITH TIME ZONE, authorization_id VARCHAR(64), prompt_tokens INTEGER, cached_tokens INTEGER, output_tokens INTEGER, reasoning_tokens INTEGER, input_microcents BIGINT, cache_read_microcents BIGINT, output_microcents BIGINT, total_microcents BIGINT, price_version_id VARCHAR(32))) WITH ORDINALITY AS t(account_id, request_id, api_key_id, model_id, api, outcome, occurred_at, authorization_id, prompt_tokens, cached_tokens, output_tokens, reasoning_tokens, input_microcents, cache_read_microcents, output_microcents, total_microcents, price_version_id, position)) AS e
-    WHERE true ORDER BY e.position ON CONFLICT (account_id, request_id) DO NOTHING RETURNING ARRAY[usage_events.id] AS anon_1, ARRAY[usage_events.account_id] AS anon_2, ARRAY[usage_events.request_id] AS anon_3, ARRAY[usage_events.api_key_id] AS anon_4, ARRAY[usage_events.authorization_id] AS anon_5, ARRAY[usage_events.total_microcents] AS anon_6, usage_events.id
+    WHERE true ON CONFLICT (account_id, request_id) DO NOTHING RETURNING ARRAY[usage_events.id] AS anon_1, ARRAY[usage_events.account_id] AS anon_2, ARRAY[usage_events.request_id] AS anon_3, ARRAY[usage_events.api_key_id] AS anon_4, ARRAY[usage_events.authorization_id] AS anon_5, ARRAY[usage_events.total_microcents] AS anon_6, usage_events.id
     INTO v_new_id, v_new_account_id, v_new_request_id, v_new_api_key_id, v_new_authorization_id, v_new_total_microcents, v_newest;
     IF coalesce(cardinality(v_new_id), 0) > 0 THEN
-        SELECT array_agg(collected.hold_id), array_agg(collected.event_id) INTO v_targets_hold_id, v_targets_event_id
-        FROM (
-        SELECT found.hold_id, min(found.event_id) AS event_id
-        FROM (SELECT authorizations.id AS hold_id, c.usage_event_id AS event_id
+        v_targets_hold_id := ARRAY[]::VARCHAR(64)[];
+        v_targets_event_id := ARRAY[]::BIGINT[];
+        FOR v_charge_account_id, v_charge_request_id, v_charge_authorization_id, v_charge_usage_event_id IN
+        SELECT c.account_id, c.request_id, c.authorization_id, c.usage_event_id
         FROM (SELECT n.account_id AS account_id, n.api_key_id AS api_key_id, n.request_id AS request_id, n.id AS usage_event_id, n.total_microcents AS charge_microcents, n.authorization_id AS authorization_id, p_prepaid AS prepaid
-        FROM unnest(v_new_id, v_new_account_id, v_new_request_id, v_new_api_key_id, v_new_authorization_id, v_new_total_microcents) AS n(id, account_id, request_id, api_key_id, authorization_id, total_microcents)) AS c JOIN authorizations ON authorizations.id = c.authorization_id AND authorizations.account_id = c.account_id
-        WHERE authorizations.status IN ('active', 'expired') UNION ALL SELECT authorizations.id AS hold_id, c.usage_event_id AS event_id
-        FROM (SELECT n.account_id AS account_id, n.api_key_id AS api_key_id, n.request_id AS request_id, n.id AS usage_event_id, n.total_microcents AS charge_microcents, n.authorization_id AS authorization_id, p_prepaid AS prepaid
-        FROM unnest(v_new_id, v_new_account_id, v_new_request_id, v_new_api_key_id, v_new_authorization_id, v_new_total_microcents) AS n(id, account_id, request_id, api_key_id, authorization_id, total_microcents)) AS c JOIN authorizations ON authorizations.account_id = c.account_id AND authorizations.request_id = c.request_id
-        WHERE c.authorization_id IS NULL AND authorizations.status IN ('active', 'expired')) AS found GROUP BY found.hold_id
-        ) AS collected;
+        FROM unnest(v_new_id, v_new_account_id, v_new_request_id, v_new_api_key_id, v_new_authorization_id, v_new_total_microcents) AS n(id, account_id, request_id, api_key_id, authorization_id, total_microcents)) AS c
+        LOOP
+            IF v_charge_authorization_id IS NOT NULL THEN
+                SELECT authorizations.id
+                FROM authorizations
+                WHERE authorizations.id = v_charge_authorization_id AND authorizations.account_id = v_charge_account_id AND authorizations.status IN ('active', 'expired')
+                INTO v_charge_hold;
+            ELSE
+                SELECT authorizations.id
+                FROM authorizations
+                WHERE authorizations.account_id = v_charge_account_id AND authorizations.request_id = v_charge_request_id AND authorizations.status IN ('active', 'expired')
+                INTO v_charge_hold;
+            END IF;
+            IF v_charge_hold IS NOT NULL AND v_charge_hold != ALL (v_targets_hold_id) THEN
+                v_targets_hold_id := array_append(v_targets_hold_id, v_charge_hold);
+                v_targets_event_id := array_append(v_targets_event_id, v_charge_usage_event_id);
+            END IF;
+        END LOOP;
         IF coalesce(cardinality(v_targets_hold_id), 0) > 1 THEN
             PERFORM authorizations.id
             FROM authorizations
@@ -53,12 +72,17 @@ BEGIN
             FROM unnest(v_targets_hold_id, v_targets_event_id) AS t(hold_id, event_id)) AND authorizations.status IN ('active', 'expired') ORDER BY authorizations.id COLLATE "C" FOR NO KEY UPDATE;
         END IF;
         IF coalesce(cardinality(v_targets_hold_id), 0) > 0 THEN
-            UPDATE authorizations SET status='settled', closed_at=p_now, usage_event_id=t.event_id FROM unnest(v_targets_hold_id, v_targets_event_id) AS t(hold_id, event_id) WHERE authorizations.id = t.hold_id AND authorizations.status IN ('active', 'expired');
+            FOR v_target_hold, v_target_event IN
+            SELECT t.hold_id, t.event_id
+            FROM unnest(v_targets_hold_id, v_targets_event_id) AS t(hold_id, event_id)
+            LOOP
+                UPDATE authorizations SET status='settled', closed_at=p_now, usage_event_id=v_target_event WHERE authorizations.id = v_target_hold AND authorizations.status IN ('active', 'expired');
+            END LOOP;
         END IF;
         INSERT INTO ledger_entries (account_id, kind, amount_microcents, usage_event_id, api_key_id, created_at) SELECT c.account_id, 'charge' AS anon_3, -c.charge_microcents, c.usage_event_id, c.api_key_id, p_now AS anon_4
         FROM (SELECT n.account_id AS account_id, n.api_key_id AS api_key_id, n.request_id AS request_id, n.id AS usage_event_id, n.total_microcents AS charge_microcents, n.authorization_id AS authorization_id, p_prepaid AS prepaid
         FROM unnest(v_new_id, v_new_account_id, v_new_request_id, v_new_api_key_id, v_new_authorization_id, v_new_total_microcents) AS n(id, account_id, request_id, api_key_id, authorization_id, total_microcents)) AS c
-        WHERE c.prepaid ORDER BY c.usage_event_id RETURNING ARRAY[ledger_entries.account_id] AS anon_1, ARRAY[CAST(-ledger_entries.amount_microcents AS BIGINT)] AS anon_2
+        WHERE c.prepaid RETURNING ARRAY[ledger_entries.account_id] AS anon_1, ARRAY[CAST(-ledger_entries.amount_microcents AS BIGINT)] AS anon_2
         INTO v_debits_account_id, v_debits_total;
         IF coalesce(cardinality(v_debits_account_id), 0) > 1 THEN
             PERFORM accounts.id

@@ -139,7 +139,7 @@ BEGIN
     FOR v_row1_0, v_row1_1, v_row1_2, v_row1_3, v_row1_4, v_row1_5, v_row1_6, v_row1_7, v_row1_8, v_row1_9, v_row1_10, v_row1_11, v_row1_12, v_row1_13, v_row1_14, v_row1_15, v_row1_16, v_row1_17 IN
     SELECT e.account_id, e.request_id, e.api_key_id, e.model_id, e.api, e.outcome, e.occurred_at, e.authorization_id, e.prompt_tokens, e.cached_tokens, e.output_tokens, e.reasoning_tokens, e.input_microcents, e.cache_read_microcents, e.output_microcents, e.total_microcents, e.price_version_id, p_now AS anon_1
     FROM (SELECT * FROM ROWS FROM (json_to_recordset(CAST(p_events AS json)) AS (account_id VARCHAR(32), request_id VARCHAR(64), api_key_id VARCHAR(32), model_id VARCHAR(100), api usage_api, outcome usage_outcome, occurred_at TIMESTAMP WITH TIME ZONE, authorization_id VARCHAR(64), prompt_tokens INTEGER, cached_tokens INTEGER, output_tokens INTEGER, reasoning_tokens INTEGER, input_microcents BIGINT, cache_read_microcents BIGINT, output_microcents BIGINT, total_microcents BIGINT, price_version_id VARCHAR(32))) WITH ORDINALITY AS t(account_id, request_id, api_key_id, model_id, api, outcome, occurred_at, authorization_id, prompt_tokens, cached_tokens, output_tokens, reasoning_tokens, input_microcents, cache_read_microcents, output_microcents, total_microcents, price_version_id, position)) AS e
-    WHERE true ORDER BY e.position
+    WHERE true
     LOOP
         v_row1_id := nextval('usage_events_id_seq');
         INSERT INTO usage_events (id, account_id, request_id, api_key_id, model_id, api, outcome, occurred_at, recorded_at, authorization_id, prompt_tokens, cached_tokens, output_tokens, reasoning_tokens, input_microcents, cache_read_microcents, output_microcents, total_microcents, price_version_id) VALUES (v_row1_id, v_row1_0, v_row1_1, v_row1_2, v_row1_3, v_row1_4, v_row1_5, v_row1_6, v_row1_17, v_row1_7, v_row1_8, v_row1_9, v_row1_10, v_row1_11, v_row1_12, v_row1_13, v_row1_14, v_row1_15, v_row1_16) ON CONFLICT (account_id, request_id) DO NOTHING RETURNING usage_events.id, usage_events.account_id, usage_events.request_id, usage_events.api_key_id, usage_events.authorization_id, usage_events.total_microcents
@@ -160,7 +160,7 @@ BEGIN
         FOR v_charge_account_id, v_charge_request_id, v_charge_authorization_id, v_charge_usage_event_id IN
         SELECT c.account_id, c.request_id, c.authorization_id, c.usage_event_id
         FROM (SELECT n.account_id AS account_id, n.api_key_id AS api_key_id, n.request_id AS request_id, n.id AS usage_event_id, n.total_microcents AS charge_microcents, n.authorization_id AS authorization_id, p_prepaid AS prepaid
-        FROM unnest(v_new_id, v_new_account_id, v_new_request_id, v_new_api_key_id, v_new_authorization_id, v_new_total_microcents) AS n(id, account_id, request_id, api_key_id, authorization_id, total_microcents)) AS c ORDER BY c.usage_event_id
+        FROM unnest(v_new_id, v_new_account_id, v_new_request_id, v_new_api_key_id, v_new_authorization_id, v_new_total_microcents) AS n(id, account_id, request_id, api_key_id, authorization_id, total_microcents)) AS c
         LOOP
             IF v_charge_authorization_id IS NOT NULL THEN
                 SELECT authorizations.id
@@ -196,7 +196,7 @@ BEGIN
         SELECT c.account_id, 'charge' AS anon_1, -c.charge_microcents, c.usage_event_id, c.api_key_id, p_now AS anon_2
         FROM (SELECT n.account_id AS account_id, n.api_key_id AS api_key_id, n.request_id AS request_id, n.id AS usage_event_id, n.total_microcents AS charge_microcents, n.authorization_id AS authorization_id, p_prepaid AS prepaid
         FROM unnest(v_new_id, v_new_account_id, v_new_request_id, v_new_api_key_id, v_new_authorization_id, v_new_total_microcents) AS n(id, account_id, request_id, api_key_id, authorization_id, total_microcents)) AS c
-        WHERE c.prepaid ORDER BY c.usage_event_id
+        WHERE c.prepaid
         LOOP
             v_row2_id := nextval('ledger_entries_id_seq');
             INSERT INTO ledger_entries (id, account_id, kind, amount_microcents, usage_event_id, api_key_id, created_at) VALUES (v_row2_id, v_row2_0, v_row2_1, v_row2_2, v_row2_3, v_row2_4, v_row2_5);

@@ -147,11 +147,8 @@ def settle_steps(
             )
         ],
     )
-    find, settle = on.choose(
-        postgresql=in_one,
-        sqlite=in_one,
-        one_shard=_found_by_row(charges, targets, settled, settleable) if one_event else in_one,
-    )
+    by_row = _found_by_row(charges, targets, settled, settleable) if one_event else in_one
+    find, settle = on.choose(postgresql=by_row, sqlite=in_one, one_shard=by_row)
     return [
         *find,
         # Locked in byte order of id, by the locking statement itself: the collected rows need
@@ -196,7 +193,7 @@ def _found_by_row(
         p.Assign(ids, array([], type_=HOLDS.c.id.type)),
         p.Assign(events, array([], type_=BigInteger())),
         p.ForEach(
-            select(*(charges.c[name] for name in charge)).order_by(charges.c.usage_event_id),
+            select(*(charges.c[name] for name in charge)),  # one event's: no order to keep
             into=tuple(charge.values()),
             steps=(
                 p.When(
@@ -243,18 +240,17 @@ def _charge_steps(
     then a statement of no table, where the CTE made one statement planned twice at every call
     (an ``INSERT … SELECT`` of no distributed table, through an intermediate result). One
     event's charge on PostgreSQL: its entry's insert returns its account's debit, one row."""
+    charged = select(
+        charges.c.account_id,
+        literal("charge", String()),
+        -charges.c.charge_microcents,
+        charges.c.usage_event_id,
+        charges.c.api_key_id,
+        now,
+    ).where(charges.c.prepaid)
     entries = ENTRIES.insert().from_select(
         ["account_id", "kind", "amount_microcents", "usage_event_id", "api_key_id", "created_at"],
-        select(
-            charges.c.account_id,
-            literal("charge", String()),
-            -charges.c.charge_microcents,
-            charges.c.usage_event_id,
-            charges.c.api_key_id,
-            now,
-        )
-        .where(charges.c.prepaid)
-        .order_by(charges.c.usage_event_id),
+        charged if one_event else charged.order_by(charges.c.usage_event_id),
     )
     in_one = _charge_in_one if one_event else _charged_in_one
     return on.choose(postgresql=in_one, sqlite=_charged_in_two, one_shard=_charged_in_two)(

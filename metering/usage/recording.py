@@ -63,16 +63,18 @@ _RETURNED = ("id", "account_id", "request_id", "api_key_id", "authorization_id",
 NEW_KEYS = ("id", *EVENT_KEY)
 
 
-def insert_events(on: p.Backend, rows: FromClause, returned: Sequence[str] = _RETURNED) -> Any:
+def insert_events(
+    on: p.Backend, rows: FromClause, returned: Sequence[str] = _RETURNED, one: bool = False
+) -> Any:
     """Insert ``rows`` (``EVENTS_IN``'s columns, in ``position`` order) with ``ON CONFLICT DO
     NOTHING``, so a row that already stands, or that a concurrent batch is inserting, wins
     cleanly; returns the new events' ``returned`` columns (those that conflicted are not among
-    them)."""
-    source = (
-        select(*(rows.c[name] for name in EVENT_COLUMNS), NOW.ref)
-        .where(true())  # SQLite: ON CONFLICT after a SELECT needs a WHERE
-        .order_by(rows.c.position)
+    them). ``one``: ``rows`` is one event's row, which needs no sort."""
+    source = select(*(rows.c[name] for name in EVENT_COLUMNS), NOW.ref).where(
+        true()  # SQLite: ON CONFLICT after a SELECT needs a WHERE
     )
+    if not one:
+        source = source.order_by(rows.c.position)
     return (
         on.insert(EVENTS)
         .from_select([*EVENT_COLUMNS, "recorded_at"], source)
@@ -212,7 +214,7 @@ def _record_usage(on: p.Backend) -> list[p.Step]:
     return [
         # One event: one row at most.
         p.Collect(
-            insert_events(on, on.records(EVENTS_IN, "e")),
+            insert_events(on, on.records(EVENTS_IN, "e"), one=True),
             into=_NEW,
             largest=("id", _NEWEST),
             one_row=True,
