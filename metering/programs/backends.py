@@ -114,17 +114,21 @@ class Backend:
             return text(sql).columns(*columns, column("position", BigInteger)).subquery(alias)
         return self._json_rows(bindparam(records.name, type_=Text), records.columns, alias)
 
-    def rows(self, rows: Rows, alias: str) -> FromClause:
-        """Collected ``rows`` as a relation (its columns, in collection order)."""
+    def rows(self, rows: Rows, alias: str, only: Sequence[str] | None = None) -> FromClause:
+        """Collected ``rows`` as a relation (its columns, in collection order); ``only``: those
+        columns alone. On PostgreSQL each column is an array scanned apart (``unnest`` of
+        several arrays is a function scan of each): a statement that reads a few columns of
+        many unnests those only."""
+        columns = rows.columns if only is None else [(n, dict(rows.columns)[n]) for n in only]
         if self.name == "postgresql":
-            arrays = [bindparam(rows.array(n), type_=postgresql.ARRAY(t)) for n, t in rows.columns]
+            arrays = [bindparam(rows.array(n), type_=postgresql.ARRAY(t)) for n, t in columns]
             return (
                 func.unnest(*arrays)
-                .table_valued(*(column(n, t) for n, t in rows.columns))
+                .table_valued(*(column(n, t) for n, t in columns))
                 .render_derived()
                 .alias(alias)
             )
-        return self._json_rows(bindparam(rows.name, type_=Text), rows.columns, alias)
+        return self._json_rows(bindparam(rows.name, type_=Text), columns, alias)
 
     def constants(
         self, columns: RowColumns, values: Sequence[tuple[Any, ...]], alias: str

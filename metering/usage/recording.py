@@ -295,7 +295,9 @@ def _record_gathered(on: p.Backend) -> list[p.Step]:
         **{name: gathered.c[name] for name in HOURLY_IN.names if name not in _BY_EVENT},
         LAST_EVENT: new.c.id,
     }
-    booked = on.rows(_BOOKED, "b")
+    # Each statement unnests the columns it reads.
+    charged = on.rows(_BOOKED, "b", _CHARGE_COLUMNS)
+    counted = on.rows(_BOOKED, "b", HOURLY_IN.names)
     return [
         p.Collect(insert_events(on, on.records(EVENTS_IN, "e")), into=_NEW),
         p.When(
@@ -308,12 +310,8 @@ def _record_gathered(on: p.Backend) -> list[p.Step]:
                     ),
                     into=_BOOKED,
                 ),
-                *settle_steps(
-                    on, select(*(booked.c[n] for n in _CHARGE_COLUMNS)).subquery("c"), NOW.ref
-                ),
-                p.Run(
-                    rollup_upsert(on, select(*(booked.c[n] for n in HOURLY_IN.names)).subquery("r"))
-                ),
+                *settle_steps(on, select(charged).subquery("c"), NOW.ref),
+                p.Run(rollup_upsert(on, select(counted).subquery("r"))),
                 *spend_limits.threshold_steps(on, NOW.ref),
             ),
         ),
