@@ -62,11 +62,11 @@ BEGIN
         FROM (
         SELECT found.hold_id, min(found.event_id) AS event_id
         FROM (SELECT authorizations.id AS hold_id, c.usage_event_id AS event_id
-        FROM (SELECT b.account_id AS account_id, b.api_key_id AS api_key_id, b.request_id AS request_id, b.usage_event_id AS usage_event_id, b.charge_microcents AS charge_microcents, b.authorization_id AS authorization_id, b.prepaid AS prepaid
-        FROM unnest(v_booked_account_id, v_booked_api_key_id, v_booked_request_id, v_booked_usage_event_id, v_booked_charge_microcents, v_booked_authorization_id, v_booked_prepaid) AS b(account_id, api_key_id, request_id, usage_event_id, charge_microcents, authorization_id, prepaid)) AS c JOIN authorizations ON authorizations.id = c.authorization_id AND authorizations.account_id = c.account_id
+        FROM (SELECT b.account_id AS account_id, b.request_id AS request_id, b.authorization_id AS authorization_id, b.usage_event_id AS usage_event_id
+        FROM unnest(v_booked_account_id, v_booked_request_id, v_booked_authorization_id, v_booked_usage_event_id) AS b(account_id, request_id, authorization_id, usage_event_id)) AS c JOIN authorizations ON authorizations.id = c.authorization_id AND authorizations.account_id = c.account_id
         WHERE authorizations.status IN ('active', 'expired') UNION ALL SELECT authorizations.id AS hold_id, c.usage_event_id AS event_id
-        FROM (SELECT b.account_id AS account_id, b.api_key_id AS api_key_id, b.request_id AS request_id, b.usage_event_id AS usage_event_id, b.charge_microcents AS charge_microcents, b.authorization_id AS authorization_id, b.prepaid AS prepaid
-        FROM unnest(v_booked_account_id, v_booked_api_key_id, v_booked_request_id, v_booked_usage_event_id, v_booked_charge_microcents, v_booked_authorization_id, v_booked_prepaid) AS b(account_id, api_key_id, request_id, usage_event_id, charge_microcents, authorization_id, prepaid)) AS c JOIN authorizations ON authorizations.account_id = c.account_id AND authorizations.request_id = c.request_id
+        FROM (SELECT b.account_id AS account_id, b.request_id AS request_id, b.authorization_id AS authorization_id, b.usage_event_id AS usage_event_id
+        FROM unnest(v_booked_account_id, v_booked_request_id, v_booked_authorization_id, v_booked_usage_event_id) AS b(account_id, request_id, authorization_id, usage_event_id)) AS c JOIN authorizations ON authorizations.account_id = c.account_id AND authorizations.request_id = c.request_id
         WHERE c.authorization_id IS NULL AND authorizations.status IN ('active', 'expired')) AS found GROUP BY found.hold_id
         ) AS collected;
         IF coalesce(cardinality(v_targets_hold_id), 0) > 1 THEN
@@ -80,8 +80,8 @@ BEGIN
         END IF;
         WITH charged AS
         (INSERT INTO ledger_entries (account_id, kind, amount_microcents, usage_event_id, api_key_id, created_at) SELECT c.account_id AS account_id, 'charge' AS anon_1, -c.charge_microcents AS anon_2, c.usage_event_id AS usage_event_id, c.api_key_id AS api_key_id, p_now AS anon_3
-        FROM (SELECT b.account_id AS account_id, b.api_key_id AS api_key_id, b.request_id AS request_id, b.usage_event_id AS usage_event_id, b.charge_microcents AS charge_microcents, b.authorization_id AS authorization_id, b.prepaid AS prepaid
-        FROM unnest(v_booked_account_id, v_booked_api_key_id, v_booked_request_id, v_booked_usage_event_id, v_booked_charge_microcents, v_booked_authorization_id, v_booked_prepaid) AS b(account_id, api_key_id, request_id, usage_event_id, charge_microcents, authorization_id, prepaid)) AS c
+        FROM (SELECT b.account_id AS account_id, b.api_key_id AS api_key_id, b.usage_event_id AS usage_event_id, b.charge_microcents AS charge_microcents, b.prepaid AS prepaid
+        FROM unnest(v_booked_account_id, v_booked_api_key_id, v_booked_usage_event_id, v_booked_charge_microcents, v_booked_prepaid) AS b(account_id, api_key_id, usage_event_id, charge_microcents, prepaid)) AS c
         WHERE c.prepaid ORDER BY c.usage_event_id RETURNING ledger_entries.account_id, ledger_entries.amount_microcents)
          SELECT array_agg(collected.account_id) AS array_agg_1, array_agg(collected.total) AS array_agg_2
         FROM (SELECT charged.account_id AS account_id, CAST(-sum(charged.amount_microcents) AS BIGINT) AS total

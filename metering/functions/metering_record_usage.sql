@@ -46,8 +46,8 @@ BEGIN
         v_targets_event_id := ARRAY[]::BIGINT[];
         FOR v_charge_account_id, v_charge_request_id, v_charge_authorization_id, v_charge_usage_event_id IN
         SELECT c.account_id, c.request_id, c.authorization_id, c.usage_event_id
-        FROM (SELECT n.account_id AS account_id, n.api_key_id AS api_key_id, n.request_id AS request_id, n.id AS usage_event_id, n.total_microcents AS charge_microcents, n.authorization_id AS authorization_id, p_prepaid AS prepaid
-        FROM unnest(v_new_id, v_new_account_id, v_new_request_id, v_new_api_key_id, v_new_authorization_id, v_new_total_microcents) AS n(id, account_id, request_id, api_key_id, authorization_id, total_microcents)) AS c
+        FROM (SELECT n.account_id AS account_id, n.request_id AS request_id, n.authorization_id AS authorization_id, n.id AS usage_event_id
+        FROM unnest(v_new_account_id, v_new_request_id, v_new_authorization_id, v_new_id) AS n(account_id, request_id, authorization_id, id)) AS c
         LOOP
             IF v_charge_authorization_id IS NOT NULL THEN
                 SELECT authorizations.id
@@ -80,8 +80,8 @@ BEGIN
             END LOOP;
         END IF;
         INSERT INTO ledger_entries (account_id, kind, amount_microcents, usage_event_id, api_key_id, created_at) SELECT c.account_id, 'charge' AS anon_3, -c.charge_microcents, c.usage_event_id, c.api_key_id, p_now AS anon_4
-        FROM (SELECT n.account_id AS account_id, n.api_key_id AS api_key_id, n.request_id AS request_id, n.id AS usage_event_id, n.total_microcents AS charge_microcents, n.authorization_id AS authorization_id, p_prepaid AS prepaid
-        FROM unnest(v_new_id, v_new_account_id, v_new_request_id, v_new_api_key_id, v_new_authorization_id, v_new_total_microcents) AS n(id, account_id, request_id, api_key_id, authorization_id, total_microcents)) AS c
+        FROM (SELECT n.account_id AS account_id, n.api_key_id AS api_key_id, n.id AS usage_event_id, n.total_microcents AS charge_microcents, p_prepaid AS prepaid
+        FROM unnest(v_new_account_id, v_new_api_key_id, v_new_id, v_new_total_microcents) AS n(account_id, api_key_id, id, total_microcents)) AS c
         WHERE c.prepaid RETURNING ARRAY[ledger_entries.account_id] AS anon_1, ARRAY[CAST(-ledger_entries.amount_microcents AS BIGINT)] AS anon_2
         INTO v_debits_account_id, v_debits_total;
         IF coalesce(cardinality(v_debits_account_id), 0) > 1 THEN

@@ -21,6 +21,7 @@ so it never waits in the opposite order: see metering.ledger.placement.)
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -108,24 +109,33 @@ def _of_request(charge: Any) -> ColumnElement[bool]:
     )
 
 
+# The charges as a relation of the given columns of ``CHARGES_IN`` (each statement reads those
+# it needs: a program's rows of several columns are a scan of each, metering.programs.Backend).
+Charges = Callable[[Sequence[str]], FromClause]
+# What finds a charge's hold; what its ledger entry and its account's debit read.
+_FINDS = ("account_id", "request_id", "authorization_id", "usage_event_id")
+_ENTERS = ("account_id", "api_key_id", "usage_event_id", "charge_microcents", "prepaid")
+
+
 def settle_steps(
-    on: p.Backend, charges: FromClause, now: BindParameter[Any], *, one_event: bool = False
+    on: p.Backend, charges: Charges, now: BindParameter[Any], *, one_event: bool = False
 ) -> list[p.Step]:
-    """Settle the holds of ``charges`` (a relation with ``CHARGES_IN``'s columns), append the
+    """Settle the holds of ``charges`` (``CHARGES_IN``'s rows), append the
     ledger debits and debit the balances. ``one_event``: the charges are one event's (a single
     event's call), whose hold a Citus shard then finds and settles by statements of one table
     (``_found_by_row``), and whose one charge and one account's debit are collected as one row
     (``Collect.one_row``)."""
     settleable = holds.may("settle", HOLDS)
+    by_name, by_request_id = charges(_FINDS), charges(_FINDS)
     named = (
-        select(HOLDS.c.id.label("hold_id"), charges.c.usage_event_id.label("event_id"))
-        .select_from(charges.join(HOLDS, _names(charges.c)))
+        select(HOLDS.c.id.label("hold_id"), by_name.c.usage_event_id.label("event_id"))
+        .select_from(by_name.join(HOLDS, _names(by_name.c)))
         .where(settleable)
     )
     by_request = (
-        select(HOLDS.c.id.label("hold_id"), charges.c.usage_event_id.label("event_id"))
-        .select_from(charges.join(HOLDS, _of_request(charges.c)))
-        .where(charges.c.authorization_id.is_(None), settleable)
+        select(HOLDS.c.id.label("hold_id"), by_request_id.c.usage_event_id.label("event_id"))
+        .select_from(by_request_id.join(HOLDS, _of_request(by_request_id.c)))
+        .where(by_request_id.c.authorization_id.is_(None), settleable)
     )
     found = union_all(named, by_request).subquery("found")
     firsts = select(found.c.hold_id, func.min(found.c.event_id).label("event_id")).group_by(
@@ -147,7 +157,7 @@ def settle_steps(
             )
         ],
     )
-    by_row = _found_by_row(charges, targets, settled, settleable) if one_event else in_one
+    by_row = _found_by_row(charges(_FINDS), targets, settled, settleable) if one_event else in_one
     find, settle = on.choose(postgresql=by_row, sqlite=in_one, one_shard=by_row)
     return [
         *find,
@@ -229,7 +239,7 @@ def _found_by_row(
 
 
 def _charge_steps(
-    on: p.Backend, charges: FromClause, now: BindParameter[Any], one_event: bool
+    on: p.Backend, charges: Charges, now: BindParameter[Any], one_event: bool
 ) -> list[p.Step]:
     """The ledger's charge entries of the prepaid charges (in event order), and each account's
     total into ``_DEBITS`` (one row per account, in no particular order: every statement that
@@ -240,17 +250,18 @@ def _charge_steps(
     then a statement of no table, where the CTE made one statement planned twice at every call
     (an ``INSERT … SELECT`` of no distributed table, through an intermediate result). One
     event's charge on PostgreSQL: its entry's insert returns its account's debit, one row."""
+    entered = charges(_ENTERS)
     charged = select(
-        charges.c.account_id,
+        entered.c.account_id,
         literal("charge", String()),
-        -charges.c.charge_microcents,
-        charges.c.usage_event_id,
-        charges.c.api_key_id,
+        -entered.c.charge_microcents,
+        entered.c.usage_event_id,
+        entered.c.api_key_id,
         now,
-    ).where(charges.c.prepaid)
+    ).where(entered.c.prepaid)
     entries = ENTRIES.insert().from_select(
         ["account_id", "kind", "amount_microcents", "usage_event_id", "api_key_id", "created_at"],
-        charged if one_event else charged.order_by(charges.c.usage_event_id),
+        charged if one_event else charged.order_by(entered.c.usage_event_id),
     )
     in_one = _charge_in_one if one_event else _charged_in_one
     return on.choose(postgresql=in_one, sqlite=_charged_in_two, one_shard=_charged_in_two)(
@@ -258,7 +269,7 @@ def _charge_steps(
     )
 
 
-def _charged_in_one(entries: Insert, charges: FromClause) -> list[p.Step]:
+def _charged_in_one(entries: Insert, charges: Charges) -> list[p.Step]:
     charged = entries.returning(ENTRIES.c.account_id, ENTRIES.c.amount_microcents).cte("charged")
     totals = select(
         charged.c.account_id,
@@ -267,18 +278,19 @@ def _charged_in_one(entries: Insert, charges: FromClause) -> list[p.Step]:
     return [p.Collect(totals, into=_DEBITS)]
 
 
-def _charge_in_one(entries: Insert, charges: FromClause) -> list[p.Step]:
+def _charge_in_one(entries: Insert, charges: Charges) -> list[p.Step]:
     debit = cast(-ENTRIES.c.amount_microcents, BigInteger).label("total")
     return [p.Collect(entries.returning(ENTRIES.c.account_id, debit), into=_DEBITS, one_row=True)]
 
 
-def _charged_in_two(entries: Insert, charges: FromClause) -> list[p.Step]:
+def _charged_in_two(entries: Insert, charges: Charges) -> list[p.Step]:
+    summed = charges(("account_id", "charge_microcents", "prepaid"))
     totals = (
         select(
-            charges.c.account_id,
-            cast(func.sum(charges.c.charge_microcents), BigInteger).label("total"),
+            summed.c.account_id,
+            cast(func.sum(summed.c.charge_microcents), BigInteger).label("total"),
         )
-        .where(charges.c.prepaid)
-        .group_by(charges.c.account_id)
+        .where(summed.c.prepaid)
+        .group_by(summed.c.account_id)
     )
     return [p.Run(entries), p.Collect(totals, into=_DEBITS)]

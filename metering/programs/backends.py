@@ -93,26 +93,30 @@ class Backend:
             return func.timezone("UTC", at).cast(Date)
         return type_coerce(func.date(at), Date())
 
-    def records(self, records: Records, alias: str) -> FromClause:
+    def records(
+        self, records: Records, alias: str, only: Sequence[str] | None = None
+    ) -> FromClause:
         """``records`` as a relation: its columns and ``position``; on PostgreSQL from its JSON
-        document, or from its arrays (``by_column``)."""
+        document, or from its arrays (``by_column``: each scanned apart, so ``only`` those
+        columns, when given, are unnested)."""
+        kinds = dict(records.columns)
+        read = records.columns if only is None else [(n, kinds[n]) for n in only]
         if self.name == "postgresql":
-            names = ", ".join(records.names)
+            names = ", ".join(n for n, _ in read)
             if records.by_column:
                 arrays = ", ".join(
-                    f"CAST(:{records.column_param(n)} AS {array_type(t)})"
-                    for n, t in records.columns
+                    f"CAST(:{records.column_param(n)} AS {array_type(t)})" for n, t in read
                 )
                 sql = f"SELECT * FROM unnest({arrays}) WITH ORDINALITY AS t({names}, position)"
             else:
-                types = ", ".join(f"{n} {pg_type(t)}" for n, t in records.columns)
+                types = ", ".join(f"{n} {pg_type(t)}" for n, t in read)
                 sql = (
                     f"SELECT * FROM ROWS FROM (json_to_recordset(CAST(:{records.name} AS json)) "
                     f"AS ({types})) WITH ORDINALITY AS t({names}, position)"
                 )
-            columns = [column(n, t) for n, t in records.columns]
+            columns = [column(n, t) for n, t in read]
             return text(sql).columns(*columns, column("position", BigInteger)).subquery(alias)
-        return self._json_rows(bindparam(records.name, type_=Text), records.columns, alias)
+        return self._json_rows(bindparam(records.name, type_=Text), read, alias)
 
     def rows(self, rows: Rows, alias: str, only: Sequence[str] | None = None) -> FromClause:
         """Collected ``rows`` as a relation (its columns, in collection order); ``only``: those

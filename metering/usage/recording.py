@@ -166,7 +166,7 @@ CHARGES_BY_COLUMN = replace(CHARGES_IN, by_column=True)
 
 def _settle_usage(on: p.Backend) -> list[p.Step]:
     return [
-        *settle_steps(on, on.records(CHARGES_BY_COLUMN, "c"), NOW.ref),
+        *settle_steps(on, lambda only: on.records(CHARGES_BY_COLUMN, "c", only), NOW.ref),
         # The contended rows last (every concurrent batch of the account adds to them): their
         # locks are held only until the commit.
         p.Run(rollup_upsert(on, on.records(HOURLY_IN, "r"))),
@@ -192,25 +192,34 @@ _NEW = p.Rows("v_new", tuple((name, EVENTS.c[name].type) for name in _RETURNED))
 _NEWEST = p.Var("v_newest", BigInteger())
 
 
-def _charge_of_new(new: FromClause, prepaid: Any) -> dict[str, Any]:
-    """A new event's charge (``CHARGES_IN``'s columns) from what its insert returned (``_NEW``'s
-    columns) and whether its account is prepaid."""
-    return {
-        "account_id": new.c.account_id,
-        "api_key_id": new.c.api_key_id,
-        "request_id": new.c.request_id,
-        "usage_event_id": new.c.id,
-        "charge_microcents": new.c.total_microcents,
-        "authorization_id": new.c.authorization_id,
-        "prepaid": prepaid,
-    }
+# A charge's columns (``CHARGES_IN``'s but ``prepaid``) from a new event's (``_NEW``'s).
+_OF_NEW = {
+    "account_id": "account_id",
+    "api_key_id": "api_key_id",
+    "request_id": "request_id",
+    "usage_event_id": "id",
+    "charge_microcents": "total_microcents",
+    "authorization_id": "authorization_id",
+}
+
+
+def _charge_of_new(
+    new: FromClause, prepaid: Any, only: Sequence[str] = CHARGES_IN.names
+) -> dict[str, Any]:
+    """A new event's charge (``CHARGES_IN``'s columns, ``only`` those) from what its insert
+    returned (``_NEW``'s columns) and whether its account is prepaid."""
+    return {name: prepaid if name == "prepaid" else new.c[_OF_NEW[name]] for name in only}
 
 
 def _record_usage(on: p.Backend) -> list[p.Step]:
-    new = on.rows(_NEW, "n")
     newest = _NEWEST.ref
-    charge = _charge_of_new(new, PREPAID.ref)
-    charges = select(*(charge[name].label(name) for name, _ in CHARGES_IN.columns)).subquery("c")
+
+    def charges(only: Sequence[str]) -> FromClause:
+        """The new event's charge, of the columns ``only`` (the new event's unnested alone)."""
+        new = on.rows(_NEW, "n", [_OF_NEW[name] for name in only if name in _OF_NEW])
+        charge = _charge_of_new(new, PREPAID.ref, only)
+        return select(*(charge[name].label(name) for name in only)).subquery("c")
+
     return [
         # One event: one row at most.
         p.Collect(
@@ -296,7 +305,6 @@ def _record_gathered(on: p.Backend) -> list[p.Step]:
         LAST_EVENT: new.c.id,
     }
     # Each statement unnests the columns it reads.
-    charged = on.rows(_BOOKED, "b", _CHARGE_COLUMNS)
     counted = on.rows(_BOOKED, "b", HOURLY_IN.names)
     return [
         p.Collect(insert_events(on, on.records(EVENTS_IN, "e")), into=_NEW),
@@ -310,7 +318,9 @@ def _record_gathered(on: p.Backend) -> list[p.Step]:
                     ),
                     into=_BOOKED,
                 ),
-                *settle_steps(on, select(charged).subquery("c"), NOW.ref),
+                *settle_steps(
+                    on, lambda only: select(on.rows(_BOOKED, "b", only)).subquery("c"), NOW.ref
+                ),
                 p.Run(rollup_upsert(on, select(counted).subquery("r"))),
                 *spend_limits.threshold_steps(on, NOW.ref),
             ),
