@@ -27,79 +27,71 @@ down_revision: str | Sequence[str] | None = "0013"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
-# table, column, its type, its domain, the check of VALUE, the table check it replaces (its
-# name without the ck_<table>_ prefix, and its text) — as at this revision
+# Each domain: its type and its check of VALUE (as at this revision).
+DOMAINS = {
+    "concurrency_limit": ("INTEGER", "VALUE >= 1"),
+    "non_negative_microcents": ("BIGINT", "VALUE >= 0"),
+    "grant_priority": ("INTEGER", "VALUE >= 0 AND VALUE <= 100"),
+    "positive_microcents": ("BIGINT", "VALUE > 0"),
+}
+# table, column, its domain, and the table check it replaces: its name without the
+# ck_<table>_ prefix, and its text (as at this revision)
 COLUMNS = (
     (
         "accounts",
         "max_concurrent_requests",
-        "INTEGER",
         "concurrency_limit",
-        "VALUE >= 1",
         "max_concurrent_requests_positive",
         "max_concurrent_requests IS NULL OR max_concurrent_requests >= 1",
     ),
     (
         "authorizations",
         "estimate_microcents",
-        "BIGINT",
         "non_negative_microcents",
-        "VALUE >= 0",
         "estimate_non_negative",
         "estimate_microcents >= 0",
     ),
     (
         "credit_grants",
         "priority",
-        "INTEGER",
         "grant_priority",
-        "VALUE >= 0 AND VALUE <= 100",
         "priority",
         "priority >= 0 AND priority <= 100",
     ),
     (
         "credit_grants",
         "amount_microcents",
-        "BIGINT",
         "positive_microcents",
-        "VALUE > 0",
         "amount_positive",
         "amount_microcents > 0",
     ),
     (
         "credit_allocation_days",
         "amount_microcents",
-        "BIGINT",
         "positive_microcents",
-        "VALUE > 0",
         "amount_positive",
         "amount_microcents > 0",
     ),
 )
 
 
-def _domains() -> dict[str, tuple[str, str]]:
-    """Each domain once: its type and its check."""
-    return {domain: (kind, check) for _, _, kind, domain, check, _, _ in COLUMNS}
-
-
 def upgrade() -> None:
     if op.get_bind().dialect.name != "postgresql":
         return
-    for domain, (kind, _check) in _domains().items():
+    for domain, (kind, _check) in DOMAINS.items():
         op.execute(f"CREATE DOMAIN {domain} AS {kind}")
-    for table, column, _kind, domain, _check, name, _text in COLUMNS:
+    for table, column, domain, name, _text in COLUMNS:
         op.execute(f"ALTER TABLE {table} DROP CONSTRAINT ck_{table}_{name}")
         op.execute(f"ALTER TABLE {table} ALTER COLUMN {column} TYPE {domain}")
-    for domain, (_kind, check) in _domains().items():
+    for domain, (_kind, check) in DOMAINS.items():
         op.execute(f"ALTER DOMAIN {domain} ADD CONSTRAINT {domain} CHECK ({check})")
 
 
 def downgrade() -> None:
     if op.get_bind().dialect.name != "postgresql":
         return
-    for table, column, kind, _domain, _check, name, text in COLUMNS:
-        op.execute(f"ALTER TABLE {table} ALTER COLUMN {column} TYPE {kind}")
+    for table, column, domain, name, text in COLUMNS:
+        op.execute(f"ALTER TABLE {table} ALTER COLUMN {column} TYPE {DOMAINS[domain][0]}")
         op.execute(f"ALTER TABLE {table} ADD CONSTRAINT ck_{table}_{name} CHECK ({text})")
-    for domain in _domains():
+    for domain in DOMAINS:
         op.execute(f"DROP DOMAIN {domain}")
