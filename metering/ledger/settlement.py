@@ -263,7 +263,7 @@ def _charge_steps(
         ["account_id", "kind", "amount_microcents", "usage_event_id", "api_key_id", "created_at"],
         charged if one_event else charged.order_by(entered.c.usage_event_id),
     )
-    in_one = _charge_in_one if one_event else _charged_in_one
+    in_one = _one_charged_in_one if one_event else _charged_in_one
     return on.choose(postgresql=in_one, sqlite=_charged_in_two, one_shard=_charged_in_two)(
         entries, charges
     )
@@ -278,7 +278,7 @@ def _charged_in_one(entries: Insert, charges: Charges) -> list[p.Step]:
     return [p.Collect(totals, into=_DEBITS)]
 
 
-def _charge_in_one(entries: Insert, charges: Charges) -> list[p.Step]:
+def _one_charged_in_one(entries: Insert, charges: Charges) -> list[p.Step]:
     debit = cast(-ENTRIES.c.amount_microcents, BigInteger).label("total")
     return [p.Collect(entries.returning(ENTRIES.c.account_id, debit), into=_DEBITS, one_row=True)]
 

@@ -144,6 +144,8 @@ NON_NEGATIVE_MICROCENTS = _Domain(
 GRANT_PRIORITY = _Domain(
     "grant_priority", Integer(), lambda c: f"{c} >= 0 AND {c} <= 100", "priority"
 )
+# A check passes NULL either way; the table's says so in the words SQLite's baseline stored, the
+# domain's does not (Citus cannot propagate a domain check that tests VALUE IS NULL).
 CONCURRENCY_LIMIT = _Domain(
     "concurrency_limit",
     Integer(),

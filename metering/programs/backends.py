@@ -99,8 +99,7 @@ class Backend:
         """``records`` as a relation: its columns and ``position``; on PostgreSQL from its JSON
         document, or from its arrays (``by_column``: each scanned apart, so ``only`` those
         columns, when given, are unnested)."""
-        kinds = dict(records.columns)
-        read = records.columns if only is None else [(n, kinds[n]) for n in only]
+        read = _only(records.columns, only)
         if self.name == "postgresql":
             names = ", ".join(n for n, _ in read)
             if records.by_column:
@@ -123,7 +122,7 @@ class Backend:
         columns alone. On PostgreSQL each column is an array scanned apart (``unnest`` of
         several arrays is a function scan of each): a statement that reads a few columns of
         many unnests those only."""
-        columns = rows.columns if only is None else [(n, dict(rows.columns)[n]) for n in only]
+        columns = _only(rows.columns, only)
         if self.name == "postgresql":
             arrays = [bindparam(rows.array(n), type_=postgresql.ARRAY(t)) for n, t in columns]
             return (
@@ -195,6 +194,14 @@ class Backend:
                 for name, kind in columns
             ),
         ).subquery(alias)
+
+
+def _only(columns: RowColumns, only: Sequence[str] | None) -> RowColumns:
+    """``columns``, or those named ``only`` (in that order)."""
+    if only is None:
+        return columns
+    kinds = dict(columns)
+    return [(name, kinds[name]) for name in only]
 
 
 POSTGRESQL, SQLITE = Backend(Form.POSTGRESQL), Backend(Form.SQLITE)

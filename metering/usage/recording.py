@@ -304,8 +304,6 @@ def _record_gathered(on: p.Backend) -> list[p.Step]:
         **{name: gathered.c[name] for name in HOURLY_IN.names if name not in _BY_EVENT},
         LAST_EVENT: new.c.id,
     }
-    # Each statement unnests the columns it reads.
-    counted = on.rows(_BOOKED, "b", HOURLY_IN.names)
     return [
         p.Collect(insert_events(on, on.records(EVENTS_IN, "e")), into=_NEW),
         p.When(
@@ -318,10 +316,9 @@ def _record_gathered(on: p.Backend) -> list[p.Step]:
                     ),
                     into=_BOOKED,
                 ),
-                *settle_steps(
-                    on, lambda only: select(on.rows(_BOOKED, "b", only)).subquery("c"), NOW.ref
-                ),
-                p.Run(rollup_upsert(on, select(counted).subquery("r"))),
+                # Each statement unnests the booked columns it reads.
+                *settle_steps(on, lambda only: on.rows(_BOOKED, "c", only), NOW.ref),
+                p.Run(rollup_upsert(on, on.rows(_BOOKED, "r", HOURLY_IN.names))),
                 *spend_limits.threshold_steps(on, NOW.ref),
             ),
         ),
