@@ -1,16 +1,10 @@
-CREATE OR REPLACE FUNCTION metering_record_gathered(p_now TIMESTAMP WITH TIME ZONE, p_events json, p_gathered json, p_spend_limits json, p_spend_limited BOOLEAN)
+CREATE OR REPLACE FUNCTION metering_record_gathered(p_now TIMESTAMP WITH TIME ZONE, p_events json, p_spend_limits json, p_spend_limited BOOLEAN)
 RETURNS VARCHAR(64)[]
 LANGUAGE plpgsql VOLATILE
 SET plan_cache_mode = force_generic_plan
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_new_id BIGINT[];
-    v_new_account_id VARCHAR(32)[];
-    v_new_request_id VARCHAR(64)[];
-    v_new_api_key_id VARCHAR(32)[];
-    v_new_authorization_id VARCHAR(64)[];
-    v_new_total_microcents BIGINT[];
     v_booked_account_id VARCHAR(32)[];
     v_booked_api_key_id VARCHAR(32)[];
     v_booked_request_id VARCHAR(64)[];
@@ -46,18 +40,18 @@ DECLARE
     v_reached_percent INTEGER[];
     v_reached_spent_microcents BIGINT[];
 BEGIN
-    WITH collected AS (
-    INSERT INTO usage_events (account_id, request_id, api_key_id, model_id, api, outcome, occurred_at, authorization_id, prompt_tokens, cached_tokens, output_tokens, reasoning_tokens, input_microcents, cache_read_microcents, output_microcents, total_microcents, price_version_id, recorded_at) SELECT e.account_id, e.request_id, e.api_key_id, e.model_id, e.api, e.outcome, e.occurred_at, e.authorization_id, e.prompt_tokens, e.cached_tokens, e.output_tokens, e.reasoning_tokens, e.input_microcents, e.cache_read_microcents, e.output_microcents, e.total_microcents, e.price_version_id, p_now AS anon_1
-    FROM (SELECT * FROM ROWS FROM (json_to_recordset(CAST(p_events AS json)) AS (account_id VARCHAR(32), request_id VARCHAR(64), api_key_id VARCHAR(32), model_id VARCHAR(100), api usage_api, outcome usage_outcome, occurred_at TIMESTAMP WITH TIME ZONE, authorization_id VARCHAR(64), prompt_tokens INTEGER, cached_tokens INTEGER, output_tokens INTEGER, reasoning_tokens INTEGER, input_microcents BIGINT, cache_read_microcents BIGINT, output_microcents BIGINT, total_microcents BIGINT, price_version_id VARCHAR(32))) WITH ORDINALITY AS t(account_id, request_id, api_key_id, model_id, api, outcome, occurred_at, authorization_id, prompt_tokens, cached_tokens, output_tokens, reasoning_tokens, input_microcents, cache_read_microcents, output_microcents, total_microcents, price_version_id, position)) AS e
-    WHERE true ORDER BY e.position ON CONFLICT (account_id, request_id) DO NOTHING RETURNING usage_events.id, usage_events.account_id, usage_events.request_id, usage_events.api_key_id, usage_events.authorization_id, usage_events.total_microcents
-    )
-    SELECT array_agg(collected.id), array_agg(collected.account_id), array_agg(collected.request_id), array_agg(collected.api_key_id), array_agg(collected.authorization_id), array_agg(collected.total_microcents) INTO v_new_id, v_new_account_id, v_new_request_id, v_new_api_key_id, v_new_authorization_id, v_new_total_microcents FROM collected;
-    IF coalesce(cardinality(v_new_id), 0) > 0 THEN
-        SELECT array_agg(collected.account_id), array_agg(collected.api_key_id), array_agg(collected.request_id), array_agg(collected.usage_event_id), array_agg(collected.charge_microcents), array_agg(collected.authorization_id), array_agg(collected.prepaid), array_agg(collected.model_id), array_agg(collected.hour), array_agg(collected.day), array_agg(collected.requests), array_agg(collected.input_tokens), array_agg(collected.cache_read_tokens), array_agg(collected.output_tokens), array_agg(collected.reasoning_tokens), array_agg(collected.cost_microcents), array_agg(collected.last_event_id) INTO v_booked_account_id, v_booked_api_key_id, v_booked_request_id, v_booked_usage_event_id, v_booked_charge_microcents, v_booked_authorization_id, v_booked_prepaid, v_booked_model_id, v_booked_hour, v_booked_day, v_booked_requests, v_booked_input_tokens, v_booked_cache_read_tokens, v_booked_output_tokens, v_booked_reasoning_tokens, v_booked_cost_microcents, v_booked_last_event_id
-        FROM (
-        SELECT n.account_id AS account_id, n.api_key_id AS api_key_id, n.request_id AS request_id, n.id AS usage_event_id, n.total_microcents AS charge_microcents, n.authorization_id AS authorization_id, g.prepaid AS prepaid, g.model_id AS model_id, g.hour AS hour, g.day AS day, g.requests AS requests, g.input_tokens AS input_tokens, g.cache_read_tokens AS cache_read_tokens, g.output_tokens AS output_tokens, g.reasoning_tokens AS reasoning_tokens, g.cost_microcents AS cost_microcents, n.id AS last_event_id
-        FROM unnest(v_new_id, v_new_account_id, v_new_request_id, v_new_api_key_id, v_new_authorization_id, v_new_total_microcents) AS n(id, account_id, request_id, api_key_id, authorization_id, total_microcents) JOIN (SELECT * FROM ROWS FROM (json_to_recordset(CAST(p_gathered AS json)) AS (account_id VARCHAR(32), request_id VARCHAR(64), prepaid BOOLEAN, model_id VARCHAR(100), hour TIMESTAMP WITH TIME ZONE, day TIMESTAMP WITH TIME ZONE, requests BIGINT, input_tokens BIGINT, cache_read_tokens BIGINT, output_tokens BIGINT, reasoning_tokens BIGINT, cost_microcents BIGINT)) WITH ORDINALITY AS t(account_id, request_id, prepaid, model_id, hour, day, requests, input_tokens, cache_read_tokens, output_tokens, reasoning_tokens, cost_microcents, position)) AS g ON g.account_id = n.account_id AND g.request_id = n.request_id
-        ) AS collected;
+    WITH gathered AS
+    (SELECT g.account_id AS account_id, g.request_id AS request_id, g.api_key_id AS api_key_id, g.model_id AS model_id, g.api AS api, g.outcome AS outcome, g.occurred_at AS occurred_at, g.authorization_id AS authorization_id, g.prompt_tokens AS prompt_tokens, g.cached_tokens AS cached_tokens, g.output_tokens AS output_tokens, g.reasoning_tokens AS reasoning_tokens, g.input_microcents AS input_microcents, g.cache_read_microcents AS cache_read_microcents, g.output_microcents AS output_microcents, g.total_microcents AS total_microcents, g.price_version_id AS price_version_id, g.prepaid AS prepaid, g.hour AS hour, g.day AS day, g.requests AS requests, g.input_tokens AS input_tokens, g.cache_read_tokens AS cache_read_tokens, g.cost_microcents AS cost_microcents, g.position AS position
+    FROM (SELECT * FROM ROWS FROM (json_to_recordset(CAST(p_events AS json)) AS (account_id VARCHAR(32), request_id VARCHAR(64), api_key_id VARCHAR(32), model_id VARCHAR(100), api usage_api, outcome usage_outcome, occurred_at TIMESTAMP WITH TIME ZONE, authorization_id VARCHAR(64), prompt_tokens INTEGER, cached_tokens INTEGER, output_tokens INTEGER, reasoning_tokens INTEGER, input_microcents BIGINT, cache_read_microcents BIGINT, output_microcents BIGINT, total_microcents BIGINT, price_version_id VARCHAR(32), prepaid BOOLEAN, hour TIMESTAMP WITH TIME ZONE, day TIMESTAMP WITH TIME ZONE, requests BIGINT, input_tokens BIGINT, cache_read_tokens BIGINT, cost_microcents BIGINT)) WITH ORDINALITY AS t(account_id, request_id, api_key_id, model_id, api, outcome, occurred_at, authorization_id, prompt_tokens, cached_tokens, output_tokens, reasoning_tokens, input_microcents, cache_read_microcents, output_microcents, total_microcents, price_version_id, prepaid, hour, day, requests, input_tokens, cache_read_tokens, cost_microcents, position)) AS g),
+    "new" AS
+    (INSERT INTO usage_events (account_id, request_id, api_key_id, model_id, api, outcome, occurred_at, authorization_id, prompt_tokens, cached_tokens, output_tokens, reasoning_tokens, input_microcents, cache_read_microcents, output_microcents, total_microcents, price_version_id, recorded_at) SELECT gathered.account_id AS account_id, gathered.request_id AS request_id, gathered.api_key_id AS api_key_id, gathered.model_id AS model_id, gathered.api AS api, gathered.outcome AS outcome, gathered.occurred_at AS occurred_at, gathered.authorization_id AS authorization_id, gathered.prompt_tokens AS prompt_tokens, gathered.cached_tokens AS cached_tokens, gathered.output_tokens AS output_tokens, gathered.reasoning_tokens AS reasoning_tokens, gathered.input_microcents AS input_microcents, gathered.cache_read_microcents AS cache_read_microcents, gathered.output_microcents AS output_microcents, gathered.total_microcents AS total_microcents, gathered.price_version_id AS price_version_id, p_now AS anon_1
+    FROM gathered
+    WHERE true ORDER BY gathered.position ON CONFLICT (account_id, request_id) DO NOTHING RETURNING usage_events.id, usage_events.account_id, usage_events.request_id, usage_events.api_key_id, usage_events.authorization_id, usage_events.total_microcents)
+     SELECT array_agg(collected.account_id) AS array_agg_1, array_agg(collected.api_key_id) AS array_agg_2, array_agg(collected.request_id) AS array_agg_3, array_agg(collected.usage_event_id) AS array_agg_4, array_agg(collected.charge_microcents) AS array_agg_5, array_agg(collected.authorization_id) AS array_agg_6, array_agg(collected.prepaid) AS array_agg_7, array_agg(collected.model_id) AS array_agg_8, array_agg(collected.hour) AS array_agg_9, array_agg(collected.day) AS array_agg_10, array_agg(collected.requests) AS array_agg_11, array_agg(collected.input_tokens) AS array_agg_12, array_agg(collected.cache_read_tokens) AS array_agg_13, array_agg(collected.output_tokens) AS array_agg_14, array_agg(collected.reasoning_tokens) AS array_agg_15, array_agg(collected.cost_microcents) AS array_agg_16, array_agg(collected.last_event_id) AS array_agg_17
+    FROM (SELECT "new".account_id AS account_id, "new".api_key_id AS api_key_id, "new".request_id AS request_id, "new".id AS usage_event_id, "new".total_microcents AS charge_microcents, "new".authorization_id AS authorization_id, gathered.prepaid AS prepaid, gathered.model_id AS model_id, gathered.hour AS hour, gathered.day AS day, gathered.requests AS requests, gathered.input_tokens AS input_tokens, gathered.cache_read_tokens AS cache_read_tokens, gathered.output_tokens AS output_tokens, gathered.reasoning_tokens AS reasoning_tokens, gathered.cost_microcents AS cost_microcents, "new".id AS last_event_id
+    FROM "new" JOIN gathered ON "new".account_id = gathered.account_id AND "new".request_id = gathered.request_id) AS collected
+    INTO v_booked_account_id, v_booked_api_key_id, v_booked_request_id, v_booked_usage_event_id, v_booked_charge_microcents, v_booked_authorization_id, v_booked_prepaid, v_booked_model_id, v_booked_hour, v_booked_day, v_booked_requests, v_booked_input_tokens, v_booked_cache_read_tokens, v_booked_output_tokens, v_booked_reasoning_tokens, v_booked_cost_microcents, v_booked_last_event_id;
+    IF coalesce(cardinality(v_booked_account_id), 0) > 0 THEN
         SELECT array_agg(collected.hold_id), array_agg(collected.event_id) INTO v_targets_hold_id, v_targets_event_id
         FROM (
         SELECT found.hold_id, min(found.event_id) AS event_id
@@ -201,6 +195,6 @@ BEGIN
             END IF;
         END IF;
     END IF;
-    RETURN v_new_request_id;
+    RETURN v_booked_request_id;
 END;
 $$

@@ -52,6 +52,9 @@ EVENTS = table(UsageEvent)
 
 EVENT_COLUMNS = tuple(c.name for c in EVENTS.columns if c.name not in ("id", "recorded_at"))
 EVENTS_IN = p.Records("p_events", tuple((name, EVENTS.c[name].type) for name in EVENT_COLUMNS))
+# Text columns of an event whose values need no escaping in its JSON: request_id matched its
+# pattern, api and outcome their lists.
+EVENT_VERBATIM = ("request_id", "api", "outcome")
 # The dedup key (docs/api.md#post-v1usageevents): unique forever.
 EVENT_KEY = ("account_id", "request_id")
 
@@ -271,25 +274,30 @@ _BOOKED = p.Rows(
 )
 # What the stored event gives a rollup row (the rest is its ``GATHERED_IN`` row's).
 _BY_EVENT = (*_CHARGE_COLUMNS, LAST_EVENT)
-# Beside each event of ``RECORD_GATHERED``, found with the stored event by its dedup key: its
-# account's billing and what of its usage in its hour (``HOURLY_IN``'s columns, for that event
-# alone) the stored event does not give.
+# The events of ``RECORD_GATHERED``, one JSON document: each one's row (``EVENTS_IN``'s columns)
+# and, beside it, its account's billing and what of its usage in its hour (``HOURLY_IN``'s
+# columns, for that event alone) neither its row nor the stored event gives.
 GATHERED_IN = p.Records(
-    "p_gathered",
+    EVENTS_IN.name,
     (
-        ("account_id", EVENTS.c.account_id.type),
-        ("request_id", EVENTS.c.request_id.type),
+        *EVENTS_IN.columns,
         ("prepaid", p.Boolean()),
-        *((name, kind) for name, kind in HOURLY_IN.columns if name not in _BY_EVENT),
+        *(
+            (name, kind)
+            for name, kind in HOURLY_IN.columns
+            if name not in _BY_EVENT and name not in EVENT_COLUMNS
+        ),
     ),
 )
-# The request ids of the events that were new (in ``_NEW``'s order).
-_NEW_REQUESTS = p.Var(_NEW.array("request_id"), ARRAY(EVENTS.c.request_id.type))
+# The request ids of the events that were new (in ``_BOOKED``'s order).
+_BOOKED_REQUESTS = p.Var(_BOOKED.array("request_id"), ARRAY(EVENTS.c.request_id.type))
 
 
 def _record_gathered(on: p.Backend) -> list[p.Step]:
-    new = on.rows(_NEW, "n")
-    gathered = on.records(GATHERED_IN, "g")
+    # The document read once (a CTE read twice is read into a tuplestore once): by the insert,
+    # then beside what it returned.
+    gathered = select(on.records(GATHERED_IN, "g")).cte("gathered")
+    new = insert_events(on, gathered).cte("new")
     # Only the events that were new are settled and counted: a request id already taken is
     # none of this program's business (the caller's general path classifies it).
     found = new.join(
@@ -305,30 +313,27 @@ def _record_gathered(on: p.Backend) -> list[p.Step]:
         LAST_EVENT: new.c.id,
     }
     return [
-        p.Collect(insert_events(on, on.records(EVENTS_IN, "e")), into=_NEW),
+        # The new events and what they book, in one statement.
+        p.Collect(
+            select(*(columns[name].label(name) for name, _ in _BOOKED.columns)).select_from(found),
+            into=_BOOKED,
+        ),
         p.When(
-            on.count(_NEW) > 0,
+            on.count(_BOOKED) > 0,
             (
-                # What the new events book, read from the parameters once.
-                p.Collect(
-                    select(*(columns[name].label(name) for name, _ in _BOOKED.columns)).select_from(
-                        found
-                    ),
-                    into=_BOOKED,
-                ),
                 # Each statement unnests the booked columns it reads.
                 *settle_steps(on, lambda only: on.rows(_BOOKED, "c", only), NOW.ref),
                 p.Run(rollup_upsert(on, on.rows(_BOOKED, "r", HOURLY_IN.names))),
                 *spend_limits.threshold_steps(on, NOW.ref),
             ),
         ),
-        p.Return(_NEW_REQUESTS.ref),
+        p.Return(_BOOKED_REQUESTS.ref),
     ]
 
 
 RECORD_GATHERED = p.Program(
     "metering_record_gathered",
-    params=(NOW, EVENTS_IN, GATHERED_IN, *_LIMITS),
+    params=(NOW, GATHERED_IN, *_LIMITS),
     build=_record_gathered,
     returns=ARRAY(EVENTS.c.request_id.type),
     # As RECORD_USAGE's, for the same reason: its arrays hold the few events that arrived
@@ -337,7 +342,7 @@ RECORD_GATHERED = p.Program(
 )
 
 
-ENCODE_GATHERED = p.records_encoder(GATHERED_IN, p.POSTGRESQL, verbatim=("request_id",))
+ENCODE_GATHERED = p.records_encoder(GATHERED_IN, p.POSTGRESQL, verbatim=EVENT_VERBATIM)
 _CHARGE_ARRAYS = p.arrays_encoder(CHARGES_BY_COLUMN)
 _ENCODE_SQLITE_CHARGES = p.records_encoder(CHARGES_IN, p.SQLITE, verbatim=("request_id",))
 

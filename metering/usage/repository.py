@@ -57,6 +57,7 @@ from metering.usage.events import ChargeValues, Content, Event
 from metering.usage.prices import PriceBook
 from metering.usage.recording import (
     EVENT_COLUMNS,
+    EVENT_VERBATIM,
     EVENTS,
     EVENTS_IN,
     NEW_KEYS,
@@ -475,10 +476,8 @@ EVENTS_BY_COLUMN = replace(EVENTS_IN, by_column=True)
 _RECORD = Forms.of_statement(
     lambda on: insert_events(on, on.records(EVENTS_BY_COLUMN, "e"), returned=NEW_KEYS)
 )
-# request_id matched its pattern, api and outcome their lists: no escaping needed.
-_VERBATIM = ("request_id", "api", "outcome")
-ENCODE_EVENTS = p.records_encoder(EVENTS_IN, p.POSTGRESQL, verbatim=_VERBATIM)
-_ENCODE_SQLITE_EVENTS = p.records_encoder(EVENTS_IN, p.SQLITE, verbatim=_VERBATIM)
+ENCODE_EVENTS = p.records_encoder(EVENTS_IN, p.POSTGRESQL, verbatim=EVENT_VERBATIM)
+_ENCODE_SQLITE_EVENTS = p.records_encoder(EVENTS_IN, p.SQLITE, verbatim=EVENT_VERBATIM)
 _EVENT_ARRAYS = p.arrays_encoder(EVENTS_BY_COLUMN)
 
 

@@ -255,14 +255,11 @@ class _Statements:
         database refused them (nothing was written, the program being one transaction)."""
         params = {
             "p_now": now,
-            "p_events": repository.ENCODE_EVENTS([event.row() for event in events]),
-            "p_gathered": recording.ENCODE_GATHERED(
+            # Each event's rollup row alone and its row name some columns alike (its key, its
+            # model, its output and reasoning tokens), of the same value: one event's.
+            "p_events": recording.ENCODE_GATHERED(
                 [
-                    {
-                        **rollups.rows([(0, event)])[0],
-                        "request_id": event.request_id,
-                        "prepaid": event.prepaid,
-                    }
+                    {**rollups.rows([(0, event)])[0], **event.row(), "prepaid": event.prepaid}
                     for event in events
                 ]
             ),
