@@ -4,9 +4,18 @@ next call.
 The gateway's hot requests (a hold's check-and-hold, a single usage event) each cost a
 transaction whose statements, plans and commit cost far more than the one row it writes. While
 a process has such a call in flight, the requests of the same kind that arrive wait for it to
-end, then go together in the next call: one round trip and one commit for all of them. There is
-no timer: a request that finds no call in flight makes its own at once, so a lone request waits
-for nothing, and no request waits for more than the call in flight and its own.
+end, then go together in the next call: one round trip and one commit for all of them. A
+request that finds no call in flight makes its own at once, so a lone request waits for
+nothing, and no request waits for more than the call in flight and its own.
+
+``hold_back`` (single usage events, whose answer no one waits on to serve a user): the requests
+a call has just answered are likely to be followed at once by their clients' next ones. So when
+a call ends, the next waits for as many requests as the call took and the ones waiting
+together, but no longer than that call took (nor than ``hold_back``). Otherwise a process's
+clients split into two groups that take turns, for good (one recorded while the others wait,
+then those while the first come back): two transactions where one would do (under the ingest
+benchmark's load, one event in four recorded alone). The wait is a timer, never a busy loop:
+a request arriving with no call in flight and no wait pending still goes at once.
 
 Only the grouping lives in process memory; every decision is the database's (each item is
 still decided as if alone), so any number of processes may serve, each grouping its own. The
@@ -33,19 +42,26 @@ class _Waiting(Generic[Item, Answer]):
     answer: asyncio.Future[Answer | list[_Waiting[Item, Answer]]]
 
 
+Key = tuple[asyncio.AbstractEventLoop, Hashable]
+
+
 class Gathering(Generic[Item, Answer]):
     """Items of one kind, gathered per event loop and ``group`` (items of different groups
-    never share a call), at most ``limit`` a call."""
+    never share a call), at most ``limit`` a call; ``hold_back`` (seconds, 0 for none): the
+    longest a call waits after the last one for the items that call answered to come back."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, hold_back: float = 0.0) -> None:
         self.limit = limit
-        self._waiting: dict[tuple[asyncio.AbstractEventLoop, Hashable], list[_Waiting]] = {}
+        self.hold_back = hold_back
+        self._waiting: dict[Key, list[_Waiting]] = {}
+        # A call held back: how many items it waits for, and the timer that ends the wait.
+        self._holding: dict[Key, tuple[int, asyncio.TimerHandle]] = {}
 
     async def record(
         self, item: Item, record: Record[Item, Answer], group: Hashable = None
     ) -> Answer:
         """``item``'s answer: recorded by ``record`` at once when no call of its group is in
-        flight, else with the others that arrive meanwhile, after that call."""
+        flight nor held back, else with the others that arrive meanwhile, after that call."""
         loop = asyncio.get_running_loop()
         key = (loop, group)
         queue = self._waiting.get(key)
@@ -56,6 +72,9 @@ class Gathering(Generic[Item, Answer]):
         else:
             mine: _Waiting[Item, Answer] = _Waiting(item, loop.create_future())
             queue.append(mine)
+            held = self._holding.get(key)
+            if held is not None and len(queue) >= held[0]:
+                self._hand_over(key)  # as many as it waited for: no need to wait longer
             try:
                 answer = await mine.answer
             except asyncio.CancelledError:
@@ -65,6 +84,7 @@ class Gathering(Generic[Item, Answer]):
                 return answer
             batch = answer
             items = [waiting.item for waiting in batch]
+        started = loop.time()
         try:
             answers = await record(items)
         except BaseException as error:
@@ -86,10 +106,28 @@ class Gathering(Generic[Item, Answer]):
                 raise answers[0]
             return answers[0]
         finally:
-            self._hand_over(key)
+            self._after_call(key, len(items), loop.time() - started)
 
-    def _hand_over(self, key: tuple[asyncio.AbstractEventLoop, Hashable]) -> None:
+    def _after_call(self, key: Key, taken: int, took: float) -> None:
+        """A call of ``taken`` items that took ``took`` seconds has ended: the next goes now,
+        or, held back, once the items waiting and as many more as it took are there (its
+        clients' next), or when as long as it took has passed."""
+        waiting = [w for w in self._waiting[key] if not w.answer.done()]
+        wanted = min(len(waiting) + taken, self.limit)
+        if self.hold_back <= 0 or len(waiting) >= wanted:
+            self._hand_over(key)
+            return
+        self._waiting[key] = waiting  # an empty list holds a lone arrival back too
+        timer = asyncio.get_running_loop().call_later(
+            min(took, self.hold_back), self._hand_over, key
+        )
+        self._holding[key] = (wanted, timer)
+
+    def _hand_over(self, key: Key) -> None:
         """The next call goes to the first live waiter, with the others behind it."""
+        held = self._holding.pop(key, None)
+        if held is not None:
+            held[1].cancel()
         waiting = [w for w in self._waiting[key] if not w.answer.done()]
         if not waiting:
             del self._waiting[key]
@@ -97,9 +135,7 @@ class Gathering(Generic[Item, Answer]):
         batch, self._waiting[key] = waiting[: self.limit], waiting[self.limit :]
         batch[0].answer.set_result(batch)
 
-    def _pass_on(
-        self, key: tuple[asyncio.AbstractEventLoop, Hashable], mine: _Waiting[Item, Answer]
-    ) -> None:
+    def _pass_on(self, key: Key, mine: _Waiting[Item, Answer]) -> None:
         """A waiter cancelled (its client gone): when it had just been handed a group to record,
         the group's next live waiter records it instead, or the next group is handed over."""
         if mine.answer.cancelled() or not mine.answer.done():

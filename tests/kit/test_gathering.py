@@ -90,3 +90,99 @@ def test_a_cancelled_waiter_strands_no_one(cancelled: int) -> None:
     assert isinstance(answers[cancelled], asyncio.CancelledError)
     others = [answer for i, answer in enumerate(answers) if i != cancelled]
     assert others == [item * 10 for i, item in enumerate([1, 2, 3, 4]) if i != cancelled]
+
+
+# -- Held back (single usage events): after a call, the next waits for its items' clients ------
+
+
+class Timed:
+    """A ``record`` whose first call takes ``first`` seconds; notes each call's items."""
+
+    def __init__(self, first: float) -> None:
+        self.first = first
+        self.items: list[list[Any]] = []
+
+    async def record(self, items: list[Any]) -> list[Any]:
+        self.items.append(list(items))
+        if len(self.items) == 1:
+            await asyncio.sleep(self.first)
+        return [item * 10 for item in items]
+
+
+async def _ticks(n: int = 5) -> None:
+    """Let every ready task run, ``n`` times over: no timer can fire meanwhile."""
+    for _ in range(n):
+        await asyncio.sleep(0)
+
+
+def _held(first: float, hold_back: float, scenario: Any) -> list[list[Any]]:
+    """Item 1 alone (its call taking ``first`` seconds), items 2 and 3 arriving during it;
+    then ``scenario(gathering, calls, arrive)`` once that call has ended; the calls made."""
+
+    async def run() -> list[list[Any]]:
+        calls, gathering = Timed(first), Gathering[Any, Any](64, hold_back=hold_back)
+        tasks = []
+
+        def arrive(item: Any) -> None:
+            tasks.append(asyncio.ensure_future(gathering.record(item, calls.record)))
+
+        arrive(1)
+        await _ticks()
+        arrive(2)
+        arrive(3)
+        await tasks[0]
+        await scenario(gathering, calls, arrive)
+        answers = await asyncio.wait_for(asyncio.gather(*tasks), 5)
+        assert answers == [item * 10 for call in calls.items for item in call]
+        return calls.items
+
+    return asyncio.run(run())
+
+
+def test_held_back_the_next_call_waits_for_as_many_as_the_last_took_and_those_waiting() -> None:
+    async def scenario(gathering: Any, calls: Timed, arrive: Any) -> None:
+        await _ticks()
+        assert len(calls.items) == 1  # 2 and 3 wait for one more: the first call's client
+        arrive(4)
+        await _ticks()
+        assert len(calls.items) == 2  # at once, long before the wait could end
+
+    assert _held(0.5, 10.0, scenario) == [[1], [2, 3, 4]]
+
+
+def test_held_back_the_wait_ends_after_as_long_as_the_last_call_took() -> None:
+    async def scenario(gathering: Any, calls: Timed, arrive: Any) -> None:
+        await _ticks()
+        assert len(calls.items) == 1
+        await asyncio.sleep(0.5)  # the first call took 0.2 s: the wait is over
+        assert len(calls.items) == 2
+
+    assert _held(0.2, 10.0, scenario) == [[1], [2, 3]]
+
+
+def test_held_back_never_longer_than_hold_back() -> None:
+    async def scenario(gathering: Any, calls: Timed, arrive: Any) -> None:
+        await asyncio.sleep(0.3)  # the first call took 1 s, but hold_back is 0.05 s
+        assert len(calls.items) == 2
+
+    assert _held(1.0, 0.05, scenario) == [[1], [2, 3]]
+
+
+def test_held_back_a_request_after_the_wait_is_recorded_at_once() -> None:
+    async def scenario(gathering: Any, calls: Timed, arrive: Any) -> None:
+        await asyncio.sleep(0.3)  # 2 and 3 went after the wait (0.1 s), their call is over
+        assert calls.items == [[1], [2, 3]]
+        await asyncio.sleep(0.3)  # the wait after their call is over too
+        arrive(5)
+        await _ticks(1)
+        assert calls.items[-1] == [5]  # nothing in flight nor held back: at once
+
+    assert _held(0.1, 10.0, scenario) == [[1], [2, 3], [5]]
+
+
+def test_without_hold_back_the_next_call_goes_as_the_last_ends() -> None:
+    async def scenario(gathering: Any, calls: Timed, arrive: Any) -> None:
+        await _ticks()
+        assert len(calls.items) == 2
+
+    assert _held(0.2, 0.0, scenario) == [[1], [2, 3]]
