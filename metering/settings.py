@@ -53,6 +53,10 @@ class Settings(BaseSettings):
     # database's writer's turn) before it is refused 503 database_unavailable (Retry-After): a
     # burst is queued this long, never left hanging.
     db_wait_seconds: float = Field(default=10.0, gt=0, le=300)
+    # Single usage events on PostgreSQL, recorded together: after a call, the longest the next
+    # waits for the requests that call answered to be followed by their clients' next ones (at
+    # most as long as that call took; 0: never waits). metering.usage.together
+    usage_gather_wait_ms: float = Field(default=5.0, ge=0, le=100)
     log_level: str = "INFO"
     # One line per request on the "metering.access" logger (method, path, status, duration).
     access_log: bool = True

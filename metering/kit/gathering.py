@@ -114,7 +114,8 @@ class Gathering(Generic[Item, Answer]):
         clients' next), or when as long as it took has passed."""
         waiting = [w for w in self._waiting[key] if not w.answer.done()]
         wanted = min(len(waiting) + taken, self.limit)
-        if self.hold_back <= 0 or len(waiting) >= wanted:
+        if self.hold_back <= 0 or len(waiting) >= wanted or wanted == 1:
+            # (One wanted and none waiting: the next would go as it arrives, held back or not.)
             self._hand_over(key)
             return
         self._waiting[key] = waiting  # an empty list holds a lone arrival back too

@@ -115,8 +115,12 @@ def _paths(state: State) -> together.Paths:
         async def batch(raws: Sequence[object], now: datetime) -> service.BatchOutcome:
             return await database.in_writer_thread(_record_batch, database, list(raws), now, False)
 
+        wait_seconds = state.settings.usage_gather_wait_ms / 1000
         paths = state.single_event_paths = together.Paths(
-            partial(_record_alone, database), partial(single.record_gathered, database), batch
+            partial(_record_alone, database),
+            partial(single.record_gathered, database),
+            batch,
+            together.gathering(wait_seconds),
         )
     return paths
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from functools import partial
 from typing import NamedTuple
@@ -48,34 +48,42 @@ Gathered = Callable[[Sequence[object], datetime], Awaitable[Sequence[service.Res
 Batch = Callable[[Sequence[object], datetime], Awaitable[service.BatchOutcome]]
 
 
-@dataclass(frozen=True, slots=True, eq=False)
-class Paths:
-    """The three ways of recording, of one database (metering.usage.endpoints gives the real
-    ones): the events of one ``Paths`` only are gathered together."""
-
-    alone: Alone
-    gathered: Gathered
-    batch: Batch
-
-
 class _Arrived(NamedTuple):
     raw: object
     now: datetime
 
 
-# The most events one transaction takes: far more than a process has requests in flight. After
-# a transaction, the next waits for the requests it answered to be followed by their clients'
-# next, at most as long as it took and never more than 5 ms (metering.kit.gathering: without
-# it, a process's clients take turns in two groups, one event in four recorded alone under the
-# ingest benchmark's load). A single event's answer is a report of what was used, which no user
-# waits on.
-_GATHERING: Gathering[_Arrived, service.BatchOutcome] = Gathering(limit=100, hold_back=0.005)
+# The most events one transaction takes: far more than a process has requests in flight.
+LIMIT = 100
+
+
+def gathering(wait_seconds: float) -> Gathering[_Arrived, service.BatchOutcome]:
+    """Where one app's single events are gathered. After a transaction, the next waits for the
+    requests it answered to be followed by their clients' next, at most as long as it took and
+    never more than ``wait_seconds`` (``METERING_USAGE_GATHER_WAIT_MS``; 0: it never waits;
+    metering.kit.gathering): without it, a process's clients take turns in two groups, one event
+    in four recorded alone under the ingest benchmark's load. A single event's answer is a
+    report of what was used, which no user waits on."""
+    return Gathering(limit=LIMIT, hold_back=wait_seconds)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Paths:
+    """The three ways of recording, of one database (metering.usage.endpoints gives the real
+    ones), and where their events are gathered."""
+
+    alone: Alone
+    gathered: Gathered
+    batch: Batch
+    gathered_in: Gathering[_Arrived, service.BatchOutcome] = field(
+        default_factory=lambda: gathering(0.0)
+    )
 
 
 async def record(raw: object, now: datetime, paths: Paths) -> service.BatchOutcome:
     """The outcome of recording one single-event request's event, alone or with the others
     that arrive while one is being recorded."""
-    return await _GATHERING.record(_Arrived(raw, now), partial(_record, paths), paths)
+    return await paths.gathered_in.record(_Arrived(raw, now), partial(_record, paths))
 
 
 async def _record(

@@ -12,10 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 from sqlalchemy import text
 
 from metering.db import Database
 from metering.kit.errors import DatabaseUnavailable
+from metering.settings import Settings
 from metering.usage import service, single, together
 from tests import oracle
 from tests.conftest import NOW, Api, run_on_database, running_api
@@ -263,11 +265,19 @@ def _gathered_count(api: Api) -> int:
     )
 
 
+@pytest.mark.parametrize("wait_ms", [5.0, 0.0])
 def test_concurrent_single_event_requests_are_recorded_once_each_and_together(
-    pg_api: Api,
+    plain_pg_url: str, tmp_path: Path, wait_ms: float
 ) -> None:
-    """Eight clients at once: every event recorded once, each answered with its own charge,
-    the books those of the events, and some of them recorded together."""
+    """Eight clients at once, with the wait after a call (``METERING_USAGE_GATHER_WAIT_MS``)
+    and without: every event recorded once, each answered with its own charge, the books those
+    of the events, and some of them recorded together."""
+    with running_api("postgresql", plain_pg_url, tmp_path, usage_gather_wait_ms=wait_ms) as api:
+        api.clock.set(NOW)
+        _concurrent_requests(api)
+
+
+def _concurrent_requests(pg_api: Api) -> None:
     model = priced_model(pg_api, NOW - timedelta(days=1))
     keys = [create_key(pg_api, create_account(pg_api)) for _ in range(4)]
     for key in keys:
@@ -293,3 +303,28 @@ def test_concurrent_single_event_requests_are_recorded_once_each_and_together(
         assert credits_of(pg_api, key)["balance_microcents"] == 100_000_000 - spent
         assert _report(pg_api, key)[0][0]["requests"] == 24
     assert_books_reconcile(pg_api)
+
+
+@pytest.mark.parametrize(("wait_ms", "seconds"), [(None, 0.005), (0.0, 0.0), (100, 0.1)])
+def test_the_wait_after_a_call_is_the_setting(
+    plain_pg_url: str, tmp_path: Path, wait_ms: float | None, seconds: float
+) -> None:
+    """5 ms unless ``METERING_USAGE_GATHER_WAIT_MS`` says otherwise."""
+    settings = {} if wait_ms is None else {"usage_gather_wait_ms": wait_ms}
+    with running_api("postgresql", plain_pg_url, tmp_path, **settings) as api:
+        api.clock.set(NOW)
+        key = create_key(api, create_account(api))
+        grant(api, key.account_id, 1)
+        model = priced_model(api, NOW - timedelta(days=1))
+        ingest(api, _events(key, model, "w", 1)[0])
+        paths = api.client.app.state.single_event_paths  # type: ignore[attr-defined]
+        assert paths.gathered_in.hold_back == seconds
+
+
+@pytest.mark.parametrize("wait_ms", ["-1", "100.5", "soon"])
+def test_a_wait_out_of_its_range_is_a_configuration_error(
+    wait_ms: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("METERING_USAGE_GATHER_WAIT_MS", wait_ms)
+    with pytest.raises(ValidationError, match="usage_gather_wait_ms"):
+        Settings()
