@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import re
 import shutil
 import subprocess
 import tempfile
@@ -109,18 +110,44 @@ def _read_statements(node: str, database: str) -> list[Statement]:
     return [Statement(*row) for row in rows]
 
 
-def _clients(node: str, database: str) -> list[int]:
-    """The pids of a node's client backends in ``database``: the calls' (not Citus'
-    maintenance daemon of the database, whose periodic work is no operation's)."""
-    with psycopg.connect(libpq_url(node), autocommit=True) as connection:
-        return [
-            row[0]
-            for row in connection.execute(
-                "SELECT pid FROM pg_stat_activity"
-                " WHERE datname = %s AND backend_type = 'client backend'",
-                (database,),
+# A connection Citus opens to another node names the backend it works for (application_name
+# ``citus_internal gpid=<node id × 10^10 + pid>``).
+_GPID = re.compile(r"citus_internal gpid=(\d+)")
+
+
+def _daemons(nodes: Sequence[str]) -> set[int]:
+    """The pids of every node's Citus maintenance daemons (the nodes are on this machine: one
+    space of pids)."""
+    found: set[int] = set()
+    for node in nodes:
+        with psycopg.connect(libpq_url(node), autocommit=True) as connection:
+            found.update(
+                row[0]
+                for row in connection.execute(
+                    "SELECT pid FROM pg_stat_activity"
+                    " WHERE backend_type LIKE 'Citus Maintenance Daemon%'"
+                )
             )
-        ]
+    return found
+
+
+def _clients(node: str, database: str, daemons: set[int]) -> list[int]:
+    """The pids of a node's client backends in ``database`` working for the calls: not Citus'
+    maintenance daemon of the database, nor the backends that a maintenance daemon's own
+    connections made (the coordinator's distributed deadlock detection queries every worker,
+    every few seconds), whose periodic work is no operation's."""
+    with psycopg.connect(libpq_url(node), autocommit=True) as connection:
+        rows = connection.execute(
+            "SELECT pid, application_name FROM pg_stat_activity"
+            " WHERE datname = %s AND backend_type = 'client backend'",
+            (database,),
+        ).fetchall()
+    return [pid for pid, name in rows if not _for_daemon(name or "", daemons)]
+
+
+def _for_daemon(application_name: str, daemons: set[int]) -> bool:
+    match = _GPID.fullmatch(application_name)
+    return match is not None and int(match.group(1)) % 10**10 in daemons
 
 
 def _control(user: str, option: str, pid: int) -> str:
@@ -152,15 +179,16 @@ def measure(
             server = code.server(url, workdir, 1).start()
             try:
                 asyncio.run(_send(server.port, client, operation, warmup))
+                daemons = _daemons(_node_urls(coordinator_url))
                 before = {
-                    node: {pid: _cpu_ns(pid) for pid in _clients(node, database)}
+                    node: {pid: _cpu_ns(pid) for pid in _clients(node, database, daemons)}
                     for node in workers
                 }
                 for node in counted:
                     _reset_statements(node)
                 if callgrind_user:
                     for node in workers:
-                        for pid in _clients(node, database):
+                        for pid in _clients(node, database, daemons):
                             _control(callgrind_user, "--instr=on", pid)
                             _control(callgrind_user, "--zero", pid)
                 asyncio.run(_send(server.port, client, operation, requests))
@@ -170,14 +198,14 @@ def measure(
                     if callgrind_user:
                         totals = [
                             int(n.replace(",", ""))
-                            for pid in _clients(node, database)
+                            for pid in _clients(node, database, daemons)
                             for n in _THREAD_TOTAL.findall(_control(callgrind_user, "-e", pid))
                         ]
                         worker.instructions = sum(totals) / requests
                         # each backend's profile of the operation, for callgrind_annotate
-                        for pid in _clients(node, database):
+                        for pid in _clients(node, database, daemons):
                             _control(callgrind_user, f"--dump={operation}", pid)
-                    now = {pid: _cpu_ns(pid) for pid in _clients(node, database)}
+                    now = {pid: _cpu_ns(pid) for pid in _clients(node, database, daemons)}
                     then = before[node]
                     for pid, value in now.items():
                         if value is None:
