@@ -41,10 +41,11 @@ Backend CPU (``/proc``, 10 ms ticks) is the database's CPU over them, a rough fi
 ``--database-callgrind USER``: the database runs under callgrind too (docs/performance.md says
 how), and its backends' instructions are counted the same way.
 
-The server under callgrind runs about fifty times slower than it would: the longest a single
-event waits after a call for its clients' next (``METERING_USAGE_GATHER_WAIT_MS``, 5 ms by
-default) is raised to 100 ms (``SLOWED_SERVER``), so that ``ingest-together``'s four clients
-make the groups a real load makes (code without that setting ignores it).
+The server under callgrind runs about fifty times slower than it would (under ``--profile``'s
+cProfile, a few times): the longest a single event waits after a call for its clients' next
+(``METERING_USAGE_GATHER_WAIT_MS``, 5 ms by default) is raised to 100 ms for both
+(``SLOWED_SERVER``), so that ``ingest-together``'s four clients make the groups a real load
+makes (code without that setting ignores it).
 
 Run: ``python -m bench.per_request [--code DIR] [--profile] [--batch N] [ingest ingest-batch
 ingest-together authorize authorize-together authorize-limited]`` with
@@ -88,7 +89,7 @@ from bench.common import (
 )
 from bench.loadgen import Connection, expect
 
-# The server's settings under callgrind (above): its waits scaled as its speed is.
+# The server's settings, measured slowed (above): its waits scaled as its speed is.
 SLOWED_SERVER = (("METERING_USAGE_GATHER_WAIT_MS", "100"),)
 
 OPERATIONS = (

@@ -6,7 +6,7 @@ transaction whose statements, plans and commit cost far more than the one row it
 a process has such a call in flight, the requests of the same kind that arrive wait for it to
 end, then go together in the next call: one round trip and one commit for all of them. A
 request that finds no call in flight makes its own at once, so a lone request waits for
-nothing, and no request waits for more than the call in flight and its own.
+nothing; without ``hold_back``, no request waits for more than the call in flight and its own.
 
 ``hold_back`` (single usage events, whose answer no one waits on to serve a user): the requests
 a call has just answered are likely to be followed at once by their clients' next ones. So when
