@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, date, datetime
 from enum import Enum
 from json.encoder import encode_basestring_ascii
-from operator import call, itemgetter
+from operator import attrgetter, call, itemgetter
 from typing import Any
 
 TimeText = Callable[[datetime], str]
@@ -185,14 +185,24 @@ class _Elements(dict[Any, str]):
 class ArraysEncoder:
     """Rows with these ``fields`` (name and kind, in order) as one PostgreSQL array literal per
     column, in order; times by ``time_text``. ``rows`` must be a sequence (read once per
-    column)."""
+    column): mappings, each value by its field's name, or, given ``attributes`` (each field's
+    attribute, a dotted path as ``operator.attrgetter`` reads it), objects: a batch's rows
+    read from what it already holds, without a mapping made for each."""
 
-    def __init__(self, fields: Sequence[tuple[str, Field]], time_text: TimeText) -> None:
+    def __init__(
+        self,
+        fields: Sequence[tuple[str, Field]],
+        time_text: TimeText,
+        attributes: Mapping[str, str] | None = None,
+    ) -> None:
         self._fields = tuple(fields)
         self._time_text = time_text
-        self._getters = tuple(itemgetter(name) for name, _ in self._fields)
+        self._getters: tuple[Callable[[Any], Any], ...] = tuple(
+            itemgetter(name) if attributes is None else attrgetter(attributes[name])
+            for name, _ in self._fields
+        )
 
-    def __call__(self, rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    def __call__(self, rows: Sequence[Any]) -> list[str]:
         arrays = []
         for get, (_, kind) in zip(self._getters, self._fields, strict=True):
             values = list(map(get, rows))
@@ -204,9 +214,29 @@ class ArraysEncoder:
             elif kind is Field.BOOLEAN:
                 elements = list(map(_BOOLEANS.__getitem__, values))
             elif kind is Field.TIME:
+                if None not in values:
+                    arrays.append(_quoted_array(list(map(self._time_text, values))))
+                    continue
                 time_text = self._time_text
                 elements = ["NULL" if v is None else f'"{time_text(v)}"' for v in values]
             else:  # TEXT and VERBATIM alike: an element's quoting is not JSON's
+                if None not in values and _needs_no_escape(values):
+                    arrays.append(_quoted_array(values))
+                    continue
                 elements = list(map(_Elements().__getitem__, values))
             arrays.append("{" + ",".join(elements) + "}")
         return arrays
+
+
+def _needs_no_escape(texts: list[Any]) -> bool:
+    """Whether none of ``texts`` (strings) holds a character an array element escapes."""
+    whole = "".join(texts)  # a value not a string fails here, as _array_element's check would
+    return '"' not in whole and "\\" not in whole
+
+
+def _quoted_array(texts: list[str]) -> str:
+    """An array literal of strings that need no escaping, each double-quoted (a bare element
+    could read as NULL): in one join, not an element at a time."""
+    if not texts:
+        return "{}"
+    return '{"' + '","'.join(texts) + '"}'

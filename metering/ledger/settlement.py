@@ -22,8 +22,7 @@ so it never waits in the opposite order: see metering.ledger.placement.)
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import (
     BigInteger,
@@ -52,9 +51,9 @@ HOLDS = table(Authorization)
 ENTRIES = table(LedgerEntry)
 
 
-@dataclass(frozen=True, slots=True)
-class ChargeToSettle:
-    """One recorded usage event's charge (a row of ``CHARGES_IN``)."""
+class ChargeToSettle(NamedTuple):
+    """One recorded usage event's charge (a row of ``CHARGES_IN``): a named tuple, made in a
+    third of a frozen dataclass's time (a batch makes one per event)."""
 
     account_id: str
     api_key_id: str
@@ -66,15 +65,7 @@ class ChargeToSettle:
 
     def row(self) -> dict[str, Any]:
         """The charge as a row of ``CHARGES_IN`` (by name)."""
-        return {
-            "account_id": self.account_id,
-            "api_key_id": self.api_key_id,
-            "request_id": self.request_id,
-            "usage_event_id": self.usage_event_id,
-            "charge_microcents": self.charge_microcents,
-            "authorization_id": self.authorization_id,
-            "prepaid": self.prepaid,
-        }
+        return self._asdict()
 
 
 CHARGES_IN = p.Records(  # ChargeToSettle's fields
@@ -89,7 +80,7 @@ CHARGES_IN = p.Records(  # ChargeToSettle's fields
         ("prepaid", p.Boolean()),
     ),
 )
-assert CHARGES_IN.names == tuple(f.name for f in fields(ChargeToSettle))
+assert CHARGES_IN.names == ChargeToSettle._fields
 _TARGETS = p.Rows("v_targets", (("hold_id", HOLDS.c.id.type), ("event_id", BigInteger())))
 _DEBITS = p.Rows("v_debits", (("account_id", ACCOUNTS.c.id.type), ("total", BigInteger())))
 

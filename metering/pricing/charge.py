@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from metering.kit.money import round_half_up_div
 from metering.pricing.usage import NormalizedUsage
@@ -19,8 +20,9 @@ class Rates:
     cache_read_microcents_per_million: int
 
 
-@dataclass(frozen=True, slots=True)
-class Charge:
+class Charge(NamedTuple):
+    # A named tuple, not a frozen dataclass: as immutable, and made in a third of the time (a
+    # batch prices a thousand events; docs/performance.md).
     uncached_input_tokens: int
     cache_read_tokens: int
     output_tokens: int
@@ -40,17 +42,14 @@ def component_microcents(tokens: int, microcents_per_million: int) -> int:
 
 
 def price_usage(usage: NormalizedUsage, rates: Rates) -> Charge:
+    uncached, cached = usage.uncached_input_tokens, usage.cached_tokens
     return Charge(
-        uncached_input_tokens=usage.uncached_input_tokens,
-        cache_read_tokens=usage.cached_tokens,
+        uncached_input_tokens=uncached,
+        cache_read_tokens=cached,
         output_tokens=usage.output_tokens,
         reasoning_tokens=usage.reasoning_tokens,
-        input_microcents=component_microcents(
-            usage.uncached_input_tokens, rates.input_microcents_per_million
-        ),
-        cache_read_microcents=component_microcents(
-            usage.cached_tokens, rates.cache_read_microcents_per_million
-        ),
+        input_microcents=component_microcents(uncached, rates.input_microcents_per_million),
+        cache_read_microcents=component_microcents(cached, rates.cache_read_microcents_per_million),
         output_microcents=component_microcents(
             usage.output_tokens, rates.output_microcents_per_million
         ),

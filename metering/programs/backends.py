@@ -255,14 +255,18 @@ def records_encoder(
     return rows_text.Encoder(_fields(records, verbatim), on.time_text)
 
 
-def arrays_encoder(records: Records) -> Callable[[Sequence[Mapping[str, Any]]], dict[str, str]]:
+def arrays_encoder(
+    records: Records, attributes: Mapping[str, str] | None = None
+) -> Callable[[Sequence[Any]], dict[str, str]]:
     """The parameters of ``records`` (``by_column``) on PostgreSQL for rows (mappings with its
-    columns): each column's values as an array literal, by parameter name."""
+    columns, or, given ``attributes``, objects with each column at its attribute): each
+    column's values as an array literal, by parameter name."""
     assert records.by_column, records.name
-    encode = rows_text.ArraysEncoder(_fields(records, ()), rows_text.postgresql_time)
+    fields = _fields(records, ())
+    encode = rows_text.ArraysEncoder(fields, rows_text.postgresql_time, attributes)
     params = tuple(map(records.column_param, records.names))
 
-    def arrays(rows: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+    def arrays(rows: Sequence[Any]) -> dict[str, str]:
         return dict(zip(params, encode(rows), strict=True))
 
     return arrays

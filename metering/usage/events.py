@@ -10,6 +10,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from operator import attrgetter
 from typing import Any, NamedTuple
 
 from metering.kit.errors import InvalidRequest
@@ -92,6 +93,8 @@ class ChargeValues(NamedTuple):
 
 
 CHARGE_FIELDS = ChargeValues._fields
+# A Charge's fields are a ChargeValues' first, in order (``Event.charge_values``).
+assert CHARGE_FIELDS[: len(Charge._fields)] == Charge._fields
 
 
 @dataclass(slots=True)
@@ -130,41 +133,38 @@ class Event:
     def charge_values(self) -> ChargeValues:
         charge = self.charge
         assert charge is not None
-        return ChargeValues(
-            charge.uncached_input_tokens,
-            charge.cache_read_tokens,
-            charge.output_tokens,
-            charge.reasoning_tokens,
-            charge.input_microcents,
-            charge.cache_read_microcents,
-            charge.output_microcents,
-            charge.total_microcents,
-            self.price_version_id,
-        )
+        return ChargeValues(*charge, charge.total_microcents, self.price_version_id)
 
     def row(self) -> dict[str, Any]:
-        """The event's ``usage_events`` row (metering.usage.recording.EVENT_COLUMNS)."""
-        usage, charge = self.usage, self.charge
-        assert usage is not None and charge is not None
-        return {
-            "account_id": self.account_id,
-            "request_id": self.request_id,
-            "api_key_id": self.api_key_id,
-            "model_id": self.model_id,
-            "api": self.api,
-            "outcome": self.outcome,
-            "occurred_at": self.occurred_at,
-            "authorization_id": self.authorization_id,
-            "prompt_tokens": usage.prompt_tokens,
-            "cached_tokens": usage.cached_tokens,
-            "output_tokens": usage.output_tokens,
-            "reasoning_tokens": usage.reasoning_tokens,
-            "input_microcents": charge.input_microcents,
-            "cache_read_microcents": charge.cache_read_microcents,
-            "output_microcents": charge.output_microcents,
-            "total_microcents": charge.total_microcents,
-            "price_version_id": self.price_version_id,
-        }
+        """The event's ``usage_events`` row (metering.usage.recording.EVENT_COLUMNS), read as
+        ``ROW_ATTRIBUTES`` says."""
+        assert self.usage is not None and self.charge is not None
+        return dict(zip(ROW_ATTRIBUTES, _ROW_VALUES(self), strict=True))
+
+
+# Each column of a priced event's ``usage_events`` row and the attribute of its ``Event`` that
+# holds it: ``Event.row``, and a batch's arrays, read from its events without a row each
+# (metering.usage.repository).
+ROW_ATTRIBUTES = {
+    "account_id": "account_id",
+    "request_id": "request_id",
+    "api_key_id": "api_key_id",
+    "model_id": "model_id",
+    "api": "api",
+    "outcome": "outcome",
+    "occurred_at": "occurred_at",
+    "authorization_id": "authorization_id",
+    "prompt_tokens": "usage.prompt_tokens",
+    "cached_tokens": "usage.cached_tokens",
+    "output_tokens": "usage.output_tokens",
+    "reasoning_tokens": "usage.reasoning_tokens",
+    "input_microcents": "charge.input_microcents",
+    "cache_read_microcents": "charge.cache_read_microcents",
+    "output_microcents": "charge.output_microcents",
+    "total_microcents": "charge.total_microcents",
+    "price_version_id": "price_version_id",
+}
+_ROW_VALUES = attrgetter(*ROW_ATTRIBUTES.values())
 
 
 def is_keyed(raw: object) -> bool:

@@ -343,13 +343,14 @@ RECORD_GATHERED = p.Program(
 
 
 ENCODE_GATHERED = p.records_encoder(GATHERED_IN, p.POSTGRESQL, verbatim=EVENT_VERBATIM)
-_CHARGE_ARRAYS = p.arrays_encoder(CHARGES_BY_COLUMN)
+# On PostgreSQL each column is read from the charges themselves (``ChargeToSettle``'s fields).
+_CHARGE_ARRAYS = p.arrays_encoder(CHARGES_BY_COLUMN, {name: name for name in CHARGES_IN.names})
 _ENCODE_SQLITE_CHARGES = p.records_encoder(CHARGES_IN, p.SQLITE, verbatim=("request_id",))
 
 
-def _sqlite_charges(rows: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+def _sqlite_charges(charges: Sequence[ChargeToSettle]) -> dict[str, str]:
     """The charges' parameter on SQLite (which reads their JSON document)."""
-    return {CHARGES_IN.name: _ENCODE_SQLITE_CHARGES(rows)}
+    return {CHARGES_IN.name: _ENCODE_SQLITE_CHARGES([charge.row() for charge in charges])}
 
 
 _SETTLE = Forms.of_program(SETTLE_USAGE, SETTLE_USAGE_OF_ACCOUNT)
@@ -381,7 +382,7 @@ def settle_usage(
 
     def params(on: p.Backend) -> dict[str, Any]:
         # The rows live only while they are written: not during the round trip, beside the text.
-        ordered = [c.row() for c in sorted(charges, key=lambda c: c.usage_event_id)]
+        ordered = sorted(charges, key=lambda c: c.usage_event_id)
         charges_params = on.choose(postgresql=_CHARGE_ARRAYS, sqlite=_sqlite_charges)
         return {
             "p_now": now,

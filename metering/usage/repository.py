@@ -53,7 +53,7 @@ from metering.models import AccountRate, CatalogModel, Member, PriceVersion, Pro
 from metering.models.base import UTCDateTime
 from metering.notifications.spend_limits import KeyScopes
 from metering.pricing import NormalizedUsage
-from metering.usage.events import ChargeValues, Content, Event
+from metering.usage.events import ROW_ATTRIBUTES, ChargeValues, Content, Event
 from metering.usage.prices import PriceBook
 from metering.usage.recording import (
     EVENT_COLUMNS,
@@ -478,12 +478,14 @@ _RECORD = Forms.of_statement(
 )
 ENCODE_EVENTS = p.records_encoder(EVENTS_IN, p.POSTGRESQL, verbatim=EVENT_VERBATIM)
 _ENCODE_SQLITE_EVENTS = p.records_encoder(EVENTS_IN, p.SQLITE, verbatim=EVENT_VERBATIM)
-_EVENT_ARRAYS = p.arrays_encoder(EVENTS_BY_COLUMN)
+# On PostgreSQL each column is read from the events themselves (``Event.row``'s attributes).
+_EVENT_ARRAYS = p.arrays_encoder(EVENTS_BY_COLUMN, ROW_ATTRIBUTES)
+assert tuple(ROW_ATTRIBUTES) == EVENTS_IN.names
 
 
-def _sqlite_events(rows: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+def _sqlite_events(events: Sequence[Event]) -> dict[str, str]:
     """The events' parameter on SQLite (which reads their JSON document)."""
-    return {EVENTS_IN.name: _ENCODE_SQLITE_EVENTS(rows)}
+    return {EVENTS_IN.name: _ENCODE_SQLITE_EVENTS([event.row() for event in events])}
 
 
 def record(
@@ -498,7 +500,7 @@ def record(
     def params(on: p.Backend) -> dict[str, Any]:
         # The rows live only while they are written: not during the round trip, beside the text.
         encode = on.choose(postgresql=_EVENT_ARRAYS, sqlite=_sqlite_events)
-        return {**encode([event.row() for event in events]), NOW.name: now}
+        return {**encode(events), NOW.name: now}
 
     inserted = _RECORD.rows(session, params, account_id)
     return {(account, request): event_id for event_id, account, request in inserted}

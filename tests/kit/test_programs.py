@@ -7,6 +7,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
 from typing import Any
 
 import psycopg
@@ -173,18 +174,38 @@ _MIXED_IN = p.Records(
 _MIXED_BY_COLUMN = replace(_MIXED_IN, by_column=True)
 
 
-def test_rows_read_from_column_arrays_are_the_rows_read_from_json(plain_pg_url: str) -> None:
+# Labels that need no escaping, none null: each column is written in one join, not an element at
+# a time (yet "NULL" and "" must still be quoted, and "{a,b}" read as one element).
+_PLAIN = ["acct_1", "", "NULL", "null", "{a,b}", " x ", "«é»", "req-2:3.4_5"]
+
+
+@pytest.mark.parametrize(
+    ("labels", "with_nulls", "by_attribute"),
+    [
+        (_AWKWARD, True, False),
+        (_PLAIN, False, False),
+        (_PLAIN, False, True),
+        (_AWKWARD, True, True),
+        ([], False, False),
+    ],
+    ids=["awkward", "plain", "plain-objects", "awkward-objects", "no-rows"],
+)
+def test_rows_read_from_column_arrays_are_the_rows_read_from_json(
+    plain_pg_url: str, labels: list[str | None], with_nulls: bool, by_attribute: bool
+) -> None:
     """Rows read from one array literal per column (``Records.by_column``, ``arrays_encoder``)
-    are, on PostgreSQL, the rows read from their JSON document, in the same order."""
+    are, on PostgreSQL, the rows read from their JSON document, in the same order: with values
+    that need escaping and nulls, without them, and read from objects by attribute
+    (``attributes``) as from mappings by name."""
     at = datetime(2026, 11, 29, 13, 5, 7, 123, tzinfo=UTC)
     rows = [
         {
             "label": label,
-            "amount": [0, -(2**63), 2**63 - 1, None][index % 4],
-            "prepaid": [True, False, None][index % 3],
-            "at": None if index == 3 else at + timedelta(hours=index),
+            "amount": [0, -(2**63), 2**63 - 1, None if with_nulls else 7][index % 4],
+            "prepaid": [True, False, None if with_nulls else True][index % 3],
+            "at": None if with_nulls and index == 3 else at + timedelta(hours=index),
         }
-        for index, label in enumerate(_AWKWARD)
+        for index, label in enumerate(labels)
     ]
     columns = [*_MIXED_IN.names, "position"]
 
@@ -193,15 +214,19 @@ def test_rows_read_from_column_arrays_are_the_rows_read_from_json(plain_pg_url: 
         with psycopg.connect(plain_pg_url.replace("+psycopg", "")) as connection:
             return connection.execute(p.psycopg_text(statement), params).fetchall()
 
-    from_arrays = read(
-        POSTGRESQL.records(_MIXED_BY_COLUMN, "c"), p.arrays_encoder(_MIXED_BY_COLUMN)(rows)
-    )
+    if by_attribute:
+        attributes = {name: f"held.{name}" for name in _MIXED_IN.names}
+        objects = [SimpleNamespace(held=SimpleNamespace(**row)) for row in rows]
+        arrays = p.arrays_encoder(_MIXED_BY_COLUMN, attributes)(objects)
+    else:
+        arrays = p.arrays_encoder(_MIXED_BY_COLUMN)(rows)
+    from_arrays = read(POSTGRESQL.records(_MIXED_BY_COLUMN, "c"), arrays)
     from_json = read(
         POSTGRESQL.records(_MIXED_IN, "c"),
         {_MIXED_IN.name: p.records_json(_MIXED_IN, rows, POSTGRESQL)},
     )
     assert from_arrays == from_json
-    assert [row[0] for row in from_arrays] == _AWKWARD
+    assert [row[0] for row in from_arrays] == labels
 
 
 def test_a_statement_with_positional_parameters_takes_the_same_values(plain_pg_url: str) -> None:
