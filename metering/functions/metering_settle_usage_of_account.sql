@@ -45,9 +45,9 @@ BEGIN
     FROM (
     SELECT found.hold_id, min(found.event_id) AS event_id
     FROM (SELECT authorizations.id AS hold_id, c.usage_event_id AS event_id
-    FROM (SELECT * FROM unnest(CAST(p_charges_account_id AS VARCHAR[]), CAST(p_charges_request_id AS VARCHAR[]), CAST(p_charges_authorization_id AS VARCHAR[]), CAST(p_charges_usage_event_id AS BIGINT[])) WITH ORDINALITY AS t(account_id, request_id, authorization_id, usage_event_id, position)) AS c JOIN (SELECT * FROM authorizations WHERE authorizations.account_id = p_account_id) AS authorizations ON authorizations.id = c.authorization_id AND authorizations.account_id = c.account_id
+    FROM (SELECT unnest(CAST(p_charges_account_id AS VARCHAR[])) AS account_id, unnest(CAST(p_charges_request_id AS VARCHAR[])) AS request_id, unnest(CAST(p_charges_authorization_id AS VARCHAR[])) AS authorization_id, unnest(CAST(p_charges_usage_event_id AS BIGINT[])) AS usage_event_id, generate_series(CAST(1 AS BIGINT), cardinality(CAST(p_charges_account_id AS VARCHAR[]))) AS position) AS c JOIN (SELECT * FROM authorizations WHERE authorizations.account_id = p_account_id) AS authorizations ON authorizations.id = c.authorization_id AND authorizations.account_id = c.account_id
     WHERE authorizations.status IN ('active', 'expired') UNION ALL SELECT authorizations.id AS hold_id, c.usage_event_id AS event_id
-    FROM (SELECT * FROM unnest(CAST(p_charges_account_id AS VARCHAR[]), CAST(p_charges_request_id AS VARCHAR[]), CAST(p_charges_authorization_id AS VARCHAR[]), CAST(p_charges_usage_event_id AS BIGINT[])) WITH ORDINALITY AS t(account_id, request_id, authorization_id, usage_event_id, position)) AS c JOIN (SELECT * FROM authorizations WHERE authorizations.account_id = p_account_id) AS authorizations ON authorizations.account_id = c.account_id AND authorizations.request_id = c.request_id
+    FROM (SELECT unnest(CAST(p_charges_account_id AS VARCHAR[])) AS account_id, unnest(CAST(p_charges_request_id AS VARCHAR[])) AS request_id, unnest(CAST(p_charges_authorization_id AS VARCHAR[])) AS authorization_id, unnest(CAST(p_charges_usage_event_id AS BIGINT[])) AS usage_event_id, generate_series(CAST(1 AS BIGINT), cardinality(CAST(p_charges_account_id AS VARCHAR[]))) AS position) AS c JOIN (SELECT * FROM authorizations WHERE authorizations.account_id = p_account_id) AS authorizations ON authorizations.account_id = c.account_id AND authorizations.request_id = c.request_id
     WHERE c.authorization_id IS NULL AND authorizations.status IN ('active', 'expired')) AS found GROUP BY found.hold_id
     ) AS collected;
     IF coalesce(cardinality(v_targets_hold_id), 0) > 1 THEN
@@ -60,12 +60,12 @@ BEGIN
         UPDATE authorizations SET status='settled', closed_at=p_now, usage_event_id=t.event_id FROM unnest(v_targets_hold_id, v_targets_event_id) AS t(hold_id, event_id) WHERE authorizations.id = t.hold_id AND authorizations.status IN ('active', 'expired') AND authorizations.account_id = p_account_id;
     END IF;
     INSERT INTO ledger_entries (account_id, kind, amount_microcents, usage_event_id, api_key_id, created_at) SELECT c.account_id, 'charge' AS anon_1, -c.charge_microcents, c.usage_event_id, c.api_key_id, p_now AS anon_2
-    FROM (SELECT * FROM unnest(CAST(p_charges_account_id AS VARCHAR[]), CAST(p_charges_api_key_id AS VARCHAR[]), CAST(p_charges_usage_event_id AS BIGINT[]), CAST(p_charges_charge_microcents AS BIGINT[]), CAST(p_charges_prepaid AS BOOLEAN[])) WITH ORDINALITY AS t(account_id, api_key_id, usage_event_id, charge_microcents, prepaid, position)) AS c
+    FROM (SELECT unnest(CAST(p_charges_account_id AS VARCHAR[])) AS account_id, unnest(CAST(p_charges_api_key_id AS VARCHAR[])) AS api_key_id, unnest(CAST(p_charges_usage_event_id AS BIGINT[])) AS usage_event_id, unnest(CAST(p_charges_charge_microcents AS BIGINT[])) AS charge_microcents, unnest(CAST(p_charges_prepaid AS BOOLEAN[])) AS prepaid, generate_series(CAST(1 AS BIGINT), cardinality(CAST(p_charges_account_id AS VARCHAR[]))) AS position) AS c
     WHERE c.prepaid ORDER BY c.usage_event_id;
     SELECT array_agg(collected.account_id), array_agg(collected.total) INTO v_debits_account_id, v_debits_total
     FROM (
     SELECT c.account_id, CAST(sum(c.charge_microcents) AS BIGINT) AS total
-    FROM (SELECT * FROM unnest(CAST(p_charges_account_id AS VARCHAR[]), CAST(p_charges_charge_microcents AS BIGINT[]), CAST(p_charges_prepaid AS BOOLEAN[])) WITH ORDINALITY AS t(account_id, charge_microcents, prepaid, position)) AS c
+    FROM (SELECT unnest(CAST(p_charges_account_id AS VARCHAR[])) AS account_id, unnest(CAST(p_charges_charge_microcents AS BIGINT[])) AS charge_microcents, unnest(CAST(p_charges_prepaid AS BOOLEAN[])) AS prepaid, generate_series(CAST(1 AS BIGINT), cardinality(CAST(p_charges_account_id AS VARCHAR[]))) AS position) AS c
     WHERE c.prepaid GROUP BY c.account_id
     ) AS collected;
     IF coalesce(cardinality(v_debits_account_id), 0) > 1 THEN

@@ -103,10 +103,15 @@ class Backend:
         if self.name == "postgresql":
             names = ", ".join(n for n, _ in read)
             if records.by_column:
-                arrays = ", ".join(
-                    f"CAST(:{records.column_param(n)} AS {array_type(t)})" for n, t in read
+                # Each array unnested in the select list, all in step (a ProjectSet), not in
+                # FROM: a function scan of several arrays first copies every row into a
+                # tuplestore (docs/performance.md, "A batch per event").
+                arrays = [f"CAST(:{records.column_param(n)} AS {array_type(t)})" for n, t in read]
+                listed = ", ".join(
+                    f"unnest({a}) AS {n}" for a, (n, _) in zip(arrays, read, strict=True)
                 )
-                sql = f"SELECT * FROM unnest({arrays}) WITH ORDINALITY AS t({names}, position)"
+                numbered = f"generate_series(CAST(1 AS BIGINT), cardinality({arrays[0]}))"
+                sql = f"SELECT {listed}, {numbered} AS position"
             else:
                 types = ", ".join(f"{n} {pg_type(t)}" for n, t in read)
                 sql = (
