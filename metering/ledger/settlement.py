@@ -52,8 +52,8 @@ ENTRIES = table(LedgerEntry)
 
 
 class ChargeToSettle(NamedTuple):
-    """One recorded usage event's charge (a row of ``CHARGES_IN``): a named tuple, made in a
-    third of a frozen dataclass's time (a batch makes one per event)."""
+    """One recorded usage event's charge (a row of ``CHARGES_IN``): a named tuple, made by name
+    in less than half a frozen dataclass's time (a batch makes one per event)."""
 
     account_id: str
     api_key_id: str

@@ -21,8 +21,8 @@ class Rates:
 
 
 class Charge(NamedTuple):
-    # A named tuple, not a frozen dataclass: as immutable, and made in a third of the time (a
-    # batch prices a thousand events; docs/performance.md).
+    # A named tuple, not a frozen dataclass: as immutable, and made by name in less than half
+    # the time (a batch prices a thousand events; docs/performance.md).
     uncached_input_tokens: int
     cache_read_tokens: int
     output_tokens: int

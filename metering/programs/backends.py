@@ -101,7 +101,6 @@ class Backend:
         columns, when given, are unnested)."""
         read = _only(records.columns, only)
         if self.name == "postgresql":
-            names = ", ".join(n for n, _ in read)
             if records.by_column:
                 # Each array unnested in the select list, all in step (a ProjectSet), not in
                 # FROM: a function scan of several arrays first copies every row into a
@@ -113,6 +112,7 @@ class Backend:
                 numbered = f"generate_series(CAST(1 AS BIGINT), cardinality({arrays[0]}))"
                 sql = f"SELECT {listed}, {numbered} AS position"
             else:
+                names = ", ".join(n for n, _ in read)
                 types = ", ".join(f"{n} {pg_type(t)}" for n, t in read)
                 sql = (
                     f"SELECT * FROM ROWS FROM (json_to_recordset(CAST(:{records.name} AS json)) "
