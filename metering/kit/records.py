@@ -100,6 +100,7 @@ def _integer(value: int | None) -> int | str:
 
 _BOOLEANS = {True: "true", False: "false", None: "null"}
 _INTEGERS = frozenset({int})
+_TZINFO = attrgetter("tzinfo")
 # Fewer rows than this are written row by row: one conversion per value costs less than the
 # column-by-column pass sets up (measured: the gateway's single event, and batches of 10 on).
 _ROW_BY_ROW = 8
@@ -184,19 +185,17 @@ class _Elements(dict[Any, str]):
 
 class ArraysEncoder:
     """Rows with these ``fields`` (name and kind, in order) as one PostgreSQL array literal per
-    column, in order; times by ``time_text``. ``rows`` must be a sequence (read once per
-    column): mappings, each value by its field's name, or, given ``attributes`` (each field's
-    attribute, a dotted path as ``operator.attrgetter`` reads it), objects: a batch's rows
-    read from what it already holds, without a mapping made for each."""
+    column, in order; times as ``postgresql_time`` writes them. ``rows`` must be a sequence
+    (read once per column): mappings, each value by its field's name, or, given ``attributes``
+    (each field's attribute, a dotted path as ``operator.attrgetter`` reads it), objects: a
+    batch's rows read from what it already holds, without a mapping made for each."""
 
     def __init__(
         self,
         fields: Sequence[tuple[str, Field]],
-        time_text: TimeText,
         attributes: Mapping[str, str] | None = None,
     ) -> None:
         self._fields = tuple(fields)
-        self._time_text = time_text
         self._getters: tuple[Callable[[Any], Any], ...] = tuple(
             itemgetter(name) if attributes is None else attrgetter(attributes[name])
             for name, _ in self._fields
@@ -214,11 +213,12 @@ class ArraysEncoder:
             elif kind is Field.BOOLEAN:
                 elements = list(map(_BOOLEANS.__getitem__, values))
             elif kind is Field.TIME:
-                if None not in values:
-                    arrays.append(_quoted_array(list(map(self._time_text, values))))
+                if None not in values and None not in set(map(_TZINFO, values)):
+                    # Each aware: its ISO text, by the C method itself (``postgresql_time``'s
+                    # text, without a Python call per value).
+                    arrays.append(_quoted_array(list(map(datetime.isoformat, values))))
                     continue
-                time_text = self._time_text
-                elements = ["NULL" if v is None else f'"{time_text(v)}"' for v in values]
+                elements = ["NULL" if v is None else f'"{postgresql_time(v)}"' for v in values]
             else:  # TEXT and VERBATIM alike: an element's quoting is not JSON's
                 if None not in values and _needs_no_escape(values):
                     arrays.append(_quoted_array(values))

@@ -268,7 +268,7 @@ def arrays_encoder(
     column's values as an array literal, by parameter name."""
     assert records.by_column, records.name
     fields = _fields(records, ())
-    encode = rows_text.ArraysEncoder(fields, rows_text.postgresql_time, attributes)
+    encode = rows_text.ArraysEncoder(fields, attributes)
     params = tuple(map(records.column_param, records.names))
 
     def arrays(rows: Sequence[Any]) -> dict[str, str]:

@@ -329,15 +329,28 @@ def _zero_charge(usage: NormalizedUsage) -> Charge:
 
 def _to_settle(event: Event, event_id: int) -> ChargeToSettle:
     assert event.charge is not None
+    # Positionally (a batch makes one per event; by name costs twice as much): the fields'
+    # order is asserted below.
     return ChargeToSettle(
-        account_id=event.account_id or "",
-        api_key_id=event.api_key_id or "",
-        request_id=event.request_id,
-        usage_event_id=event_id,
-        charge_microcents=event.charge.total_microcents,
-        authorization_id=event.authorization_id,
-        prepaid=event.prepaid,
+        event.account_id or "",
+        event.api_key_id or "",
+        event.request_id,
+        event_id,
+        event.charge.total_microcents,
+        event.authorization_id,
+        event.prepaid,
     )
+
+
+assert ChargeToSettle._fields == (
+    "account_id",
+    "api_key_id",
+    "request_id",
+    "usage_event_id",
+    "charge_microcents",
+    "authorization_id",
+    "prepaid",
+)
 
 
 def spend_limited(events: Iterable[Event]) -> list[ScopeLimit]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import replace
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 from types import SimpleNamespace
 from typing import Any
 
@@ -198,12 +198,21 @@ def test_rows_read_from_column_arrays_are_the_rows_read_from_json(
     that need escaping and nulls, without them, and read from objects by attribute
     (``attributes``) as from mappings by name."""
     at = datetime(2026, 11, 29, 13, 5, 7, 123, tzinfo=UTC)
+    india = timezone(timedelta(hours=5, minutes=30))
+
+    def time(index: int) -> datetime | None:
+        """In UTC or at another offset, with or without a fraction of a second; or null."""
+        if with_nulls and index == 3:
+            return None
+        moment = at + timedelta(hours=index) if index % 2 else at.replace(microsecond=0)
+        return moment.astimezone(india) if index % 3 == 2 else moment
+
     rows = [
         {
             "label": label,
             "amount": [0, -(2**63), 2**63 - 1, None if with_nulls else 7][index % 4],
             "prepaid": [True, False, None if with_nulls else True][index % 3],
-            "at": None if with_nulls and index == 3 else at + timedelta(hours=index),
+            "at": time(index),
         }
         for index, label in enumerate(labels)
     ]
@@ -227,6 +236,17 @@ def test_rows_read_from_column_arrays_are_the_rows_read_from_json(
     )
     assert from_arrays == from_json
     assert [row[0] for row in from_arrays] == labels
+
+
+def test_a_time_without_its_offset_is_refused_in_a_column_array() -> None:
+    """A naive time names no instant: ``arrays_encoder`` refuses it as ``records_json`` does,
+    among aware times as alone (the column written in one pass checks every time first)."""
+    aware = datetime(2026, 11, 29, 13, 5, 7, tzinfo=UTC)
+    encode = p.arrays_encoder(_MIXED_BY_COLUMN)
+    for times in ([aware.replace(tzinfo=None)], [aware, aware.replace(tzinfo=None), None]):
+        rows = [{"label": "a", "amount": 1, "prepaid": True, "at": at} for at in times]
+        with pytest.raises(ValueError, match="aware"):
+            encode(rows)
 
 
 def test_a_statement_with_positional_parameters_takes_the_same_values(plain_pg_url: str) -> None:
