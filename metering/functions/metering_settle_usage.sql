@@ -42,7 +42,7 @@ BEGIN
     WITH charged AS
     (INSERT INTO ledger_entries (account_id, kind, amount_microcents, usage_event_id, api_key_id, created_at) SELECT c.account_id AS account_id, 'charge' AS anon_1, -c.charge_microcents AS anon_2, c.usage_event_id AS usage_event_id, c.api_key_id AS api_key_id, p_now AS anon_3
     FROM (SELECT unnest(CAST(p_charges_account_id AS VARCHAR[])) AS account_id, unnest(CAST(p_charges_api_key_id AS VARCHAR[])) AS api_key_id, unnest(CAST(p_charges_usage_event_id AS BIGINT[])) AS usage_event_id, unnest(CAST(p_charges_charge_microcents AS BIGINT[])) AS charge_microcents, unnest(CAST(p_charges_prepaid AS BOOLEAN[])) AS prepaid, generate_series(CAST(1 AS BIGINT), cardinality(CAST(p_charges_account_id AS VARCHAR[]))) AS position) AS c
-    WHERE c.prepaid ORDER BY c.usage_event_id RETURNING ledger_entries.account_id, ledger_entries.amount_microcents)
+    WHERE c.prepaid RETURNING ledger_entries.account_id, ledger_entries.amount_microcents)
      SELECT array_agg(collected.account_id) AS array_agg_1, array_agg(collected.total) AS array_agg_2
     FROM (SELECT charged.account_id AS account_id, CAST(-sum(charged.amount_microcents) AS BIGINT) AS total
     FROM charged GROUP BY charged.account_id) AS collected

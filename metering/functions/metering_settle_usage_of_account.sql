@@ -61,7 +61,7 @@ BEGIN
     END IF;
     INSERT INTO ledger_entries (account_id, kind, amount_microcents, usage_event_id, api_key_id, created_at) SELECT c.account_id, 'charge' AS anon_1, -c.charge_microcents, c.usage_event_id, c.api_key_id, p_now AS anon_2
     FROM (SELECT unnest(CAST(p_charges_account_id AS VARCHAR[])) AS account_id, unnest(CAST(p_charges_api_key_id AS VARCHAR[])) AS api_key_id, unnest(CAST(p_charges_usage_event_id AS BIGINT[])) AS usage_event_id, unnest(CAST(p_charges_charge_microcents AS BIGINT[])) AS charge_microcents, unnest(CAST(p_charges_prepaid AS BOOLEAN[])) AS prepaid, generate_series(CAST(1 AS BIGINT), cardinality(CAST(p_charges_account_id AS VARCHAR[]))) AS position) AS c
-    WHERE c.prepaid ORDER BY c.usage_event_id;
+    WHERE c.prepaid;
     SELECT array_agg(collected.account_id), array_agg(collected.total) INTO v_debits_account_id, v_debits_total
     FROM (
     SELECT c.account_id, CAST(sum(c.charge_microcents) AS BIGINT) AS total

@@ -109,13 +109,20 @@ _ENTERS = ("account_id", "api_key_id", "usage_event_id", "charge_microcents", "p
 
 
 def settle_steps(
-    on: p.Backend, charges: Charges, now: BindParameter[Any], *, one_event: bool = False
+    on: p.Backend,
+    charges: Charges,
+    now: BindParameter[Any],
+    *,
+    one_event: bool = False,
+    in_event_order: bool = False,
 ) -> list[p.Step]:
     """Settle the holds of ``charges`` (``CHARGES_IN``'s rows), append the
     ledger debits and debit the balances. ``one_event``: the charges are one event's (a single
     event's call), whose hold a Citus shard then finds and settles by statements of one table
     (``_found_by_row``), and whose one charge and one account's debit are collected as one row
-    (``Collect.one_row``)."""
+    (``Collect.one_row``). ``in_event_order``: ``charges`` reads them in the order of their
+    events' ids (a program's records, which its caller sorted), so their ledger entries are
+    appended in that order without a sort of every row first."""
     settleable = holds.may("settle", HOLDS)
     by_name, by_request_id = charges(_FINDS), charges(_FINDS)
     named = (
@@ -166,7 +173,7 @@ def settle_steps(
             ),
         ),
         p.When(on.count(_TARGETS) > 0, tuple(settle)),
-        *_charge_steps(on, charges, now, one_event),
+        *_charge_steps(on, charges, now, one_event, in_event_order=one_event or in_event_order),
         lock_accounts(on, _DEBITS, "d"),
         # The balances, due expiries, the allocation over the grants and the balance crossings
         # of the move (metering.ledger.spending).
@@ -230,9 +237,10 @@ def _found_by_row(
 
 
 def _charge_steps(
-    on: p.Backend, charges: Charges, now: BindParameter[Any], one_event: bool
+    on: p.Backend, charges: Charges, now: BindParameter[Any], one_event: bool, in_event_order: bool
 ) -> list[p.Step]:
-    """The ledger's charge entries of the prepaid charges (in event order), and each account's
+    """The ledger's charge entries of the prepaid charges (in event order: sorted by their event
+    ids unless the charges are read in that order, ``in_event_order``), and each account's
     total into ``_DEBITS`` (one row per account, in no particular order: every statement that
     locks accounts orders them itself). On PostgreSQL one statement: the insert is a CTE and
     the totals are summed from what it returns; SQLite has no such CTE: the insert, then the
@@ -252,7 +260,7 @@ def _charge_steps(
     ).where(entered.c.prepaid)
     entries = ENTRIES.insert().from_select(
         ["account_id", "kind", "amount_microcents", "usage_event_id", "api_key_id", "created_at"],
-        charged if one_event else charged.order_by(entered.c.usage_event_id),
+        charged if in_event_order else charged.order_by(entered.c.usage_event_id),
     )
     in_one = _one_charged_in_one if one_event else _charged_in_one
     return on.choose(postgresql=in_one, sqlite=_charged_in_two, one_shard=_charged_in_two)(

@@ -171,7 +171,13 @@ CHARGES_BY_COLUMN = replace(CHARGES_IN, by_column=True)
 
 def _settle_usage(on: p.Backend) -> list[p.Step]:
     return [
-        *settle_steps(on, lambda only: on.records(CHARGES_BY_COLUMN, "c", only), NOW.ref),
+        # The charges' arrays are in their events' order (``settle_usage`` sorts them).
+        *settle_steps(
+            on,
+            lambda only: on.records(CHARGES_BY_COLUMN, "c", only),
+            NOW.ref,
+            in_event_order=True,
+        ),
         # The contended rows last (every concurrent batch of the account adds to them): their
         # locks are held only until the commit.
         p.Run(rollup_upsert(on, on.records(HOURLY_IN, "r"))),
@@ -384,6 +390,7 @@ def settle_usage(
 
     def params(on: p.Backend) -> dict[str, Any]:
         # The rows live only while they are written: not during the round trip, beside the text.
+        # In their events' order: the program appends their ledger entries as it reads them.
         ordered = sorted(charges, key=lambda c: c.usage_event_id)
         charges_params = on.choose(postgresql=_CHARGE_ARRAYS, sqlite=_sqlite_charges)
         return {
