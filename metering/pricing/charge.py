@@ -42,15 +42,15 @@ def component_microcents(tokens: int, microcents_per_million: int) -> int:
 
 
 def price_usage(usage: NormalizedUsage, rates: Rates) -> Charge:
-    uncached, cached = usage.uncached_input_tokens, usage.cached_tokens
+    uncached, cached, output = usage.uncached_input_tokens, usage.cached_tokens, usage.output_tokens
+    # Positionally, in ``Charge``'s order (a batch prices a thousand; by name costs twice as
+    # much).
     return Charge(
-        uncached_input_tokens=uncached,
-        cache_read_tokens=cached,
-        output_tokens=usage.output_tokens,
-        reasoning_tokens=usage.reasoning_tokens,
-        input_microcents=component_microcents(uncached, rates.input_microcents_per_million),
-        cache_read_microcents=component_microcents(cached, rates.cache_read_microcents_per_million),
-        output_microcents=component_microcents(
-            usage.output_tokens, rates.output_microcents_per_million
-        ),
+        uncached,
+        cached,
+        output,
+        usage.reasoning_tokens,
+        component_microcents(uncached, rates.input_microcents_per_million),
+        component_microcents(cached, rates.cache_read_microcents_per_million),
+        component_microcents(output, rates.output_microcents_per_million),
     )

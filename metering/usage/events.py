@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
 from operator import attrgetter
 from typing import Any, NamedTuple
@@ -167,6 +167,23 @@ ROW_ATTRIBUTES = {
 _ROW_VALUES = attrgetter(*ROW_ATTRIBUTES.values())
 
 
+# The fields ``parse_event`` gives an ``Event``, in order.
+_PARSED_FIELDS = (
+    "index",
+    "request_id",
+    "raw",
+    "api_key_id",
+    "model",
+    "api",
+    "outcome",
+    "occurred_at",
+    "usage",
+    "authorization_id",
+    "problem",
+)
+assert tuple(f.name for f in fields(Event))[: len(_PARSED_FIELDS)] == _PARSED_FIELDS
+
+
 def is_keyed(raw: object) -> bool:
     """The common case, checked first: a JSON object with a valid ``request_id``."""
     if type(raw) is not dict:
@@ -208,18 +225,20 @@ def parse_event(index: int, raw: Mapping[str, Any], now: datetime) -> Event:
         authorization_id = None
     api = raw.get("api")
     outcome = raw.get("outcome")
+    # Positionally (a batch parses a thousand; by name costs twice as much): in the order of
+    # ``_PARSED_FIELDS``.
     event = Event(
-        index=index,
-        request_id=raw["request_id"],
-        raw=raw,
-        api_key_id=_text(raw.get("api_key_id")),
-        model=_text(raw.get("model")),
-        api=api if isinstance(api, str) else "",
-        outcome=outcome if isinstance(outcome, str) else "",
-        occurred_at=None,
-        usage=None,
-        authorization_id=authorization_id,
-        problem=None,
+        index,
+        raw["request_id"],
+        raw,
+        _text(raw.get("api_key_id")),
+        _text(raw.get("model")),
+        api if isinstance(api, str) else "",
+        outcome if isinstance(outcome, str) else "",
+        None,  # occurred_at
+        None,  # usage
+        authorization_id,
+        None,  # problem
     )
     try:
         event.occurred_at = parse_timestamp(raw.get("occurred_at"), "occurred_at")
