@@ -104,29 +104,27 @@ DECLARE
     v_row6_2 VARCHAR;
     v_row6_3 VARCHAR(32);
     v_row6_4 BIGINT;
-    v_row7_0 VARCHAR(32);
-    v_row7_1 rollup_bucket_width;
-    v_row7_2 rollup_grouping;
-    v_row7_3 TIMESTAMP WITH TIME ZONE;
-    v_row7_4 VARCHAR;
-    v_row7_5 VARCHAR;
-    v_row7_6 BIGINT;
-    v_row7_7 BIGINT;
-    v_row7_8 BIGINT;
-    v_row7_9 BIGINT;
-    v_row7_10 BIGINT;
-    v_row7_11 BIGINT;
-    v_row7_12 BIGINT;
+    v_hour_account_id VARCHAR(32);
+    v_hour_api_key_id VARCHAR(32);
+    v_hour_model_id VARCHAR(100);
+    v_hour_hour TIMESTAMP WITH TIME ZONE;
+    v_hour_day TIMESTAMP WITH TIME ZONE;
+    v_hour_requests BIGINT;
+    v_hour_input_tokens BIGINT;
+    v_hour_cache_read_tokens BIGINT;
+    v_hour_output_tokens BIGINT;
+    v_hour_reasoning_tokens BIGINT;
+    v_hour_cost_microcents BIGINT;
     v_reached_account_id VARCHAR(32)[];
     v_reached_scope_id VARCHAR(32)[];
     v_reached_percent INTEGER[];
     v_reached_spent_microcents BIGINT[];
-    v_row8_0 VARCHAR;
-    v_row8_1 VARCHAR(32);
-    v_row8_2 VARCHAR;
-    v_row8_3 TEXT;
-    v_row8_4 TIMESTAMP WITH TIME ZONE;
-    v_row8_id BIGINT;
+    v_row7_0 VARCHAR;
+    v_row7_1 VARCHAR(32);
+    v_row7_2 VARCHAR;
+    v_row7_3 TEXT;
+    v_row7_4 TIMESTAMP WITH TIME ZONE;
+    v_row7_id BIGINT;
 BEGIN
     PERFORM lock_shard_metadata(5, ARRAY[get_shard_id_for_distribution_column('accounts', p_account_id)]) AS shard_locked;
     v_new_id := NULL;
@@ -346,13 +344,11 @@ BEGIN
                 WHERE m.before_microcents > 0 AND m.after_microcents <= 0) AS crossed;
             END IF;
         END IF;
-        FOR v_row7_0, v_row7_1, v_row7_2, v_row7_3, v_row7_4, v_row7_5, v_row7_6, v_row7_7, v_row7_8, v_row7_9, v_row7_10, v_row7_11, v_row7_12 IN
-        SELECT s.account_id, s.bucket_width, s.grouping, s.bucket_start, s.api_key_id, s.model_id, s.requests, s.input_tokens, s.cache_read_tokens, s.output_tokens, s.reasoning_tokens, s.cost_microcents, v_newest AS anon_1
-        FROM (SELECT r.account_id AS account_id, k.bucket_width AS bucket_width, k.grouping AS grouping, CASE WHEN (k.bucket_width = '1h') THEN r.hour ELSE r.day END AS bucket_start, CASE WHEN (k.grouping = 'model') THEN '' ELSE r.api_key_id END AS api_key_id, CASE WHEN (k.grouping = 'key') THEN '' ELSE r.model_id END AS model_id, r.requests AS requests, r.input_tokens AS input_tokens, r.cache_read_tokens AS cache_read_tokens, r.output_tokens AS output_tokens, r.reasoning_tokens AS reasoning_tokens, r.cost_microcents AS cost_microcents, r.last_event_id AS last_event_id
-        FROM (SELECT * FROM ROWS FROM (json_to_recordset(CAST(p_rollups AS json)) AS (account_id VARCHAR(32), api_key_id VARCHAR(32), model_id VARCHAR(100), hour TIMESTAMP WITH TIME ZONE, day TIMESTAMP WITH TIME ZONE, requests BIGINT, input_tokens BIGINT, cache_read_tokens BIGINT, output_tokens BIGINT, reasoning_tokens BIGINT, cost_microcents BIGINT, last_event_id BIGINT)) WITH ORDINALITY AS t(account_id, api_key_id, model_id, hour, day, requests, input_tokens, cache_read_tokens, output_tokens, reasoning_tokens, cost_microcents, last_event_id, position)) AS r JOIN unnest(ARRAY['1d', '1d', '1d', '1h', '1h', '1h'], ARRAY['key', 'key_model', 'model', 'key', 'key_model', 'model']) AS k(bucket_width, grouping) ON true) AS s
-        WHERE true
+        FOR v_hour_account_id, v_hour_api_key_id, v_hour_model_id, v_hour_hour, v_hour_day, v_hour_requests, v_hour_input_tokens, v_hour_cache_read_tokens, v_hour_output_tokens, v_hour_reasoning_tokens, v_hour_cost_microcents IN
+        SELECT r.account_id, r.api_key_id, r.model_id, r.hour, r.day, r.requests, r.input_tokens, r.cache_read_tokens, r.output_tokens, r.reasoning_tokens, r.cost_microcents
+        FROM (SELECT * FROM ROWS FROM (json_to_recordset(CAST(p_rollups AS json)) AS (account_id VARCHAR(32), api_key_id VARCHAR(32), model_id VARCHAR(100), hour TIMESTAMP WITH TIME ZONE, day TIMESTAMP WITH TIME ZONE, requests BIGINT, input_tokens BIGINT, cache_read_tokens BIGINT, output_tokens BIGINT, reasoning_tokens BIGINT, cost_microcents BIGINT, last_event_id BIGINT)) WITH ORDINALITY AS t(account_id, api_key_id, model_id, hour, day, requests, input_tokens, cache_read_tokens, output_tokens, reasoning_tokens, cost_microcents, last_event_id, position)) AS r
         LOOP
-            INSERT INTO usage_rollups (account_id, bucket_width, grouping, bucket_start, api_key_id, model_id, requests, input_tokens, cache_read_tokens, output_tokens, reasoning_tokens, cost_microcents, last_event_id) VALUES (v_row7_0, v_row7_1, v_row7_2, v_row7_3, v_row7_4, v_row7_5, v_row7_6, v_row7_7, v_row7_8, v_row7_9, v_row7_10, v_row7_11, v_row7_12) ON CONFLICT (account_id, bucket_width, grouping, bucket_start, api_key_id, model_id) DO UPDATE SET requests = (usage_rollups.requests + excluded.requests), input_tokens = (usage_rollups.input_tokens + excluded.input_tokens), cache_read_tokens = (usage_rollups.cache_read_tokens + excluded.cache_read_tokens), output_tokens = (usage_rollups.output_tokens + excluded.output_tokens), reasoning_tokens = (usage_rollups.reasoning_tokens + excluded.reasoning_tokens), cost_microcents = (usage_rollups.cost_microcents + excluded.cost_microcents), last_event_id = greatest(usage_rollups.last_event_id, excluded.last_event_id);
+            INSERT INTO usage_rollups (account_id, bucket_width, grouping, bucket_start, api_key_id, model_id, requests, input_tokens, cache_read_tokens, output_tokens, reasoning_tokens, cost_microcents, last_event_id) VALUES (v_hour_account_id, '1d', 'key', v_hour_day, v_hour_api_key_id, '', v_hour_requests, v_hour_input_tokens, v_hour_cache_read_tokens, v_hour_output_tokens, v_hour_reasoning_tokens, v_hour_cost_microcents, v_newest), (v_hour_account_id, '1d', 'key_model', v_hour_day, v_hour_api_key_id, v_hour_model_id, v_hour_requests, v_hour_input_tokens, v_hour_cache_read_tokens, v_hour_output_tokens, v_hour_reasoning_tokens, v_hour_cost_microcents, v_newest), (v_hour_account_id, '1d', 'model', v_hour_day, '', v_hour_model_id, v_hour_requests, v_hour_input_tokens, v_hour_cache_read_tokens, v_hour_output_tokens, v_hour_reasoning_tokens, v_hour_cost_microcents, v_newest), (v_hour_account_id, '1h', 'key', v_hour_hour, v_hour_api_key_id, '', v_hour_requests, v_hour_input_tokens, v_hour_cache_read_tokens, v_hour_output_tokens, v_hour_reasoning_tokens, v_hour_cost_microcents, v_newest), (v_hour_account_id, '1h', 'key_model', v_hour_hour, v_hour_api_key_id, v_hour_model_id, v_hour_requests, v_hour_input_tokens, v_hour_cache_read_tokens, v_hour_output_tokens, v_hour_reasoning_tokens, v_hour_cost_microcents, v_newest), (v_hour_account_id, '1h', 'model', v_hour_hour, '', v_hour_model_id, v_hour_requests, v_hour_input_tokens, v_hour_cache_read_tokens, v_hour_output_tokens, v_hour_reasoning_tokens, v_hour_cost_microcents, v_newest) ON CONFLICT (account_id, bucket_width, grouping, bucket_start, api_key_id, model_id) DO UPDATE SET requests = (usage_rollups.requests + excluded.requests), input_tokens = (usage_rollups.input_tokens + excluded.input_tokens), cache_read_tokens = (usage_rollups.cache_read_tokens + excluded.cache_read_tokens), output_tokens = (usage_rollups.output_tokens + excluded.output_tokens), reasoning_tokens = (usage_rollups.reasoning_tokens + excluded.reasoning_tokens), cost_microcents = (usage_rollups.cost_microcents + excluded.cost_microcents), last_event_id = greatest(usage_rollups.last_event_id, excluded.last_event_id);
         END LOOP;
         IF p_spend_limited THEN
             WITH collected AS (
@@ -373,12 +369,12 @@ BEGIN
             )
             SELECT array_agg(collected.account_id ORDER BY collected.account_id COLLATE "C", collected.scope_id COLLATE "C", collected.percent), array_agg(collected.scope_id ORDER BY collected.account_id COLLATE "C", collected.scope_id COLLATE "C", collected.percent), array_agg(collected.percent ORDER BY collected.account_id COLLATE "C", collected.scope_id COLLATE "C", collected.percent), array_agg(collected.spent_microcents ORDER BY collected.account_id COLLATE "C", collected.scope_id COLLATE "C", collected.percent) INTO v_reached_account_id, v_reached_scope_id, v_reached_percent, v_reached_spent_microcents FROM collected;
             IF coalesce(cardinality(v_reached_account_id), 0) > 0 THEN
-                FOR v_row8_0, v_row8_1, v_row8_2, v_row8_3, v_row8_4 IN
+                FOR v_row7_0, v_row7_1, v_row7_2, v_row7_3, v_row7_4 IN
                 SELECT 'evt_' || replace(CAST(gen_random_uuid() AS TEXT), '-', '') AS event_id_1, fired.account_id, 'spend_limit.threshold_reached' AS anon_1, CAST(json_build_object('limit_scope', shown.limit_scope, 'api_key_id', shown.api_key_id, 'project_id', shown.project_id, 'member_id', shown.member_id, 'window', shown.spend_limit_window, 'window_starts_at', shown.window_starts, 'spent_microcents', fired.spent_microcents, 'limit_microcents', shown.limit_microcents, 'percent', fired.percent) AS TEXT) AS json_object_text_1, p_now AS anon_2
                 FROM unnest(v_reached_account_id, v_reached_scope_id, v_reached_percent, v_reached_spent_microcents) AS fired(account_id, scope_id, percent, spent_microcents) JOIN (SELECT * FROM ROWS FROM (json_to_recordset(CAST(p_spend_limits AS json)) AS (account_id VARCHAR(32), limit_scope VARCHAR(8), scope_id VARCHAR(32), api_key_id VARCHAR(32), project_id VARCHAR, member_id VARCHAR, spend_limit_window VARCHAR(8), window_starts_at TIMESTAMP WITH TIME ZONE, window_ends_at TIMESTAMP WITH TIME ZONE, window_starts VARCHAR, percent INTEGER, limit_microcents BIGINT, threshold_microcents BIGINT)) WITH ORDINALITY AS t(account_id, limit_scope, scope_id, api_key_id, project_id, member_id, spend_limit_window, window_starts_at, window_ends_at, window_starts, percent, limit_microcents, threshold_microcents, position)) AS shown ON shown.account_id = fired.account_id AND shown.scope_id = fired.scope_id AND shown.percent = fired.percent ORDER BY fired.account_id COLLATE "C", fired.scope_id COLLATE "C", fired.percent
                 LOOP
-                    v_row8_id := nextval('webhook_events_id_seq');
-                    INSERT INTO webhook_events (id, public_id, account_id, type, data, created_at) VALUES (v_row8_id, v_row8_0, v_row8_1, v_row8_2, v_row8_3, v_row8_4);
+                    v_row7_id := nextval('webhook_events_id_seq');
+                    INSERT INTO webhook_events (id, public_id, account_id, type, data, created_at) VALUES (v_row7_id, v_row7_0, v_row7_1, v_row7_2, v_row7_3, v_row7_4);
                 END LOOP;
             END IF;
         END IF;

@@ -15,7 +15,8 @@ The columns come from the tables: an event row is every column of ``usage_events
 and ``recorded_at`` (the statement's ``now``); a rollup row is every column of
 ``usage_rollups`` (metering.usage.rollups). The programs take the usage summed per account,
 key, model and hour (``HOURLY_IN``) and spread it over the six rows each hour counts in
-(``rollup_upsert``: bucket width {1h, 1d} × grouping {key_model, key, model}).
+(``rollup_upsert``, one event's hour ``hour_rollup_steps``: bucket width {1h, 1d} × grouping
+{key_model, key, model}, each row's key by ``_rollup_key``).
 """
 
 from __future__ import annotations
@@ -92,30 +93,47 @@ def insert_events(on: p.Backend, rows: FromClause, returned: Sequence[str] = _RE
 KINDS = tuple(sorted((width, grouping) for width in WIDTHS for grouping in GROUPINGS))
 
 
+def _rollup_key(width: Any, grouping: Any, hourly: Any) -> dict[str, Any]:
+    """The key of the row of one kind (``width`` × ``grouping``) that an hour's usage
+    (``hourly``: ``HOURLY_IN``'s columns, by name) counts in: the hour's or its day's, by key and
+    model, by key (model '') or by model (api key ''). The kind is a row of ``KINDS`` (its
+    values: each choice made here) or the columns of ``KINDS``' constant rows joined to the
+    hours (each choice a CASE)."""
+    key = {
+        "account_id": hourly["account_id"],
+        "bucket_width": width,
+        "grouping": grouping,
+        "bucket_start": _when(width, "1h", hourly["hour"], hourly["day"]),
+        "api_key_id": _when(grouping, "model", "", hourly["api_key_id"]),
+        "model_id": _when(grouping, "key", "", hourly["model_id"]),
+    }
+    assert tuple(key) == ROLLUP_KEY
+    return key
+
+
+def _when(value: Any, equal: str, then: Any, otherwise: Any) -> Any:
+    """``then`` where ``value`` is ``equal``, else ``otherwise``: chosen here for a kind's
+    value, by a CASE for a column."""
+    if isinstance(value, str):
+        return then if value == equal else otherwise
+    return case((value == equal, then), else_=otherwise)
+
+
 def rollup_upsert(
     on: p.Backend, hourly: FromClause, last_event_id: Any = None, one_hour: bool = False
 ) -> Any:
-    """Add ``hourly`` (``HOURLY_IN``'s columns) to the six rollup rows each of its rows counts in:
-    the hour's and its day's, each by key and model, by key (model '') and by model (api key
-    ''), summed per rollup key and written in the key's order (byte order), so concurrent
-    writers lock the rows they share in the same order; ``last_event_id`` replaces the rows'
-    own when given. ``one_hour``: ``hourly`` is one row (one event's), so its six rows are
-    distinct and already in key order (``KINDS``'s, the constant rows joined to it in their
+    """Add ``hourly`` (``HOURLY_IN``'s columns) to the six rollup rows each of its rows counts in
+    (``_rollup_key``), summed per rollup key and written in the key's order (byte order), so
+    concurrent writers lock the rows they share in the same order; ``last_event_id`` replaces
+    the rows' own when given. ``one_hour``: ``hourly`` is one row (one event's), so its six rows
+    are distinct and already in key order (``KINDS``'s, the constant rows joined to it in their
     order): neither summed nor sorted."""
     kinds = on.constants(
         (("bucket_width", ROLLUPS.c.bucket_width.type), ("grouping", ROLLUPS.c.grouping.type)),
         KINDS,
         "k",
     )
-    key = {
-        "account_id": hourly.c.account_id,
-        "bucket_width": kinds.c.bucket_width,
-        "grouping": kinds.c.grouping,
-        "bucket_start": case((kinds.c.bucket_width == "1h", hourly.c.hour), else_=hourly.c.day),
-        "api_key_id": case((kinds.c.grouping == "model", ""), else_=hourly.c.api_key_id),
-        "model_id": case((kinds.c.grouping == "key", ""), else_=hourly.c.model_id),
-    }
-    assert tuple(key) == ROLLUP_KEY
+    key = _rollup_key(kinds.c.bucket_width, kinds.c.grouping, hourly.c)
     spread = (
         select(
             *(value.label(name) for name, value in key.items()),
@@ -149,10 +167,56 @@ def rollup_upsert(
     return _add_rollups(on, source)
 
 
+# One hour's usage (a row of ``HOURLY_IN``) read into variables (``hour_rollup_steps``), but its
+# newest event's id, which the caller gives.
+_HOUR = {
+    name: p.Var(f"v_hour_{name}", kind) for name, kind in HOURLY_IN.columns if name != LAST_EVENT
+}
+
+
+def hour_rollup_steps(on: p.Backend, hourly: FromClause, last_event_id: Any) -> p.Step:
+    """Add one hour's usage (``hourly``: one row, one event's) to its six rollup rows, its
+    newest event ``last_event_id``: six distinct rows, written in ``KINDS``' order (the key's).
+
+    On PostgreSQL and SQLite one statement (``rollup_upsert``'s ``one_hour``). On a Citus shard
+    the hour read into variables, then one ``INSERT … VALUES`` of the six rows, each key from
+    ``_rollup_key`` with its kind's values. Every row is the account's, so Citus sends it whole
+    to the account's shard and keeps its plan as it keeps a one-row insert's (the shard chosen
+    when it runs), and its setup of a statement at every call (about 100k instructions of the
+    worker's) is done once for the six rows, where the one-account compiler would make the
+    ``INSERT … SELECT`` six inserts of one row (metering.citus.one_account; docs/citus.md)."""
+
+    def in_one() -> p.Step:
+        return p.Run(rollup_upsert(on, hourly, last_event_id=last_event_id, one_hour=True))
+
+    def by_values() -> p.Step:
+        hour = {name: var.ref for name, var in _HOUR.items()}
+        rows = [
+            {
+                **_rollup_key(width, grouping, hour),
+                **{name: hour[name] for name in COUNTERS},
+                LAST_EVENT: last_event_id,
+            }
+            for width, grouping in KINDS
+        ]
+        return p.ForEach(
+            select(*(hourly.c[name] for name in _HOUR)),
+            into=tuple(_HOUR.values()),
+            steps=(p.Run(_add_rollups(on, rows)),),
+        )
+
+    return on.choose(postgresql=in_one, sqlite=in_one, one_shard=by_values)()
+
+
 def _add_rollups(on: p.Backend, source: Any) -> Any:
-    """Insert ``source`` (rollup rows) adding to the rows that stand."""
+    """Insert ``source`` (rollup rows: a SELECT, or a list of rows by column) adding to the rows
+    that stand."""
     columns = [*ROLLUP_KEY, *COUNTERS, LAST_EVENT]
-    statement = on.insert(ROLLUPS).from_select(columns, source)
+    if isinstance(source, list):
+        rows = [{name: row[name] for name in columns} for row in source]
+        statement = on.insert(ROLLUPS).values(rows)
+    else:
+        statement = on.insert(ROLLUPS).from_select(columns, source)
     excluded = statement.excluded
     return statement.on_conflict_do_update(
         index_elements=list(ROLLUP_KEY),
@@ -244,11 +308,7 @@ def _record_usage(on: p.Backend) -> list[p.Step]:
             (
                 *settle_steps(on, charges, NOW.ref, one_event=True),
                 # One event: one hour's row.
-                p.Run(
-                    rollup_upsert(
-                        on, on.records(HOURLY_IN, "r"), last_event_id=newest, one_hour=True
-                    )
-                ),
+                hour_rollup_steps(on, on.records(HOURLY_IN, "r"), newest),
                 *spend_limits.threshold_steps(on, NOW.ref),
             ),
         ),
