@@ -74,14 +74,14 @@ def insert_events(
     already stands, or that a concurrent batch is inserting, wins cleanly; returns the new
     events' ``returned`` columns (those that conflicted are not among them).
 
-    The rows are inserted in the order their relation gives them, which is their records' order
-    (the callers' key order): a program's arrays are unnested in step and handed on as they are
-    read, and an ``INSERT … SELECT`` is never run in parallel. So concurrent batches meet each
-    other's keys in one order, with no sort of every row first (a sort by ``position`` was 4% of
-    PostgreSQL's instructions per event in a batch); a deadlock would in any case be tried
-    again (metering.db). ``sort``: by ``position`` all the same (the few single events gathered
-    from a JSON document: their sort costs nothing measurable, and their rate in the ingest
-    benchmark was lower without it in three alternated comparisons, within its noise)."""
+    The rows are inserted in the order their relation gives them, which is their records' order (as
+    the caller gave them: a batch's by key): a program's arrays are unnested in step and handed on
+    as they are read, and an ``INSERT … SELECT`` is never run in parallel. So concurrent batches
+    meet each other's keys in one order, with no sort of every row first (a sort by ``position`` was
+    4% of PostgreSQL's instructions per event in a batch); a deadlock would in any case be tried
+    again (metering.db). ``sort``: by ``position`` all the same (the few single events gathered from
+    a JSON document: their sort costs nothing measurable, and their rate in the ingest benchmark was
+    lower without it in three alternated comparisons, within its noise)."""
     source = select(*(rows.c[name] for name in EVENT_COLUMNS), NOW.ref).where(
         true()  # SQLite: ON CONFLICT after a SELECT needs a WHERE
     )
