@@ -45,3 +45,25 @@ class PriceBook:
             return None
         position = bisect_right(timeline[0], at)
         return None if position == 0 else timeline[1][position - 1]
+
+    def part(self, model_key: str, account_id: str) -> PriceBook:
+        """What of this book one (account, model) pair is priced from: the model's spelling
+        and that pair's timeline (nothing of a model this book does not know)."""
+        part = PriceBook()
+        model_id = self.models.get(model_key)
+        if model_id is not None:
+            part.models[model_key] = model_id
+            timeline = self._timelines.get((account_id, model_id))
+            if timeline is not None:
+                part._timelines[account_id, model_id] = timeline
+        return part
+
+    @classmethod
+    def merged(cls, books: Iterable[PriceBook]) -> PriceBook:
+        """One book of several books' models and timelines (each pair's from the last book
+        that has it)."""
+        merged = cls()
+        for book in books:
+            merged.models.update(book.models)
+            merged._timelines.update(book._timelines)
+        return merged

@@ -16,6 +16,7 @@ table, on every node): ``key_accounts``.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime
@@ -273,11 +274,13 @@ PG_LOOKUP = _LOOKUP.postgresql
 LOOKUP_KEY_ID, LOOKUP_MODEL_KEY = "lookup_key_id", "lookup_model_key"
 
 
-def _inputs_text() -> Any:
+def _inputs_text(key_id: Any = None, model_key: Any = None) -> Any:
     """The text of the rows a pair's lookup reads (the pair: ``LOOKUP_KEY_ID`` and
-    ``LOOKUP_MODEL_KEY``): each with its table's name, in a fixed order, as one text."""
-    key_id = bindparam(LOOKUP_KEY_ID, type_=String)
-    model_key = bindparam(LOOKUP_MODEL_KEY, type_=String)
+    ``LOOKUP_MODEL_KEY``, or the columns ``key_id`` and ``model_key`` of an enclosing
+    statement's rows): each with its table's name, in a fixed order, as one text."""
+    if key_id is None:
+        key_id = bindparam(LOOKUP_KEY_ID, type_=String)
+        model_key = bindparam(LOOKUP_MODEL_KEY, type_=String)
     (first, where, _outer), *joins = keyed_joins(key_id, model_key)
     joined: Any = first
     for joined_table, condition, outer in joins:
@@ -311,6 +314,39 @@ _PG_INPUTS_TEXT = p.psycopg_text(_inputs_text())
 PG_LOOKUP_WITH_TEXT = (
     f"WITH found AS ({PG_LOOKUP}) SELECT found.*, ({_PG_INPUTS_TEXT}) AS lookup_text FROM found"
 )
+
+
+# Several pairs at once (metering.usage.single, events that arrived together): the lookup's
+# rows, then a 'text' row for each pair (its key id, its model as 'a' and 'b', the text of the
+# rows its lookup is made of last), read in the same statement.
+_PAIR_TEXT = p.psycopg_text(
+    _inputs_text(literal_column("pair.api_key_id"), literal_column("pair.model_key"))
+)
+_PAIRS = p.psycopg_text(select(p.POSTGRESQL.records(PAIRS_IN, "pair")))
+PG_LOOKUP_WITH_TEXTS = (
+    f"WITH found AS ({PG_LOOKUP}) SELECT found.*, NULL AS lookup_text FROM found UNION ALL "
+    f"SELECT 'text', pair.api_key_id, pair.model_key, {', '.join(['NULL'] * (len(_KINDS) - 3))}, "
+    f"({_PAIR_TEXT}) FROM ({_PAIRS}) AS pair"
+)
+TEXT_KIND = "text"
+
+
+def confirming_all(call: str) -> str:
+    """``call`` made only if the rows the lookup of each pair of ``confirm_pairs`` (a JSON
+    array of ``confirm_pair``'s objects) is made of still read as that pair's text
+    (``PG_LOOKUP_WITH_TEXTS``' or ``PG_LOOKUP_WITH_TEXT``'s), in one statement: no row when
+    any does not (nothing was written)."""
+    return (
+        f"{call} WHERE NOT EXISTS (SELECT FROM json_to_recordset(%(confirm_pairs)s::json) "
+        "AS pair(api_key_id text, model_key text, lookup_text text) "
+        f"WHERE ({_PAIR_TEXT}) IS DISTINCT FROM pair.lookup_text)"
+    )
+
+
+def confirm_pair(pair: tuple[str, str], text: str) -> str:
+    """One pair's object in ``confirming_all``'s ``confirm_pairs``, as JSON."""
+    key_id, model_key = pair
+    return json.dumps({"api_key_id": key_id, "model_key": model_key, "lookup_text": text})
 
 
 def lookup_text_params(pair: tuple[str, str]) -> dict[str, str]:

@@ -18,7 +18,11 @@ the coordinator delegates each call whole to the worker holding the account (a c
 transaction block): the event's transaction is that worker's alone.
 
 Several events that arrived together at one process (metering.usage.together, PostgreSQL):
-the same lookup for all of them, then the program ``RECORD_GATHERED`` (``record_gathered``).
+priced from the lookups this process remembers of each of their pairs, when it has them all,
+and the program ``RECORD_GATHERED`` called only if each still holds, in the call's own statement
+(``repository.confirming_all``): one round trip. Otherwise one lookup for all of them, which
+reads each pair's text too (``repository.PG_LOOKUP_WITH_TEXTS``) and keeps each pair's part,
+then the call.
 
 Anything else (an event not billable now, a request_id already taken, an event the database
 refuses) answers None, and the
@@ -88,12 +92,14 @@ async def record_gathered(
     ]
 
 
-def _priced(events: list[Event], remembered: bool = False) -> Steps[bool]:
+def _priced(events: list[Event], remembered: bool = False, together: bool = False) -> Steps[bool]:
     """The events' keys, models and prices looked up (their project and member limits too,
     for accounts that have any), and the events priced: whether all of them are billable now.
-    ``remembered``: one event, whose record confirms a lookup this process remembers."""
+    ``remembered``: one event, whose record confirms a lookup this process remembers;
+    ``together``: events that arrived together, whose record confirms the lookups this process
+    remembers of all their pairs, when it remembers each."""
     pairs = service.lookup_pairs(events)
-    keys, book = yield lambda db: db.lookup(pairs, remembered)
+    keys, book = yield lambda db: db.lookup(pairs, remembered, together)
     limited = repository.scope_pairs(keys, pairs)
     if limited:
         # An account with project or member limits: theirs, by a statement of its own.
@@ -119,9 +125,16 @@ def _steps(event: Event, now: datetime) -> Steps[service.BatchOutcome | None]:
 
 
 def _gathered(events: list[Event], now: datetime) -> Steps[set[str] | None]:
-    if not (yield from _priced(events)):
+    if not (yield from _priced(events, together=True)):
         return None
-    return (yield lambda db: db.record_gathered(events, now))
+    new = yield lambda db: db.record_gathered(events, now)
+    if new is STALE:
+        # A lookup remembered no longer holds (nothing was written, and the pairs' lookups
+        # were forgotten): read afresh, and kept for the next.
+        if not (yield from _priced(events, together=True)):
+            return None
+        new = yield lambda db: db.record_gathered(events, now)
+    return None if new is STALE else new
 
 
 class _Stale(Enum):
@@ -133,9 +146,9 @@ STALE = _Stale.STALE
 
 LOOKUPS = REGISTRY.counter(
     "metering_usage_single_lookups_total",
-    "PostgreSQL: how single usage events looked up their key, model and prices: read (a "
-    "lookup), remembered (priced from the lookup this process read before), stale (a "
-    "remembered one the record found changed; it was then read afresh).",
+    "PostgreSQL: how single usage events looked up the key, model and prices of each (key, "
+    "model) pair: read (a lookup), remembered (priced from the lookup this process read "
+    "before), stale (a remembered one the record found changed; it was then read afresh).",
     ("source",),
 )
 
@@ -145,6 +158,13 @@ class _Found:
     keys: dict[str, repository.KeyInfo]  # the lookup's rows, read (repository.read_lookup)
     book: PriceBook
     text: str  # what it is made of, as text (repository.confirming): the record confirms it
+    confirm: str  # the pair and its text, as events gathered confirm it (repository.confirm_pair)
+
+    @classmethod
+    def of(
+        cls, pair: tuple[str, str], keys: dict[str, repository.KeyInfo], book: PriceBook, text: str
+    ) -> _Found:
+        return cls(keys, book, text, repository.confirm_pair(pair, text))
 
 
 class _Lookups:
@@ -181,23 +201,35 @@ _LOOKUPS = _Lookups()
 
 class _Statements:
     """The two statements, on an autocommit connection: each its own transaction. A single
-    event's lookup remembered, one: its record, made only if the lookup still holds."""
+    event's lookup remembered (or every pair's of events gathered), one: its record, made only
+    if the lookups still hold."""
 
     RECORD = recording.RECORD_USAGE.call_sql
     # Longer than psycopg caches the conversion of: sent as it is, by a raw cursor.
     RECORD_CONFIRMED = positional(repository.confirming(recording.RECORD_USAGE.call_sql))
     RECORD_GATHERED = recording.RECORD_GATHERED.call_sql
+    RECORD_GATHERED_CONFIRMED = positional(
+        repository.confirming_all(recording.RECORD_GATHERED.call_sql)
+    )
 
     def __init__(self, connection: psycopg.AsyncConnection[Any]) -> None:
         self._connection = connection
         # The remembered lookup the next record confirms: its pair and its parameters.
         self._confirming: tuple[tuple[str, str], dict[str, Any]] | None = None
+        # The remembered lookups the next record of events gathered confirms: their pairs and
+        # the parameters.
+        self._confirming_all: tuple[list[tuple[str, str]], dict[str, Any]] | None = None
 
-    async def lookup(self, pairs: list[tuple[str, str]], remembered: bool = False) -> Lookup:
+    async def lookup(
+        self, pairs: list[tuple[str, str]], remembered: bool = False, together: bool = False
+    ) -> Lookup:
         """The lookup's keys and price book; ``remembered`` (one pair, whose record confirms
         them): those this process read before, when it has them, else read with their text and
-        kept."""
-        self._confirming = None
+        kept; ``together`` (events gathered, whose record confirms them): the same of every
+        pair, when this process has them all."""
+        self._confirming = self._confirming_all = None
+        if together:
+            return await self._lookup_together(pairs)
         if not remembered:
             params = repository.lookup_params(pairs, POSTGRESQL)
             cursor = await self._connection.execute(repository.PG_LOOKUP, params)
@@ -215,7 +247,35 @@ class _Statements:
         read = await cursor.fetchall()
         keys, book = repository.read_lookup([row[:-1] for row in read])
         if read:
-            _LOOKUPS.keep(pair, _Found(keys, book, read[0][-1]))
+            _LOOKUPS.keep(pair, _Found.of(pair, keys, book, read[0][-1]))
+        return keys, book
+
+    async def _lookup_together(self, pairs: list[tuple[str, str]]) -> Lookup:
+        remembered = [_LOOKUPS.get(pair) for pair in pairs]
+        if all(found is not None for found in remembered):
+            kept = cast(list[_Found], remembered)
+            LOOKUPS.inc("remembered", amount=len(pairs))
+            confirm = {"confirm_pairs": f"[{','.join(found.confirm for found in kept)}]"}
+            self._confirming_all = (pairs, confirm)
+            return {k: v for found in kept for k, v in found.keys.items()}, PriceBook.merged(
+                found.book for found in kept
+            )
+        LOOKUPS.inc("read", amount=len(pairs))
+        params = repository.lookup_params(pairs, POSTGRESQL)
+        cursor = await self._connection.execute(repository.PG_LOOKUP_WITH_TEXTS, params)
+        read = await cursor.fetchall()
+        texts = {(row[1], row[2]): row[-1] for row in read if row[0] == repository.TEXT_KIND}
+        keys, book = repository.read_lookup(
+            [row[:-1] for row in read if row[0] != repository.TEXT_KIND]
+        )
+        for key_id, model_key in pairs:
+            key, text = keys.get(key_id), texts.get((key_id, model_key))
+            if key is None or text is None:
+                _LOOKUPS.forget((key_id, model_key))
+                continue
+            part = book.part(model_key, key.account_id)
+            pair = (key_id, model_key)
+            _LOOKUPS.keep(pair, _Found.of(pair, {key_id: key}, part, text))
         return keys, book
 
     async def scope_limits(self, pairs: list[tuple[str, str]], account_id: str) -> list[Any]:
@@ -250,9 +310,10 @@ class _Statements:
             return STALE
         return row[0]
 
-    async def record_gathered(self, events: list[Event], now: datetime) -> set[str] | None:
+    async def record_gathered(self, events: list[Event], now: datetime) -> set[str] | _Stale | None:
         """The request ids of those of ``events`` that were new (recorded); None when the
-        database refused them (nothing was written, the program being one transaction)."""
+        database refused them (nothing was written, the program being one transaction).
+        ``STALE``: a lookup remembered had changed, nothing was written."""
         params = {
             "p_now": now,
             # Each event's rollup row alone and its row name some columns alike (its key, its
@@ -265,12 +326,23 @@ class _Statements:
             ),
             **spend_limits.limit_params(service.spend_limited(events), now, POSTGRESQL),
         }
+        confirming, self._confirming_all = self._confirming_all, None
         try:
-            cursor = await self._connection.execute(self.RECORD_GATHERED, params)
+            if confirming is None:
+                cursor = await self._connection.execute(self.RECORD_GATHERED, params)
+            else:
+                confirmed = self.RECORD_GATHERED_CONFIRMED
+                cursor = psycopg.AsyncRawCursor(self._connection)
+                await cursor.execute(confirmed.text, confirmed.params({**params, **confirming[1]}))
             row = await cursor.fetchone()
         except psycopg.DatabaseError:
             return None
-        assert row is not None
+        if row is None:
+            assert confirming is not None
+            LOOKUPS.inc("stale", amount=len(confirming[0]))
+            for pair in confirming[0]:
+                _LOOKUPS.forget(pair)
+            return STALE
         return set(row[0] or ())
 
     def _params(self, event: Event, now: datetime) -> dict[str, Any]:
@@ -293,8 +365,10 @@ class _OneAccount(_Statements):
     # The event's one pair read one table at a time, a call delegated to the account's worker.
     LOOKUP = LOOKUP_OF_ACCOUNT.call_sql
 
-    async def lookup(self, pairs: list[tuple[str, str]], remembered: bool = False) -> Lookup:
-        """Read at every event (``remembered`` is not used on a cluster)."""
+    async def lookup(
+        self, pairs: list[tuple[str, str]], remembered: bool = False, together: bool = False
+    ) -> Lookup:
+        """Read at every event (``remembered`` and ``together`` are not used on a cluster)."""
         params = repository.lookup_params(pairs, POSTGRESQL)
         cursor = await self._connection.execute(repository.KEY_ACCOUNTS, params)
         found = await cursor.fetchall()

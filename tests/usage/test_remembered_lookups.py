@@ -15,11 +15,12 @@ import pytest
 from sqlalchemy import Column, Table, text
 from sqlalchemy.sql import visitors
 
+from metering.db import Database
 from metering.kit.timeutil import format_timestamp
 from metering.programs import POSTGRESQL
-from metering.usage import repository
+from metering.usage import repository, single
 from tests import oracle
-from tests.conftest import NOW, Api, running_api
+from tests.conftest import NOW, Api, run_on_database, running_api
 from tests.factories import (
     GLM_RATES,
     Key,
@@ -215,3 +216,61 @@ def test_the_confirmation_reads_every_table_and_column_the_lookup_reads() -> Non
     assert {("api_keys", "monthly_spend_limit_microcents"), ("accounts", "billing")} <= (
         lookup_columns & confirmed_columns
     )
+
+
+# -- Events that arrived together (``single.record_gathered``): their pairs' lookups remembered
+# too, and their record made only if every one of them still holds.
+
+
+def _gathered(api: Api, events: list[dict[str, Any]]) -> list[Any]:
+    """``events`` recorded as events that arrived together at one process; each one's charge."""
+    database = Database.from_url(api.url, pool_size=1)
+    try:
+        results = run_on_database(database, single.record_gathered(database, events, NOW))
+    finally:
+        database.dispose()
+    assert results is not None and all(result is not None for result in results), results
+    return [result.charge_values.total_microcents for result in results]
+
+
+def _events(setup: Setup, keys: list[Key], count: int) -> list[dict[str, Any]]:
+    return [
+        usage_event(keys[n % len(keys)], setup.model, AT, chat_usage(*USAGE)) for n in range(count)
+    ]
+
+
+@pytest.mark.parametrize("change", [_reprice, _override, _unbill], ids=lambda c: c.__name__)
+def test_events_gathered_are_priced_from_their_pairs_remembered_lookups_while_they_hold(
+    pg_api: Api, change: Callable[[Api, Setup], tuple[int, int, int]]
+) -> None:
+    setup = Setup(pg_api)
+    keys = [setup.key, create_key(pg_api, setup.account)]
+    before = _lookups(pg_api)
+    for _ in range(2):
+        assert _gathered(pg_api, _events(setup, keys, 3)) == [_charge(GLM_RATES)] * 3
+    after = _lookups(pg_api)
+    # Two pairs: read, with their texts, by the first group; remembered by the second.
+    assert {k: after[k] - before[k] for k in after} == {"read": 2, "remembered": 2, "stale": 0}
+
+    rates = change(pg_api, setup)
+    for _ in range(2):
+        assert _gathered(pg_api, _events(setup, keys, 3)) == [_charge(rates)] * 3
+    # The first group after the change found them stale (nothing written), read them again
+    # and kept them; the second was priced from them.
+    again = _lookups(pg_api)
+    assert {k: again[k] - after[k] for k in after} == {"read": 2, "remembered": 4, "stale": 2}
+    assert_books_reconcile(pg_api)
+
+
+def test_a_lookup_remembered_alone_is_confirmed_by_events_gathered(pg_api: Api) -> None:
+    """A pair's lookup kept by a single event is confirmed as it is by events gathered: the
+    text of the rows it is made of reads the same in both records."""
+    setup = Setup(pg_api)
+    assert _send(pg_api, setup)["status"] == "recorded"
+    before = _lookups(pg_api)
+    assert _gathered(pg_api, _events(setup, [setup.key], 2)) == [_charge(GLM_RATES)] * 2
+    after = _lookups(pg_api)
+    assert {k: after[k] - before[k] for k in after} == {"read": 0, "remembered": 1, "stale": 0}
+    assert _send(pg_api, setup)["status"] == "recorded"
+    assert _lookups(pg_api)["stale"] == after["stale"]
+    assert_books_reconcile(pg_api)
