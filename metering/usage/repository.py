@@ -309,16 +309,11 @@ def _row_text(name: str) -> ColumnElement[str]:
 
 # The rows a pair's lookup is made of now, as one text (``_inputs_text``).
 _PG_INPUTS_TEXT = p.psycopg_text(_inputs_text())
-# One server: the lookup's rows, each with the text of the rows it was made of (its last
-# column), read in the same statement: what a lookup remembered is confirmed by.
-PG_LOOKUP_WITH_TEXT = (
-    f"WITH found AS ({PG_LOOKUP}) SELECT found.*, ({_PG_INPUTS_TEXT}) AS lookup_text FROM found"
-)
 
 
-# Several pairs at once (metering.usage.single, events that arrived together): the lookup's
-# rows, then a 'text' row for each pair (its key id, its model as 'a' and 'b', the text of the
-# rows its lookup is made of last), read in the same statement.
+# One server (metering.usage.single): the lookup's rows, then a 'text' row for each pair (its
+# key id, its model as 'a' and 'b', the text of the rows its lookup is made of last), read in
+# the same statement: what a lookup remembered is confirmed by.
 _PAIR_TEXT = p.psycopg_text(
     _inputs_text(literal_column("pair.api_key_id"), literal_column("pair.model_key"))
 )
@@ -334,8 +329,8 @@ TEXT_KIND = "text"
 def confirming_all(call: str) -> str:
     """``call`` made only if the rows the lookup of each pair of ``confirm_pairs`` (a JSON
     array of ``confirm_pair``'s objects) is made of still read as that pair's text
-    (``PG_LOOKUP_WITH_TEXTS``' or ``PG_LOOKUP_WITH_TEXT``'s), in one statement: no row when
-    any does not (nothing was written)."""
+    (``PG_LOOKUP_WITH_TEXTS``'), in one statement: no row when any does not (nothing was
+    written)."""
     return (
         f"{call} WHERE NOT EXISTS (SELECT FROM json_to_recordset(%(confirm_pairs)s::json) "
         "AS pair(api_key_id text, model_key text, lookup_text text) "
@@ -359,7 +354,7 @@ def lookup_text_params(pair: tuple[str, str]) -> dict[str, str]:
 def confirming(call: str) -> str:
     """``call`` (a program's ``SELECT f(…)``) made only if the rows the lookup of a pair
     (``lookup_text_params``) is made of still read as ``%(lookup_text)s``
-    (``PG_LOOKUP_WITH_TEXT``'s), in one statement: no row when they do not (nothing was
+    (``PG_LOOKUP_WITH_TEXTS``'), in one statement: no row when they do not (nothing was
     written), the call's one row when they do."""
     return f"{call} WHERE ({_PG_INPUTS_TEXT}) = %(lookup_text)s"
 

@@ -43,7 +43,7 @@ import psycopg
 from metering.db import Database, Steps
 from metering.metrics import REGISTRY
 from metering.notifications import spend_limits
-from metering.programs import POSTGRESQL, positional
+from metering.programs import POSTGRESQL, Positional, positional
 from metering.usage import recording, repository, rollups, service
 from metering.usage.events import Event, is_keyed, parse_event
 from metering.usage.lookup_apart import KEY_ID, LOOKUP_OF_ACCOUNT, MODEL_KEY
@@ -144,6 +144,16 @@ class _Stale(Enum):
 # A single event's record not made: the lookup it confirmed had changed.
 STALE = _Stale.STALE
 
+
+def _stale(pairs: Sequence[tuple[str, str]]) -> _Stale:
+    """A record not made: the lookups it confirmed of ``pairs`` had changed, and are forgotten
+    (each is read afresh by the next event of its pair)."""
+    LOOKUPS.inc("stale", amount=len(pairs))
+    for pair in pairs:
+        _LOOKUPS.forget(pair)
+    return STALE
+
+
 LOOKUPS = REGISTRY.counter(
     "metering_usage_single_lookups_total",
     "PostgreSQL: how single usage events looked up the key, model and prices of each (key, "
@@ -214,11 +224,9 @@ class _Statements:
 
     def __init__(self, connection: psycopg.AsyncConnection[Any]) -> None:
         self._connection = connection
-        # The remembered lookup the next record confirms: its pair and its parameters.
-        self._confirming: tuple[tuple[str, str], dict[str, Any]] | None = None
-        # The remembered lookups the next record of events gathered confirms: their pairs and
-        # the parameters.
-        self._confirming_all: tuple[list[tuple[str, str]], dict[str, Any]] | None = None
+        # The remembered lookups the next record confirms (one event's pair, or every pair of
+        # events gathered): the pairs and the confirmation's parameters.
+        self._confirming: tuple[list[tuple[str, str]], dict[str, Any]] | None = None
 
     async def lookup(
         self, pairs: list[tuple[str, str]], remembered: bool = False, together: bool = False
@@ -227,39 +235,30 @@ class _Statements:
         them): those this process read before, when it has them, else read with their text and
         kept; ``together`` (events gathered, whose record confirms them): the same of every
         pair, when this process has them all."""
-        self._confirming = self._confirming_all = None
-        if together:
-            return await self._lookup_together(pairs)
-        if not remembered:
+        self._confirming = None
+        if not (remembered or together):
             params = repository.lookup_params(pairs, POSTGRESQL)
             cursor = await self._connection.execute(repository.PG_LOOKUP, params)
             return repository.read_lookup(await cursor.fetchall())
-        [pair] = pairs
-        of_pair = repository.lookup_text_params(pair)
-        found = _LOOKUPS.get(pair)
-        if found is not None:
-            LOOKUPS.inc("remembered")
-            self._confirming = (pair, {**of_pair, "lookup_text": found.text})
-            return found.keys, found.book
-        LOOKUPS.inc("read")
-        params = {**repository.lookup_params(pairs, POSTGRESQL), **of_pair}
-        cursor = await self._connection.execute(repository.PG_LOOKUP_WITH_TEXT, params)
-        read = await cursor.fetchall()
-        keys, book = repository.read_lookup([row[:-1] for row in read])
-        if read:
-            _LOOKUPS.keep(pair, _Found.of(pair, keys, book, read[0][-1]))
-        return keys, book
+        found = [_LOOKUPS.get(pair) for pair in pairs]
+        if not all(each is not None for each in found):
+            return await self._read_and_keep(pairs)
+        kept = cast(list[_Found], found)
+        LOOKUPS.inc("remembered", amount=len(pairs))
+        if together:
+            confirm = {"confirm_pairs": f"[{','.join(each.confirm for each in kept)}]"}
+        else:
+            [pair], [one] = pairs, kept
+            confirm = {**repository.lookup_text_params(pair), "lookup_text": one.text}
+        self._confirming = (pairs, confirm)
+        if len(kept) == 1:
+            return kept[0].keys, kept[0].book
+        keys = {k: v for each in kept for k, v in each.keys.items()}
+        return keys, PriceBook.merged(each.book for each in kept)
 
-    async def _lookup_together(self, pairs: list[tuple[str, str]]) -> Lookup:
-        remembered = [_LOOKUPS.get(pair) for pair in pairs]
-        if all(found is not None for found in remembered):
-            kept = cast(list[_Found], remembered)
-            LOOKUPS.inc("remembered", amount=len(pairs))
-            confirm = {"confirm_pairs": f"[{','.join(found.confirm for found in kept)}]"}
-            self._confirming_all = (pairs, confirm)
-            return {k: v for found in kept for k, v in found.keys.items()}, PriceBook.merged(
-                found.book for found in kept
-            )
+    async def _read_and_keep(self, pairs: list[tuple[str, str]]) -> Lookup:
+        """The lookup of ``pairs``, read with each pair's text, and each pair's part of it kept
+        for the next event of that pair."""
         LOOKUPS.inc("read", amount=len(pairs))
         params = repository.lookup_params(pairs, POSTGRESQL)
         cursor = await self._connection.execute(repository.PG_LOOKUP_WITH_TEXTS, params)
@@ -299,16 +298,9 @@ class _Statements:
             cursor = await self._connection.execute(self.RECORD, params)
             row = await cursor.fetchone()
             return None if row is None else row[0]
-        (pair, confirm), self._confirming = self._confirming, None
-        confirmed = self.RECORD_CONFIRMED
-        cursor = psycopg.AsyncRawCursor(self._connection)
-        await cursor.execute(confirmed.text, confirmed.params({**params, **confirm}))
-        row = await cursor.fetchone()
-        if row is None:
-            LOOKUPS.inc("stale")
-            _LOOKUPS.forget(pair)
-            return STALE
-        return row[0]
+        (pairs, confirm), self._confirming = self._confirming, None
+        row = await self._confirmed(self.RECORD_CONFIRMED, {**params, **confirm})
+        return _stale(pairs) if row is None else row[0]
 
     async def record_gathered(self, events: list[Event], now: datetime) -> set[str] | _Stale | None:
         """The request ids of those of ``events`` that were new (recorded); None when the
@@ -326,24 +318,27 @@ class _Statements:
             ),
             **spend_limits.limit_params(service.spend_limited(events), now, POSTGRESQL),
         }
-        confirming, self._confirming_all = self._confirming_all, None
+        confirming, self._confirming = self._confirming, None
         try:
             if confirming is None:
                 cursor = await self._connection.execute(self.RECORD_GATHERED, params)
+                row = await cursor.fetchone()
             else:
-                confirmed = self.RECORD_GATHERED_CONFIRMED
-                cursor = psycopg.AsyncRawCursor(self._connection)
-                await cursor.execute(confirmed.text, confirmed.params({**params, **confirming[1]}))
-            row = await cursor.fetchone()
+                pairs, confirm = confirming
+                row = await self._confirmed(self.RECORD_GATHERED_CONFIRMED, {**params, **confirm})
+                if row is None:
+                    return _stale(pairs)
         except psycopg.DatabaseError:
             return None
-        if row is None:
-            assert confirming is not None
-            LOOKUPS.inc("stale", amount=len(confirming[0]))
-            for pair in confirming[0]:
-                _LOOKUPS.forget(pair)
-            return STALE
+        assert row is not None
         return set(row[0] or ())
+
+    async def _confirmed(self, statement: Positional, params: dict[str, Any]) -> Any:
+        """The one row of a record made only if the lookups it confirms still hold (None when
+        they do not): sent as it is, by a raw cursor."""
+        cursor = psycopg.AsyncRawCursor(self._connection)
+        await cursor.execute(statement.text, statement.params(params))
+        return await cursor.fetchone()
 
     def _params(self, event: Event, now: datetime) -> dict[str, Any]:
         return {
