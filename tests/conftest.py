@@ -105,6 +105,7 @@ CITUS_MODULES = frozenset(
         "tests/ledger/test_layered_limits.py",
         "tests/ledger/test_remembered_resolutions.py",
         "tests/ledger/test_resolution.py",
+        "tests/ledger/test_resolution_generations.py",
         "tests/ledger/test_settlement.py",
         "tests/ledger/test_through_ingest.py",
         "tests/notifications/test_config.py",

@@ -115,6 +115,29 @@ def price_in_force(account_id: Any, model_id: Any, at: Any, *, name: str = "") -
     )
 
 
+def price_window(account_id: Any, model_id: Any, at: Any) -> tuple[Any, Any]:
+    """The instants between which the price in force for ``account_id`` and ``model_id`` is the
+    one in force at ``at`` (PostgreSQL): from the latest version at or before ``at`` to the
+    earliest after it, of the list's and the account's own (null: no bound), so that no price
+    takes effect in between while the versions stay as they are."""
+    matches = (
+        (_LIST, (_LIST.c.model_id == model_id,)),
+        (_OVERRIDES, (_OVERRIDES.c.account_id == account_id, _OVERRIDES.c.model_id == model_id)),
+    )
+
+    def bound(edge: Any, side: Any) -> list[Any]:
+        return [
+            select(edge(versions.c.effective_at))
+            .where(*match, side(versions.c.effective_at))
+            .scalar_subquery()
+            for versions, match in matches
+        ]
+
+    since = func.greatest(*bound(func.max, lambda effective: effective <= at))
+    until = func.least(*bound(func.min, lambda effective: effective > at))
+    return since, until
+
+
 def price_of(row: Mapping[Any, Any]) -> PriceInForce | None:
     """The price of a row that selected ``PriceColumns.labelled()`` (None: no price)."""
     version_id = row["price_version_id"]

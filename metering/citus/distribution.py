@@ -97,7 +97,23 @@ class _ForeignKey:
     actions: str  # ON DELETE / ON UPDATE / DEFERRABLE, as pg_get_constraintdef ends
 
 
+# The triggers a database has on one server only: those that move the resolution generations
+# (migration 0015; metering.ledger.resolution). Citus refuses triggers on shards, and its
+# check-and-hold confirms a remembered resolution by its text instead, so distributing a database
+# drops them (before its tables are placed: a table with triggers of its own stays on the
+# coordinator).
+ONE_SERVER_TRIGGERS = ("metering_resolution_changed",)
+
+
 def _distribute(connection: Connection) -> Distribution:
+    for trigger, table_name in connection.execute(
+        text(
+            "SELECT t.tgname, c.relname FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid "
+            "WHERE t.tgname = ANY(:names) ORDER BY 2"
+        ),
+        {"names": list(ONE_SERVER_TRIGGERS)},
+    ):
+        connection.execute(text(f"DROP TRIGGER {_q(trigger)} ON {_q(table_name)}"))
     placed_already = {
         name: Placement(name, kind, None if column == "<none>" else column)
         for name, kind, column in connection.execute(

@@ -32,6 +32,10 @@ DECLARE
     v_h_resolution TEXT;
     v_h_secret_hash VARCHAR;
     v_h_model_key VARCHAR;
+    v_h_generation BIGINT;
+    v_h_model_generation BIGINT;
+    v_h_valid_from TIMESTAMP WITH TIME ZONE;
+    v_h_valid_until TIMESTAMP WITH TIME ZONE;
     v_account_id VARCHAR;
     v_balance BIGINT;
     v_held BIGINT;
@@ -39,8 +43,7 @@ DECLARE
     v_limit INTEGER;
     v_billing VARCHAR;
     v_next_expiry TIMESTAMP WITH TIME ZONE;
-    v_scope_limits BOOLEAN;
-    v_project_models BOOLEAN;
+    v_generation BIGINT;
     v_released BIGINT;
     v_released_count BIGINT;
     v_expired BIGINT;
@@ -49,25 +52,24 @@ DECLARE
     v_adopted BIGINT;
     v_adopted_count BIGINT;
     v_available BIGINT;
-    v_resolution TEXT;
     v_outcome VARCHAR;
     v_project_spent BIGINT;
     v_member_spent BIGINT;
     v_key_spent BIGINT;
 BEGIN
-    FOR v_h_id, v_h_account_id, v_h_api_key_id, v_h_request_id, v_h_request_fingerprint, v_h_model_id, v_h_api, v_h_prompt_tokens, v_h_requested_max_tokens, v_h_n, v_h_reasoning, v_h_max_tokens, v_h_estimate_microcents, v_h_created_at, v_h_expires_at, v_h_spend_limit, v_h_window_start, v_h_window_end, v_h_project_id, v_h_project_limit, v_h_project_window_start, v_h_project_window_end, v_h_member_id, v_h_member_limit, v_h_member_window_start, v_h_member_window_end, v_h_resolution, v_h_secret_hash, v_h_model_key IN
-    SELECT h.id, h.account_id, h.api_key_id, h.request_id, h.request_fingerprint, h.model_id, h.api, h.prompt_tokens, h.requested_max_tokens, h.n, h.reasoning, h.max_tokens, h.estimate_microcents, h.created_at, h.expires_at, h.spend_limit, h.window_start, h.window_end, h.project_id, h.project_limit, h.project_window_start, h.project_window_end, h.member_id, h.member_limit, h.member_window_start, h.member_window_end, h.resolution, h.secret_hash, h.model_key
-    FROM (SELECT * FROM ROWS FROM (json_to_recordset(CAST(p_holds AS json)) AS (id VARCHAR(64), account_id VARCHAR(32), api_key_id VARCHAR(32), request_id VARCHAR(64), request_fingerprint VARCHAR(64), model_id VARCHAR(100), api VARCHAR(20), prompt_tokens INTEGER, requested_max_tokens INTEGER, n INTEGER, reasoning BOOLEAN, max_tokens INTEGER, estimate_microcents non_negative_microcents, created_at TIMESTAMP WITH TIME ZONE, expires_at TIMESTAMP WITH TIME ZONE, spend_limit BIGINT, window_start TIMESTAMP WITH TIME ZONE, window_end TIMESTAMP WITH TIME ZONE, project_id VARCHAR, project_limit BIGINT, project_window_start TIMESTAMP WITH TIME ZONE, project_window_end TIMESTAMP WITH TIME ZONE, member_id VARCHAR, member_limit BIGINT, member_window_start TIMESTAMP WITH TIME ZONE, member_window_end TIMESTAMP WITH TIME ZONE, resolution TEXT, secret_hash VARCHAR, model_key VARCHAR)) WITH ORDINALITY AS t(id, account_id, api_key_id, request_id, request_fingerprint, model_id, api, prompt_tokens, requested_max_tokens, n, reasoning, max_tokens, estimate_microcents, created_at, expires_at, spend_limit, window_start, window_end, project_id, project_limit, project_window_start, project_window_end, member_id, member_limit, member_window_start, member_window_end, resolution, secret_hash, model_key, position)) AS h ORDER BY h.account_id COLLATE "C", h.position
+    FOR v_h_id, v_h_account_id, v_h_api_key_id, v_h_request_id, v_h_request_fingerprint, v_h_model_id, v_h_api, v_h_prompt_tokens, v_h_requested_max_tokens, v_h_n, v_h_reasoning, v_h_max_tokens, v_h_estimate_microcents, v_h_created_at, v_h_expires_at, v_h_spend_limit, v_h_window_start, v_h_window_end, v_h_project_id, v_h_project_limit, v_h_project_window_start, v_h_project_window_end, v_h_member_id, v_h_member_limit, v_h_member_window_start, v_h_member_window_end, v_h_resolution, v_h_secret_hash, v_h_model_key, v_h_generation, v_h_model_generation, v_h_valid_from, v_h_valid_until IN
+    SELECT h.id, h.account_id, h.api_key_id, h.request_id, h.request_fingerprint, h.model_id, h.api, h.prompt_tokens, h.requested_max_tokens, h.n, h.reasoning, h.max_tokens, h.estimate_microcents, h.created_at, h.expires_at, h.spend_limit, h.window_start, h.window_end, h.project_id, h.project_limit, h.project_window_start, h.project_window_end, h.member_id, h.member_limit, h.member_window_start, h.member_window_end, h.resolution, h.secret_hash, h.model_key, h.generation, h.model_generation, h.valid_from, h.valid_until
+    FROM (SELECT * FROM ROWS FROM (json_to_recordset(CAST(p_holds AS json)) AS (id VARCHAR(64), account_id VARCHAR(32), api_key_id VARCHAR(32), request_id VARCHAR(64), request_fingerprint VARCHAR(64), model_id VARCHAR(100), api VARCHAR(20), prompt_tokens INTEGER, requested_max_tokens INTEGER, n INTEGER, reasoning BOOLEAN, max_tokens INTEGER, estimate_microcents non_negative_microcents, created_at TIMESTAMP WITH TIME ZONE, expires_at TIMESTAMP WITH TIME ZONE, spend_limit BIGINT, window_start TIMESTAMP WITH TIME ZONE, window_end TIMESTAMP WITH TIME ZONE, project_id VARCHAR, project_limit BIGINT, project_window_start TIMESTAMP WITH TIME ZONE, project_window_end TIMESTAMP WITH TIME ZONE, member_id VARCHAR, member_limit BIGINT, member_window_start TIMESTAMP WITH TIME ZONE, member_window_end TIMESTAMP WITH TIME ZONE, resolution TEXT, secret_hash VARCHAR, model_key VARCHAR, generation BIGINT, model_generation BIGINT, valid_from TIMESTAMP WITH TIME ZONE, valid_until TIMESTAMP WITH TIME ZONE)) WITH ORDINALITY AS t(id, account_id, api_key_id, request_id, request_fingerprint, model_id, api, prompt_tokens, requested_max_tokens, n, reasoning, max_tokens, estimate_microcents, created_at, expires_at, spend_limit, window_start, window_end, project_id, project_limit, project_window_start, project_window_end, member_id, member_limit, member_window_start, member_window_end, resolution, secret_hash, model_key, generation, model_generation, valid_from, valid_until, position)) AS h ORDER BY h.account_id COLLATE "C", h.position
     LOOP
         IF v_h_account_id IS DISTINCT FROM v_account_id THEN
             IF v_changed THEN
                 UPDATE accounts SET held_microcents=v_held, held_count=v_count WHERE accounts.id = v_account_id;
             END IF;
             v_account_id := v_h_account_id;
-            SELECT accounts.balance_microcents, accounts.held_microcents, accounts.held_count, accounts.max_concurrent_requests, accounts.billing, accounts.next_expiry_at, accounts.scope_limits, accounts.project_models
+            SELECT accounts.balance_microcents, accounts.held_microcents, accounts.held_count, accounts.max_concurrent_requests, accounts.billing, accounts.next_expiry_at, accounts.resolution_generation
             FROM accounts
             WHERE accounts.id = v_account_id FOR NO KEY UPDATE
-            INTO v_balance, v_held, v_count, v_limit, v_billing, v_next_expiry, v_scope_limits, v_project_models;
+            INTO v_balance, v_held, v_count, v_limit, v_billing, v_next_expiry, v_generation;
             IF NOT FOUND THEN
                 RAISE EXCEPTION 'no such account';
             END IF;
@@ -104,42 +106,9 @@ BEGIN
             END IF;
         END IF;
         v_available := CASE WHEN (v_balance < CAST(-9223372036854775808 AS BIGINT) + v_held) THEN CAST(-9223372036854775808 AS BIGINT) ELSE v_balance - v_held END;
-        IF v_h_resolution IS NOT NULL THEN
-            IF v_scope_limits OR v_project_models THEN
-                v_resolution := (SELECT CAST(json_build_array(resolution.api_key_id, resolution.account_id, resolution.billing, resolution.spend_limit_microcents, resolution.spend_limit_window, resolution.project_id, resolution.member_id, resolution.project_spend_limit_microcents, resolution.project_spend_limit_window, resolution.member_spend_limit_microcents, resolution.member_spend_limit_window, resolution.max_concurrent_requests, resolution.model_id, resolution.context_length, resolution.max_output_tokens, resolution.reasoning_headroom_tokens, resolution.deprecation_date, resolution.price_version_id, resolution.account_sees, resolution.key_allows, resolution.project_allows, resolution.input_microcents_per_million, resolution.output_microcents_per_million, resolution.cache_read_microcents_per_million) AS TEXT) AS json_build_array_1
-                FROM (SELECT api_keys.id AS api_key_id, api_keys.account_id AS account_id, accounts.billing AS billing, api_keys.monthly_spend_limit_microcents AS spend_limit_microcents, api_keys.spend_limit_window AS spend_limit_window, api_keys.project_id AS project_id, api_keys.member_id AS member_id, projects.spend_limit_microcents AS project_spend_limit_microcents, CASE WHEN (projects.spend_limit_microcents IS NULL) THEN NULL ELSE projects.spend_limit_window END AS project_spend_limit_window, members.spend_limit_microcents AS member_spend_limit_microcents, CASE WHEN (members.spend_limit_microcents IS NULL) THEN NULL ELSE members.spend_limit_window END AS member_spend_limit_window, accounts.max_concurrent_requests AS max_concurrent_requests, model.id AS model_id, model.context_length AS context_length, model.max_output_tokens AS max_output_tokens, model.reasoning_headroom_tokens AS reasoning_headroom_tokens, model.deprecation_date AS deprecation_date, coalesce(override.id, listed.id) AS price_version_id, accounts.restricts_models IS false OR (EXISTS (SELECT *
-                FROM account_models
-                WHERE account_models.account_id = api_keys.account_id AND account_models.model_id = model.id)) AS account_sees, api_keys.restricts_models IS false OR (EXISTS (SELECT *
-                FROM api_key_models
-                WHERE api_key_models.account_id = api_keys.account_id AND api_key_models.api_key_id = api_keys.id AND api_key_models.model_id = model.id)) AS key_allows, projects.restricts_models IS NOT true OR (EXISTS (SELECT *
-                FROM project_models
-                WHERE project_models.account_id = api_keys.account_id AND project_models.project_id = api_keys.project_id AND project_models.model_id = model.id)) AS project_allows, coalesce(override.input_microcents_per_million, listed.input_microcents_per_million) AS input_microcents_per_million, coalesce(override.output_microcents_per_million, listed.output_microcents_per_million) AS output_microcents_per_million, coalesce(override.cache_read_microcents_per_million, listed.cache_read_microcents_per_million) AS cache_read_microcents_per_million
-                FROM api_keys JOIN accounts ON accounts.id = api_keys.account_id LEFT OUTER JOIN projects ON projects.account_id = api_keys.account_id AND projects.id = api_keys.project_id LEFT OUTER JOIN members ON members.account_id = api_keys.account_id AND members.id = api_keys.member_id LEFT OUTER JOIN catalog_models AS model ON model.id_key = v_h_model_key LEFT OUTER JOIN account_rates AS override ON override.account_id = api_keys.account_id AND override.id = (SELECT account_rates.id
-                FROM account_rates
-                WHERE account_rates.account_id = api_keys.account_id AND account_rates.model_id = model.id AND account_rates.effective_at <= v_h_created_at ORDER BY account_rates.effective_at DESC
-                 LIMIT 1) AND override.input_microcents_per_million IS NOT NULL LEFT OUTER JOIN price_versions AS listed ON listed.id = (SELECT price_versions.id
-                FROM price_versions
-                WHERE price_versions.model_id = model.id AND price_versions.effective_at <= v_h_created_at ORDER BY price_versions.effective_at DESC
-                 LIMIT 1)
-                WHERE api_keys.secret_hash = v_h_secret_hash AND api_keys.revoked_at IS NULL) AS resolution);
-            ELSE
-                v_resolution := (SELECT CAST(json_build_array(resolution.api_key_id, resolution.account_id, resolution.billing, resolution.spend_limit_microcents, resolution.spend_limit_window, resolution.project_id, resolution.member_id, resolution.project_spend_limit_microcents, resolution.project_spend_limit_window, resolution.member_spend_limit_microcents, resolution.member_spend_limit_window, resolution.max_concurrent_requests, resolution.model_id, resolution.context_length, resolution.max_output_tokens, resolution.reasoning_headroom_tokens, resolution.deprecation_date, resolution.price_version_id, resolution.account_sees, resolution.key_allows, resolution.project_allows, resolution.input_microcents_per_million, resolution.output_microcents_per_million, resolution.cache_read_microcents_per_million) AS TEXT) AS json_build_array_1
-                FROM (SELECT api_keys.id AS api_key_id, api_keys.account_id AS account_id, accounts.billing AS billing, api_keys.monthly_spend_limit_microcents AS spend_limit_microcents, api_keys.spend_limit_window AS spend_limit_window, api_keys.project_id AS project_id, api_keys.member_id AS member_id, CAST(NULL AS BIGINT) AS project_spend_limit_microcents, CAST(NULL AS VARCHAR) AS project_spend_limit_window, CAST(NULL AS BIGINT) AS member_spend_limit_microcents, CAST(NULL AS VARCHAR) AS member_spend_limit_window, accounts.max_concurrent_requests AS max_concurrent_requests, model.id AS model_id, model.context_length AS context_length, model.max_output_tokens AS max_output_tokens, model.reasoning_headroom_tokens AS reasoning_headroom_tokens, model.deprecation_date AS deprecation_date, coalesce(override.id, listed.id) AS price_version_id, accounts.restricts_models IS false OR (EXISTS (SELECT *
-                FROM account_models
-                WHERE account_models.account_id = api_keys.account_id AND account_models.model_id = model.id)) AS account_sees, api_keys.restricts_models IS false OR (EXISTS (SELECT *
-                FROM api_key_models
-                WHERE api_key_models.account_id = api_keys.account_id AND api_key_models.api_key_id = api_keys.id AND api_key_models.model_id = model.id)) AS key_allows, true AS project_allows, coalesce(override.input_microcents_per_million, listed.input_microcents_per_million) AS input_microcents_per_million, coalesce(override.output_microcents_per_million, listed.output_microcents_per_million) AS output_microcents_per_million, coalesce(override.cache_read_microcents_per_million, listed.cache_read_microcents_per_million) AS cache_read_microcents_per_million
-                FROM api_keys JOIN accounts ON accounts.id = api_keys.account_id LEFT OUTER JOIN catalog_models AS model ON model.id_key = v_h_model_key LEFT OUTER JOIN account_rates AS override ON override.account_id = api_keys.account_id AND override.id = (SELECT account_rates.id
-                FROM account_rates
-                WHERE account_rates.account_id = api_keys.account_id AND account_rates.model_id = model.id AND account_rates.effective_at <= v_h_created_at ORDER BY account_rates.effective_at DESC
-                 LIMIT 1) AND override.input_microcents_per_million IS NOT NULL LEFT OUTER JOIN price_versions AS listed ON listed.id = (SELECT price_versions.id
-                FROM price_versions
-                WHERE price_versions.model_id = model.id AND price_versions.effective_at <= v_h_created_at ORDER BY price_versions.effective_at DESC
-                 LIMIT 1)
-                WHERE api_keys.secret_hash = v_h_secret_hash AND api_keys.revoked_at IS NULL) AS resolution);
-            END IF;
-        END IF;
-        v_outcome := CASE WHEN (v_h_resolution IS NOT NULL AND v_resolution IS DISTINCT FROM v_h_resolution) THEN 'stale' WHEN (v_h_request_id IS NOT NULL AND (EXISTS (SELECT *
+        v_outcome := CASE WHEN (v_h_generation IS NOT NULL AND (v_h_generation != v_generation OR v_h_model_generation IS DISTINCT FROM (SELECT catalog_models.resolution_generation
+        FROM catalog_models
+        WHERE catalog_models.id = v_h_model_id) OR v_h_created_at < v_h_valid_from OR v_h_created_at >= v_h_valid_until)) THEN 'stale' WHEN (v_h_request_id IS NOT NULL AND (EXISTS (SELECT *
         FROM authorizations
         WHERE authorizations.account_id = v_account_id AND authorizations.request_id = v_h_request_id))) THEN 'exists' WHEN (v_billing != 'prepaid' AND v_h_estimate_microcents > 9223372036854775807 - v_held) THEN 'out_of_range' WHEN (v_limit IS NOT NULL AND v_count >= v_limit) THEN 'concurrency_limit_exceeded' WHEN (v_billing = 'prepaid' AND v_h_estimate_microcents > v_available) THEN 'insufficient_credits' ELSE 'granted' END;
         IF v_outcome = 'granted' AND v_billing = 'prepaid' AND (v_h_project_limit IS NOT NULL OR v_h_member_limit IS NOT NULL OR v_h_spend_limit IS NOT NULL) THEN

@@ -45,7 +45,7 @@ from metering.kit.pagination import newest_first_by_time
 from metering.kit.ranges import INT64_MAX
 from metering.kit.timeutil import format_timestamp
 from metering.ledger.metrics import AUTHORIZATIONS, VOIDS
-from metering.ledger.placement.postgres import PostgresHolds, Remembered
+from metering.ledger.placement.postgres import NOT_CONFIRMING, PostgresHolds, Remembered
 from metering.ledger.placement.program import EXPIRE, HOLDS, Outcome, Placement
 from metering.ledger.placement.sqlite import SqliteHolds
 from metering.ledger.resolution import Resolution
@@ -94,11 +94,7 @@ def _authorize_steps(
     # the check-and-hold confirms it still holds; anything else is decided on a fresh read.
     remembered: Remembered | None = yield lambda holds: holds.remembered(secret_hash, model_key)
     if remembered is not None:
-        confirm = {
-            "resolution": remembered.text,
-            "secret_hash": secret_hash,
-            "model_key": model_key,
-        }
+        confirm = remembered.confirmation(secret_hash, model_key)
         answer = yield from _hold_steps(request, remembered.resolution, now, ttl_seconds, confirm)
         if answer is not None:
             return answer
@@ -120,15 +116,12 @@ def _authorize_steps(
     return answer
 
 
-_NOT_CONFIRMING = {"resolution": None, "secret_hash": None, "model_key": None}
-
-
 def _hold_steps(
     request: AuthorizationCreate,
     found: Resolution,
     now: datetime,
     ttl_seconds: int,
-    confirm: Mapping[str, str] | None,
+    confirm: Mapping[str, Any] | None,
 ) -> Steps[tuple[dict[str, Any], str] | None]:
     """Estimate, then check and hold. With ``confirm`` (a remembered resolution), None when
     the estimate refuses the request or the resolution no longer holds: the caller then reads
@@ -160,7 +153,7 @@ def _hold_steps(
     }
     placement: Placement
     if checked_under_lock(found.billing, found.max_concurrent_requests):
-        hold = {**values, **_spend_limits(found, now), **(confirm or _NOT_CONFIRMING)}
+        hold = {**values, **_spend_limits(found, now), **(confirm or NOT_CONFIRMING)}
         placement = yield lambda holds: holds.place(hold)
     else:
         # Unbilled accounts without a concurrency limit always pass; the hold is still

@@ -2,40 +2,53 @@
 — the live key, its account's billing and the key's spend limit, the model's limits, and the
 rates in force for the account — as one SQL statement (``RESOLUTION``) with named columns.
 
-The same definition is read by the authorization (a fresh read), and recomputed by the
-check-and-hold to confirm a resolution that an API process remembered (PostgreSQL): its JSON
-text (``resolution_text``) must be unchanged at the hold's instant, or the hold is not placed.
-For an account whose projects and members have no spend limit and no model list (neither of
-the account's marks set, read with its locked row), the confirmation reads neither: they could
-change nothing, and any change that could is made with a mark in the same transaction.
+The same definition is read by the authorization (a fresh read), and confirmed by the
+check-and-hold when an API process remembered it, or the hold is not placed:
+
+* on one PostgreSQL server by its **stamp** (``Stamp``): the generations of its account and its
+  model, which the database moves whenever a row the resolution reads changes (triggers on each
+  of its inputs, ``INPUTS``: migration 0015), and the instants between which its price stays the
+  one in force (metering.catalog.prices.price_window). Unchanged generations and a hold's instant
+  within those bounds mean every input is as it was read;
+* on a Citus cluster (no triggers on shards) by its JSON text (``resolution_text_apart``),
+  recomputed at the hold's instant. For an account whose projects and members have no spend
+  limit and no model list (neither of the account's marks set, read with its locked row), the
+  recomputation reads neither: they could change nothing, and any change that could is made
+  with a mark in the same transaction.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from datetime import date
+from datetime import date, datetime
 from typing import Any
 
 from sqlalchemy import (
     BigInteger,
+    Column,
+    ColumnElement,
     Date,
     Select,
     String,
+    Table,
     Text,
     and_,
     bindparam,
     case,
     cast,
     null,
+    or_,
     select,
     true,
 )
+from sqlalchemy.sql import visitors
 
 from metering import programs as p
 from metering.accounts.access import account_sees, key_allows, project_allows
 from metering.accounts.keys import ACCOUNTS, KEYS, live_key
-from metering.catalog.prices import RATE_COLUMNS, price_in_force
+from metering.catalog.prices import RATE_COLUMNS, price_in_force, price_window
 from metering.citus.apart import read_apart
 from metering.models import CatalogModel, Member, Project, table
 from metering.models.base import UTCDateTime
@@ -203,6 +216,57 @@ def resolution_text_apart(
     return (*read.steps, p.Assign(into, case((read.found, text_of(read.columns)))))
 
 
+@dataclass(frozen=True, slots=True)
+class Stamp:
+    """What a remembered resolution rests on (one PostgreSQL server): its account's and its
+    model's ``resolution_generation`` when it was read, and the bounds of its price's time
+    (``valid_from`` inclusive, ``valid_until`` exclusive; None: unbounded)."""
+
+    generation: int
+    model_generation: int
+    valid_from: datetime | None
+    valid_until: datetime | None
+
+
+STAMP_NAMES = tuple(f.name for f in fields(Stamp))
+
+
+def stamp_of(found: Any, at: Any) -> tuple[Any, ...]:
+    """A resolution subquery's stamp (``STAMP_NAMES``' columns), read in the same statement."""
+    since, until = price_window(found.c.account_id, found.c.model_id, at)
+    return (
+        select(ACCOUNTS.c.resolution_generation)
+        .where(ACCOUNTS.c.id == found.c.account_id)
+        .scalar_subquery(),
+        select(MODELS.c.resolution_generation)
+        .where(MODELS.c.id == found.c.model_id)
+        .scalar_subquery(),
+        since,
+        until,
+    )
+
+
+def stamp_broken(
+    stamp: Mapping[str, Any], generation: Any, model_id: Any, at: Any
+) -> ColumnElement[bool]:
+    """Whether a hold's stamp (``stamp``: its ``STAMP_NAMES`` values) no longer holds at ``at``,
+    the account's generation read as ``generation`` under its lock: a generation moved, or the
+    instant is out of the price's bounds. Null (not broken) when the hold has no stamp."""
+    return and_(
+        stamp["generation"].isnot(None),
+        or_(
+            stamp["generation"] != generation,
+            stamp["model_generation"].is_distinct_from(
+                select(MODELS.c.resolution_generation)
+                .where(MODELS.c.id == model_id)
+                .scalar_subquery()
+            ),
+            at < stamp["valid_from"],
+            at >= stamp["valid_until"],
+        ),
+    )
+
+
 def as_text(found: Any) -> Any:
     """A resolution subquery's row as its JSON text (the one form both readers write)."""
     return text_of(found.c)
@@ -225,3 +289,35 @@ _DATE_COLUMNS = tuple(
     if isinstance(column.type, Date)
 )
 _BOOLEAN_COLUMNS = ("account_sees", "key_allows", "project_allows")
+
+
+def _columns_read(statement: Any) -> dict[str, frozenset[str]]:
+    """Each table a statement reads (through any alias) and the columns of it it names."""
+    read: dict[str, set[str]] = {}
+    for element in visitors.iterate(statement):
+        if isinstance(element, Column) and element.table is not None:
+            source = element.table
+            while not isinstance(source, Table):
+                source = source.element
+            read.setdefault(source.name, set()).add(element.name)
+    return {name: frozenset(columns) for name, columns in sorted(read.items())}
+
+
+# The resolution's inputs: each table it reads and the columns of it that it names (the price's
+# bounds read nothing more). On one PostgreSQL server a change of any of them moves a generation
+# (``generation_owner``); tests/ledger/test_resolution_generations.py holds the database's
+# triggers equal to this.
+INPUTS = _columns_read(resolution(SECRET_HASH, MODEL_KEY, AT))
+_OWNERS = {ACCOUNTS.name: "account_id", MODELS.name: "model_id"}
+
+
+def generation_owner(table_name: str) -> tuple[str, str | None]:
+    """Whose generation a change of the table's row moves: the table of its owner, and the
+    row's column that names it (None: an owner's own row moves its own)."""
+    if table_name in _OWNERS:
+        return table_name, None
+    columns = INPUTS[table_name]
+    for owner, column in _OWNERS.items():
+        if column in columns:
+            return owner, column
+    raise AssertionError(f"{table_name}: a resolution's input with no account and no model")

@@ -58,6 +58,10 @@ class Account(Base):
     # mark, the account's projects and members change nothing its keys resolve to, and the
     # check-and-hold confirms a remembered resolution without them (metering.ledger.resolution).
     project_models: Mapped[bool] = mapped_column(Boolean, default=False, server_default="0")
+    # Moved on one PostgreSQL server by the database itself (triggers) whenever anything of the
+    # account that a key's resolution reads changes: a remembered resolution read at this value
+    # still holds while it is unchanged (metering.ledger.resolution).
+    resolution_generation: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     # What charges ran beyond the live grants: balance = Σ remainders − deficit.
     deficit_microcents: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     # No grant of the account with a remainder expires before this instant (null: none

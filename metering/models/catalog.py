@@ -40,6 +40,9 @@ class CatalogModel(Base):
     deprecation_date: Mapped[date | None] = mapped_column(Date)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    # As ``accounts.resolution_generation``, for what a resolution reads of the model: its row
+    # and its list prices.
+    resolution_generation: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
 
 
 # The rates of a price (integer microcents per million tokens), in the order of

@@ -1,30 +1,33 @@
 """Remembered resolutions (PostgreSQL): an API process estimates a key's next
 authorization from the resolution it read last, and the check-and-hold confirms it under the
-account's lock. Changes made behind the process's back, straight in the database, must take
-effect on the very next authorization; on SQLite nothing is remembered and the same holds.
+account's lock (on one server by its stamp: the generations the database's triggers move, on a
+cluster by its text). Changes made behind the process's back, straight in the database, must
+take effect on the very next authorization; on SQLite nothing is remembered and the same holds.
 A project's or a member's rules are changed through the service (its admin routes), which marks
-the account in the same transaction: only a marked account's confirmation reads them."""
+the account in the same transaction: on a cluster only a marked account's confirmation reads
+them."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
-from datetime import timedelta
+from collections.abc import Callable, Iterator, Mapping
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
 from sqlalchemy import select, text
 
 from metering.citus import text_of_account
-from metering.ledger.placement.postgres import PostgresHolds
+from metering.ledger.placement.postgres import NOT_CONFIRMING, PostgresHolds
 from metering.ledger.placement.sqlite import SqliteHolds
 from metering.ledger.resolution import (
     AT,
     MODEL_KEY,
     SECRET_HASH,
+    STAMP_NAMES,
     as_text,
     resolution,
-    resolution_text,
+    stamp_of,
 )
 from metering.ledger.service import held_counter_mismatches
 from tests.conftest import NOW, Api
@@ -306,10 +309,12 @@ def test_a_retry_with_a_remembered_resolution_replays_without_a_second_hold(api:
     assert len(holds(api, setup.account)) == 3
 
 
-def _place(api: Api, setup: Setup, resolution: str, hold_id: str) -> list[tuple[Any, ...]]:
-    """One call of ``metering_place_holds`` with a hold sent with ``resolution`` (on a cluster,
-    of its one-account form, which reads the resolution again by statements of one table
-    each: metering.citus.apart)."""
+def _place(
+    api: Api, setup: Setup, confirm: Mapping[str, Any], hold_id: str
+) -> list[tuple[Any, ...]]:
+    """One call of ``metering_place_holds`` with a hold sent with ``confirm``'s confirming
+    fields (``_confirming``; on a cluster, of its one-account form, which reads the resolution
+    again by statements of one table each: metering.citus.apart)."""
     hold = {
         "id": hold_id,
         "account_id": setup.account,
@@ -329,9 +334,8 @@ def _place(api: Api, setup: Setup, resolution: str, hold_id: str) -> list[tuple[
         "spend_limit": None,
         "window_start": NOW.replace(day=1, hour=0, minute=0, second=0, microsecond=0).isoformat(),
         "window_end": "2100-01-01T00:00:00+00:00",
-        "resolution": resolution,
-        "secret_hash": _secret_hash(api, setup),
-        "model_key": setup.model.lower(),
+        **NOT_CONFIRMING,
+        **confirm,
     }
     with api.database.unit_of_work() as session:
         call = (
@@ -343,7 +347,11 @@ def _place(api: Api, setup: Setup, resolution: str, hold_id: str) -> list[tuple[
             tuple(row)
             for row in session.execute(
                 text(f"SELECT * FROM {call}"),
-                {"account": setup.account, "now": NOW, "holds": json.dumps([hold])},
+                {
+                    "account": setup.account,
+                    "now": NOW,
+                    "holds": json.dumps([hold], default=datetime.isoformat),
+                },
             )
         ]
         session.commit()
@@ -359,32 +367,32 @@ def _secret_hash(api: Api, setup: Setup) -> str:
         )
 
 
-def _resolution(api: Api, setup: Setup) -> str:
-    with api.database.unit_of_work() as session:
-        return str(
-            session.execute(
-                select(resolution_text(_secret_hash(api, setup), setup.model.lower(), NOW))
-            ).scalar_one()
-        )
-
-
 def test_the_check_and_hold_places_only_a_confirmed_resolution(plain_pg_api: Api) -> None:
-    # The one server's resolution statement (resolution_text); a cluster resolves a key in its
-    # own statements (tests/test_citus.py proves their routes).
+    # One server confirms a stamp (a cluster its text: the test below, and tests/test_citus.py
+    # proves its statements' routes). A stamp that differs from the database's in any part, or
+    # whose price bounds leave out the hold's instant, is stale; the one read is confirmed until
+    # a change of its inputs moves a generation.
     setup = prepaid(plain_pg_api, 1)
-    resolution = _resolution(plain_pg_api, setup)
-    assert json.loads(resolution)[:2] == [setup.key.id, setup.account]
-    doctored = json.dumps([*json.loads(resolution)[:-3], 1, 1, 0])  # a cheaper price
-    assert _place(plain_pg_api, setup, doctored, "auth_doctored") == [
-        ("auth_doctored", "stale", 1_000_000, None)
-    ]
+    stamp = _confirming(plain_pg_api, setup)
+    assert stamp is not None and stamp["valid_from"] <= NOW and stamp["valid_until"] is None
+    doctored = {
+        "an account's older generation": {"generation": stamp["generation"] - 1},
+        "a model's newer generation": {"model_generation": stamp["model_generation"] + 1},
+        "a price that ended": {"valid_until": NOW},
+        "a price not yet in force": {"valid_from": NOW + timedelta(microseconds=1)},
+    }
+    for name, change in doctored.items():
+        hold_id = f"auth_{name.replace(' ', '_')}"
+        assert _place(plain_pg_api, setup, {**stamp, **change}, hold_id) == [
+            (hold_id, "stale", 1_000_000, None)
+        ], name
     assert [hold.id for hold in holds(plain_pg_api, setup.account)] == []
-    assert _place(plain_pg_api, setup, resolution, "auth_confirmed") == [
+    assert _place(plain_pg_api, setup, stamp, "auth_confirmed") == [
         ("auth_confirmed", "granted", 1_000_000, None)
     ]
     assert [hold.id for hold in holds(plain_pg_api, setup.account)] == ["auth_confirmed"]
     _revoke(plain_pg_api, setup)
-    assert _place(plain_pg_api, setup, resolution, "auth_revoked")[0][1] == "stale"
+    assert _place(plain_pg_api, setup, stamp, "auth_revoked")[0][1] == "stale"
     assert [hold.id for hold in holds(plain_pg_api, setup.account)] == ["auth_confirmed"]
 
 
@@ -408,21 +416,26 @@ def test_metrics_count_reads_remembered_and_stale_resolutions(pg_api: Api) -> No
     }
 
 
-def _read(api: Api, setup: Setup) -> str | None:
-    """The resolution's text as a fresh read writes it (on a cluster, for the account's shard,
-    as the service reads it there)."""
+def _confirming(api: Api, setup: Setup) -> dict[str, Any] | None:
+    """What a fresh read gives the check-and-hold to confirm the resolution by (None: no live
+    key): on one server its stamp; on a cluster its text (read for the account's shard, as the
+    service reads it there) with the key and model it is recomputed for."""
     found = resolution(SECRET_HASH, MODEL_KEY, AT).subquery("resolution")
-    params = {"secret_hash": _secret_hash(api, setup), "model_key": setup.model.lower(), "now": NOW}
+    secret_hash, model_key = _secret_hash(api, setup), setup.model.lower()
+    params = {"secret_hash": secret_hash, "model_key": model_key, "now": NOW}
     with api.database.unit_of_work() as session:
         if api.backend == "citus":
             sql = text_of_account(select(as_text(found)))
-            rows = session.connection().exec_driver_sql(
-                sql, {**params, "p_account_id": setup.account}
+            value = (
+                session.connection()
+                .exec_driver_sql(sql, {**params, "p_account_id": setup.account})
+                .scalar_one_or_none()
             )
-        else:
-            rows = session.execute(select(as_text(found)), params)
-        value = rows.scalar_one_or_none()
-        return None if value is None else str(value)
+            if value is None:
+                return None
+            return {"resolution": str(value), "secret_hash": secret_hash, "model_key": model_key}
+        row = session.execute(select(*stamp_of(found, AT)), params).one_or_none()
+        return None if row is None else dict(zip(STAMP_NAMES, row, strict=True))
 
 
 def _own_price(api: Api, setup: Setup) -> None:
@@ -508,17 +521,19 @@ FACTS: dict[str, tuple[Callable[[Api, Setup], None], bool]] = {
 
 @pytest.mark.parametrize("fact", FACTS)
 def test_the_check_and_hold_confirms_exactly_the_resolution_read(pg_api: Api, fact: str) -> None:
-    # The confirmation recomputes the fresh read's text byte for byte (on a cluster from its
-    # statements of one table each): what was read is confirmed, before and after a change
-    # that leaves it as it was; a change of any fact it rests on makes the remembered one stale.
+    # What was read is confirmed; a change of any fact it rests on makes the remembered one
+    # stale. On one server every such change moves a generation (the database's triggers), so
+    # the stamp read afresh differs; a cluster recomputes the fresh read's text byte for byte
+    # (from its statements of one table each), and a change that leaves it as it was keeps it.
     account = prepaid(pg_api, 1)
     setup = Setup(account.account, _members_key(pg_api, account), account.model)
-    remembered = _read(pg_api, setup)
+    remembered = _confirming(pg_api, setup)
     assert remembered is not None
     assert _place(pg_api, setup, remembered, f"auth_read_{setup.account}")[0][1] == "granted"
-    change, same = FACTS[fact]
+    change, same_text = FACTS[fact]
+    same = same_text and pg_api.backend == "citus"
     change(pg_api, setup)
-    now = _read(pg_api, setup)
+    now = _confirming(pg_api, setup)
     assert (now == remembered) is same
     outcome = _place(pg_api, setup, remembered, f"auth_remembered_{setup.account}")[0][1]
     assert outcome == ("granted" if same else "stale")

@@ -43,12 +43,23 @@ from metering.ledger.placement.program import (
     Outcome,
     Placement,
 )
-from metering.ledger.resolution import AT, MODEL_KEY, SECRET_HASH, Resolution, as_text, resolution
+from metering.ledger.resolution import (
+    AT,
+    MODEL_KEY,
+    SECRET_HASH,
+    STAMP_NAMES,
+    Resolution,
+    Stamp,
+    as_text,
+    resolution,
+    stamp_of,
+)
 from metering.programs import psycopg_text
 from metering.states import holds
 
 # The resolution as JSON text, and whether the key's account has a hold with this request id, in
-# one round trip, without locks; no row for a secret that names no live key.
+# one round trip, without locks; no row for a secret that names no live key. On one server with
+# its stamp, what the check-and-hold confirms a remembered one by (a cluster confirms the text).
 _found = resolution(SECRET_HASH, MODEL_KEY, AT).subquery("resolution")
 _RESOLVING = select(
     as_text(_found),
@@ -57,7 +68,7 @@ _RESOLVING = select(
         HOLDS.c.request_id == bindparam("request_id", type_=String()),
     ),
 ).select_from(_found)
-_RESOLVE = psycopg_text(_RESOLVING)
+_RESOLVE = psycopg_text(_RESOLVING.add_columns(*stamp_of(_found, AT)))
 _PLACE = PLACE_HOLDS.call_sql
 _INSERT_UNBILLED = psycopg_text(INSERT_UNBILLED)
 _BY_REQUEST_ID = psycopg_text(BY_REQUEST_ID)
@@ -120,9 +131,9 @@ class PostgresHolds:
         if row is None:
             _REMEMBERED.forget(secret_hash, model_key)
             return None
-        text, known = row
+        text, known, *stamp = row
         found = Resolution.from_text(text)
-        _REMEMBERED.keep(secret_hash, model_key, found, text)
+        _REMEMBERED.keep(secret_hash, model_key, found, text, Stamp(*stamp) if stamp else None)
         return found, known
 
     async def remembered(self, secret_hash: str, model_key: str) -> Remembered | None:
@@ -247,13 +258,33 @@ def _body(row: tuple[Any, ...]) -> dict[str, Any]:
     return dict(zip(BODY_COLUMNS, row, strict=True))
 
 
+# A hold's fields that confirm a remembered resolution (metering.ledger.resolution), all null
+# for one resolved afresh.
+NOT_CONFIRMING: dict[str, Any] = dict.fromkeys(
+    ("resolution", "secret_hash", "model_key", *STAMP_NAMES)
+)
+
+
 @dataclass(frozen=True, slots=True)
 class Remembered:
-    """A resolution this process read before, with its text as the database wrote it: what
-    the check-and-hold recomputes (``HOLDS_IN``'s ``resolution``) to confirm it still holds."""
+    """A resolution this process read before, with its text as the database wrote it and, on
+    one server, its stamp: what the check-and-hold confirms it still holds by."""
 
     resolution: Resolution
     text: str
+    stamp: Stamp | None
+
+    def confirmation(self, secret_hash: str, model_key: str) -> dict[str, Any]:
+        """A hold's confirming fields (``HOLDS_IN``'s): on one server the stamp; on a cluster
+        the text, with the key and model it is recomputed for."""
+        if self.stamp is not None:
+            return {**NOT_CONFIRMING, **{name: getattr(self.stamp, name) for name in STAMP_NAMES}}
+        return {
+            **NOT_CONFIRMING,
+            "resolution": self.text,
+            "secret_hash": secret_hash,
+            "model_key": model_key,
+        }
 
 
 class _Remembered:
@@ -274,7 +305,14 @@ class _Remembered:
     def get(self, secret_hash: str, model_key: str) -> Remembered | None:
         return self._resolutions.get((secret_hash, model_key))
 
-    def keep(self, secret_hash: str, model_key: str, found: Resolution, text: str) -> None:
+    def keep(
+        self,
+        secret_hash: str,
+        model_key: str,
+        found: Resolution,
+        text: str,
+        stamp: Stamp | None,
+    ) -> None:
         if not checked_under_lock(found.billing, found.max_concurrent_requests) or (
             found.rates is None
         ):
@@ -282,7 +320,7 @@ class _Remembered:
             return
         if len(self._resolutions) >= self.LIMIT:
             self._resolutions.clear()
-        self._resolutions[(secret_hash, model_key)] = Remembered(found, text)
+        self._resolutions[(secret_hash, model_key)] = Remembered(found, text, stamp)
 
     def forget(self, secret_hash: str, model_key: str) -> None:
         self._resolutions.pop((secret_hash, model_key), None)

@@ -60,7 +60,7 @@ from metering.accounts.access import in_flight_limited
 from metering.accounts.spend import Scope, charges_rows, per_scope
 from metering.citus import of_account
 from metering.kit.ranges import INT64_MAX, INT64_MIN
-from metering.ledger.resolution import resolution_text, resolution_text_apart
+from metering.ledger.resolution import STAMP_NAMES, resolution_text_apart, stamp_broken
 from metering.ledger.spending import without_pending_expiries
 from metering.models import Account, Authorization, table
 from metering.models.base import UTCDateTime
@@ -115,8 +115,10 @@ BODY_COLUMNS = (
 )
 
 # What the check-and-hold is given for each hold besides the hold itself: the key's spend limit
-# and the window it applies to, its project's and its member's with theirs, and (PostgreSQL) the
-# remembered resolution it was estimated from with what it was read for (null: resolved afresh).
+# and the window it applies to, its project's and its member's with theirs, and what confirms
+# the remembered resolution it was estimated from (null: resolved afresh): on one PostgreSQL
+# server its stamp (metering.ledger.resolution.Stamp), on a Citus cluster its text with what it
+# was read for.
 _EXTRA: p.RowColumns = (
     ("spend_limit", BigInteger()),
     ("window_start", UTCDateTime()),
@@ -132,6 +134,10 @@ _EXTRA: p.RowColumns = (
     ("resolution", Text()),
     ("secret_hash", String()),
     ("model_key", String()),
+    ("generation", BigInteger()),
+    ("model_generation", BigInteger()),
+    ("valid_from", UTCDateTime()),
+    ("valid_until", UTCDateTime()),
 )
 HOLDS_IN = p.Records("p_holds", (*((name, HOLDS.c[name].type) for name in HOLD_COLUMNS), *_EXTRA))
 NOW = p.Var("p_now", UTCDateTime())
@@ -254,6 +260,7 @@ def _place_holds(on: p.Backend) -> list[p.Step]:
     scope_limits = p.Var("v_scope_limits", Boolean())
     project_models = p.Var("v_project_models", Boolean())
     current = p.Var("v_resolution", Text())  # a remembered resolution's text, read again
+    generation = p.Var("v_generation", BigInteger())  # the account's resolution_generation
     released_count = p.Var("v_released_count", BigInteger())
     expired_count = p.Var("v_expired_count", BigInteger())
     adopted = p.Var("v_adopted", BigInteger())
@@ -279,6 +286,16 @@ def _place_holds(on: p.Backend) -> list[p.Step]:
             ),
         ),
     )
+    # The account's row, locked; on one server with its resolution generation (what a stamp is
+    # confirmed by), on a Citus shard with its marks (what a text is recomputed from).
+    read_with_account: dict[p.Var, Any] = on.choose(
+        postgresql={generation: ACCOUNTS.c.resolution_generation},
+        sqlite={},
+        one_shard={
+            scope_limits: ACCOUNTS.c.scope_limits,
+            project_models: ACCOUNTS.c.project_models,
+        },
+    )
     take_account = p.When(
         h["account_id"].ref.is_distinct_from(account.ref),
         (
@@ -292,21 +309,11 @@ def _place_holds(on: p.Backend) -> list[p.Step]:
                     ACCOUNTS.c.max_concurrent_requests,
                     ACCOUNTS.c.billing,
                     ACCOUNTS.c.next_expiry_at,
-                    ACCOUNTS.c.scope_limits,
-                    ACCOUNTS.c.project_models,
+                    *read_with_account.values(),
                 )
                 .where(ACCOUNTS.c.id == account.ref)
                 .with_for_update(key_share=True),
-                into=(
-                    balance,
-                    held,
-                    count,
-                    limit,
-                    billing,
-                    next_expiry,
-                    scope_limits,
-                    project_models,
-                ),
+                into=(balance, held, count, limit, billing, next_expiry, *read_with_account),
                 required="no such account",
             ),
             # Grants expired at this instant count no more, their forfeits written or not.
@@ -326,29 +333,38 @@ def _place_holds(on: p.Backend) -> list[p.Step]:
     )
     estimate = h["estimate_microcents"].ref
 
-    # A remembered resolution read again at the hold's instant, under the account's lock: with
-    # the key's project and member only when the account's marks say they can matter.
-    # On a Citus shard by statements of one table each, which Citus plans once, where it plans
-    # the resolution's join (and its subqueries) twice at every call (metering.citus.apart).
+    # A remembered resolution confirmed under the account's lock (metering.ledger.resolution).
+    # On one server by its stamp: a CASE branch of the decision, which reads the model's
+    # generation (the account's was read with its row).
+    stamped = stamp_broken(
+        {name: h[name].ref for name in STAMP_NAMES},
+        generation.ref,
+        h["model_id"].ref,
+        h["created_at"].ref,
+    )
+
+    # On a Citus shard by its text, read again at the hold's instant by statements of one table
+    # each, which Citus plans once, where it plans the resolution's join (and its subqueries)
+    # twice at every call (metering.citus.apart); with the key's project and member only when the
+    # account's marks say they can matter.
     def read_again(scoped: bool) -> tuple[p.Step, ...]:
         at = (h["secret_hash"].ref, h["model_key"].ref, h["created_at"].ref)
-        return on.choose(
-            postgresql=(p.Assign(current, resolution_text(*at, scoped=scoped)),),
-            sqlite=(),
-            one_shard=resolution_text_apart(*at, current, scoped=scoped),
-        )
+        return resolution_text_apart(*at, current, scoped=scoped)
 
     confirm = p.When(
         h["resolution"].ref.isnot(None),
         (p.When(scope_limits.ref | project_models.ref, read_again(True), read_again(False)),),
     )
-    stale = (
-        and_(h["resolution"].ref.isnot(None), current.ref.is_distinct_from(h["resolution"].ref)),
-        Outcome.STALE.value,
+    recomputed = and_(
+        h["resolution"].ref.isnot(None), current.ref.is_distinct_from(h["resolution"].ref)
     )
     # SQLite never confirms (its authorizations read afresh, metering.ledger.placement.sqlite),
     # and each step there is a statement of its own.
-    confirming, stale_checks = on.choose(postgresql=((confirm,), (stale,)), sqlite=((), ()))
+    confirming, stale_checks = on.choose(
+        postgresql=((), ((stamped, Outcome.STALE.value),)),
+        sqlite=((), ()),
+        one_shard=((confirm,), ((recomputed, Outcome.STALE.value),)),
+    )
     # The checks of docs/api.md#post-v1authorizations in their order, as CASE branches (the spend
     # limit's below).
     # Whether the account has a hold of this request id: a subquery of the decision's CASE, or,
