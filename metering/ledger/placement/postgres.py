@@ -165,7 +165,12 @@ class PostgresHolds:
         account: ``metering_place_holds_of_account``)."""
         params = {
             "p_now": max(hold["created_at"] for hold in batch),
-            "p_holds": json.dumps(batch, default=datetime.isoformat),
+            # Null fields left out (json_to_recordset reads an absent field as null): less for
+            # PostgreSQL to parse.
+            "p_holds": json.dumps(
+                [{name: v for name, v in hold.items() if v is not None} for hold in batch],
+                default=datetime.isoformat,
+            ),
         }
         if self._cluster:
             cursor = await self._connection.execute(
