@@ -110,7 +110,7 @@ class Resolution:
 
     @classmethod
     def from_text(cls, text: str) -> Resolution:
-        """A resolution from its JSON text (``resolution_text``): values by column, dates
+        """A resolution from its JSON text (``as_text``): values by column, dates
         decoded from their ISO text."""
         values = dict(zip(NAMES, json.loads(text), strict=True))
         for name in _DATE_COLUMNS:
@@ -199,19 +199,14 @@ def resolution(secret_hash: Any, model_key: Any, at: Any, *, scoped: bool = True
     )
 
 
-def resolution_text(secret_hash: Any, model_key: Any, at: Any, *, scoped: bool = True) -> Any:
-    """The resolution as JSON text (an array of ``NAMES``' values), or null for no live key:
-    what a remembered resolution is compared with."""
-    found = resolution(secret_hash, model_key, at, scoped=scoped).subquery("resolution")
-    return select(as_text(found)).select_from(found).scalar_subquery()
-
-
 def resolution_text_apart(
     secret_hash: Any, model_key: Any, at: Any, into: p.Var, *, scoped: bool = True
 ) -> tuple[p.Step, ...]:
-    """``resolution_text`` into ``into`` on a Citus shard: the same statement's row read by
-    statements of one table each, which Citus plans once where it plans the join twice at every
-    call (metering.citus.apart), then written as the same text."""
+    """The resolution's JSON text (``as_text`` of the resolving statement's row; null for no
+    live key) into ``into`` on a Citus shard: the same statement's row read by statements of one
+    table each, which Citus plans once where it plans the join twice at every call
+    (metering.citus.apart), then written as the same text: what a remembered one is compared
+    with there."""
     read = read_apart(*_parts(secret_hash, model_key, at, scoped=scoped), prefix="r")
     return (*read.steps, p.Assign(into, case((read.found, text_of(read.columns)))))
 
