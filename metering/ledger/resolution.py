@@ -7,7 +7,7 @@ check-and-hold when an API process remembered it, or the hold is not placed:
 
 * on one PostgreSQL server by its **stamp** (``Stamp``): the generations of its account and its
   model, which the database moves whenever a row the resolution reads changes (triggers on each
-  of its inputs, ``INPUTS``: migration 0015), and the instants between which its price stays the
+  of its inputs, ``inputs()``: migration 0015), and the instants between which its price stays the
   one in force (metering.catalog.prices.price_window). Unchanged generations and a hold's instant
   within those bounds mean every input is as it was read;
 * on a Citus cluster (no triggers on shards) by its JSON text (``resolution_text_apart``),
@@ -23,6 +23,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from datetime import date, datetime
+from functools import cache
 from typing import Any
 
 from sqlalchemy import (
@@ -230,15 +231,16 @@ def stamp_of(found: Any, at: Any) -> tuple[Any, ...]:
     """A resolution subquery's stamp (``STAMP_NAMES``' columns), read in the same statement."""
     since, until = price_window(found.c.account_id, found.c.model_id, at)
     return (
-        select(ACCOUNTS.c.resolution_generation)
-        .where(ACCOUNTS.c.id == found.c.account_id)
-        .scalar_subquery(),
-        select(MODELS.c.resolution_generation)
-        .where(MODELS.c.id == found.c.model_id)
-        .scalar_subquery(),
+        _generation(ACCOUNTS, found.c.account_id),
+        _generation(MODELS, found.c.model_id),
         since,
         until,
     )
+
+
+def _generation(owner: Any, owner_id: Any) -> Any:
+    """The ``resolution_generation`` of the account or the model (``owner``) ``owner_id``."""
+    return select(owner.c.resolution_generation).where(owner.c.id == owner_id).scalar_subquery()
 
 
 def stamp_broken(
@@ -251,11 +253,7 @@ def stamp_broken(
         stamp["generation"].isnot(None),
         or_(
             stamp["generation"] != generation,
-            stamp["model_generation"].is_distinct_from(
-                select(MODELS.c.resolution_generation)
-                .where(MODELS.c.id == model_id)
-                .scalar_subquery()
-            ),
+            stamp["model_generation"].is_distinct_from(_generation(MODELS, model_id)),
             at < stamp["valid_from"],
             at >= stamp["valid_until"],
         ),
@@ -298,11 +296,15 @@ def _columns_read(statement: Any) -> dict[str, frozenset[str]]:
     return {name: frozenset(columns) for name, columns in sorted(read.items())}
 
 
-# The resolution's inputs: each table it reads and the columns of it that it names (the price's
-# bounds read nothing more). On one PostgreSQL server a change of any of them moves a generation
-# (``generation_owner``); tests/ledger/test_resolution_generations.py holds the database's
-# triggers equal to this.
-INPUTS = _columns_read(resolution(SECRET_HASH, MODEL_KEY, AT))
+@cache
+def inputs() -> dict[str, frozenset[str]]:
+    """The resolution's inputs: each table it reads and the columns of it that it names (the
+    price's bounds read nothing more). On one PostgreSQL server a change of any of them moves a
+    generation (``generation_owner``); tests/ledger/test_resolution_generations.py holds the
+    database's triggers equal to this. Walked when first asked for, not at start-up."""
+    return _columns_read(resolution(SECRET_HASH, MODEL_KEY, AT))
+
+
 _OWNERS = {ACCOUNTS.name: "account_id", MODELS.name: "model_id"}
 
 
@@ -311,7 +313,7 @@ def generation_owner(table_name: str) -> tuple[str, str | None]:
     row's column that names it (None: an owner's own row moves its own)."""
     if table_name in _OWNERS:
         return table_name, None
-    columns = INPUTS[table_name]
+    columns = inputs()[table_name]
     for owner, column in _OWNERS.items():
         if column in columns:
             return owner, column

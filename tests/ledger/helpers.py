@@ -13,12 +13,12 @@ from fractions import Fraction
 from typing import Any
 
 import pytest
-from sqlalchemy import func, insert, select
+from sqlalchemy import func, insert, select, text
 
 from metering.kit.gathering import Gathering
 from metering.models import Account, Authorization, LedgerEntry, UsageRollup
 from tests.conftest import NOW, Api, run_on_database
-from tests.factories import Key, create_account, create_key, grant, priced_model
+from tests.factories import Key, counted_by, create_account, create_key, grant, priced_model
 
 DAY_BEFORE = NOW - timedelta(days=1)
 
@@ -187,3 +187,17 @@ class HeldBack:
 def pool(api: Api) -> int:
     """How many connections a process of ``api`` has: how many requests can wait at once."""
     return int(api.database.engine.pool.size())  # type: ignore[attr-defined]
+
+
+def change_in_database(api: Api, sql: str, **params: Any) -> None:
+    """A change made straight in the database, as another process or an operator's SQL would:
+    nothing in the API process hears of it."""
+    with api.database.unit_of_work() as session:
+        session.execute(text(sql), params)
+        session.commit()
+
+
+def resolution_sources(api: Api) -> dict[str, int]:
+    """How the app's authorizations resolved so far: read afresh, remembered, found stale."""
+    sources = ("read", "remembered", "stale")
+    return counted_by(api, "metering_authorization_resolutions_total", "source", sources)

@@ -37,9 +37,15 @@ from tests.factories import (
     assert_error,
     authorization_request,
     authorize,
-    counted_by,
 )
-from tests.ledger.helpers import Setup, expected_estimate, holds, prepaid
+from tests.ledger.helpers import (
+    Setup,
+    change_in_database,
+    expected_estimate,
+    holds,
+    prepaid,
+    resolution_sources,
+)
 
 ESTIMATE = expected_estimate(1000, 100, GLM_RATES)
 
@@ -66,14 +72,6 @@ def _warm(api: Api, setup: Setup) -> None:
         assert response.status_code == 200, response.text
 
 
-def _change(api: Api, sql: str, **params: Any) -> None:
-    """A change made straight in the database, as another process or an operator's SQL would:
-    nothing in this process hears of it."""
-    with api.database.unit_of_work() as session:
-        session.execute(text(sql), params)
-        session.commit()
-
-
 def test_later_authorizations_skip_the_resolving_read(api: Api, resolving_reads: list[str]) -> None:
     setup = prepaid(api, 1)
     for _ in range(4):
@@ -84,11 +82,13 @@ def test_later_authorizations_skip_the_resolving_read(api: Api, resolving_reads:
 
 
 def _revoke(api: Api, setup: Setup) -> None:
-    _change(api, "UPDATE api_keys SET revoked_at = :now WHERE id = :id", now=NOW, id=setup.key.id)
+    change_in_database(
+        api, "UPDATE api_keys SET revoked_at = :now WHERE id = :id", now=NOW, id=setup.key.id
+    )
 
 
 def _limit(api: Api, setup: Setup) -> None:
-    _change(
+    change_in_database(
         api,
         "UPDATE api_keys SET monthly_spend_limit_microcents = :limit WHERE id = :id",
         limit=ESTIMATE,  # the two warm-up holds are active: no room for a third
@@ -97,7 +97,7 @@ def _limit(api: Api, setup: Setup) -> None:
 
 
 def _retire(api: Api, setup: Setup) -> None:
-    _change(
+    change_in_database(
         api,
         "UPDATE catalog_models SET deprecation_date = :day WHERE id = :id",
         day=NOW.date(),
@@ -106,11 +106,13 @@ def _retire(api: Api, setup: Setup) -> None:
 
 
 def _shrink(api: Api, setup: Setup) -> None:
-    _change(api, "UPDATE catalog_models SET context_length = 1050 WHERE id = :id", id=setup.model)
+    change_in_database(
+        api, "UPDATE catalog_models SET context_length = 1050 WHERE id = :id", id=setup.model
+    )
 
 
 def _reprice(api: Api, setup: Setup) -> None:
-    _change(
+    change_in_database(
         api,
         "UPDATE price_versions SET output_microcents_per_million = :rate WHERE model_id = :id",
         rate=2 * GLM_RATES[1],
@@ -119,25 +121,33 @@ def _reprice(api: Api, setup: Setup) -> None:
 
 
 def _unbill(api: Api, setup: Setup) -> None:
-    _change(api, "UPDATE accounts SET billing = 'unbilled' WHERE id = :id", id=setup.account)
+    change_in_database(
+        api, "UPDATE accounts SET billing = 'unbilled' WHERE id = :id", id=setup.account
+    )
 
 
 def _concurrency(api: Api, setup: Setup) -> None:
     # The two warm-up holds are in flight: a limit of 2 leaves no room for a third.
-    _change(api, "UPDATE accounts SET max_concurrent_requests = 2 WHERE id = :id", id=setup.account)
+    change_in_database(
+        api, "UPDATE accounts SET max_concurrent_requests = 2 WHERE id = :id", id=setup.account
+    )
 
 
 def _narrow_account(api: Api, setup: Setup) -> None:
-    _change(api, "UPDATE accounts SET restricts_models = true WHERE id = :id", id=setup.account)
+    change_in_database(
+        api, "UPDATE accounts SET restricts_models = true WHERE id = :id", id=setup.account
+    )
 
 
 def _narrow_key(api: Api, setup: Setup) -> None:
-    _change(api, "UPDATE api_keys SET restricts_models = true WHERE id = :id", id=setup.key.id)
+    change_in_database(
+        api, "UPDATE api_keys SET restricts_models = true WHERE id = :id", id=setup.key.id
+    )
 
 
 def _daily(api: Api, setup: Setup) -> None:
     # Yesterday's spend counts in the month's window, not in the day's.
-    _change(
+    change_in_database(
         api,
         "INSERT INTO usage_rollups (account_id, bucket_width, grouping, bucket_start, "
         "api_key_id, model_id, requests, input_tokens, cache_read_tokens, output_tokens, "
@@ -148,7 +158,7 @@ def _daily(api: Api, setup: Setup) -> None:
         key=setup.key.id,
         cost=10 * ESTIMATE,
     )
-    _change(
+    change_in_database(
         api,
         "UPDATE api_keys SET monthly_spend_limit_microcents = :limit, "
         "spend_limit_window = 'day' WHERE id = :id",
@@ -396,19 +406,14 @@ def test_the_check_and_hold_places_only_a_confirmed_resolution(plain_pg_api: Api
     assert [hold.id for hold in holds(plain_pg_api, setup.account)] == ["auth_confirmed"]
 
 
-def _resolutions(api: Api) -> dict[str, int]:
-    sources = ("read", "remembered", "stale")
-    return counted_by(api, "metering_authorization_resolutions_total", "source", sources)
-
-
 def test_metrics_count_reads_remembered_and_stale_resolutions(pg_api: Api) -> None:
     setup = prepaid(pg_api, 1)
-    before = _resolutions(pg_api)
+    before = resolution_sources(pg_api)
     _warm(pg_api, setup)  # one read, then one remembered
     _reprice(pg_api, setup)
     assert authorize(pg_api, setup.key, setup.model).status_code == 200  # stale, read again
     assert authorize(pg_api, setup.key, setup.model).status_code == 200  # remembered
-    after = _resolutions(pg_api)
+    after = resolution_sources(pg_api)
     assert {source: after[source] - before[source] for source in after} == {
         "read": 2,
         "remembered": 3,
@@ -462,7 +467,7 @@ def _own_price(api: Api, setup: Setup) -> None:
 def _account_lists(api: Api, setup: Setup, *, with_model: bool) -> None:
     _narrow_account(api, setup)
     if with_model:
-        _change(
+        change_in_database(
             api,
             "INSERT INTO account_models (account_id, model_id) VALUES (:account, :model)",
             account=setup.account,

@@ -6,24 +6,27 @@ to the next authorization is tests/ledger/test_remembered_resolutions.py's."""
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any
 
 from sqlalchemy import text
 
 from metering.citus.distribution import ONE_SERVER_TRIGGERS
-from metering.ledger.resolution import INPUTS, generation_owner
+from metering.ledger.resolution import generation_owner, inputs
 from tests.conftest import NOW, Api
 from tests.factories import (
     GLM_RATES,
     add_price,
     authorize,
-    counted_by,
     expect,
     grant,
     ingest,
     usage_event,
 )
-from tests.ledger.helpers import expected_estimate, prepaid
+from tests.ledger.helpers import (
+    change_in_database,
+    expected_estimate,
+    prepaid,
+    resolution_sources,
+)
 
 (TRIGGER,) = ONE_SERVER_TRIGGERS
 # pg_trigger.tgtype's bits (PostgreSQL's trigger.h).
@@ -58,13 +61,13 @@ def _triggers(api: Api) -> dict[str, tuple[str, frozenset[str], frozenset[str], 
 
 def test_every_input_of_a_resolution_moves_its_owners_generation(plain_pg_api: Api) -> None:
     # Derived, not listed: the tables and columns the resolving statement names
-    # (metering.ledger.resolution.INPUTS) are exactly those the migrated database watches. An
+    # (metering.ledger.resolution.inputs) are exactly those the migrated database watches. An
     # owner's own row moves its own generation before its update; any other row moves its
     # owner's after an insert, a delete or an update of a column read.
     functions = {"accounts": "metering_resolution_of_account_changed"}
     functions["catalog_models"] = "metering_resolution_of_model_changed"
     expected = {}
-    for table, columns in INPUTS.items():
+    for table, columns in inputs().items():
         owner, column = generation_owner(table)
         if column is None:
             own = ("BEFORE", frozenset({"UPDATE"}), columns, "metering_resolution_changed")
@@ -93,17 +96,6 @@ def _generations(api: Api, account_id: str, model_id: str) -> tuple[int, int]:
     return int(row[0]), int(row[1])
 
 
-def _resolutions(api: Api) -> dict[str, int]:
-    sources = ("read", "remembered", "stale")
-    return counted_by(api, "metering_authorization_resolutions_total", "source", sources)
-
-
-def _change(api: Api, sql: str, **params: Any) -> None:
-    with api.database.unit_of_work() as session:
-        session.execute(text(sql), params)
-        session.commit()
-
-
 def test_what_a_resolution_does_not_read_moves_no_generation(plain_pg_api: Api) -> None:
     # Charges, holds, top-ups and a key's name are not inputs: a remembered resolution stays
     # confirmed through them (else every settlement would cost the next authorization a read).
@@ -112,15 +104,15 @@ def test_what_a_resolution_does_not_read_moves_no_generation(plain_pg_api: Api) 
     for _ in range(2):
         expect(authorize(api, setup.key, setup.model), 200)
     before = _generations(api, setup.account, setup.model)
-    counted = _resolutions(api)
+    counted = resolution_sources(api)
     ingest(api, usage_event(setup.key, setup.model, NOW))
-    _change(api, "UPDATE api_keys SET name = 'renamed' WHERE id = :id", id=setup.key.id)
+    change_in_database(api, "UPDATE api_keys SET name = 'renamed' WHERE id = :id", id=setup.key.id)
     renamed = "UPDATE catalog_models SET display_name = 'Renamed' WHERE id = :id"
-    _change(api, renamed, id=setup.model)
+    change_in_database(api, renamed, id=setup.model)
     grant(api, setup.account, 5)
     assert _generations(api, setup.account, setup.model) == before
     expect(authorize(api, setup.key, setup.model), 200)
-    after = _resolutions(api)
+    after = resolution_sources(api)
     assert {source: after[source] - counted[source] for source in after} == {
         "read": 0,
         "remembered": 1,
@@ -139,14 +131,14 @@ def test_a_price_that_takes_effect_later_ends_a_remembered_resolution(plain_pg_a
     add_price(api, setup.model, later, dearer)
     for _ in range(2):
         expect(authorize(api, setup.key, setup.model), 200)
-    counted = _resolutions(api)
+    counted = resolution_sources(api)
     before = authorize(api, setup.key, setup.model, max_tokens=100)
     assert before.json()["estimate_microcents"] == expected_estimate(1000, 100, GLM_RATES)
     api.clock.set(later)
     after = authorize(api, setup.key, setup.model, max_tokens=100)
     assert after.status_code == 200, after.text
     assert after.json()["estimate_microcents"] == expected_estimate(1000, 100, dearer)
-    seen = _resolutions(api)
+    seen = resolution_sources(api)
     assert {source: seen[source] - counted[source] for source in seen} == {
         "read": 1,
         "remembered": 2,

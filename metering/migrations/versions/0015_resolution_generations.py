@@ -1,6 +1,6 @@
 """Accounts and catalog models gain ``resolution_generation``; on one PostgreSQL server,
 triggers move it whenever a row that a key's resolution reads changes (the resolution's inputs:
-metering.ledger.resolution.INPUTS, which ``tests/ledger/test_resolution_generations.py`` holds
+metering.ledger.resolution.inputs(), which ``tests/ledger/test_resolution_generations.py`` holds
 equal to the triggers a migrated database has).
 
 A check-and-hold then confirms a resolution an API process remembers by comparing two numbers
