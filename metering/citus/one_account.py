@@ -263,10 +263,17 @@ def compiled_of_account(statement: ClauseElement) -> Any:
     return statement.compile(dialect=_PSYCOPG, compile_kwargs={"render_postcompile": True})
 
 
+# The account's shard (of ``accounts``; its colocated tables' shards are the same group's): what
+# the lock below locks, and which shard forms a delegated call runs (metering.citus.shard_forms).
+SHARD = p.Var("v_shard", BigInteger())
+SHARD_OF_ACCOUNT = p.Assign(
+    SHARD, func.get_shard_id_for_distribution_column(literal_column("'accounts'"), ACCOUNT.ref)
+)
+
 # PostgreSQL's ShareLock: the mode in which Citus' own writes lock a shard's metadata.
 SHARE_LOCK = 5
 
-# The first step of every one-account form: the account's shard's metadata locked as Citus' own
+# Every one-account form's step after its shard's id: the shard's metadata locked as Citus' own
 # writes lock it, for the rest of the transaction. A shard moves (citus_rebalance_start,
 # citus_move_shard_placement) by logical replication while it takes writes; for the switch-over
 # the move locks the shard group's metadata in ExclusiveLock on the coordinator and on every
@@ -280,12 +287,6 @@ SHARE_LOCK = 5
 # starts after it, every statement on the new placement (a call delegated to the old node just
 # before is sent on from there): its writes replicated only if its commit is synchronous
 # (``REBALANCE``).
-# The account's shard (of ``accounts``; its colocated tables' shards are the same group's): what
-# the lock below locks, and which shard forms a delegated call runs (metering.citus.shard_forms).
-SHARD = p.Var("v_shard", BigInteger())
-SHARD_OF_ACCOUNT = p.Assign(
-    SHARD, func.get_shard_id_for_distribution_column(literal_column("'accounts'"), ACCOUNT.ref)
-)
 LOCK_ACCOUNT_SHARD = p.Run(
     select(
         func.lock_shard_metadata(literal_column(str(SHARE_LOCK)), array([SHARD.ref])).label(
@@ -333,7 +334,10 @@ def of_account(program: p.Program, *, delegated: bool = True) -> p.Program:
     """A program's form on a Citus cluster (``…_of_account``): the same program for one
     account's rows, ``ACCOUNT`` first among its parameters, every statement built for
     ``programs.ONE_SHARD`` and limited to the account's shard (see the module); the account's
-    shard locked against a move's switch-over first (``LOCK_ACCOUNT_SHARD``).
+    shard locked against a move's switch-over first (``LOCK_ACCOUNT_SHARD``). A delegated form
+    then runs its shard form where this node holds the account's shard (metering.citus
+    .shard_forms: the same steps on the shard group's tables, registered in ``SHARD_FORMS``),
+    its own statements otherwise.
 
     ``delegated``: the form is called on its own, so Citus sends the call whole to the account's
     node and its statements run there, where an insert of a program's rows is a loop of
