@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from sqlalchemy import text
+
 from metering.kit.timeutil import format_timestamp
 from tests.conftest import Api
 
@@ -279,3 +281,11 @@ def counted_by(api: Api, metric: str, label: str, values: tuple[str, ...]) -> di
             if line.startswith(f'{metric}{{{label}="{value}"}} '):
                 counts[value] = int(float(line.rpartition(" ")[2]))
     return counts
+
+
+def change_in_database(api: Api, sql: str, **params: Any) -> None:
+    """A change made straight in the database, as another process or an operator's SQL would:
+    nothing in the API process hears of it."""
+    with api.database.unit_of_work() as session:
+        session.execute(text(sql), params)
+        session.commit()

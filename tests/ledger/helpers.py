@@ -13,7 +13,7 @@ from fractions import Fraction
 from typing import Any
 
 import pytest
-from sqlalchemy import func, insert, select, text
+from sqlalchemy import func, insert, select
 
 from metering.kit.gathering import Gathering
 from metering.models import Account, Authorization, LedgerEntry, UsageRollup
@@ -187,14 +187,6 @@ class HeldBack:
 def pool(api: Api) -> int:
     """How many connections a process of ``api`` has: how many requests can wait at once."""
     return int(api.database.engine.pool.size())  # type: ignore[attr-defined]
-
-
-def change_in_database(api: Api, sql: str, **params: Any) -> None:
-    """A change made straight in the database, as another process or an operator's SQL would:
-    nothing in the API process hears of it."""
-    with api.database.unit_of_work() as session:
-        session.execute(text(sql), params)
-        session.commit()
 
 
 def resolution_sources(api: Api) -> dict[str, int]:

@@ -37,10 +37,10 @@ from tests.factories import (
     assert_error,
     authorization_request,
     authorize,
+    change_in_database,
 )
 from tests.ledger.helpers import (
     Setup,
-    change_in_database,
     expected_estimate,
     holds,
     prepaid,

@@ -16,13 +16,13 @@ from tests.factories import (
     GLM_RATES,
     add_price,
     authorize,
+    change_in_database,
     expect,
     grant,
     ingest,
     usage_event,
 )
 from tests.ledger.helpers import (
-    change_in_database,
     expected_estimate,
     prepaid,
     resolution_sources,

@@ -24,6 +24,7 @@ from tests.conftest import NOW, Api, run_on_database, running_api
 from tests.factories import (
     GLM_RATES,
     Key,
+    change_in_database,
     chat_usage,
     counted_by,
     create_account,
@@ -74,14 +75,6 @@ def _charge(rates: tuple[int, int, int]) -> int:
     return oracle.charge(tokens, rates).total_microcents
 
 
-def _change(api: Api, sql: str, **params: Any) -> None:
-    """A change made straight in the database, as another process would: nothing in this
-    process hears of it."""
-    with api.database.unit_of_work() as session:
-        session.execute(text(sql), params)
-        session.commit()
-
-
 def test_a_key_and_models_lookup_is_read_once_then_remembered(pg_api: Api) -> None:
     setup = Setup(pg_api)
     before = _lookups(pg_api)
@@ -95,7 +88,7 @@ def test_a_key_and_models_lookup_is_read_once_then_remembered(pg_api: Api) -> No
 
 def _reprice(api: Api, setup: Setup) -> tuple[int, int, int]:
     doubled = (GLM_RATES[0], 2 * GLM_RATES[1], GLM_RATES[2])
-    _change(
+    change_in_database(
         api,
         "UPDATE price_versions SET output_microcents_per_million = :rate WHERE model_id = :id",
         rate=doubled[1],
@@ -119,7 +112,7 @@ def _override(api: Api, setup: Setup) -> tuple[int, int, int]:
     )
     assert response.status_code == 201, response.text
     # Effective before the event, which the admin route refuses (the past is immutable).
-    _change(
+    change_in_database(
         api,
         "UPDATE account_rates SET effective_at = :at WHERE account_id = :a",
         at=AT - timedelta(hours=1),
@@ -129,7 +122,9 @@ def _override(api: Api, setup: Setup) -> tuple[int, int, int]:
 
 
 def _unbill(api: Api, setup: Setup) -> tuple[int, int, int]:
-    _change(api, "UPDATE accounts SET billing = 'unbilled' WHERE id = :id", id=setup.account)
+    change_in_database(
+        api, "UPDATE accounts SET billing = 'unbilled' WHERE id = :id", id=setup.account
+    )
     return (0, 0, 0)
 
 
@@ -157,7 +152,7 @@ def test_a_key_limit_set_meanwhile_is_counted_by_the_next_event(pg_api: Api) -> 
     setup = Setup(pg_api)
     for _ in range(2):
         assert _send(pg_api, setup)["status"] == "recorded"
-    _change(
+    change_in_database(
         pg_api,
         "UPDATE api_keys SET monthly_spend_limit_microcents = :limit WHERE id = :id",
         limit=3 * _charge(GLM_RATES),
@@ -176,7 +171,7 @@ def test_a_key_limit_set_meanwhile_is_counted_by_the_next_event(pg_api: Api) -> 
 def test_a_model_no_longer_found_is_quarantined_not_recorded(pg_api: Api) -> None:
     setup = Setup(pg_api)
     assert _send(pg_api, setup)["status"] == "recorded"
-    _change(
+    change_in_database(
         pg_api,
         "UPDATE catalog_models SET id_key = :other WHERE id = :id",
         other=unique("gone").lower(),

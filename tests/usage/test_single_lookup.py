@@ -18,7 +18,7 @@ from metering import programs as p
 from metering.usage import endpoints, repository
 from metering.usage.lookup_apart import KEY_ID, LOOKUP_OF_ACCOUNT, MODEL_KEY
 from tests.conftest import CITUS, NOW, Api
-from tests.factories import GLM_RATES, add_price, ingest, usage_event
+from tests.factories import GLM_RATES, add_price, change_in_database, ingest, usage_event
 from tests.ledger.helpers import Setup, prepaid, set_limit
 
 OTHER_RATES = (2 * GLM_RATES[0], 3 * GLM_RATES[1], GLM_RATES[2])
@@ -36,16 +36,9 @@ def citus_api(_shared_apis: dict[str, Api]) -> Iterator[Api]:
     shared.clock.set(NOW)
 
 
-def _change(api: Api, sql: str, **params: Any) -> None:
-    """A change made straight in the database: nothing in the process hears of it."""
-    with api.database.unit_of_work() as session:
-        session.execute(text(sql), params)
-        session.commit()
-
-
 def _own_rates(api: Api, setup: Setup, rates: tuple[int | None, ...], since: Any = SINCE) -> None:
     """A version of the account's own rates for the model (all null: the override ends)."""
-    _change(
+    change_in_database(
         api,
         "INSERT INTO account_rates (id, account_id, model_id, effective_at,"
         " input_microcents_per_million, output_microcents_per_million,"
@@ -73,7 +66,7 @@ FACTS: dict[str, Callable[[Api, Setup], None]] = {
     "later list price": lambda api, setup: add_price(
         api, setup.model, NOW + timedelta(days=1), OTHER_RATES
     ),
-    "repriced list version": lambda api, setup: _change(
+    "repriced list version": lambda api, setup: change_in_database(
         api,
         "UPDATE price_versions SET output_microcents_per_million = :rate WHERE model_id = :id",
         rate=OTHER_RATES[1],
@@ -81,20 +74,20 @@ FACTS: dict[str, Callable[[Api, Setup], None]] = {
     ),
     "account's own price": lambda api, setup: _own_rates(api, setup, OTHER_RATES),
     "account's own price ended": _ended_own_rates,
-    "unbilled account": lambda api, setup: _change(
+    "unbilled account": lambda api, setup: change_in_database(
         api, "UPDATE accounts SET billing = 'unbilled' WHERE id = :id", id=setup.account
     ),
-    "account with project limits": lambda api, setup: _change(
+    "account with project limits": lambda api, setup: change_in_database(
         api, "UPDATE accounts SET scope_limits = true WHERE id = :id", id=setup.account
     ),
     "key's spend limit": lambda api, setup: set_limit(api, setup.key, 7),
-    "key's spend window": lambda api, setup: _change(
+    "key's spend window": lambda api, setup: change_in_database(
         api,
         "UPDATE api_keys SET monthly_spend_limit_microcents = 1, spend_limit_window = 'day'"
         " WHERE id = :id",
         id=setup.key.id,
     ),
-    "key's model deleted": lambda api, setup: _change(
+    "key's model deleted": lambda api, setup: change_in_database(
         api, "UPDATE catalog_models SET id_key = id_key || '-gone' WHERE id = :id", id=setup.model
     ),
 }
