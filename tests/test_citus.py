@@ -1217,6 +1217,42 @@ class TestShardForms:
             assert f"metering_void_of_shard_{shard}(p_account_id, " in dispatcher
         assert "RAISE EXCEPTION 'no shard form of this shard'" in dispatcher
 
+    def test_forms_are_made_for_every_delegated_program_or_for_none(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A process that has not every delegated program's form (it did not import one) makes
+        only the question, which answers no, so that no delegated call asks a dispatcher that is
+        not there; with every form it makes them all again."""
+        if not CITUS:
+            pytest.fail("this test needs Citus (METERING_TEST_BACKENDS excludes it; `make citus`)")
+        with fresh_citus_database() as url:
+            migrate.upgrade(url)
+            [(shard,)] = rows(
+                url,
+                "SELECT min(shardid) FROM pg_dist_shard WHERE logicalrelid = 'accounts'::regclass",
+            )
+            every = set(shard_forms.wanted(_groups(url)))
+            missing = sorted(shard_forms.forms())[0]
+            partial = dict(shard_forms.forms())
+            del partial[missing]
+            monkeypatch.setattr(shard_forms, "SHARD_FORMS", partial)
+            engine = create_engine(url)
+            try:
+                with engine.begin() as connection:
+                    done = shard_forms.make(connection)
+                    assert done.written == [shard_forms.HERE]
+                    assert set(done.dropped) == every - {shard_forms.HERE}
+                    asked = connection.execute(
+                        text(f"SELECT {shard_forms.HERE}(:shard)"), {"shard": shard}
+                    )
+                    assert asked.scalar_one() is False
+                monkeypatch.undo()
+                with engine.begin() as connection:
+                    done = shard_forms.make(connection)
+                    assert set(done.written) == every and done.dropped == []
+            finally:
+                engine.dispose()
+
     def test_the_gateways_calls_run_the_shard_forms_of_the_accounts_group(
         self, session_tmp: Path
     ) -> None:
@@ -1286,6 +1322,15 @@ class TestShardForms:
                 for other, node in workers.items():
                     if other != port:
                         assert _calls_of_shard_forms(node) == {}, other
+
+
+def _groups(url: str) -> list[shard_forms.ShardGroup]:
+    engine = create_engine(url)
+    try:
+        with engine.connect() as connection:
+            return shard_forms.shard_groups(connection)
+    finally:
+        engine.dispose()
 
 
 def _calls_of_shard_forms(url: str) -> dict[str, int]:

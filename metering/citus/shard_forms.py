@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from sqlalchemy import Connection, create_engine, text
@@ -73,10 +73,12 @@ _MADE = text(
     "WHERE n.nspname = 'public' AND (p.proname::text ~ :made OR p.proname = :here)"
 )
 
-# How many of the delegated forms (``…_of_account``) the database holds.
-_DELEGATED = text(
-    "SELECT count(*) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace "
-    "WHERE n.nspname = 'public' AND p.proname = ANY(CAST(:names AS text[]))"
+# The delegated forms (``…_of_account``) the database holds that ask whether their shard's
+# forms are here.
+_ASKING = text(
+    "SELECT p.proname::text AS name FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace "
+    "WHERE n.nspname = 'public' AND p.proname::text LIKE '%\\_of\\_account' "
+    "AND p.prosrc LIKE '%' || :here || '(%'"
 )
 
 _MARKED = re.compile(rf"\b([a-z0-9_]+?){re.escape(SHARD_MARK)}")
@@ -99,10 +101,9 @@ class Made:
 
 
 def forms() -> Mapping[str, Program]:
-    """Each delegated program's shard form, by its delegated form's name (its programs imported,
-    which register them: ``one_account.of_account``)."""
-    import metering.functions  # noqa: F401
-
+    """Each delegated program's shard form, by its delegated form's name: those of the programs
+    this process imported, each registered by ``one_account.of_account`` when its module was
+    (``metering migrate`` imports them all: metering.functions)."""
     return SHARD_FORMS
 
 
@@ -197,12 +198,15 @@ def here(shard_ids: Sequence[int]) -> str:
     )
 
 
-def wanted(groups: Sequence[ShardGroup]) -> dict[str, str]:
+def wanted(groups: Sequence[ShardGroup], names: Collection[str] | None = None) -> dict[str, str]:
     """Every function the shard forms take, by name: each program's form of each group, its
-    dispatcher, and the question."""
+    dispatcher, and the question (of the programs ``names`` names, by their delegated forms'
+    names; every registered one when None)."""
     ids = [group.shard_id for group in groups]
     functions = {HERE: here(ids)}
     for generic_name, program in forms().items():
+        if names is not None and generic_name not in names:
+            continue
         base = program.name.removesuffix(OF_SHARD)
         functions[f"{base}{OF_SHARDS}"] = dispatcher(generic_name, ids)
         for group in groups:
@@ -215,20 +219,22 @@ def make(connection: Connection, groups: Sequence[ShardGroup] | None = None) -> 
     runs through Citus) and the programs say now, in the caller's transaction, on the
     coordinator (Citus propagates each function to every node): each one whose body differs
     written, each one no longer wanted dropped."""
-    # Made from the delegated forms the database holds: none (a schema older than the
-    # functions, or taken down to nothing), and every shard form goes.
-    delegated = connection.execute(_DELEGATED, {"names": sorted(forms())}).scalar_one()
-    if delegated < len(forms()):
+    # Made for the delegated forms the database holds that ask for them: all or none, since
+    # they share the question. None ask (a schema older than them, or taken down to nothing):
+    # nothing made, every shard form dropped. One this process has no form of (it did not
+    # import that program): only the question, which answers no, so every call runs through
+    # Citus.
+    asking = set(connection.execute(_ASKING, {"here": HERE}).scalars())
+    if not asking:
         functions: dict[str, str] = {}
+    elif asking - set(forms()):
+        functions = {HERE: here([])}
     else:
-        functions = wanted(shard_groups(connection) if groups is None else groups)
-    names = sorted({program.name for program in forms().values()})
-    bases = sorted({name.removesuffix(OF_SHARD) for name in names})
-    pattern = (
-        "^("
-        + "|".join([*(f"{n}_[0-9]+" for n in names), *(f"{b}{OF_SHARDS}" for b in bases)])
-        + ")$"
-    )
+        groups = shard_groups(connection) if groups is None else groups
+        functions = wanted(groups, asking)
+    # Every shard form and dispatcher made before, of any program (one renamed, or not
+    # imported by this process, included).
+    pattern = f"^metering_[a-z0-9_]+({OF_SHARD}_[0-9]+|{OF_SHARDS})$"
     made = {
         row["name"]: (row["signature"], row["body"])
         for row in connection.execute(_MADE, {"made": pattern, "here": HERE}).mappings()
