@@ -102,6 +102,8 @@ def _migrate_and_load_catalog(settings: Settings) -> int:
     """The schema by the migrations and the generated functions (saying which ran and which
     were installed), then the shipped catalog when the catalog is empty (a first start): the
     server has models to bill from the start."""
+    # Every program imported, so that each registers its shard form (metering.citus.shard_forms).
+    import metering.functions  # noqa: F401
     from metering import migrate as migrations
 
     if settings.is_embedded:

@@ -104,11 +104,15 @@ def head_revision() -> str:
 
 
 def downgrade(url: str, revision: str = "base") -> None:
-    """Undo the migrations down to ``revision``; down to ``base``, the functions go too."""
+    """Undo the migrations down to ``revision``; down to ``base``, the functions go too (on a
+    cluster, the shard forms made from them: metering.citus.shard_forms)."""
+    from metering.citus import shard_forms
+
     url = coordinator_url(url)
     command.downgrade(alembic_config(url), revision)
     if revision == "base":
         install_functions(url, {})
+        shard_forms.remake(url)
 
 
 def is_current(url: str) -> bool:

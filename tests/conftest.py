@@ -37,6 +37,8 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
 
+# Every program imported, each registering its shard form (metering.citus.shard_forms).
+import metering.functions  # noqa: F401
 from metering import migrate
 from metering.app import create_app
 from metering.db import Database

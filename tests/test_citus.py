@@ -25,6 +25,7 @@ from sqlalchemy.sql.visitors import iterate
 
 from metering import citus, migrate
 from metering import programs as p
+from metering.citus import shard_forms
 from metering.citus.apart import read_apart
 from metering.ledger.resolution import AT, MODEL_KEY, SECRET_HASH, resolution_text_apart
 from metering.models import Base
@@ -581,6 +582,15 @@ def routed(session_tmp: Path, routed_stripe: LocalStripe) -> Iterator[tuple[Api,
         pytest.fail("this test needs Citus (METERING_TEST_BACKENDS excludes it; `make citus`)")
     with fresh_citus_database() as url:
         migrate.upgrade(url)
+        # Every call through Citus, whose commands the nodes log: no shard forms (their
+        # statements, which Citus never sees, are shown on the account's shards apart:
+        # TestShardForms).
+        engine = create_engine(url)
+        try:
+            with engine.begin() as connection:
+                shard_forms.make(connection, groups=[])
+        finally:
+            engine.dispose()
         database = make_url(url).database
         assert database is not None
         ports = [
@@ -1170,3 +1180,166 @@ class TestIngestPerAccount:
         assert response.status_code == 200, response.text
         assert [r["status"] for r in response.json()["data"]] == ["recorded"] * 3
         assert events_in(api.url, second) == 2
+
+
+# A FROM, JOIN, UPDATE or INSERT target of a statement, and the relation it names.
+_TARGET = re.compile(r"\b(?:FROM|JOIN|UPDATE|INTO)\s+([a-z_][a-z0-9_]*)")
+
+
+class TestShardForms:
+    """Each delegated one-account function's shard forms (metering.citus.shard_forms): its
+    statements on the shard group's own tables, which Citus does not plan or log."""
+
+    def test_a_shard_form_names_its_groups_tables_only(self) -> None:
+        """Made for a group (here one of made-up shard names), a form's every statement reads
+        and writes that group's tables, or a reference table's shard: no table Citus plans,
+        no mark left."""
+        tables = {table.name for table in Base.metadata.sorted_tables}
+        group = shard_forms.ShardGroup(4242, {name: f"{name}_4242" for name in tables})
+        variables = {"collected", "unnest"}
+        for name in shard_forms.forms():
+            form = shard_forms.shard_form(name, group)
+            assert citus.one_account.SHARD_MARK not in form, name
+            assert form.startswith(f"CREATE OR REPLACE FUNCTION {name[: -len('_of_account')]}")
+            named = {
+                target
+                for target in _TARGET.findall(form)
+                if not target.startswith("v_") and target not in variables
+            }
+            assert named, name
+            assert named <= set(group.tables.values()), (name, named - set(group.tables.values()))
+
+    def test_the_dispatcher_finds_every_shard_by_halves(self) -> None:
+        ids = [102008 + 3 * i for i in range(7)]
+        dispatcher = shard_forms.dispatcher("metering_void_of_account", ids)
+        for shard in ids:
+            assert dispatcher.count(f"IF p_shard = {shard} THEN") == 1
+            assert f"metering_void_of_shard_{shard}(p_account_id, " in dispatcher
+        assert "RAISE EXCEPTION 'no shard form of this shard'" in dispatcher
+
+    def test_forms_are_made_for_every_delegated_program_or_for_none(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A process that has not every delegated program's form (it did not import one) makes
+        only the question, which answers no, so that no delegated call asks a dispatcher that is
+        not there; with every form it makes them all again."""
+        if not CITUS:
+            pytest.fail("this test needs Citus (METERING_TEST_BACKENDS excludes it; `make citus`)")
+        with fresh_citus_database() as url:
+            migrate.upgrade(url)
+            [(shard,)] = rows(
+                url,
+                "SELECT min(shardid) FROM pg_dist_shard WHERE logicalrelid = 'accounts'::regclass",
+            )
+            every = set(shard_forms.wanted(_groups(url)))
+            missing = sorted(shard_forms.forms())[0]
+            partial = dict(shard_forms.forms())
+            del partial[missing]
+            monkeypatch.setattr(shard_forms, "SHARD_FORMS", partial)
+            engine = create_engine(url)
+            try:
+                with engine.begin() as connection:
+                    done = shard_forms.make(connection)
+                    assert done.written == [shard_forms.HERE]
+                    assert set(done.dropped) == every - {shard_forms.HERE}
+                    asked = connection.execute(
+                        text(f"SELECT {shard_forms.HERE}(:shard)"), {"shard": shard}
+                    )
+                    assert asked.scalar_one() is False
+                monkeypatch.undo()
+                with engine.begin() as connection:
+                    done = shard_forms.make(connection)
+                    assert set(done.written) == every and done.dropped == []
+            finally:
+                engine.dispose()
+
+    def test_the_gateways_calls_run_the_shard_forms_of_the_accounts_group(
+        self, session_tmp: Path
+    ) -> None:
+        """An authorization, its void and a single event, on a database with its shard forms:
+        the account's worker runs the forms of the account's shard (PostgreSQL's count of each
+        function's calls, ``track_functions``), the other worker none, and each answer is as
+        before."""
+        if not CITUS:
+            pytest.fail("this test needs Citus (METERING_TEST_BACKENDS excludes it; `make citus`)")
+        with fresh_citus_database() as url:
+            migrate.upgrade(url)
+            database = make_url(url).database
+            ports = [
+                p for (p,) in rows(url, "SELECT nodeport FROM pg_dist_node WHERE groupid <> 0")
+            ]
+            workers = {port: make_url(url).set(port=port).render_as_string(False) for port in ports}
+            for node in workers.values():
+                engine = create_engine(node, isolation_level="AUTOCOMMIT")
+                try:
+                    with engine.connect() as connection:
+                        connection.execute(text("SET citus.enable_ddl_propagation = off"))
+                        connection.execute(
+                            text(f'ALTER DATABASE "{database}" SET track_functions = pl')
+                        )
+                finally:
+                    engine.dispose()
+            with running_api("citus", url, session_tmp) as api:
+                model = priced_model(api, NOW - timedelta(days=1))
+                account = create_account(api)
+                grant(api, account, 10_000)
+                key = create_key(api, account)
+                held = authorize(api, key, model, max_tokens=100)
+                assert held.status_code == 200, held.text
+                voided = api.gateway("DELETE", f"/v1/authorizations/{held.json()['id']}")
+                assert voided.status_code == 200 and voided.json()["status"] == "voided"
+                recorded = api.gateway(
+                    "POST", "/v1/usage/events", json={"events": [usage_event(key, model, NOW)]}
+                )
+                assert recorded.status_code == 200 and recorded.json()["recorded"] == 1
+                credits = api.as_key(key.secret, "GET", "/v1/credits")
+                assert credits.status_code == 200, credits.text
+                # 10,000 cents granted, the event's 55,900 microcents charged (as through
+                # Citus: TestRouting), nothing held
+                assert credits.json()["balance_microcents"] == 10_000 * 1_000_000 - 55_900
+                assert (
+                    credits.json()["available_microcents"] == credits.json()["balance_microcents"]
+                )
+                [(shard,)] = rows(
+                    url,
+                    "SELECT get_shard_id_for_distribution_column('accounts', CAST(:a AS text))",
+                    a=account,
+                )
+                _group, port = holder(url, account)
+                wanted = {
+                    f"{name[: -len('_of_account')]}_of_shard_{shard}"
+                    for name in shard_forms.forms()
+                }
+                # A backend reports its counts when it goes idle, within seconds.
+                deadline = time.monotonic() + 30
+                while True:
+                    called = _calls_of_shard_forms(workers[port])
+                    if wanted <= set(called) or time.monotonic() > deadline:
+                        break
+                    time.sleep(0.5)
+                assert wanted <= set(called), called
+                assert set(called) == wanted, "the forms of the account's shard only"
+                for other, node in workers.items():
+                    if other != port:
+                        assert _calls_of_shard_forms(node) == {}, other
+
+
+def _groups(url: str) -> list[shard_forms.ShardGroup]:
+    engine = create_engine(url)
+    try:
+        with engine.connect() as connection:
+            return shard_forms.shard_groups(connection)
+    finally:
+        engine.dispose()
+
+
+def _calls_of_shard_forms(url: str) -> dict[str, int]:
+    """Each shard form's calls on that node, as PostgreSQL counts them so far."""
+    return {
+        name: calls
+        for name, calls in rows(
+            url,
+            "SELECT funcname, calls FROM pg_stat_user_functions "
+            "WHERE funcname ~ '^metering_.*_of_shard_[0-9]+$'",
+        )
+    }

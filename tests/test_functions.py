@@ -16,6 +16,7 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from metering import functions, migrate
+from metering.citus import shard_forms
 from metering.citus.one_account import CITUS_RELEASE, delegated_settings
 from metering.cli import main
 from metering.functions import PROGRAMS
@@ -59,10 +60,18 @@ def assert_functions_are_the_programs(url: str) -> None:
     """The database holds every program's function as the program generates it now, and
     nothing else: what ``metering migrate`` leaves after the migrations."""
     held = database_functions(url)
-    assert sorted(held) == sorted(program.name for program in PROGRAMS)
+    cluster = bool(rows(url, "SELECT 1 FROM pg_extension WHERE extname = 'citus'"))
+    # On a distributed cluster, each delegated program's shard forms too, for its shards now.
+    distributed = cluster and rows(
+        url, "SELECT 1 FROM pg_dist_partition WHERE logicalrelid = to_regclass('accounts')"
+    )
+    formed = _shard_forms(url) if distributed else {}
+    assert sorted(held) == sorted([*(program.name for program in PROGRAMS), *formed])
+    for name, function in formed.items():
+        assert held[name] == (_body(function), []), f"{name} is not its program's shard form"
     # The distribution gives the functions it delegates the settings of the cluster's Citus.
     delegated: dict[str, dict[str, str]] = {}
-    if rows(url, "SELECT 1 FROM pg_extension WHERE extname = 'citus'"):
+    if cluster:
         for name, release in rows(
             url,
             f"SELECT p.proname, {CITUS_RELEASE} FROM pg_proc p "
@@ -79,6 +88,16 @@ def assert_functions_are_the_programs(url: str) -> None:
         expected = {**program.settings, **delegated.get(program.name, {})}
         assert settings == [f"{k}={v}" for k, v in expected.items()]
     assert migrate.is_current(url)
+
+
+def _shard_forms(url: str) -> dict[str, str]:
+    """The shard forms the cluster's shards want (metering.citus.shard_forms), by name."""
+    engine = create_engine(url)
+    try:
+        with engine.connect() as connection:
+            return shard_forms.wanted(shard_forms.shard_groups(connection))
+    finally:
+        engine.dispose()
 
 
 def test_the_files_are_what_the_programs_generate() -> None:

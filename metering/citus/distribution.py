@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 from sqlalchemy import Connection, create_engine, text
 
+from metering.citus import shard_forms
 from metering.citus.one_account import (
     ACCOUNT,
     CITUS_RELEASE,
@@ -50,6 +51,7 @@ class Distribution:
     dropped_foreign_keys: list[str] = field(default_factory=list)
     functions: list[str] = field(default_factory=list)  # distributed by their account
     moved: list[str] = field(default_factory=list)  # placed anew (the rule's answer changed)
+    shard_forms: list[str] = field(default_factory=list)  # written (metering.citus.shard_forms)
 
 
 # How a worker is added while the service runs (docs/citus.md#adding-a-worker-online): the shards
@@ -134,6 +136,7 @@ def _distribute(connection: Connection) -> Distribution:
     if pending:
         _place(connection, kinds, pending, done, moved)
     done.functions = _distribute_functions(connection)
+    done.shard_forms = shard_forms.make(connection).written
     return done
 
 

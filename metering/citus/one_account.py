@@ -35,17 +35,19 @@ from dataclasses import replace
 from itertools import count
 from typing import Any
 
-from sqlalchemy import String, Table, func, literal_column, null, select
+from sqlalchemy import BigInteger, String, Table, func, literal_column, null, select
 from sqlalchemy.dialects.postgresql import array
 from sqlalchemy.dialects.postgresql.psycopg import PGCompiler_psycopg, PGDialect_psycopg
 from sqlalchemy.sql import ClauseElement, Insert, Select, operators
 from sqlalchemy.sql.elements import BinaryExpression, BooleanClauseList
 from sqlalchemy.sql.selectable import Alias
 from sqlalchemy.sql.visitors import iterate
+from sqlalchemy.types import TypeEngine
 
 from metering import programs as p
 from metering.citus.placement import SCOPE
-from metering.programs.plpgsql import PlpgsqlCompiler, PsycopgCompiler
+from metering.programs.plpgsql import PlpgsqlCompiler, PsycopgCompiler, function_params
+from metering.programs.steps import Returns
 
 # The argument a one-account program is sent to the account's node by (its first).
 ACCOUNT = p.Var("p_account_id", String())
@@ -63,7 +65,16 @@ class _AccountScoped(PGCompiler_psycopg):
             return None
         name = self.preparer.quote(table.name)
         account = self.process(self.dialect.account.ref, **kw)
-        return f"(SELECT * FROM {name} WHERE {name}.{self.preparer.quote(column)} = {account})"
+        source = self._named(table)
+        return f"(SELECT * FROM {source} WHERE {name}.{self.preparer.quote(column)} = {account})"
+
+    def _named(self, table: Any) -> str:
+        """The table as a FROM names it, under its own name."""
+        return str(self.preparer.quote(table.name))
+
+    def _as_is(self, table: Any, aliased: bool, rendered: Any) -> str:
+        """A table a FROM or an UPDATE names as it is (not limited by a subquery)."""
+        return str(rendered)
 
     def visit_table(  # type: ignore[override]
         self,
@@ -77,16 +88,18 @@ class _AccountScoped(PGCompiler_psycopg):
         rendered = super().visit_table(
             table, asfrom=asfrom, iscrud=iscrud, enclosing_alias=enclosing_alias, **kw
         )
-        if not asfrom or iscrud:
+        if not asfrom:
             return str(rendered)
         aliased = enclosing_alias is not None and enclosing_alias.element is table
+        if iscrud:
+            return self._as_is(table, aliased, rendered)
         if limited_in_place is not None and _same(
             limited_in_place, enclosing_alias if aliased else table
         ):
-            return str(rendered)  # its WHERE limits it (visit_select)
+            return self._as_is(table, aliased, rendered)  # its WHERE limits it (visit_select)
         limited = self._account_rows(table)
         if limited is None:
-            return str(rendered)
+            return self._as_is(table, aliased, rendered)
         if aliased:
             return limited  # the alias names it
         return f"{limited} AS {self.preparer.quote(table.name)}"
@@ -189,6 +202,27 @@ class _PsycopgOfAccount(_AccountScoped, PsycopgCompiler):
     pass
 
 
+class _PlpgsqlOfShard(_PlpgsqlOfAccount):
+    """A shard form's statements (metering.citus.shard_forms): as the one-account form's, every
+    table named by its mark (``<table>__shard__``, replaced by the shard group's table when the
+    form is made for it) under its own name, or its alias."""
+
+    def _marked(self, table: Any) -> str:
+        return str(self.preparer.quote(f"{table.name}{SHARD_MARK}"))
+
+    def _named(self, table: Any) -> str:
+        return f"{self._marked(table)} AS {self.preparer.quote(table.name)}"
+
+    def _as_is(self, table: Any, aliased: bool, rendered: Any) -> str:
+        return self._marked(table) if aliased else self._named(table)
+
+    def visit_insert(self, insert_stmt: Any, **kw: Any) -> str:  # type: ignore[override]
+        rendered = str(super().visit_insert(insert_stmt, **kw))
+        into = f"INSERT INTO {self.preparer.quote(insert_stmt.table.name)} "
+        assert rendered.startswith(into), rendered
+        return f"INSERT INTO {self._named(insert_stmt.table)} {rendered[len(into) :]}"
+
+
 class _PlpgsqlOfAccountDialect(PGDialect_psycopg):
     statement_compiler = _PlpgsqlOfAccount
 
@@ -209,6 +243,13 @@ _PLPGSQL = _PlpgsqlOfAccountDialect(ACCOUNT, SCOPE)
 _PSYCOPG = _PsycopgOfAccountDialect(ACCOUNT, SCOPE)
 
 
+class _PlpgsqlOfShardDialect(_PlpgsqlOfAccountDialect):
+    statement_compiler = _PlpgsqlOfShard
+
+
+_PLPGSQL_OF_SHARD = _PlpgsqlOfShardDialect(ACCOUNT, SCOPE)
+
+
 def text_of_account(statement: ClauseElement) -> str:
     """A statement's psycopg text for one account's rows on a cluster (``ACCOUNT``: its
     ``%(p_account_id)s`` parameter), every sharded table limited to the account's shard."""
@@ -222,10 +263,17 @@ def compiled_of_account(statement: ClauseElement) -> Any:
     return statement.compile(dialect=_PSYCOPG, compile_kwargs={"render_postcompile": True})
 
 
+# The account's shard (of ``accounts``; its colocated tables' shards are the same group's): what
+# the lock below locks, and which shard forms a delegated call runs (metering.citus.shard_forms).
+SHARD = p.Var("v_shard", BigInteger())
+SHARD_OF_ACCOUNT = p.Assign(
+    SHARD, func.get_shard_id_for_distribution_column(literal_column("'accounts'"), ACCOUNT.ref)
+)
+
 # PostgreSQL's ShareLock: the mode in which Citus' own writes lock a shard's metadata.
 SHARE_LOCK = 5
 
-# The first step of every one-account form: the account's shard's metadata locked as Citus' own
+# Every one-account form's step after its shard's id: the shard's metadata locked as Citus' own
 # writes lock it, for the rest of the transaction. A shard moves (citus_rebalance_start,
 # citus_move_shard_placement) by logical replication while it takes writes; for the switch-over
 # the move locks the shard group's metadata in ExclusiveLock on the coordinator and on every
@@ -241,16 +289,9 @@ SHARE_LOCK = 5
 # (``REBALANCE``).
 LOCK_ACCOUNT_SHARD = p.Run(
     select(
-        func.lock_shard_metadata(
-            literal_column(str(SHARE_LOCK)),
-            array(
-                [
-                    func.get_shard_id_for_distribution_column(
-                        literal_column("'accounts'"), ACCOUNT.ref
-                    )
-                ]
-            ),
-        ).label("shard_locked")
+        func.lock_shard_metadata(literal_column(str(SHARE_LOCK)), array([SHARD.ref])).label(
+            "shard_locked"
+        )
     )
 )
 
@@ -293,7 +334,10 @@ def of_account(program: p.Program, *, delegated: bool = True) -> p.Program:
     """A program's form on a Citus cluster (``…_of_account``): the same program for one
     account's rows, ``ACCOUNT`` first among its parameters, every statement built for
     ``programs.ONE_SHARD`` and limited to the account's shard (see the module); the account's
-    shard locked against a move's switch-over first (``LOCK_ACCOUNT_SHARD``).
+    shard locked against a move's switch-over first (``LOCK_ACCOUNT_SHARD``). A delegated form
+    then runs its shard form where this node holds the account's shard (metering.citus
+    .shard_forms: the same steps on the shard group's tables, registered in ``SHARD_FORMS``),
+    its own statements otherwise.
 
     ``delegated``: the form is called on its own, so Citus sends the call whole to the account's
     node and its statements run there, where an insert of a program's rows is a loop of
@@ -310,17 +354,80 @@ def of_account(program: p.Program, *, delegated: bool = True) -> p.Program:
     instead ("could not create distributed plan": a single event's delegated call failed, and
     the event took its account's transaction, metering.usage.single)."""
     build = program.build
-    return replace(
+    settings = {k: v for k, v in program.settings.items() if k != PLAN_CACHE_MODE}
+    params = (ACCOUNT, *program.params)
+    if not delegated:
+        return replace(
+            program,
+            name=f"{program.name}_of_account",
+            params=params,
+            build=lambda on: (SHARD_OF_ACCOUNT, LOCK_ACCOUNT_SHARD, *build(on)),
+            settings=settings,
+            plpgsql_backend=p.ONE_SHARD,
+            plpgsql_dialect=_PLPGSQL,
+        )
+    shard_form = replace(
+        program,
+        name=f"{program.name}{OF_SHARD}",
+        params=params,
+        build=lambda on: _row_by_row(build(on), count(1)),
+        settings=settings,
+        plpgsql_backend=p.ONE_SHARD,
+        plpgsql_dialect=_PLPGSQL_OF_SHARD,
+    )
+    generic = replace(
         program,
         name=f"{program.name}_of_account",
-        params=(ACCOUNT, *program.params),
+        params=params,
         build=lambda on: (
+            SHARD_OF_ACCOUNT,
             LOCK_ACCOUNT_SHARD,
-            *(_row_by_row(build(on), count(1)) if delegated else build(on)),
+            p.When(
+                func.metering_shard_forms_here(SHARD.ref),
+                _dispatched(program.name, params, program.returns),
+                otherwise=_row_by_row(build(on), count(1)),
+            ),
         ),
-        settings={k: v for k, v in program.settings.items() if k != PLAN_CACHE_MODE},
+        settings=settings,
         plpgsql_backend=p.ONE_SHARD,
         plpgsql_dialect=_PLPGSQL,
+    )
+    SHARD_FORMS[generic.name] = shard_form
+    return generic
+
+
+# A delegated form's statements against its shard group's own tables (metering.citus
+# .shard_forms): each one-account program's, by the name of its generic form.
+SHARD_FORMS: dict[str, p.Program] = {}
+
+# How a shard form's name ends (before its shard's id), and its dispatcher's.
+OF_SHARD = "_of_shard"
+OF_SHARDS = "_of_shards"
+
+# How a table's name ends in a shard form's text, until the form is made for one shard group.
+SHARD_MARK = "__shard__"
+
+
+def _dispatched(
+    name: str, params: tuple[p.Var | p.Records, ...], returns: Returns
+) -> tuple[p.Step, ...]:
+    """The delegated form's call of its shard form for the account's shard (by the shard's
+    dispatcher, ``<program>_of_shards``), its rows emitted or its value returned."""
+    args = [
+        SHARD.ref,
+        *(literal_column(n) for param in params for n, _ in function_params(param)),
+    ]
+    call = getattr(func, f"{name}{OF_SHARDS}")(*args)
+    if returns is None or isinstance(returns, TypeEngine):
+        return (p.Return(call),)
+    into = tuple(p.Var(f"v_sf_{column}", kind) for column, kind in returns)
+    rows = call.table_valued(*(column for column, _ in returns), name="shard_form")
+    return (
+        p.ForEach(
+            select(*(rows.c[column] for column, _ in returns)),
+            into=into,
+            steps=(p.Emit(tuple(v.ref for v in into)),),
+        ),
     )
 
 

@@ -3,6 +3,7 @@ RETURNS void
 LANGUAGE plpgsql VOLATILE AS $$
 #variable_conflict use_column
 DECLARE
+    v_shard BIGINT;
     v_targets_hold_id VARCHAR(64)[];
     v_targets_event_id BIGINT[];
     v_debits_account_id VARCHAR(32)[];
@@ -40,7 +41,8 @@ DECLARE
     v_reached_percent INTEGER[];
     v_reached_spent_microcents BIGINT[];
 BEGIN
-    PERFORM lock_shard_metadata(5, ARRAY[get_shard_id_for_distribution_column('accounts', p_account_id)]) AS shard_locked;
+    v_shard := get_shard_id_for_distribution_column('accounts', p_account_id);
+    PERFORM lock_shard_metadata(5, ARRAY[v_shard]) AS shard_locked;
     SELECT array_agg(collected.hold_id), array_agg(collected.event_id) INTO v_targets_hold_id, v_targets_event_id
     FROM (
     SELECT found.hold_id, min(found.event_id) AS event_id

@@ -3,6 +3,7 @@ RETURNS void
 LANGUAGE plpgsql VOLATILE AS $$
 #variable_conflict use_column
 DECLARE
+    v_shard BIGINT;
     v_debits_account_id VARCHAR(32)[];
     v_debits_total BIGINT[];
     v_moved_account_id VARCHAR(32)[];
@@ -34,7 +35,8 @@ DECLARE
     v_parts_amount BIGINT[];
     v_parts_kind allocation_kind[];
 BEGIN
-    PERFORM lock_shard_metadata(5, ARRAY[get_shard_id_for_distribution_column('accounts', p_account_id)]) AS shard_locked;
+    v_shard := get_shard_id_for_distribution_column('accounts', p_account_id);
+    PERFORM lock_shard_metadata(5, ARRAY[v_shard]) AS shard_locked;
     SELECT array_agg(collected.account_id ORDER BY collected.account_id COLLATE "C"), array_agg(collected.total ORDER BY collected.account_id COLLATE "C") INTO v_debits_account_id, v_debits_total
     FROM (
     SELECT g.account_id, g.total

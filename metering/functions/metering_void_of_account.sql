@@ -3,6 +3,16 @@ RETURNS TABLE (id VARCHAR(64), status VARCHAR(16), request_id VARCHAR(64), accou
 LANGUAGE plpgsql VOLATILE AS $$
 #variable_conflict use_column
 DECLARE
+    v_shard BIGINT;
+    v_sf_id VARCHAR(64);
+    v_sf_status hold_status;
+    v_sf_request_id VARCHAR(64);
+    v_sf_account_id VARCHAR(32);
+    v_sf_api_key_id VARCHAR(32);
+    v_sf_model_id VARCHAR(100);
+    v_sf_max_tokens INTEGER;
+    v_sf_estimate_microcents non_negative_microcents;
+    v_sf_expires_at TIMESTAMP WITH TIME ZONE;
     v_voided_id VARCHAR(64);
     v_voided_status hold_status;
     v_voided_request_id VARCHAR(64);
@@ -13,20 +23,39 @@ DECLARE
     v_voided_estimate_microcents non_negative_microcents;
     v_voided_expires_at TIMESTAMP WITH TIME ZONE;
 BEGIN
-    PERFORM lock_shard_metadata(5, ARRAY[get_shard_id_for_distribution_column('accounts', p_account_id)]) AS shard_locked;
-    UPDATE authorizations SET status='voided', closed_at=p_now WHERE authorizations.account_id = p_account_id AND authorizations.id = p_hold_id AND authorizations.status = 'active' AND authorizations.expires_at > p_now RETURNING authorizations.id, authorizations.status, authorizations.request_id, authorizations.account_id, authorizations.api_key_id, authorizations.model_id, authorizations.max_tokens, authorizations.estimate_microcents, authorizations.expires_at
-    INTO v_voided_id, v_voided_status, v_voided_request_id, v_voided_account_id, v_voided_api_key_id, v_voided_model_id, v_voided_max_tokens, v_voided_estimate_microcents, v_voided_expires_at;
-    IF v_voided_id IS NOT NULL THEN
-        id := v_voided_id;
-        status := v_voided_status;
-        request_id := v_voided_request_id;
-        account_id := v_voided_account_id;
-        api_key_id := v_voided_api_key_id;
-        model_id := v_voided_model_id;
-        max_tokens := v_voided_max_tokens;
-        estimate_microcents := v_voided_estimate_microcents;
-        expires_at := v_voided_expires_at;
-        RETURN NEXT;
+    v_shard := get_shard_id_for_distribution_column('accounts', p_account_id);
+    PERFORM lock_shard_metadata(5, ARRAY[v_shard]) AS shard_locked;
+    IF metering_shard_forms_here(v_shard) THEN
+        FOR v_sf_id, v_sf_status, v_sf_request_id, v_sf_account_id, v_sf_api_key_id, v_sf_model_id, v_sf_max_tokens, v_sf_estimate_microcents, v_sf_expires_at IN
+        SELECT shard_form.id, shard_form.status, shard_form.request_id, shard_form.account_id, shard_form.api_key_id, shard_form.model_id, shard_form.max_tokens, shard_form.estimate_microcents, shard_form.expires_at
+        FROM metering_void_of_shards(v_shard, p_account_id, p_hold_id, p_now) AS shard_form
+        LOOP
+            id := v_sf_id;
+            status := v_sf_status;
+            request_id := v_sf_request_id;
+            account_id := v_sf_account_id;
+            api_key_id := v_sf_api_key_id;
+            model_id := v_sf_model_id;
+            max_tokens := v_sf_max_tokens;
+            estimate_microcents := v_sf_estimate_microcents;
+            expires_at := v_sf_expires_at;
+            RETURN NEXT;
+        END LOOP;
+    ELSE
+        UPDATE authorizations SET status='voided', closed_at=p_now WHERE authorizations.account_id = p_account_id AND authorizations.id = p_hold_id AND authorizations.status = 'active' AND authorizations.expires_at > p_now RETURNING authorizations.id, authorizations.status, authorizations.request_id, authorizations.account_id, authorizations.api_key_id, authorizations.model_id, authorizations.max_tokens, authorizations.estimate_microcents, authorizations.expires_at
+        INTO v_voided_id, v_voided_status, v_voided_request_id, v_voided_account_id, v_voided_api_key_id, v_voided_model_id, v_voided_max_tokens, v_voided_estimate_microcents, v_voided_expires_at;
+        IF v_voided_id IS NOT NULL THEN
+            id := v_voided_id;
+            status := v_voided_status;
+            request_id := v_voided_request_id;
+            account_id := v_voided_account_id;
+            api_key_id := v_voided_api_key_id;
+            model_id := v_voided_model_id;
+            max_tokens := v_voided_max_tokens;
+            estimate_microcents := v_voided_estimate_microcents;
+            expires_at := v_voided_expires_at;
+            RETURN NEXT;
+        END IF;
     END IF;
 END;
 $$

@@ -157,6 +157,15 @@ def function_params(param: Var | Records) -> list[tuple[str, str]]:
     return [(param.name, "json")]
 
 
+def result_type(returns: Returns) -> str:
+    """What a program's function returns, as its ``RETURNS`` clause says it."""
+    if returns is None:
+        return "void"
+    if isinstance(returns, TypeEngine):
+        return signature_type(returns)
+    return "TABLE (" + ", ".join(f"{n} {signature_type(t)}" for n, t in returns) + ")"
+
+
 def function_lines(
     *,
     name: str,
@@ -175,15 +184,9 @@ def function_lines(
     for param in params:
         declared.pop(param.name, None)
     arguments = ", ".join(f"{n} {kind}" for p in params for n, kind in function_params(p))
-    if returns is None:
-        result = "void"
-    elif isinstance(returns, TypeEngine):
-        result = signature_type(returns)
-    else:
-        result = "TABLE (" + ", ".join(f"{n} {signature_type(t)}" for n, t in returns) + ")"
     lines = [
         f"CREATE OR REPLACE FUNCTION {name}({arguments})",
-        f"RETURNS {result}",
+        f"RETURNS {result_type(returns)}",
         *(
             ("LANGUAGE plpgsql VOLATILE AS $$",)
             if not settings
