@@ -1231,14 +1231,14 @@ class TestShardForms:
                 url,
                 "SELECT min(shardid) FROM pg_dist_shard WHERE logicalrelid = 'accounts'::regclass",
             )
-            every = set(shard_forms.wanted(_groups(url)))
             missing = sorted(shard_forms.forms())[0]
             partial = dict(shard_forms.forms())
             del partial[missing]
-            monkeypatch.setattr(shard_forms, "SHARD_FORMS", partial)
             engine = create_engine(url)
             try:
                 with engine.begin() as connection:
+                    every = set(shard_forms.wanted(shard_forms.shard_groups(connection)))
+                    monkeypatch.setattr(shard_forms, "SHARD_FORMS", partial)
                     done = shard_forms.make(connection)
                     assert done.written == [shard_forms.HERE]
                     assert set(done.dropped) == every - {shard_forms.HERE}
@@ -1322,15 +1322,6 @@ class TestShardForms:
                 for other, node in workers.items():
                     if other != port:
                         assert _calls_of_shard_forms(node) == {}, other
-
-
-def _groups(url: str) -> list[shard_forms.ShardGroup]:
-    engine = create_engine(url)
-    try:
-        with engine.connect() as connection:
-            return shard_forms.shard_groups(connection)
-    finally:
-        engine.dispose()
 
 
 def _calls_of_shard_forms(url: str) -> dict[str, int]:

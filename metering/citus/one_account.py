@@ -42,12 +42,10 @@ from sqlalchemy.sql import ClauseElement, Insert, Select, operators
 from sqlalchemy.sql.elements import BinaryExpression, BooleanClauseList
 from sqlalchemy.sql.selectable import Alias
 from sqlalchemy.sql.visitors import iterate
-from sqlalchemy.types import TypeEngine
 
 from metering import programs as p
 from metering.citus.placement import SCOPE
 from metering.programs.plpgsql import PlpgsqlCompiler, PsycopgCompiler, function_params
-from metering.programs.steps import Returns
 
 # The argument a one-account program is sent to the account's node by (its first).
 ACCOUNT = p.Var("p_account_id", String())
@@ -354,43 +352,34 @@ def of_account(program: p.Program, *, delegated: bool = True) -> p.Program:
     instead ("could not create distributed plan": a single event's delegated call failed, and
     the event took its account's transaction, metering.usage.single)."""
     build = program.build
-    settings = {k: v for k, v in program.settings.items() if k != PLAN_CACHE_MODE}
     params = (ACCOUNT, *program.params)
-    if not delegated:
-        return replace(
-            program,
-            name=f"{program.name}_of_account",
-            params=params,
-            build=lambda on: (SHARD_OF_ACCOUNT, LOCK_ACCOUNT_SHARD, *build(on)),
-            settings=settings,
-            plpgsql_backend=p.ONE_SHARD,
-            plpgsql_dialect=_PLPGSQL,
-        )
-    shard_form = replace(
-        program,
-        name=f"{program.name}{OF_SHARD}",
-        params=params,
-        build=lambda on: _row_by_row(build(on), count(1)),
-        settings=settings,
-        plpgsql_backend=p.ONE_SHARD,
-        plpgsql_dialect=_PLPGSQL_OF_SHARD,
-    )
-    generic = replace(
+    form = replace(
         program,
         name=f"{program.name}_of_account",
         params=params,
+        settings={k: v for k, v in program.settings.items() if k != PLAN_CACHE_MODE},
+        plpgsql_backend=p.ONE_SHARD,
+        plpgsql_dialect=_PLPGSQL,
+    )
+    if not delegated:
+        return replace(form, build=lambda on: (SHARD_OF_ACCOUNT, LOCK_ACCOUNT_SHARD, *build(on)))
+    shard_form = replace(
+        form,
+        name=f"{program.name}{OF_SHARD}",
+        build=lambda on: _row_by_row(build(on), count(1)),
+        plpgsql_dialect=_PLPGSQL_OF_SHARD,
+    )
+    generic = replace(
+        form,
         build=lambda on: (
             SHARD_OF_ACCOUNT,
             LOCK_ACCOUNT_SHARD,
             p.When(
                 func.metering_shard_forms_here(SHARD.ref),
-                _dispatched(program.name, params, program.returns),
+                _dispatched(program.name, params, program.returned_columns),
                 otherwise=_row_by_row(build(on), count(1)),
             ),
         ),
-        settings=settings,
-        plpgsql_backend=p.ONE_SHARD,
-        plpgsql_dialect=_PLPGSQL,
     )
     SHARD_FORMS[generic.name] = shard_form
     return generic
@@ -409,7 +398,7 @@ SHARD_MARK = "__shard__"
 
 
 def _dispatched(
-    name: str, params: tuple[p.Var | p.Records, ...], returns: Returns
+    name: str, params: tuple[p.Var | p.Records, ...], columns: p.RowColumns | None
 ) -> tuple[p.Step, ...]:
     """The delegated form's call of its shard form for the account's shard (by the shard's
     dispatcher, ``<program>_of_shards``), its rows emitted or its value returned."""
@@ -418,13 +407,13 @@ def _dispatched(
         *(literal_column(n) for param in params for n, _ in function_params(param)),
     ]
     call = getattr(func, f"{name}{OF_SHARDS}")(*args)
-    if returns is None or isinstance(returns, TypeEngine):
+    if columns is None:
         return (p.Return(call),)
-    into = tuple(p.Var(f"v_sf_{column}", kind) for column, kind in returns)
-    rows = call.table_valued(*(column for column, _ in returns), name="shard_form")
+    into = tuple(p.Var(f"v_sf_{column}", kind) for column, kind in columns)
+    rows = call.table_valued(*(column for column, _ in columns), name="shard_form")
     return (
         p.ForEach(
-            select(*(rows.c[column] for column, _ in returns)),
+            select(*(rows.c[column] for column, _ in columns)),
             into=into,
             steps=(p.Emit(tuple(v.ref for v in into)),),
         ),

@@ -44,7 +44,6 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from sqlalchemy import Connection, create_engine, text
-from sqlalchemy.types import TypeEngine
 
 from metering.citus.one_account import OF_SHARD, OF_SHARDS, SHARD_FORMS, SHARD_MARK
 from metering.db import Kind, probe
@@ -141,8 +140,7 @@ def dispatcher(generic_name: str, shard_ids: Sequence[int]) -> str:
     base = program.name.removesuffix(OF_SHARD)
     params = [pair for param in program.params for pair in function_params(param)]
     arguments = ", ".join(name for name, _ in params)
-    returns = program.returns
-    scalar = returns is None or isinstance(returns, TypeEngine)
+    scalar = program.returned_columns is None
 
     def call(shard_id: int) -> str:
         made = f"{program.name}_{shard_id}({arguments})"
@@ -165,7 +163,7 @@ def dispatcher(generic_name: str, shard_ids: Sequence[int]) -> str:
     return "\n".join(
         [
             f"CREATE OR REPLACE FUNCTION {base}{OF_SHARDS}({signature})",
-            f"RETURNS {result_type(returns)}",
+            f"RETURNS {result_type(program.returns)}",
             "LANGUAGE plpgsql VOLATILE AS $$",
             "BEGIN",
             *(halves(sorted(shard_ids), 1) if shard_ids else []),

@@ -13,7 +13,7 @@ from sqlalchemy.types import TypeEngine
 
 from metering.programs import plpgsql, sqlite
 from metering.programs.backends import POSTGRESQL, SQLITE, Backend
-from metering.programs.steps import Records, Returns, Step, Var
+from metering.programs.steps import Records, Returns, RowColumns, Step, Var
 
 
 @dataclass
@@ -72,13 +72,21 @@ class Program:
             dialect=self.plpgsql_dialect,
         )
 
+    @property
+    def returned_columns(self) -> RowColumns | None:
+        """The columns of the rows the function returns; None when it returns a value, or
+        nothing."""
+        if self.returns is None or isinstance(self.returns, TypeEngine):
+            return None
+        return self.returns
+
     @cached_property
     def call_sql(self) -> str:
         """The call, as psycopg text with ``%(p_…)s`` parameters."""
         args = ", ".join(
             f"%({name})s::{kind}" for p in self.params for name, kind in plpgsql.function_params(p)
         )
-        if self.returns is None or isinstance(self.returns, TypeEngine):
+        if self.returned_columns is None:
             return f"SELECT {self.name}({args})"
         return f"SELECT * FROM {self.name}({args})"
 
