@@ -33,9 +33,9 @@ worker, from which each added worker's throughput is projected:
   one of its kind, so that connections the load before cost are not charged to it. On the
   shared single server a backend that ended during a load is reported as lost.
 * **Round trips per operation**: after the rounds, a server of its own sends a few operations of
-  each kind with ``citus.log_remote_commands`` on for the cluster's database; the commands the
-  coordinator sent a worker are counted from its log (each one network round trip), and the
-  statements each worker ran itself inside a delegated function call (``citus.log_local_commands``).
+  each kind with ``citus.log_remote_commands`` on for the cluster's database; the commands a
+  node sent another are counted from the nodes' logs (each one network round trip), and the
+  statements a worker ran itself by Citus' local execution (``citus.log_local_commands``).
 * **The projection** (labelled as one): each operation runs on the one worker holding its
   account, so an added worker core takes ``1 / (worker CPU per operation)`` operations a second,
   under the assumptions printed with it (docs/citus.md); and the same without
@@ -45,7 +45,9 @@ worker, from which each added worker's throughput is projected:
 Run: ``make bench BENCH=citus`` (``python -m bench citus``). Settings: ``BENCH_ROUNDS`` (3),
 ``BENCH_CITUS_SECONDS`` (20 per load, after 1 s of warm-up: long enough that what a worker
 backend spends on its first calls of each shard's functions, once in its life, is a small part,
-as in a service that has been running; docs/citus.md), ``BENCH_CITUS_WORKERS`` (2),
+as in a service that has been running; docs/citus.md), ``BENCH_CITUS_NODES`` (``every``: the
+cluster's API server connects to every node; ``coordinator``: to the coordinator only),
+``BENCH_CITUS_WORKERS`` (2),
 ``METERING_TEST_PG_URL`` (the single server), ``CITUS_PORT`` (the coordinator's port, 9700, the
 workers on the next two) and ``CITUS_DIR`` for ``scripts/citus.sh``, or ``BENCH_CITUS_URL`` (the
 coordinator's maintenance URL; the nodes must run on this machine for their CPU to be read).
@@ -70,7 +72,7 @@ from typing import Any
 
 import httpx2 as httpx
 import psycopg
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import URL, make_url
 
 from bench import common
 from bench.__main__ import table
@@ -127,6 +129,10 @@ class Config:
     messages: int = 1000  # webhook messages delivered by the scheduler, measured
     message_accounts: int = 10  # over this many accounts, an endpoint each
     coordinator_url: str = CITUS_URL
+    # The cluster's API server connects to every node (its METERING_DATABASE_URL names them
+    # all, the coordinator first: docs/citus.md#connections-to-every-node), or to the
+    # coordinator only (BENCH_CITUS_NODES=coordinator).
+    every_node: bool = os.environ.get("BENCH_CITUS_NODES", "every") != "coordinator"
     # bench_refusals' figures of the cluster too (a refused batch, a reprocess of 2,000
     # entries), so that ``make bench BENCH=citus`` prints them.
     refusals: bool = True
@@ -180,6 +186,18 @@ def _node_urls(coordinator_url: str) -> list[str]:
 
 def _in(url: str, database: str) -> str:
     return make_url(url).set(database=database).render_as_string(hide_password=False)
+
+
+def every_node_url(database_url: str, node_urls: Sequence[str]) -> str:
+    """``database_url`` (on the coordinator) naming every node of the cluster as a ``host``,
+    the coordinator first, with ``load_balance_hosts=random``: what an operator configures for
+    no node to be one every request passes (docs/citus.md#connections-to-every-node)."""
+    hosts = [f"{make_url(node).host}:{make_url(node).port}" for node in node_urls]
+    parsed = make_url(database_url)
+    url = URL.create(parsed.drivername, parsed.username, parsed.password, database=parsed.database)
+    return url.update_query_pairs(
+        [*(("host", host) for host in hosts), ("load_balance_hosts", "random")]
+    ).render_as_string(hide_password=False)
 
 
 @contextmanager
@@ -397,6 +415,7 @@ class Side:
     fixture: Fixture
     # (tier name, maintenance URL, postmaster of a node of the bench's own) of each node
     nodes: list[tuple[str, str, int | None]]
+    server_url: str  # the URL its API server connects by
     sent: Sent = field(default_factory=Sent)
     loads: dict[str, Measured] = field(
         default_factory=lambda: {AUTH: Measured(), BATCH: Measured(), EVENT: Measured()}
@@ -676,9 +695,9 @@ class NodeLog:
 
 @dataclass
 class Trips:
-    """Per operation of one kind: commands the coordinator sent the workers (one round trip
-    each), statements the workers ran themselves in delegated calls, and the one-account
-    functions called."""
+    """Per operation of one kind: commands a node sent another (one round trip each),
+    statements the workers ran themselves by Citus' local execution, and the one-account
+    functions delegated."""
 
     operations: int = 0
     sent: int = 0
@@ -706,15 +725,16 @@ def _set_logging(nodes: list[str], database: str, on: bool) -> None:
 
 
 def count_round_trips(
-    config: Config, url: str, fixture: Fixture, workdir: Path
+    config: Config, url: str, fixture: Fixture, workdir: Path, server_url: str | None = None
 ) -> tuple[dict[str, Trips], list[str]]:
-    """A few operations of each kind through a server of its own, with every node of the
-    cluster logging what it sends and runs; what they sent, counted from the logs."""
+    """A few operations of each kind through a server of its own (on ``server_url``, the
+    cluster side's, if given), with every node of the cluster logging what it sends and runs;
+    what they sent, counted from the logs."""
     database = make_url(url).database or ""
     nodes = _node_urls(config.coordinator_url)
     _set_logging(nodes, database, True)
     logs = [NodeLog(node) for node in nodes]
-    server = config.code.server(url, workdir / "counting", 1)
+    server = config.code.server(server_url or url, workdir / "counting", 1)
     trips = {AUTH: Trips(), BATCH: Trips(), EVENT: Trips()}
     problems: list[str] = []
     try:
@@ -772,31 +792,35 @@ def count_round_trips(
             found.connections = [
                 _sessions(node, database) - then for node, then in zip(nodes, opened, strict=True)
             ]
-            # Not the background workers' (Citus' maintenance daemon: deadlock detection, ...)
-            background = {
-                pid
-                for (pid,) in _rows(
-                    nodes[0],
-                    "SELECT pid FROM pg_stat_activity WHERE datname = %s "
-                    "AND backend_type <> 'client backend'",
-                    database,
-                )
-            }
-            records = logs[0].records(database, exclude=background)
-            for (level, message), (_, detail) in zip(
-                records, [*records[1:], ("", "")][: len(records)], strict=True
-            ):
-                if level == "ERROR":
-                    found.errors.append(message)
-                # A worker's notices are relayed to the coordinator, and logged there "from" it.
-                if (
-                    level == "NOTICE"
-                    and message.startswith("issuing ")
-                    and not detail.startswith("from ")
+            for node, log in zip(nodes, logs, strict=True):
+                # Each node's commands to another: the coordinator's, and a worker's when a
+                # call reached it that it does not hold. Not the background workers' (Citus'
+                # maintenance daemon: deadlock detection, ...).
+                background = {
+                    pid
+                    for (pid,) in _rows(
+                        node,
+                        "SELECT pid FROM pg_stat_activity WHERE datname = %s "
+                        "AND backend_type <> 'client backend'",
+                        database,
+                    )
+                }
+                records = log.records(database, exclude=background)
+                for (level, message), (_, detail) in zip(
+                    records, [*records[1:], ("", "")][: len(records)], strict=True
                 ):
-                    found.sent += 1
-                    for name in set(DELEGATED.findall(message)):  # a call names it twice
-                        found.calls[name] = found.calls.get(name, 0) + 1
+                    if level == "ERROR":
+                        found.errors.append(message)
+                    # A node's notices are relayed to the node that sent it the command, and
+                    # logged there "from" it.
+                    if (
+                        level == "NOTICE"
+                        and message.startswith("issuing ")
+                        and not detail.startswith("from ")
+                    ):
+                        found.sent += 1
+                        for name in set(DELEGATED.findall(message)):  # a call names it twice
+                            found.calls[name] = found.calls.get(name, 0) + 1
             for log in logs[1:]:
                 found.local += sum(
                     1
@@ -865,15 +889,18 @@ def _side(
     url: str,
     nodes: list[tuple[str, str, int | None]],
     workdir: Path,
+    server_url: str | None = None,
 ) -> Iterator[Side]:
+    """One side, migrated and set up; its API server on ``server_url`` (``url`` if none: the
+    database's URL, which the checks use)."""
     started = time.monotonic()
     config.code.migrate(url, workdir / "cli")
-    server = config.code.server(url, workdir / "server", config.workers)
+    server = config.code.server(server_url or url, workdir / "server", config.workers)
     try:
         server.start()
         fixture = _setup(config, url, server.base_url, workdir / "cli")
         print(f"   {name}: migrated and set up in {time.monotonic() - started:.0f} s", flush=True)
-        yield Side(name, url, server, fixture, nodes)
+        yield Side(name, url, server, fixture, nodes, server_url or url)
     finally:
         server.stop()
 
@@ -906,7 +933,14 @@ def run(config: Config | None = None) -> list[Result]:
         single_node = [("PostgreSQL", common.PG_MAINTENANCE_URL, None)]
         with (
             _side(config, SINGLE, single_url, single_node, workdir / "single") as single,
-            _side(config, CLUSTER, cluster_url, cluster_nodes, workdir / "cluster") as cluster,
+            _side(
+                config,
+                CLUSTER,
+                cluster_url,
+                cluster_nodes,
+                workdir / "cluster",
+                every_node_url(cluster_url, node_urls) if config.every_node else None,
+            ) as cluster,
         ):
             bodies = {
                 side.name: (
@@ -936,7 +970,7 @@ def run(config: Config | None = None) -> list[Result]:
                 CLUSTER: " | ".join(sorted({_settings(node) for node in node_urls})),
             }
             trips, counting_problems = count_round_trips(
-                config, cluster_url, cluster.fixture, workdir
+                config, cluster_url, cluster.fixture, workdir, cluster.server_url
             )
     results = report(config, single, cluster, trips, counting_problems, settings, workers)
     results += report_background(config, background, workers)
@@ -970,6 +1004,15 @@ def report(
         "machine: the cluster's three nodes share its cores with the API and the load generator."
     )
     print(f"   Settings: one server {settings[SINGLE]}; cluster nodes {settings[CLUSTER]}.")
+    print(
+        "   The cluster's API server connects to "
+        + (
+            "every node (its URL names them all, the coordinator first): each gateway call on "
+            "the node holding its account, sessions (batches, admin) on the coordinator."
+            if config.every_node
+            else "the coordinator only (BENCH_CITUS_NODES=coordinator)."
+        )
+    )
     unfair = [] if settings[SINGLE] == settings[CLUSTER] else ["durability settings differ"]
     lines = table(
         ("figure", SINGLE, CLUSTER, "cluster ÷ one server"),
@@ -992,7 +1035,7 @@ def report(
         "each node its backends in the bench's database, and on "
         "the cluster's nodes those that ended meanwhile); an authorization with its void, an "
         "event of a batch, a single-event request. Commands counted from the cluster's logs "
-        "(each one round trip coordinator→worker):"
+        "(each one round trip from a node to another):"
     )
     rows = []
     for kind, *_ in kinds:
@@ -1018,8 +1061,8 @@ def report(
         "cluster: API CPU",
         "coordinator CPU (in connections made)",
         "worker CPU (in connections made)",
-        "commands coordinator→worker",
-        "statements run on the worker in a delegated call",
+        "commands node→node",
+        "statements run on a worker by Citus' local execution",
         "connections made per 1,000: one server / coordinator / workers",
     )
     print("\n".join("   " + line for line in table(header, rows)))
@@ -1055,6 +1098,11 @@ def report(
             "operation of that session opens another, whose backend's start is the CPU in "
             "brackets above (the load before each measured one, unmeasured, takes those the "
             "previous load left, so each kind is charged its own)"
+        )
+    elif not event_trips.sent and not event_trips.errors:
+        path = (
+            "one call of metering_record_usage_of_account, sent by the API server to the node "
+            "holding the account and run there (no command from one node to another)"
         )
     else:
         path = "a per-account transaction of routed statements (no delegated call)"
@@ -1139,7 +1187,7 @@ def report(
                 f"citus.worker_cpu.{slug}",
                 f"Citus: worker CPU per {kind} ({c.churn_ms_per_operation(workers):.3f} ms of "
                 f"it in connections made; {trips[kind].per(trips[kind].sent):.2f} commands "
-                "coordinator→worker)",
+                "node→node)",
                 "-",
                 worker_ms,
                 "ms",

@@ -16,10 +16,10 @@ that reaches it decides, once.
 
 On a Citus cluster ``METERING_DATABASE_URL`` may name every node (``?host=h1:p1&host=h2:p2…``,
 the coordinator first, and ``load_balance_hosts=random``): the gateway's one-statement calls
-(``run``: authorizations, voids, single events) then go to any node, each connection of the
-async pool to a node libpq picks at random; sessions, migrations and the kind's probe go to the
-first host, the coordinator (``coordinator_url``), where DDL, advisory locks and the
-coordinator's own tables are.
+(``run``: authorizations, voids, single events) then go each to the node that holds its
+account, over a pool of connections per node (metering.nodes); sessions, migrations and the
+kind's probe go to the first host, the coordinator (``coordinator_url``), where DDL, advisory
+locks and the coordinator's own tables are.
 
 SQLite (the embedded default) has one writer at a time. Writers take turns here, in the process
 (a lock) and across processes (a file lock beside the database), before ``BEGIN IMMEDIATE``, so
@@ -42,7 +42,13 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Generator, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager, suppress
+from contextlib import (
+    AbstractAsyncContextManager,
+    AsyncExitStack,
+    asynccontextmanager,
+    contextmanager,
+    suppress,
+)
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -59,6 +65,14 @@ from starlette.concurrency import run_in_threadpool
 
 from metering.kit.errors import DatabaseUnavailable, MeteringError
 from metering.kit.ranges import fits
+from metering.nodes import (
+    Executes,
+    Node,
+    RoutedConnection,
+    Routes,
+    listed_nodes,
+    node_kwargs,
+)
 
 log = logging.getLogger(__name__)
 
@@ -532,26 +546,36 @@ class AsyncDriverPool:
 
     A pool belongs to one event loop: a uvicorn worker has one for its lifetime; should another
     loop use it too (tests run several apps on one database), that loop gets a pool of its own,
-    closed by that loop's shutdown. When a statement meets a connection
+    closed by that loop's shutdown. On a Citus cluster whose every node the URL names, a pool per
+    node besides, for the calls of the accounts each holds (``routed``). When a statement meets
+    a connection
     the server dropped, the idle ones are checked at once (a restart or failover has dropped
     them too), so that only that statement fails."""
 
-    def __init__(self, connect_kwargs: dict[str, Any], size: int) -> None:
+    def __init__(self, connect_kwargs: dict[str, Any], size: int, cluster: bool = False) -> None:
         self._connect_kwargs = {**connect_kwargs, "autocommit": True}
         self._size = size
-        # Every loop's own pool, each closed by its own loop's shutdown (a pool left open when
+        # Every loop's own pools, each closed by its own loop's shutdown (a pool left open when
         # its loop ends leaves its workers to a cancellation that may never end); the last one
-        # used is kept apart as the request path's one comparison.
-        self._pools: dict[asyncio.AbstractEventLoop, AsyncConnectionPool[Any]] = {}
+        # used is kept apart as the request path's one comparison. A pool per node of a
+        # cluster whose every node the URL names (``routes``), else one (node None).
+        self._pools: dict[tuple[asyncio.AbstractEventLoop, Node | None], AsyncConnectionPool[Any]]
+        self._pools = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] | None = None
+        listed = listed_nodes(connect_kwargs) if cluster else None
+        # A Citus cluster's nodes, each call sent to its account's (metering.nodes).
+        self.routes = Routes(listed) if listed else None
 
-    async def _open(self) -> AsyncConnectionPool[psycopg.AsyncConnection[Any]]:
+    async def _open(
+        self, node: Node | None = None
+    ) -> AsyncConnectionPool[psycopg.AsyncConnection[Any]]:
         loop = asyncio.get_running_loop()
-        pool = self._pools.get(loop)
+        pool = self._pools.get((loop, node))
         if pool is None:
+            kwargs = self._connect_kwargs
             pool = AsyncConnectionPool(
-                kwargs=self._connect_kwargs,
+                kwargs=kwargs if node is None else node_kwargs(kwargs, node),
                 min_size=1,
                 max_size=self._size,
                 open=False,
@@ -561,16 +585,20 @@ class AsyncDriverPool:
                 max_idle=600,
                 max_lifetime=1800,
             )
-            self._pools[loop] = pool
+            self._pools[(loop, node)] = pool
             await pool.open(wait=False)
-        self._loop, self._pool = loop, pool
+        if node is None:
+            self._loop, self._pool = loop, pool
         return pool
 
     @asynccontextmanager
-    async def connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
-        pool = self._pool if self._loop is asyncio.get_running_loop() else None
+    async def connection(
+        self, node: Node | None = None
+    ) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        """A connection (of ``node``'s pool, when given), returned to its pool after."""
+        pool = self._pool if node is None and self._loop is asyncio.get_running_loop() else None
         if pool is None:
-            pool = await self._open()
+            pool = await self._open(node)
         # getconn/putconn rather than ``pool.connection()``, which also runs the connection's
         # own ``async with`` (commit or roll back a transaction) that an autocommit connection
         # never has: 11 µs less client CPU per checkout (docs/performance.md). putconn still
@@ -587,14 +615,24 @@ class AsyncDriverPool:
             if broken:
                 await pool.check()
 
+    @asynccontextmanager
+    async def routed(self) -> AsyncIterator[RoutedConnection]:
+        """A unit of work's statements, each on its account's node (``routes``; metering.nodes),
+        its connections returned to their pools after."""
+        assert self.routes is not None
+        async with AsyncExitStack() as held:
+            yield RoutedConnection(
+                self.routes, lambda node: held.enter_async_context(self.connection(node))
+            )
+
     async def aclose(self) -> None:
-        """Close this event loop's pool (a worker's shutdown, on its own loop)."""
+        """Close this event loop's pools (a worker's shutdown, on its own loop)."""
         loop = asyncio.get_running_loop()
-        pool = self._pools.pop(loop, None)
+        mine = [key for key in self._pools if key[0] is loop]
         if loop is self._loop:
             self._pool = self._loop = None
-        if pool is not None:
-            await pool.close()
+        for key in mine:
+            await self._pools.pop(key).close()
 
     def close(self) -> None:
         """Forget the pools (outside their loops: their connections close with the process)."""
@@ -737,7 +775,7 @@ class Database:
         self,
         steps: Steps[T],
         *,
-        postgresql: Callable[[psycopg.AsyncConnection[Any]], Any],
+        postgresql: Callable[[Executes], Any],
         sqlite: Callable[[Any], Any] | None,
     ) -> T:
         """Drive a unit of work written as steps. On PostgreSQL each step is one statement on an
@@ -748,12 +786,21 @@ class Database:
         finish — or when they refuse the request (a ``MeteringError``), whose writes are kept as
         PostgreSQL keeps them; anything else rolls it back."""
         if self.dialect == "postgresql":
-            async with self.async_driver_autocommit() as connection:
+            async with self._statements() as connection:
                 return await _drive_async(steps, postgresql(connection))
         assert sqlite is not None, "these steps run on PostgreSQL only"
         if self._group is None:
             self._group = _Group(self)
         return await self._group.run(steps, sqlite)
+
+    def _statements(self) -> AbstractAsyncContextManager[Executes]:
+        """What a unit of work's statements run on: on a Citus cluster whose every node the
+        URL names, a ``RoutedConnection`` (each call on its account's node: metering.nodes);
+        elsewhere one connection of the async pool."""
+        pool = self._async_driver_pool()
+        if pool.routes is not None:
+            return pool.routed()
+        return pool.connection()
 
     def async_driver_autocommit(
         self,
@@ -763,11 +810,15 @@ class Database:
         Every statement is its own transaction, with no BEGIN or COMMIT round trips and none of
         SQLAlchemy's per-statement work: for hot routes whose work is one statement at a
         time."""
+        return self._async_driver_pool().connection()
+
+    def _async_driver_pool(self) -> AsyncDriverPool:
         if self._async_pool is None:
             url = make_url(self.url) if self.url else self.engine.url
             _args, kwargs = self.engine.dialect.create_connect_args(url)
-            self._async_pool = AsyncDriverPool(dict(kwargs), self.engine.pool.size())  # type: ignore[attr-defined]
-        return self._async_pool.connection()
+            size = self.engine.pool.size()  # type: ignore[attr-defined]
+            self._async_pool = AsyncDriverPool(dict(kwargs), size, self.kind is Kind.CITUS)
+        return self._async_pool
 
     async def close_async_pool(self) -> None:
         if self._async_pool is not None:

@@ -35,6 +35,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("metering.states", "metering.pricing"),  # the state machines; the pure money rules
     ("metering.models",),  # the tables
     ("metering.programs",),  # the programs compiler (its types are the tables')
+    # which node of a Citus cluster holds an account, and a unit of work's statements sent there
+    ("metering.nodes",),
     ("metering.settings", "metering.db"),
     ("metering.runtime", "metering.citus"),
     # metering.forms: each statement and program in the form of the database's kind

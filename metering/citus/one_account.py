@@ -45,10 +45,12 @@ from sqlalchemy.sql.visitors import iterate
 
 from metering import programs as p
 from metering.citus.placement import SCOPE
+from metering.nodes import ROUTED_BY
 from metering.programs.plpgsql import PlpgsqlCompiler, PsycopgCompiler, function_params
 
-# The argument a one-account program is sent to the account's node by (its first).
-ACCOUNT = p.Var("p_account_id", String())
+# The argument a one-account program is sent to the account's node by (its first), by Citus and
+# by the service's routing (metering.nodes).
+ACCOUNT = p.Var(ROUTED_BY, String())
 
 
 class _AccountScoped(PGCompiler_psycopg):

@@ -42,6 +42,7 @@ import psycopg
 
 from metering.db import Database, Steps
 from metering.metrics import REGISTRY
+from metering.nodes import Executes
 from metering.notifications import spend_limits
 from metering.programs import POSTGRESQL, Positional, positional
 from metering.usage import recording, repository, rollups, service
@@ -222,7 +223,7 @@ class _Statements:
         repository.confirming_all(recording.RECORD_GATHERED.call_sql)
     )
 
-    def __init__(self, connection: psycopg.AsyncConnection[Any]) -> None:
+    def __init__(self, connection: Executes) -> None:
         self._connection = connection
         # The remembered lookups the next record confirms (one event's pair, or every pair of
         # events gathered): the pairs and the confirmation's parameters.
@@ -336,6 +337,7 @@ class _Statements:
     async def _confirmed(self, statement: Positional, params: dict[str, Any]) -> Any:
         """The one row of a record made only if the lookups it confirms still hold (None when
         they do not): sent as it is, by a raw cursor."""
+        assert isinstance(self._connection, psycopg.AsyncConnection)  # one server's
         cursor = psycopg.AsyncRawCursor(self._connection)
         await cursor.execute(statement.text, statement.params(params))
         return await cursor.fetchone()

@@ -54,6 +54,7 @@ from metering.ledger.resolution import (
     resolution,
     stamp_of,
 )
+from metering.nodes import Executes
 from metering.programs import psycopg_text
 from metering.states import holds
 
@@ -100,7 +101,7 @@ class PostgresHolds:
     statement is its own transaction (one server-side unit of work), so no BEGIN or COMMIT
     round trips. ``cluster``: the database is a Citus coordinator (its ``Database.kind``)."""
 
-    def __init__(self, connection: psycopg.AsyncConnection[Any], cluster: bool) -> None:
+    def __init__(self, connection: Executes, cluster: bool) -> None:
         self._connection = connection
         self._cluster = cluster
 
