@@ -4,7 +4,9 @@ of it spends planning and executing there.
 
 A fresh database on the cluster (``bench_citus.citus_database``: 32 shards), set up as
 ``bench.per_request`` sets up its own (an account with two keys, three grants and access rules);
-one server process (one uvicorn worker) of the code under test; one client on one keep-alive
+one server process (one uvicorn worker) of the code under test, connected to every node of the
+cluster (each call sent to its account's node: docs/citus.md#connections-to-every-node; or to the
+coordinator alone, ``--nodes coordinator``); one client on one keep-alive
 connection sends each operation ``--warmup`` times, then ``--requests`` times counted:
 
 - ``authorize``: an authorization of a known key and its void (the ledger benchmark's loop);
@@ -51,7 +53,14 @@ from pathlib import Path
 import psycopg
 from sqlalchemy.engine import make_url
 
-from bench.bench_citus import CITUS_URL, _node_urls, citus_database, ensure_cluster
+from bench.bench_citus import (
+    CITUS_URL,
+    Config,
+    _node_urls,
+    citus_database,
+    ensure_cluster,
+    every_node_url,
+)
 from bench.common import CodeUnderTest, libpq_url
 from bench.per_request import _THREAD_TOTAL, _send, _setup
 
@@ -168,6 +177,7 @@ def measure(
     coordinator_url: str,
     shards: int = 32,
     callgrind_user: str | None = None,
+    every_node: bool = True,
 ) -> list[Worker]:
     workdir = Path(tempfile.mkdtemp(prefix="metering-citus-calls-"))
     try:
@@ -176,7 +186,9 @@ def measure(
             client = _setup(code, url, workdir)
             workers = _node_urls(coordinator_url)[1:]
             counted = [node for node in workers if _has_statements(node)]
-            server = code.server(url, workdir, 1).start()
+            nodes = _node_urls(coordinator_url)
+            server_url = every_node_url(url, nodes) if every_node else url
+            server = code.server(server_url, workdir, 1).start()
             try:
                 asyncio.run(_send(server.port, client, operation, warmup))
                 daemons = _daemons(_node_urls(coordinator_url))
@@ -265,6 +277,13 @@ def main(argv: Sequence[str]) -> int:
         metavar="USER",
         help="the workers run under callgrind as USER: count their backends' instructions",
     )
+    parser.add_argument(
+        "--nodes",
+        choices=("every", "coordinator"),
+        default="every" if Config().every_node else "coordinator",
+        help="the server connects to every node (each call on its account's) or to the "
+        "coordinator only (default: BENCH_CITUS_NODES, every)",
+    )
     args = parser.parse_args(argv)
     ensure_cluster(CITUS_URL)
     code = CodeUnderTest(args.code.resolve()) if args.code else CodeUnderTest()
@@ -279,6 +298,7 @@ def main(argv: Sequence[str]) -> int:
             CITUS_URL,
             args.shards,
             args.database_callgrind,
+            args.nodes == "every",
         )
         report(operation, args.requests, workers, args.width)
     return 0

@@ -11,11 +11,13 @@ key and model is remembered (``_Lookups``): the next such event is priced from i
 is made only if the rows that lookup was made of still read the same, in the call's own
 statement (``repository.confirming``): one round trip (decision 0025).
 
-On a Citus cluster (docs/citus.md#what-runs-on-a-cluster), three: the key's account (``api_keys``, a
-reference table), then that account's lookup of the event's pair (``LOOKUP_OF_ACCOUNT``, the
-lookup read one table at a time: metering.usage.lookup_apart), then ``RECORD_USAGE_OF_ACCOUNT``;
-the coordinator delegates each call whole to the worker holding the account (a call outside a
-transaction block): the event's transaction is that worker's alone.
+On a Citus cluster (docs/citus.md#what-runs-on-a-cluster), two or three: the key's account
+(``api_keys``, a reference table) unless this process read it before (``_KeyAccounts``), then
+that account's lookup of the event's pair (``LOOKUP_OF_ACCOUNT``, the lookup read one table at a
+time: metering.usage.lookup_apart), then ``RECORD_USAGE_OF_ACCOUNT``; each call runs whole on the
+worker holding the account (sent there by the service, metering.nodes, or delegated there by
+the node it reached, a call outside a transaction block): the event's transaction is that
+worker's alone.
 
 Several events that arrived together at one process (metering.usage.together, PostgreSQL):
 priced from the lookups this process remembers of each of their pairs, when it has them all,
@@ -353,10 +355,38 @@ class _Statements:
         }
 
 
+class _KeyAccounts:
+    """The account of each key this process read it for (a Citus cluster), for the next event
+    of the key to go straight to its account's lookup, on its account's node, without reading
+    ``api_keys`` first. Nothing is decided on it: the lookup reads the key itself, and is used
+    only when the key it read is that account's (a key never changes account; one deleted
+    reads as none, and is then looked for afresh). Bounded: when full, it starts again empty."""
+
+    LIMIT = 10_000
+
+    def __init__(self) -> None:
+        self._accounts: dict[str, str] = {}
+
+    def get(self, key_id: str) -> str | None:
+        return self._accounts.get(key_id)
+
+    def keep(self, key_id: str, account_id: str) -> None:
+        if len(self._accounts) >= self.LIMIT:
+            self._accounts.clear()
+        self._accounts[key_id] = account_id
+
+    def forget(self, key_id: str) -> None:
+        self._accounts.pop(key_id, None)
+
+
+_KEY_ACCOUNTS = _KeyAccounts()
+
+
 class _OneAccount(_Statements):
-    """On a Citus cluster: the key's account first, then the lookup of the event's pair read
-    apart and the program, of that account alone (each a call delegated to its worker); an
-    account's project and member limits by a statement routed to its shard."""
+    """On a Citus cluster: the key's account (remembered, or read first), then the lookup of
+    the event's pair read apart and the program, of that account alone (each a call to the
+    node that holds it: metering.nodes; or delegated there); an account's project and member
+    limits by a statement routed to its shard."""
 
     RECORD = recording.RECORD_USAGE_OF_ACCOUNT.call_sql
     # The event's one pair read one table at a time, a call delegated to the account's worker.
@@ -365,14 +395,27 @@ class _OneAccount(_Statements):
     async def lookup(
         self, pairs: list[tuple[str, str]], remembered: bool = False, together: bool = False
     ) -> Lookup:
-        """Read at every event (``remembered`` and ``together`` are not used on a cluster)."""
+        """Read at every event (``remembered`` and ``together`` are not used on a cluster): of
+        the account this process read the key's for before, when the key it reads is still
+        that account's; otherwise the key's account read first."""
+        [(key_id, model_key)] = pairs
+        account_id = _KEY_ACCOUNTS.get(key_id)
+        if account_id is not None:
+            keys, book = await self._lookup_of(key_id, model_key, account_id)
+            key = keys.get(key_id)
+            if key is not None and key.account_id == account_id:
+                return keys, book
+            _KEY_ACCOUNTS.forget(key_id)
         params = repository.lookup_params(pairs, POSTGRESQL)
         cursor = await self._connection.execute(repository.KEY_ACCOUNTS, params)
         found = await cursor.fetchall()
         if not found:
             return {}, PriceBook()  # an unknown key: the general path quarantines it
-        [(key_id, account_id)] = found
-        [(_key, model_key)] = pairs
+        [(_key, account_id)] = found
+        _KEY_ACCOUNTS.keep(key_id, account_id)
+        return await self._lookup_of(key_id, model_key, account_id)
+
+    async def _lookup_of(self, key_id: str, model_key: str, account_id: str) -> Lookup:
         params = repository.of_account({KEY_ID.name: key_id, MODEL_KEY.name: model_key}, account_id)
         cursor = await self._connection.execute(self.LOOKUP, params)
         return repository.read_lookup(await cursor.fetchall())

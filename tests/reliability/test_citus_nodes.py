@@ -36,6 +36,7 @@ from tests.reliability.test_citus_rebalance import (
     OUT,
     charge,
     cli,
+    every_node_url,
     execute,
     import_catalog,
     seed_accounts,
@@ -47,19 +48,6 @@ ACCOUNTS = 6
 GRANT_CENTS = 1_000_000
 THREADS = 8
 ROUNDS = 6  # per thread: an authorization (voided every other time), a single event, a batch
-
-
-def every_node_url(url: str) -> str:
-    """The URL an operator configures: every node of the cluster as a ``host`` (the coordinator
-    first), spread at random, named so the nodes' ``pg_stat_activity`` shows its connections."""
-    coordinator = make_url(url)
-    ports = [port for (port,) in execute(url, "SELECT nodeport FROM pg_dist_node ORDER BY 1")]
-    assert coordinator.port == ports[0] and len(ports) == 3, ports
-    hosts = "&".join(f"host=127.0.0.1:{port}" for port in ports)
-    return (
-        f"postgresql+psycopg://{coordinator.username}@/{coordinator.database}?{hosts}"
-        f"&load_balance_hosts=random&application_name={APPLICATION}"
-    )
 
 
 def test_the_first_host_is_the_coordinator() -> None:
@@ -84,7 +72,7 @@ def test_a_server_on_every_node_answers_exactly_and_spreads_its_connections(
     if not CITUS:
         pytest.fail("this test needs Citus (METERING_TEST_BACKENDS excludes it; `make citus`)")
     with fresh_citus_database() as url:
-        spread = every_node_url(url)
+        spread = every_node_url(url, APPLICATION)
         migrated = cli(spread, tmp_path, "migrate")
         assert migrated.returncode == 0, migrated.stdout + migrated.stderr
         assert "account tables distributed by account" in migrated.stdout, migrated.stdout
@@ -337,7 +325,8 @@ def test_each_gateway_call_runs_on_the_node_holding_its_account(tmp_path: Path) 
         for node in nodes:
             _log_commands(node, database)
         coordinator_only = f"{url}?application_name={APPLICATION}"
-        servers = (("every-node", every_node_url(url)), ("coordinator", coordinator_only))
+        spread = every_node_url(url, APPLICATION)
+        servers = (("every-node", spread), ("coordinator", coordinator_only))
         issued = {}
         for name, server_url in servers:
             server = ServerProcess(server_url, tmp_path / name, workers=1).start()

@@ -2,18 +2,19 @@
 runs (docs/citus.md#adding-a-worker-online): nothing lost, nothing counted twice.
 
 A database of its own on the cluster (``make citus``) and on its spare node, migrated with
-``metering migrate``; a real server process; many prepaid accounts. Load threads send what a
-gateway sends (authorizations, then a void, a settling usage event or nothing; single usage
-events; batches over several accounts), each request retried up to three times with the same
-``request_id`` (or the same hold id) after a 5xx, a connection error or a timeout, as a gateway
-does. Meanwhile the spare node is registered (``citus_add_node``) and the shards rebalanced
-(``metering.citus.REBALANCE``: logical replication, the shards taking writes while they are
-copied; no node committing asynchronously, ``ASYNCHRONOUS_COMMITS``), and the test waits for the
-end (``citus_rebalance_wait``). Afterwards some of the
-accounts' shards are on the new node, and every account's charges, balance and held sum equal
-what the client saw accepted, summed here from the rates (not from the service's answers);
-every accepted event stands once, no other; ``metering verify`` is clean.
-"""
+``metering migrate``; two real server processes, one connected to the coordinator alone and one to
+every node (each call sent to the node its process last read holds the account:
+docs/citus.md#connections-to-every-node; a shard moved meanwhile is reached through the node it
+left); many prepaid accounts. Load threads, half on each server, send what a gateway sends
+(authorizations, then a void, a settling usage event or nothing; single usage events; batches over
+several accounts), each request retried up to three times with the same ``request_id`` (or the same
+hold id) after a 5xx, a connection error or a timeout, as a gateway does. Meanwhile the spare node
+is registered (``citus_add_node``) and the shards rebalanced (``metering.citus.REBALANCE``: logical
+replication, the shards taking writes while they are copied; no node committing asynchronously,
+``ASYNCHRONOUS_COMMITS``), and the test waits for the end (``citus_rebalance_wait``). Afterwards
+some of the accounts' shards are on the new node, and every account's charges, balance and held sum
+equal what the client saw accepted, summed here from the rates (not from the service's answers);
+every accepted event stands once, no other; ``metering verify`` is clean."""
 
 from __future__ import annotations
 
@@ -151,11 +152,29 @@ def test_rebalancing_onto_a_new_worker_under_load_loses_and_doubles_nothing(
         migrated = cli(url, tmp_path, "migrate")
         assert migrated.returncode == 0, migrated.stderr
         import_catalog(url, tmp_path)
-        server = ServerProcess(url, tmp_path / "server").start()
+        servers = [ServerProcess(url, tmp_path / "server").start()]
         try:
-            run_under_load(url, server, tmp_path)
+            # The URL naming the three nodes registered at the start, as an operator's does.
+            servers.append(ServerProcess(every_node_url(url), tmp_path / "every-node").start())
+            run_under_load(url, servers, tmp_path)
         finally:
-            server.stop()
+            for server in servers:
+                server.stop()
+
+
+def every_node_url(url: str, application_name: str | None = None) -> str:
+    """The URL an operator configures: ``url``'s database on every node the cluster has as a
+    ``host`` (the coordinator first), spread at random; ``application_name``, if given, names
+    its connections in the nodes' ``pg_stat_activity``."""
+    coordinator = make_url(url)
+    ports = [port for (port,) in execute(url, "SELECT nodeport FROM pg_dist_node ORDER BY 1")]
+    assert coordinator.port == ports[0], ports
+    hosts = "&".join(f"host=127.0.0.1:{port}" for port in ports)
+    named = f"&application_name={application_name}" if application_name else ""
+    return (
+        f"postgresql+psycopg://{coordinator.username}@/{coordinator.database}?{hosts}"
+        f"&load_balance_hosts=random{named}"
+    )
 
 
 def import_catalog(url: str, workdir: Path) -> None:
@@ -211,7 +230,8 @@ def seed_accounts(
     return keys, secrets_
 
 
-def run_under_load(url: str, server: ServerProcess, tmp_path: Path) -> None:
+def run_under_load(url: str, servers: list[ServerProcess], tmp_path: Path) -> None:
+    server = servers[0]
     keys, secrets_ = seed_accounts(server.base_url, ACCOUNTS, GRANT_CENTS)
     ids = sorted(keys)
     spare = make_url(CITUS_SPARE_URL)
@@ -258,7 +278,8 @@ def run_under_load(url: str, server: ServerProcess, tmp_path: Path) -> None:
         rng = random.Random(worker)
         number = 0
         try:
-            with httpx.Client(base_url=server.base_url, timeout=20) as client:
+            mine = servers[worker % len(servers)]
+            with httpx.Client(base_url=mine.base_url, timeout=20) as client:
                 while not stop.is_set():
                     number += 1
                     tag = f"w{worker}-{number}"

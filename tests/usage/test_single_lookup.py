@@ -15,7 +15,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
 from metering import programs as p
-from metering.usage import endpoints, repository
+from metering.usage import endpoints, repository, single
 from metering.usage.lookup_apart import KEY_ID, LOOKUP_OF_ACCOUNT, MODEL_KEY
 from tests.conftest import CITUS, NOW, Api
 from tests.factories import GLM_RATES, add_price, change_in_database, ingest, usage_event
@@ -179,3 +179,41 @@ def test_a_price_changed_between_single_events_is_charged_by_the_next(
     versions = [version for version, _ in charged]
     assert versions[1] == versions[3] != versions[0] and versions[2] is not None
     assert versions[2].startswith("rate_") and charged[2][1] < charged[1][1]
+
+
+def test_a_keys_next_event_on_a_cluster_goes_straight_to_its_accounts_lookup(
+    citus_api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The account of a key is read (``api_keys``) for its first single event only; the next
+    goes straight to its account's lookup, on its account's node. A remembered account that is
+    not the key's (it never is: a key keeps its account) is not used: the event is recorded for
+    the key's own account, at its price, and the process remembers the right one."""
+    setup, other = prepaid(citus_api, 100), prepaid(citus_api, 100)
+
+    def refuse(*_args: Any) -> Any:
+        raise AssertionError("the general path was taken")
+
+    monkeypatch.setattr(endpoints, "_record_batch", refuse)
+    single._KEY_ACCOUNTS.forget(setup.key.id)
+    first = usage_event(setup.key, setup.model, NOW - timedelta(minutes=1))
+    assert ingest(citus_api, first)["recorded"] == 1
+    assert single._KEY_ACCOUNTS.get(setup.key.id) == setup.account
+    # The key's account is not read again: a statement that cannot run stands in for it.
+    reading = repository.KEY_ACCOUNTS
+    monkeypatch.setattr(repository, "KEY_ACCOUNTS", "SELECT 1 / 0")
+    second = usage_event(setup.key, setup.model, NOW - timedelta(minutes=1))
+    assert ingest(citus_api, second)["recorded"] == 1
+    monkeypatch.setattr(repository, "KEY_ACCOUNTS", reading)
+
+    single._KEY_ACCOUNTS.keep(setup.key.id, other.account)
+    third = usage_event(setup.key, setup.model, NOW - timedelta(minutes=1))
+    assert ingest(citus_api, third)["recorded"] == 1
+    assert single._KEY_ACCOUNTS.get(setup.key.id) == setup.account
+    charged = [_charged(citus_api, setup, e["request_id"]) for e in (first, second, third)]
+    assert charged[0] == charged[1] == charged[2], charged
+    with citus_api.database.unit_of_work() as session:
+        accounts = session.execute(
+            text("SELECT account_id FROM usage_events WHERE request_id = ANY(:ids)"),
+            {"ids": [e["request_id"] for e in (first, second, third)]},
+        ).all()
+    assert accounts == [(setup.account,)] * 3
