@@ -170,12 +170,19 @@ def unpinned_images(spec: dict[str, Any]) -> list[str]:
     return found
 
 
-def database_target(url: str) -> tuple[str, str, str]:
-    """(user, host, database) of a ``postgresql+psycopg://user:password@host:port/db`` URL whose
-    password may be a ``${…}`` substitution."""
-    found = re.fullmatch(r"postgresql\+psycopg://([^:@/]+)(?::.*)?@([^:@/]+):5432/(\w+)", url)
-    assert found, url
-    return found[1], found[2], found[3]
+def cluster_target(url: str) -> tuple[str, list[str], str] | None:
+    """(user, hosts, database) of a URL naming several nodes of a cluster
+    (``postgresql+psycopg://user:password@/db?host=h1:5432&host=h2:5432…&load_balance_hosts=random``,
+    docs/citus.md#connections-to-every-node), the password maybe a ``${…}`` substitution; None
+    for any other URL."""
+    found = re.fullmatch(
+        r"postgresql\+psycopg://([^:@/]+)(?::.*)?@/(\w+)\?((?:host=[\w-]+:5432&)+)"
+        r"load_balance_hosts=random",
+        url,
+    )
+    if found is None:
+        return None
+    return found[1], re.findall(r"host=([\w-]+):5432&", found[3]), found[2]
 
 
 def citus_problems(spec: dict[str, Any]) -> list[str]:
@@ -253,13 +260,17 @@ def citus_problems(spec: dict[str, Any]) -> list[str]:
     ):
         problems.append(f"{migrate}: may run before the workers are registered")
     for name, service in metering.items():
-        user, host, database = database_target(service["environment"]["METERING_DATABASE_URL"])
-        if (user, host, database) != (
+        # Every node named, the coordinator first (where migrations, sessions and the scheduler
+        # go), each worker after it.
+        url = service["environment"]["METERING_DATABASE_URL"]
+        target = cluster_target(url)
+        if target is None or (target[0], target[1][:1], sorted(target[1][1:]), target[2]) != (
             node_env["POSTGRES_USER"],
-            coordinator,
+            [coordinator],
+            sorted(workers),
             node_env["POSTGRES_DB"],
         ):
-            problems.append(f"{name}: its database is {user}@{host}/{database}")
+            problems.append(f"{name}: its database is {url}, not every node, the coordinator first")
         if name != migrate:
             if service["depends_on"].get(migrate, {}).get("condition") != (
                 "service_completed_successfully"
@@ -289,7 +300,8 @@ def test_the_citus_profile_is_a_registered_cluster_the_service_uses() -> None:
         "citus-scheduler",
     }
     api = spec["services"]["citus-api"]
-    assert database_target(api["environment"]["METERING_DATABASE_URL"])[1] == "citus-coordinator"
+    target = cluster_target(api["environment"]["METERING_DATABASE_URL"])
+    assert target is not None and target[1][0] == "citus-coordinator"
     # Beside the default stack, not on its port.
     assert api["ports"] == ["8001:8000"] and spec["services"]["api"]["ports"] == ["8000:8000"]
     for name in ("citus-coordinator", "citus-worker-1", "citus-worker-2"):
@@ -343,7 +355,30 @@ BROKEN: dict[str, tuple[Callable[[dict[str, Any]], None], str]] = {
             "citus-api.environment.METERING_DATABASE_URL",
             "postgresql+psycopg://metering:x@postgres:5432/metering",
         ),
-        "its database is metering@postgres/metering",
+        "its database is postgresql+psycopg://metering:x@postgres:5432/metering",
+    ),
+    "the API on the coordinator alone": (
+        _set(
+            "citus-api.environment.METERING_DATABASE_URL",
+            "postgresql+psycopg://metering:x@citus-coordinator:5432/metering",
+        ),
+        "citus-api: its database is",
+    ),
+    "a worker left out of the API's nodes": (
+        _set(
+            "citus-api.environment.METERING_DATABASE_URL",
+            "postgresql+psycopg://metering:x@/metering?host=citus-coordinator:5432"
+            "&host=citus-worker-1:5432&load_balance_hosts=random",
+        ),
+        "citus-api: its database is",
+    ),
+    "a worker first in the API's nodes": (
+        _set(
+            "citus-api.environment.METERING_DATABASE_URL",
+            "postgresql+psycopg://metering:x@/metering?host=citus-worker-1:5432"
+            "&host=citus-coordinator:5432&host=citus-worker-2:5432&load_balance_hosts=random",
+        ),
+        "citus-api: its database is",
     ),
     "migrate before registration": (
         _set("citus-migrate.depends_on", {"citus-coordinator": {"condition": "service_healthy"}}),

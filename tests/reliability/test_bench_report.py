@@ -424,9 +424,18 @@ class TestCitus:
         assert "PROJECTED" in projected.figure and projected.statistic == "projection"
         printed = capsys.readouterr().out
         assert "PROJECTION (not a measurement)" in printed
-        # Round trips were counted from the coordinator's log: the authorization's check-and-hold
-        # is one delegated call per hold.
-        assert "3 × place_holds_of_account" in printed, printed
+        # Round trips counted from every node's log, the cluster's server on every node: an
+        # authorization's and a single event's calls ran on the node holding the account (no
+        # command from one node to another, none delegated), while a batch's settlement still
+        # sends the worker its statements from the coordinator (so the counting counts).
+        for kind in ("authorization", "single_event"):
+            label = figures[f"citus.worker_cpu.{kind}"].figure
+            assert "; 0.00 commands node→node" in label, label
+        batch = figures["citus.worker_cpu.batch_event"].figure
+        sent = re.search(r"; ([\d.]+) commands node→node", batch)
+        assert sent is not None and float(sent[1]) > 0, batch
+        assert "delegated calls among them: authorizations none" in printed, printed
+        assert "The cluster's API server connects to every node" in printed, printed
         # Both sides' durability the same (the cluster's nodes set to the server's for the run).
         settings = re.search(r"Settings: one server (.*); cluster nodes (.*)\.", printed)
         assert settings is not None and settings[1] == settings[2], printed
