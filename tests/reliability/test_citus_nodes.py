@@ -39,6 +39,7 @@ from tests.reliability.test_citus_rebalance import (
     every_node_url,
     execute,
     import_catalog,
+    nodes_of,
     seed_accounts,
 )
 from tests.servers import ServerProcess
@@ -211,21 +212,6 @@ def _ports(url: str) -> list[int]:
     return [port for (port,) in execute(url, "SELECT nodeport FROM pg_dist_node ORDER BY 1")]
 
 
-def held_by(url: str, accounts: list[str]) -> dict[str, int]:
-    """Citus' own answer: the port of the node holding each account's shard."""
-    return {
-        account: int(port)
-        for account, port in execute(
-            url,
-            "SELECT a, n.nodeport FROM unnest(CAST(:accounts AS text[])) AS a "
-            "JOIN pg_dist_placement p "
-            "  ON p.shardid = get_shard_id_for_distribution_column('accounts', a) "
-            "JOIN pg_dist_node n ON n.groupid = p.groupid",
-            accounts=accounts,
-        )
-    }
-
-
 def routed(url: str, accounts: list[str], nodes: list[tuple[str, int]]) -> dict[str, int | None]:
     """What a process's map says: the port of the node each account's calls are sent to."""
 
@@ -251,7 +237,7 @@ def test_a_process_routes_each_account_to_the_node_citus_places_it_on() -> None:
         ports = _ports(url)
         # Named as the URL names them (127.0.0.1), where the cluster says localhost.
         nodes = [("127.0.0.1", port) for port in ports]
-        expected = held_by(url, accounts)
+        expected = nodes_of(url, accounts)
         assert set(expected.values()) == set(ports[1:]), "the accounts are on both workers"
         assert routed(url, accounts, nodes) == expected
 
@@ -268,7 +254,7 @@ def test_a_process_routes_each_account_to_the_node_citus_places_it_on() -> None:
             source=source,
             target=target,
         )
-        moved = held_by(url, accounts)
+        moved = nodes_of(url, accounts)
         assert moved[account] == target
         assert routed(url, accounts, nodes) == moved
 
