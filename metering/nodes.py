@@ -32,6 +32,7 @@ from typing import Any, Protocol
 
 import psycopg
 
+from metering.kit.kept import Kept
 from metering.kit.pghash import hashtext
 
 log = logging.getLogger(__name__)
@@ -42,9 +43,6 @@ ROUTED_BY = "p_account_id"
 # How long a process keeps the map before reading it again (a shard moved meanwhile costs its
 # calls a hop, nothing else).
 ROUTES_SECONDS = 10.0
-# Accounts whose hash a process keeps (cleared when full: a miss costs a few microseconds).
-HASHES_KEPT = 10_000
-
 # A node as the URL names it: host and port.
 Node = tuple[str, int]
 
@@ -115,7 +113,7 @@ class Routes:
         self.nodes = list(nodes)
         self._map = _EMPTY
         self._due = 0.0  # monotonic time when the map is read again
-        self._hashes: dict[str, int] = {}
+        self._hashes: Kept[str, int] = Kept()  # each account's, kept (a miss: 8 µs)
         self._addresses: dict[str, frozenset[str]] = {}
         self._unlisted_warned: set[Node] = set()
 
@@ -127,9 +125,8 @@ class Routes:
         does (the map not read yet, or a node the URL does not name)."""
         value = self._hashes.get(account_id)
         if value is None:
-            if len(self._hashes) >= HASHES_KEPT:
-                self._hashes.clear()
-            value = self._hashes[account_id] = hashtext(account_id)
+            value = hashtext(account_id)
+            self._hashes.keep(account_id, value)
         return self._map.node_of_hash(value)
 
     async def refresh(self, connection: psycopg.AsyncConnection[Any]) -> None:

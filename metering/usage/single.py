@@ -12,7 +12,7 @@ is made only if the rows that lookup was made of still read the same, in the cal
 statement (``repository.confirming``): one round trip (decision 0025).
 
 On a Citus cluster (docs/citus.md#what-runs-on-a-cluster), two or three: the key's account
-(``api_keys``, a reference table) unless this process read it before (``_KeyAccounts``), then
+(``api_keys``, a reference table) unless this process read it before (``_KEY_ACCOUNTS``), then
 that account's lookup of the event's pair (``LOOKUP_OF_ACCOUNT``, the lookup read one table at a
 time: metering.usage.lookup_apart), then ``RECORD_USAGE_OF_ACCOUNT``; each call runs whole on the
 worker holding the account (sent there by the service, metering.nodes, or delegated there by
@@ -43,6 +43,7 @@ from typing import Any, cast
 import psycopg
 
 from metering.db import Database, Steps
+from metering.kit.kept import Kept
 from metering.metrics import REGISTRY
 from metering.nodes import Executes
 from metering.notifications import spend_limits
@@ -186,27 +187,23 @@ class _Lookups:
     it: the event's record is made only if the lookup's rows are still the same, in the same
     statement (``repository.confirming``); one that no longer holds is read afresh (and
     replaced). Only a known key's, of an account without project or member limits (theirs are
-    read by a statement of their own). Bounded: when full, it starts again empty (a miss costs
-    one round trip)."""
-
-    LIMIT = 10_000
+    read by a statement of their own). Bounded (metering.kit.kept): when full, it starts again
+    empty (a miss costs one round trip)."""
 
     def __init__(self) -> None:
-        self._found: dict[tuple[str, str], _Found] = {}
+        self._found: Kept[tuple[str, str], _Found] = Kept()
 
     def get(self, pair: tuple[str, str]) -> _Found | None:
         return self._found.get(pair)
+
+    def forget(self, pair: tuple[str, str]) -> None:
+        self._found.forget(pair)
 
     def keep(self, pair: tuple[str, str], found: _Found) -> None:
         if len(found.keys) != 1 or repository.scope_pairs(found.keys, [pair]):
             self.forget(pair)
             return
-        if len(self._found) >= self.LIMIT:
-            self._found.clear()
-        self._found[pair] = found
-
-    def forget(self, pair: tuple[str, str]) -> None:
-        self._found.pop(pair, None)
+        self._found.keep(pair, found)
 
 
 _LOOKUPS = _Lookups()
@@ -355,31 +352,12 @@ class _Statements:
         }
 
 
-class _KeyAccounts:
-    """The account of each key this process read it for (a Citus cluster), for the next event
-    of the key to go straight to its account's lookup, on its account's node, without reading
-    ``api_keys`` first. Nothing is decided on it: the lookup reads the key itself, and is used
-    only when the key it read is that account's (a key never changes account; one deleted
-    reads as none, and is then looked for afresh). Bounded: when full, it starts again empty."""
-
-    LIMIT = 10_000
-
-    def __init__(self) -> None:
-        self._accounts: dict[str, str] = {}
-
-    def get(self, key_id: str) -> str | None:
-        return self._accounts.get(key_id)
-
-    def keep(self, key_id: str, account_id: str) -> None:
-        if len(self._accounts) >= self.LIMIT:
-            self._accounts.clear()
-        self._accounts[key_id] = account_id
-
-    def forget(self, key_id: str) -> None:
-        self._accounts.pop(key_id, None)
-
-
-_KEY_ACCOUNTS = _KeyAccounts()
+# The account of each key this process read it for (a Citus cluster), for the next event of the
+# key to go straight to its account's lookup, on its account's node, without reading
+# ``api_keys`` first. Nothing is decided on it: the lookup reads the key itself, and is used only
+# when the key it read is that account's (a key never changes account; one deleted reads as
+# none, and is then looked for afresh).
+_KEY_ACCOUNTS: Kept[str, str] = Kept()
 
 
 class _OneAccount(_Statements):

@@ -39,6 +39,7 @@ from tests.reliability.test_citus_rebalance import (
     every_node_url,
     execute,
     import_catalog,
+    node_ports,
     nodes_of,
     seed_accounts,
 )
@@ -79,7 +80,7 @@ def test_a_server_on_every_node_answers_exactly_and_spreads_its_connections(
         assert "account tables distributed by account" in migrated.stdout, migrated.stdout
         # The DDL ran on the coordinator: Alembic's version table is there, on no worker, and
         # the account tables are distributed from its metadata.
-        ports = [port for (port,) in execute(url, "SELECT nodeport FROM pg_dist_node ORDER BY 1")]
+        ports = node_ports(url)
         nodes = [make_url(url).set(port=port).render_as_string(False) for port in ports]
         versions = [
             execute(node, "SELECT to_regclass('alembic_version')::text")[0][0] for node in nodes
@@ -208,10 +209,6 @@ def serve(url: str, server: ServerProcess, nodes: list[str]) -> None:
     assert {hold for (hold,) in holds} == set(active)
 
 
-def _ports(url: str) -> list[int]:
-    return [port for (port,) in execute(url, "SELECT nodeport FROM pg_dist_node ORDER BY 1")]
-
-
 def routed(url: str, accounts: list[str], nodes: list[tuple[str, int]]) -> dict[str, int | None]:
     """What a process's map says: the port of the node each account's calls are sent to."""
 
@@ -234,7 +231,7 @@ def test_a_process_routes_each_account_to_the_node_citus_places_it_on() -> None:
         rng = random.Random(7)
         accounts = [str(uuid.UUID(int=rng.getrandbits(128))) for _ in range(300)]
         accounts += [f"acct_{rng.getrandbits(64):x}" for _ in range(100)] + ["", "é€"]
-        ports = _ports(url)
+        ports = node_ports(url)
         # Named as the URL names them (127.0.0.1), where the cluster says localhost.
         nodes = [("127.0.0.1", port) for port in ports]
         expected = nodes_of(url, accounts)
@@ -304,7 +301,7 @@ def test_each_gateway_call_runs_on_the_node_holding_its_account(tmp_path: Path) 
         pytest.fail("this test needs Citus (METERING_TEST_BACKENDS excludes it; `make citus`)")
     with fresh_citus_database() as url:
         database = make_url(url).database or ""
-        nodes = [make_url(url).set(port=port).render_as_string(False) for port in _ports(url)]
+        nodes = [make_url(url).set(port=port).render_as_string(False) for port in node_ports(url)]
         migrated = cli(url, tmp_path, "migrate")
         assert migrated.returncode == 0, migrated.stdout + migrated.stderr
         import_catalog(url, tmp_path)

@@ -162,12 +162,17 @@ def test_rebalancing_onto_a_new_worker_under_load_loses_and_doubles_nothing(
                 server.stop()
 
 
+def node_ports(url: str) -> list[int]:
+    """The ports of the cluster's nodes, the coordinator's first (the lowest, locally)."""
+    return [port for (port,) in execute(url, "SELECT nodeport FROM pg_dist_node ORDER BY 1")]
+
+
 def every_node_url(url: str, application_name: str | None = None) -> str:
     """The URL an operator configures: ``url``'s database on every node the cluster has as a
     ``host`` (the coordinator first), spread at random; ``application_name``, if given, names
     its connections in the nodes' ``pg_stat_activity``."""
     coordinator = make_url(url)
-    ports = [port for (port,) in execute(url, "SELECT nodeport FROM pg_dist_node ORDER BY 1")]
+    ports = node_ports(url)
     assert coordinator.port == ports[0], ports
     hosts = "&".join(f"host=127.0.0.1:{port}" for port in ports)
     named = f"&application_name={application_name}" if application_name else ""

@@ -26,6 +26,7 @@ from metering.accounts.keys import KEYS, live_key
 from metering.citus import text_of_account
 from metering.db import transient
 from metering.kit.gathering import Gathering
+from metering.kit.kept import Kept
 from metering.ledger.metrics import RESOLUTIONS
 from metering.ledger.placement.program import (
     BODY_COLUMNS,
@@ -300,13 +301,11 @@ class _Remembered:
     longer holds is read afresh (and replaced).
 
     Only resolutions a hold can be placed with are kept: a prepaid account's (or an unbilled
-    one's with a concurrency limit), with a model and a price. Bounded: when full, it starts
-    again empty (a miss costs one round trip)."""
-
-    LIMIT = 10_000
+    one's with a concurrency limit), with a model and a price. Bounded (metering.kit.kept):
+    when full, it starts again empty (a miss costs one round trip)."""
 
     def __init__(self) -> None:
-        self._resolutions: dict[tuple[str, str], Remembered] = {}
+        self._resolutions: Kept[tuple[str, str], Remembered] = Kept()
 
     def get(self, secret_hash: str, model_key: str) -> Remembered | None:
         return self._resolutions.get((secret_hash, model_key))
@@ -324,12 +323,10 @@ class _Remembered:
         ):
             self.forget(secret_hash, model_key)
             return
-        if len(self._resolutions) >= self.LIMIT:
-            self._resolutions.clear()
-        self._resolutions[(secret_hash, model_key)] = Remembered(found, text, stamp)
+        self._resolutions.keep((secret_hash, model_key), Remembered(found, text, stamp))
 
     def forget(self, secret_hash: str, model_key: str) -> None:
-        self._resolutions.pop((secret_hash, model_key), None)
+        self._resolutions.forget((secret_hash, model_key))
 
 
 _REMEMBERED = _Remembered()
