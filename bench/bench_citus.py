@@ -1007,8 +1007,9 @@ def report(
     print(
         "   The cluster's API server connects to "
         + (
-            "every node (its URL names them all, the coordinator first): each gateway call on "
-            "the node holding its account, sessions (batches, admin) on the coordinator."
+            "every node (its URL names them all, the coordinator first): each gateway call (an "
+            "authorization, its void, a single event, an account's part of a batch) on the node "
+            "holding its account, sessions (admin) on the coordinator."
             if config.every_node
             else "the coordinator only (BENCH_CITUS_NODES=coordinator)."
         )

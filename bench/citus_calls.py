@@ -11,8 +11,12 @@ connection sends each operation ``--warmup`` times, then ``--requests`` times co
 
 - ``authorize``: an authorization of a known key and its void (the ledger benchmark's loop);
 - ``ingest``: one new, billable single event (one delegated call);
+- ``ingest-batch``: batches of 1,000 new, billable events (``bench.per_request``'s: a tenth of
+  ``--requests`` and a third of ``--warmup``) spread over the keys of ``--accounts`` accounts
+  (1; ``make bench BENCH=citus`` spreads its batches over 20), each figure per event.
 
-Counted on each worker, over the counted requests only:
+Counted on each node (the coordinator's CPU and statements too; instructions on the workers
+only), over the counted requests only:
 
 - **CPU per operation** of its client backends in the database (Citus' maintenance daemon of
   the database left out), from ``/proc/<pid>/schedstat`` (nanoseconds of CPU each process ran;
@@ -32,7 +36,7 @@ Counted on each worker, over the counted requests only:
   statements spent; ``pg_stat_statements_reset()`` clears the whole node's, so use a cluster of
   your own.
 
-Run: ``python -m bench.citus_calls [--code DIR] [--requests N] [--warmup N] [authorize ingest]``
+Run: ``python -m bench.citus_calls [--code DIR] [--requests N] [--warmup N] [OPERATION …]``
 (``--code``: another checkout's service, e.g. a ``git worktree`` of an older commit) with
 ``BENCH_CITUS_URL`` naming the coordinator's maintenance database (the nodes on this machine,
 their CPU is read from ``/proc``). The harness never imports ``metering``.
@@ -53,6 +57,7 @@ from pathlib import Path
 import psycopg
 from sqlalchemy.engine import make_url
 
+from bench import bench_ingest, bench_ledger
 from bench.bench_citus import (
     CITUS_URL,
     Config,
@@ -61,10 +66,10 @@ from bench.bench_citus import (
     ensure_cluster,
     every_node_url,
 )
-from bench.common import CodeUnderTest, libpq_url
-from bench.per_request import _THREAD_TOTAL, _send, _setup
+from bench.common import Admin, CodeUnderTest, libpq_url
+from bench.per_request import _THREAD_TOTAL, Client, _count, _send, _setup
 
-OPERATIONS = ("authorize", "ingest")
+OPERATIONS = ("authorize", "ingest", "ingest-batch")
 
 
 def _cpu_ns(pid: int) -> int | None:
@@ -87,6 +92,8 @@ class Statement:
 @dataclass
 class Worker:
     name: str
+    requests: int = 1  # the counted requests
+    per: int = 1  # what the figures are divided by: the requests, or the batches' events
     cpu_ms: float = 0.0
     instructions: float | None = None  # per operation, under callgrind
     churn: list[str] = field(default_factory=list)
@@ -169,6 +176,22 @@ def _control(user: str, option: str, pid: int) -> str:
     return done.stdout
 
 
+def _more_accounts(code: CodeUnderTest, url: str, workdir: Path, client: Client, more: int) -> None:
+    """``more`` accounts set up as ``_setup``'s first (two keys, three grants, access rules),
+    their keys added to the events' keys."""
+    models = sorted({*bench_ingest.MODELS, bench_ledger.MODEL})
+    server = code.server(url, workdir, 1).start()
+    try:
+        with Admin(server.base_url) as admin:
+            for number in range(more):
+                account = admin.account(f"per-request-{number}")
+                client.key_ids += [admin.key(account)[0] for _ in range(2)]
+                admin.three_grants(account, bench_ledger.GRANT_CENTS)
+                admin.access_rules(account, models, bench_ledger.CONCURRENCY)
+    finally:
+        server.stop()
+
+
 def measure(
     code: CodeUnderTest,
     operation: str,
@@ -178,15 +201,21 @@ def measure(
     shards: int = 32,
     callgrind_user: str | None = None,
     every_node: bool = True,
+    accounts: int = 1,
 ) -> list[Worker]:
+    """Each node's figures per operation (per event of ``ingest-batch``), the coordinator
+    first."""
     workdir = Path(tempfile.mkdtemp(prefix="metering-citus-calls-"))
     try:
         with citus_database(coordinator_url, shards) as url:
             database = make_url(url).database or ""
             client = _setup(code, url, workdir)
-            workers = _node_urls(coordinator_url)[1:]
-            counted = [node for node in workers if _has_statements(node)]
+            if accounts > 1:
+                _more_accounts(code, url, workdir, client, accounts - 1)
             nodes = _node_urls(coordinator_url)
+            workers = nodes[1:]
+            counted = [node for node in nodes if _has_statements(node)]
+            requests, warmup, per = _count(operation, requests, warmup, client.batch)
             server_url = every_node_url(url, nodes) if every_node else url
             server = code.server(server_url, workdir, 1).start()
             try:
@@ -194,7 +223,7 @@ def measure(
                 daemons = _daemons(_node_urls(coordinator_url))
                 before = {
                     node: {pid: _cpu_ns(pid) for pid in _clients(node, database, daemons)}
-                    for node in workers
+                    for node in nodes
                 }
                 for node in counted:
                     _reset_statements(node)
@@ -205,15 +234,18 @@ def measure(
                             _control(callgrind_user, "--zero", pid)
                 asyncio.run(_send(server.port, client, operation, requests))
                 found = []
-                for node in workers:
-                    worker = Worker(str(make_url(node).port))
-                    if callgrind_user:
+                for node in nodes:
+                    port = str(make_url(node).port)
+                    worker = Worker(
+                        port if node in workers else f"{port} (coordinator)", requests, per
+                    )
+                    if callgrind_user and node in workers:
                         totals = [
                             int(n.replace(",", ""))
                             for pid in _clients(node, database, daemons)
                             for n in _THREAD_TOTAL.findall(_control(callgrind_user, "-e", pid))
                         ]
-                        worker.instructions = sum(totals) / requests
+                        worker.instructions = sum(totals) / per
                         # each backend's profile of the operation, for callgrind_annotate
                         for pid in _clients(node, database, daemons):
                             _control(callgrind_user, f"--dump={operation}", pid)
@@ -224,7 +256,7 @@ def measure(
                             continue
                         if pid not in then or then[pid] is None:
                             worker.churn.append(f"backend {pid} started")
-                        worker.cpu_ms += (value - (then.get(pid) or 0)) / 1e6 / requests
+                        worker.cpu_ms += (value - (then.get(pid) or 0)) / 1e6 / per
                     worker.churn += [f"backend {pid} ended" for pid in set(then) - set(now)]
                     if node in counted:
                         worker.statements = _read_statements(node, database)
@@ -236,15 +268,17 @@ def measure(
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def report(operation: str, requests: int, workers: Sequence[Worker], width: int) -> None:
-    print(f"\n== {operation}: {requests} requests, one sequential client")
+def report(operation: str, workers: Sequence[Worker], width: int) -> None:
+    requests, per = workers[0].requests, workers[0].per
+    counted = f"{requests} requests" + (f", {per} events" if per != requests else "")
+    print(f"\n== {operation}: {counted} counted, one sequential client; per operation:")
     for worker in workers:
-        counted = (
+        instructions = (
             ""
             if worker.instructions is None
             else f", {worker.instructions / 1000:,.0f}k instructions"
         )
-        print(f"worker :{worker.name}: backends' CPU {worker.cpu_ms:.3f} ms{counted} per operation")
+        print(f"node :{worker.name}: backends' CPU {worker.cpu_ms:.3f} ms{instructions}")
         for note in worker.churn:
             print(f"   ({note})")
         statements = sorted(
@@ -259,8 +293,8 @@ def report(operation: str, requests: int, workers: Sequence[Worker], width: int)
             text = text if len(text) <= width else text[: width - 1] + "…"
             print(
                 f"   {'top ' if s.toplevel else '    '}"
-                f"{s.calls / requests:6.2f} {s.plans / requests:6.2f} "
-                f"{s.plan_ms / requests:8.3f} {s.exec_ms / requests:8.3f}   {text}"
+                f"{s.calls / per:6.2f} {s.plans / per:6.2f} "
+                f"{s.plan_ms / per:8.3f} {s.exec_ms / per:8.3f}   {text}"
             )
 
 
@@ -272,6 +306,9 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--warmup", type=int, default=30)
     parser.add_argument("--width", type=int, default=160, help="characters of each statement")
     parser.add_argument("--shards", type=int, default=32, help="the database's shard count")
+    parser.add_argument(
+        "--accounts", type=int, default=1, help="the accounts a batch's events spread over"
+    )
     parser.add_argument(
         "--database-callgrind",
         metavar="USER",
@@ -299,8 +336,9 @@ def main(argv: Sequence[str]) -> int:
             args.shards,
             args.database_callgrind,
             args.nodes == "every",
+            args.accounts,
         )
-        report(operation, args.requests, workers, args.width)
+        report(operation, workers, args.width)
     return 0
 
 

@@ -969,8 +969,9 @@ class TestRouting:
     def test_ingest(self, routed: tuple[Api, Cluster]) -> None:
         """``POST /v1/usage/events``: a single event's statements touch its account's shard
         alone (its key's account is read from ``api_keys``, which the coordinator holds too); a
-        batch over two accounts on two workers runs one transaction per account, each on that
-        account's worker and shard only: no transaction spans the two."""
+        batch over two accounts on two workers records each account's events on that account's
+        worker and shard only (its lookup and its record, each a call delegated there, the record
+        a transaction of that worker's): no statement, and no transaction, spans the two."""
         api, cluster = routed
         model = priced_model(api, NOW - timedelta(days=1))
         first, second = accounts_on_two_workers(api)
@@ -996,22 +997,25 @@ class TestRouting:
         assert response.json()["recorded"] == 4
         found = sent(shards, cluster.coordinator.since_mark())
         assert all(len(command.groups) <= 1 for command in found), "a statement of two shards"
-        transactions: dict[int | None, set[tuple[int, int]]] = {}
+        # Each account's statements on its shard, on its worker: its lookup and its record,
+        # each a call naming the account (Citus sends it whole to the worker holding it).
+        touched = {(group, command.port) for command in found for group in command.groups}
+        assert touched <= {where[first], where[second]}, found
+        for account in (first, second):
+            calls = {
+                name: [c.port for c in found if f"{name}('{account}'" in c.command]
+                for name in (
+                    "metering_lookup_pairs_of_account",
+                    "metering_record_gathered_of_account",
+                )
+            }
+            assert all(ports == [where[account][1]] for ports in calls.values()), found
+        # No transaction spans two workers.
+        ports: dict[int, set[int | None]] = {}
         for command in found:
-            for group in command.groups:
-                transactions.setdefault(command.transaction, set()).add((group, command.port))
-        assert None not in transactions, "a statement of the batch outside its transaction"
-        assert sorted(map(sorted, transactions.values())) == sorted(
-            [[where[first]], [where[second]]]
-        )
-        # ... and each transaction's every command (rows copied for a statement included) went
-        # to its account's worker alone.
-        ports: dict[int | None, set[int | None]] = {}
-        for command in found:
-            ports.setdefault(command.transaction, set()).add(command.port)
-        assert sorted(ports[t] for t in transactions) == sorted(
-            [{where[first][1]}, {where[second][1]}]
-        ), found
+            if command.transaction is not None:
+                ports.setdefault(command.transaction, set()).add(command.port)
+        assert all(len(each) == 1 for each in ports.values()), found
 
     @pytest.mark.parametrize(
         ("grants_cents", "kinds", "events"),
@@ -1196,7 +1200,7 @@ class TestShardForms:
         no mark left."""
         tables = {table.name for table in Base.metadata.sorted_tables}
         group = shard_forms.ShardGroup(4242, {name: f"{name}_4242" for name in tables})
-        variables = {"collected", "unnest"}
+        variables = {"collected", "unnest", "gathered", "keyed"}  # and the CTEs' names
         for name in shard_forms.forms():
             form = shard_forms.shard_form(name, group)
             assert citus.one_account.SHARD_MARK not in form, name
@@ -1256,10 +1260,10 @@ class TestShardForms:
     def test_the_gateways_calls_run_the_shard_forms_of_the_accounts_group(
         self, session_tmp: Path
     ) -> None:
-        """An authorization, its void and a single event, on a database with its shard forms:
-        the account's worker runs the forms of the account's shard (PostgreSQL's count of each
-        function's calls, ``track_functions``), the other worker none, and each answer is as
-        before."""
+        """An authorization, its void, a single event and a batch, on a database with its
+        shard forms: the account's worker runs the forms of the account's shard (PostgreSQL's
+        count of each function's calls, ``track_functions``), the other worker none, and each
+        answer is as before."""
         if not CITUS:
             pytest.fail("this test needs Citus (METERING_TEST_BACKENDS excludes it; `make citus`)")
         with fresh_citus_database() as url:
@@ -1292,11 +1296,14 @@ class TestShardForms:
                     "POST", "/v1/usage/events", json={"events": [usage_event(key, model, NOW)]}
                 )
                 assert recorded.status_code == 200 and recorded.json()["recorded"] == 1
+                batch = [usage_event(key, model, NOW) for _ in range(2)]
+                recorded = api.gateway("POST", "/v1/usage/events", json={"events": batch})
+                assert recorded.status_code == 200 and recorded.json()["recorded"] == 2
                 credits = api.as_key(key.secret, "GET", "/v1/credits")
                 assert credits.status_code == 200, credits.text
-                # 10,000 cents granted, the event's 55,900 microcents charged (as through
+                # 10,000 cents granted, each event's 55,900 microcents charged (as through
                 # Citus: TestRouting), nothing held
-                assert credits.json()["balance_microcents"] == 10_000 * 1_000_000 - 55_900
+                assert credits.json()["balance_microcents"] == 10_000 * 1_000_000 - 3 * 55_900
                 assert (
                     credits.json()["available_microcents"] == credits.json()["balance_microcents"]
                 )

@@ -30,7 +30,7 @@ uses the column otherwise keeps the subquery.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from itertools import count
 from typing import Any
@@ -217,6 +217,7 @@ class _PlpgsqlOfShard(_PlpgsqlOfAccount):
         return self._marked(table) if aliased else self._named(table)
 
     def visit_insert(self, insert_stmt: Any, **kw: Any) -> str:  # type: ignore[override]
+        insert_stmt = _id_drawn(insert_stmt)
         rendered = str(super().visit_insert(insert_stmt, **kw))
         into = f"INSERT INTO {self.preparer.quote(insert_stmt.table.name)} "
         assert rendered.startswith(into), rendered
@@ -337,7 +338,9 @@ def of_account(program: p.Program, *, delegated: bool = True) -> p.Program:
     shard locked against a move's switch-over first (``LOCK_ACCOUNT_SHARD``). A delegated form
     then runs its shard form where this node holds the account's shard (metering.citus
     .shard_forms: the same steps on the shard group's tables, registered in ``SHARD_FORMS``),
-    its own statements otherwise.
+    its own statements otherwise. A shard form's statements are plain PostgreSQL's, so its
+    inserts of a program's rows stay one ``INSERT … SELECT`` each, as one server's (a loop of
+    rows costs a statement per row there), each row's id drawn by the SELECT (``_id_drawn``).
 
     ``delegated``: the form is called on its own, so Citus sends the call whole to the account's
     node and its statements run there, where an insert of a program's rows is a loop of
@@ -368,7 +371,7 @@ def of_account(program: p.Program, *, delegated: bool = True) -> p.Program:
     shard_form = replace(
         form,
         name=f"{program.name}{OF_SHARD}",
-        build=lambda on: _row_by_row(build(on), count(1)),
+        build=build,
         plpgsql_dialect=_PLPGSQL_OF_SHARD,
     )
     generic = replace(
@@ -516,13 +519,40 @@ def _numbered(table: Any, names: list[str], number: int) -> tuple[tuple[str, p.A
     first, its rows' values then sent as constants, where an ``INSERT … VALUES`` of parameters
     alone is run by the local execution as it stands. The same id the default would have
     drawn."""
+    drawn = _default_id(table, names)
+    if drawn is None:
+        return ()
+    name, value = drawn
+    var = p.Var(f"v_row{number}_{name}", table.c[name].type)
+    return ((name, p.Assign(var, value)),)
+
+
+def _default_id(table: Any, names: Sequence[str]) -> tuple[str, Any] | None:
+    """The id column an INSERT of columns ``names`` leaves to its default, and that default
+    (``nextval`` of its sequence); None when it leaves none."""
     column = table._autoincrement_column
     if column is None or column.name in names:
-        return ()
+        return None
     sequence = f"{table.name}_{column.name}_seq"  # PostgreSQL's name for a serial's sequence
     assert len(sequence) < 64, sequence
-    drawn = p.Var(f"v_row{number}_{column.name}", column.type)
-    return ((column.name, p.Assign(drawn, func.nextval(literal_column(f"'{sequence}'")))),)
+    return column.name, func.nextval(literal_column(f"'{sequence}'"))
+
+
+def _id_drawn(statement: Any) -> Any:
+    """An ``INSERT … SELECT`` that leaves its row's id to the column's default, with the id
+    drawn by its SELECT instead (the same ``nextval``): a shard form writes the shard's own
+    table, which Citus makes without the distributed table's defaults. Any other statement as
+    it is."""
+    if not isinstance(statement.select, Select):
+        return statement
+    drawn = _default_id(statement.table, [str(name) for name in statement._select_names])
+    if drawn is None:
+        return statement
+    name, value = drawn
+    each = statement._generate()
+    each._select_names = [*statement._select_names, name]
+    each.select = statement.select.add_columns(value.label(name))
+    return each
 
 
 def _each_row(statement: Any, number: int) -> p.ForEach:

@@ -29,11 +29,13 @@ from metering.programs import Program
 from metering.usage.lookup_apart import LOOKUP_OF_ACCOUNT
 from metering.usage.recording import (
     RECORD_GATHERED,
+    RECORD_GATHERED_OF_ACCOUNT,
     RECORD_USAGE,
     RECORD_USAGE_OF_ACCOUNT,
     SETTLE_USAGE,
     SETTLE_USAGE_OF_ACCOUNT,
 )
+from metering.usage.repository import LOOKUP_PAIRS_OF_ACCOUNT
 
 PROGRAMS: tuple[Program, ...] = (
     PLACE_HOLDS,
@@ -44,8 +46,10 @@ PROGRAMS: tuple[Program, ...] = (
     PLACE_HOLDS_OF_ACCOUNT,
     SETTLE_USAGE_OF_ACCOUNT,
     RECORD_USAGE_OF_ACCOUNT,
+    RECORD_GATHERED_OF_ACCOUNT,
     SPEND_CREDIT_OF_ACCOUNT,
     LOOKUP_OF_ACCOUNT,
+    LOOKUP_PAIRS_OF_ACCOUNT,
     VOID_OF_ACCOUNT,
 )
 

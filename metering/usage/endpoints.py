@@ -94,6 +94,9 @@ async def _ingest(state: State, body: EventBatch, _params: Mapping[str, str]) ->
         # One account's call, delegated to its worker (metering.citus): gathered, the events
         # of several accounts would be as many units of work through the coordinator.
         outcome = await _record_alone(database, body.events[0], now)
+    elif database.kind is Kind.CITUS:
+        # Each account's part by a call on the node that holds it (metering.usage.sharded).
+        outcome = await sharded.record_batch_on_nodes(database, body.events, now)
     else:
         # SQLite: in a writer thread, which waits for the writer's turn apart from the pool.
         outcome = await database.in_writer_thread(

@@ -414,6 +414,9 @@ RECORD_GATHERED = p.Program(
     # together at one process (metering.usage.together), never a batch's thousand.
     settings={"plan_cache_mode": "force_generic_plan"},
 )
+# On a Citus cluster, an account's part of a batch (metering.usage.sharded): one call on the
+# node that holds the account, its shard form's statements on the shard's own tables.
+RECORD_GATHERED_OF_ACCOUNT = of_account(RECORD_GATHERED)
 
 
 ENCODE_GATHERED = p.records_encoder(GATHERED_IN, p.POSTGRESQL, verbatim=EVENT_VERBATIM)

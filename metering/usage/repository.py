@@ -47,7 +47,7 @@ from sqlalchemy.types import TypeEngine
 from metering import programs as p
 from metering.accounts.keys import ACCOUNTS, KEYS
 from metering.catalog.prices import RATE_COLUMNS, price_in_force, price_of
-from metering.citus import ACCOUNT
+from metering.citus import ACCOUNT, one_account
 from metering.db import driver_connection, is_cluster
 from metering.forms import Forms
 from metering.models import AccountRate, CatalogModel, Member, PriceVersion, Project, table
@@ -363,6 +363,23 @@ def confirming(call: str) -> str:
 CITUS_LOOKUP = _LOOKUP.citus
 
 
+def _lookup_rows(on: p.Backend) -> list[p.Step]:
+    into = tuple(p.Var(f"v_lookup_{name}", kind) for name, kind in LOOKUP_COLUMNS)
+    return [p.ForEach(_lookup(on), into=into, steps=(p.Emit(tuple(v.ref for v in into)),))]
+
+
+# One account's part of it on a Citus cluster (an account's part of a batch: metering.usage
+# .sharded), as a call on the node that holds the account, whose shard form reads the shard's
+# own tables by a statement planned once per backend there (metering.citus.shard_forms), where
+# the statement routed to the shard was planned by Citus, then again by its local execution, at
+# every call. Only its one-account form is a function: one server runs the statement.
+LOOKUP_PAIRS_OF_ACCOUNT = one_account.of_account(
+    p.Program(
+        "metering_lookup_pairs", params=(PAIRS_IN,), build=_lookup_rows, returns=LOOKUP_COLUMNS
+    )
+)
+
+
 def _key_accounts(on: p.Backend) -> Any:
     """The account of each key the pairs name (unknown keys have no row): ``api_keys`` only."""
     pairs = on.records(PAIRS_IN, "pair")
@@ -558,6 +575,13 @@ def _stored(on: p.Backend) -> Any:
 
 
 _STORED = Forms.of_statement(_stored)
+CITUS_STORED = _STORED.citus
+
+
+def stored_params(keys: Sequence[EventKey], on: p.Backend) -> dict[str, Any]:
+    """The parameter of ``stored``'s statement for ``keys``."""
+    wanted = [{"account_id": a, "request_id": r} for a, r in keys]
+    return {_KEYS_IN.name: p.records_json(_KEYS_IN, wanted, on)}
 
 
 def stored(
@@ -567,10 +591,11 @@ def stored(
     ``account_id`` (a Citus cluster): the keys are all that account's."""
     if not keys:
         return {}
-    wanted = [{"account_id": a, "request_id": r} for a, r in keys]
-    rows = _STORED.rows(
-        session, lambda on: {_KEYS_IN.name: p.records_json(_KEYS_IN, wanted, on)}, account_id
-    )
+    return read_stored(_STORED.rows(session, lambda on: stored_params(keys, on), account_id))
+
+
+def read_stored(rows: Sequence[Any]) -> dict[EventKey, tuple[Content, ChargeValues]]:
+    """``stored``'s rows: the content and charge of each key's stored event."""
     found: dict[EventKey, tuple[Content, ChargeValues]] = {}
     for row in rows:
         e = dict(zip(_STORED_COLUMNS, row, strict=True))

@@ -29,6 +29,7 @@ from metering.usage import recording, repository, rollups
 from metering.usage.events import (
     CHARGE_FIELDS,
     ChargeValues,
+    Content,
     Event,
     Problem,
     is_keyed,
@@ -217,12 +218,32 @@ def _record(
     results of those recorded and of duplicates are set, a conflict is the event's problem.
     The events recorded, with their new ids."""
     priced = price_for(session, events, account_id)
+    first = first_of_each(priced)
+    ids = repository.record(session, [first[key] for key in sorted(first)], now, account_id)
+    stored = repository.stored(session, sorted(key for key in first if key not in ids), account_id)
+    return classify(results, priced, first, ids, stored)
+
+
+def first_of_each(priced: Sequence[Event]) -> dict[EventKey, Event]:
+    """The first of the priced events of each key (account, request id): the one inserted."""
     first: dict[EventKey, Event] = {}
     for event in priced:
         first.setdefault((event.account_id or "", event.request_id), event)
-    ids = repository.record(session, [first[key] for key in sorted(first)], now, account_id)
-    stored = repository.stored(session, sorted(key for key in first if key not in ids), account_id)
+    return first
 
+
+def classify(
+    results: list[Result | None],
+    priced: Sequence[Event],
+    first: Mapping[EventKey, Event],
+    ids: Mapping[EventKey, int],
+    stored: Mapping[EventKey, tuple[Content, ChargeValues]],
+) -> list[tuple[int, Event]]:
+    """Pure: the results of the priced events, once their keys' first events were inserted
+    (``ids``: the new ids of those that were new) and the stored events of the others read
+    (``stored``): recorded, a duplicate (the same content as the event recorded before, in this
+    batch or earlier: its charge), or a conflict (``problem`` set: quarantined). The events
+    recorded, with their new ids."""
     recorded: list[tuple[int, Event]] = []
     for event in priced:
         key = (event.account_id or "", event.request_id)

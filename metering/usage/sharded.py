@@ -21,6 +21,16 @@ of the batch finds the first as duplicates and records the second. An account wh
 transaction the database refuses is recorded again in parts (metering.usage.isolation), the
 other accounts' being committed as they are; one refused for a transient reason (a deadlock) is
 tried again whole (metering.db.retry_transient).
+
+A batch the gateway sends (``record_batch_on_nodes``) records each account's part with fewer
+statements, each on the node that holds the account (metering.nodes) and none in a transaction
+the service holds open: the account's lookup (one statement on its shard), then one call of
+``RECORD_GATHERED_OF_ACCOUNT`` (metering.usage.recording), which inserts the part's events, the
+first of each request id, and settles and counts those that were new, as one transaction of
+that node (on the node's own shard tables: metering.citus.shard_forms), then the stored events
+of the request ids that were taken, whose results the batch path's own rule gives
+(``service.classify``). A part the call cannot take (the database refused it: nothing was
+written) is recorded by the transaction above.
 """
 
 from __future__ import annotations
@@ -29,9 +39,11 @@ import dataclasses
 from collections.abc import Sequence
 from datetime import datetime
 
-from metering.db import Database, retry_transient
-from metering.usage import isolation, quarantine, repository, service
-from metering.usage.events import Event
+from metering.db import Database, Steps, retry_transient
+from metering.usage import isolation, quarantine, repository, service, single
+from metering.usage.events import ChargeValues, Content, Event
+from metering.usage.prices import PriceBook
+from metering.usage.repository import EventKey
 
 
 def record_batch(
@@ -103,3 +115,97 @@ def _record_part(
 
     # A transient refusal tries the account's transaction again whole (metering.db).
     return retry_transient(once, "usage batch (one account's part)")
+
+
+async def record_batch_on_nodes(
+    database: Database, raws: Sequence[object], now: datetime
+) -> service.BatchOutcome:
+    """Record ``raws``: each account's part by a call on the node that holds the account (see
+    the module's docstring), a part the call cannot take by its own transaction
+    (``_record_part``); the quarantined events of the whole batch then in one transaction."""
+    results, events = service.parse(raws, now)
+    pairs = service.lookup_pairs(events)
+    accounts = await database.run(_key_accounts(pairs), postgresql=single.OneAccount, sqlite=None)
+    parts: dict[str | None, list[Event]] = {}
+    for event in events:
+        parts.setdefault(accounts.get(event.api_key_id or ""), []).append(event)
+    quarantined: list[Event] = []
+    failures = []
+    for account_id in sorted(parts, key=lambda a: (a is not None, a or "")):
+        part = parts[account_id]
+        if account_id is None:  # unknown keys
+            service.price_events(part, {}, PriceBook())
+            quarantined += service.quarantine_results(results, part)
+            continue
+        steps = _part(part, now, account_id)
+        found = await database.run(steps, postgresql=single.OneAccount, sqlite=None)
+        if found is not None:
+            priced, first, new, stored = found
+            # The new events' ids are the call's own (it settled them).
+            service.classify(results, priced, first, dict.fromkeys(new, 0), stored)
+            quarantined += service.quarantine_results(results, part)
+            continue
+        try:
+            outcome = await database.in_writer_thread(
+                _record_part, database, raws, now, part, accounts
+            )
+        except isolation.PartFailed as failed:  # the account's other events are in
+            failures.append(failed)
+            continue
+        quarantined += outcome.quarantined
+        for result in outcome.results:
+            result.index = part[result.index].index
+            results[result.index] = result
+    if quarantined:
+        await database.in_writer_thread(_keep_quarantined, database, quarantined, now)
+    if failures:
+        raise isolation.PartFailed(f"{len(failures)} accounts' events could not all be recorded")
+    assert all(r is not None for r in results)
+    return service.BatchOutcome([r for r in results if r is not None])
+
+
+def _keep_quarantined(database: Database, events: Sequence[Event], now: datetime) -> None:
+    with database.unit_of_work() as session:
+        quarantine.keep(session, events, now)
+        session.commit()
+
+
+def _key_accounts(pairs: list[tuple[str, str]]) -> Steps[dict[str, str]]:
+    found: dict[str, str] = yield lambda db: db.key_accounts(pairs)
+    return found
+
+
+_Stored = dict[EventKey, tuple[Content, ChargeValues]]
+# What an account's part came to: its priced events, the first of each key, the keys recorded
+# new, and the stored events of the keys that were taken.
+_Found = tuple[list[Event], dict[EventKey, Event], set[EventKey], _Stored]
+
+
+def _part(events: list[Event], now: datetime, account_id: str) -> Steps[_Found | None]:
+    """An account's part: the account's lookup of its pairs, its events priced, the first of
+    each key recorded by one call, then the stored events of the keys that were taken; None
+    when the call was refused (nothing was written) or a taken key's stored event is not
+    found."""
+    pairs = service.lookup_pairs(events)
+    keys, book = yield lambda db: db.lookup_of_account(pairs, account_id)
+    limited = repository.scope_pairs(keys, pairs)
+    if limited:
+        found = yield lambda db: db.scope_limits(limited, account_id)
+        keys = repository.with_scopes(keys, found)
+    priced = service.price_events(events, keys, book)
+    first = service.first_of_each(priced)
+    new: set[EventKey] = set()
+    if first:
+        # In the order of their keys, as the batch path inserts them.
+        firsts = [first[key] for key in sorted(first)]
+        booked = yield lambda db: db.record_gathered(firsts, now)
+        if booked is None or booked is single.STALE:
+            return None
+        new = {key for key in first if key[1] in booked}
+    taken = sorted(key for key in first if key not in new)
+    stored: _Stored = {}
+    if taken:
+        stored = yield lambda db: db.stored(taken, account_id)
+        if any(key not in stored for key in taken):
+            return None
+    return priced, first, new, stored

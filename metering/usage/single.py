@@ -49,7 +49,7 @@ from metering.nodes import Executes
 from metering.notifications import spend_limits
 from metering.programs import POSTGRESQL, Positional, positional
 from metering.usage import recording, repository, rollups, service
-from metering.usage.events import Event, is_keyed, parse_event
+from metering.usage.events import ChargeValues, Content, Event, is_keyed, parse_event
 from metering.usage.lookup_apart import KEY_ID, LOOKUP_OF_ACCOUNT, MODEL_KEY
 from metering.usage.prices import PriceBook
 from metering.usage.repository import Lookup
@@ -66,7 +66,7 @@ async def record_one(
     event = parse_event(0, raw, now)
     if event.problem is not None:
         return None
-    statements = _OneAccount if cluster else _Statements
+    statements = OneAccount if cluster else _Statements
     return await database.run(_steps(event, now), postgresql=statements, sqlite=None)
 
 
@@ -306,18 +306,7 @@ class _Statements:
         """The request ids of those of ``events`` that were new (recorded); None when the
         database refused them (nothing was written, the program being one transaction).
         ``STALE``: a lookup remembered had changed, nothing was written."""
-        params = {
-            "p_now": now,
-            # Each event's rollup row alone and its row name some columns alike (its key, its
-            # model, its output and reasoning tokens), of the same value: one event's.
-            "p_events": recording.ENCODE_GATHERED(
-                [
-                    {**rollups.rows([(0, event)])[0], **event.row(), "prepaid": event.prepaid}
-                    for event in events
-                ]
-            ),
-            **spend_limits.limit_params(service.spend_limited(events), now, POSTGRESQL),
-        }
+        params = self._gathered_params(events, now)
         confirming, self._confirming = self._confirming, None
         try:
             if confirming is None:
@@ -332,6 +321,20 @@ class _Statements:
             return None
         assert row is not None
         return set(row[0] or ())
+
+    def _gathered_params(self, events: list[Event], now: datetime) -> dict[str, Any]:
+        return {
+            "p_now": now,
+            # Each event's rollup row alone and its row name some columns alike (its key, its
+            # model, its output and reasoning tokens), of the same value: one event's.
+            "p_events": recording.ENCODE_GATHERED(
+                [
+                    {**rollups.rows([(0, event)])[0], **event.row(), "prepaid": event.prepaid}
+                    for event in events
+                ]
+            ),
+            **spend_limits.limit_params(service.spend_limited(events), now, POSTGRESQL),
+        }
 
     async def _confirmed(self, statement: Positional, params: dict[str, Any]) -> Any:
         """The one row of a record made only if the lookups it confirms still hold (None when
@@ -360,15 +363,18 @@ class _Statements:
 _KEY_ACCOUNTS: Kept[str, str] = Kept()
 
 
-class _OneAccount(_Statements):
+class OneAccount(_Statements):
     """On a Citus cluster: the key's account (remembered, or read first), then the lookup of
     the event's pair read apart and the program, of that account alone (each a call to the
     node that holds it: metering.nodes; or delegated there); an account's project and member
     limits by a statement routed to its shard."""
 
     RECORD = recording.RECORD_USAGE_OF_ACCOUNT.call_sql
+    RECORD_GATHERED = recording.RECORD_GATHERED_OF_ACCOUNT.call_sql
     # The event's one pair read one table at a time, a call delegated to the account's worker.
     LOOKUP = LOOKUP_OF_ACCOUNT.call_sql
+    # Several pairs of the account (its part of a batch: metering.usage.sharded).
+    LOOKUP_PAIRS = repository.LOOKUP_PAIRS_OF_ACCOUNT.call_sql
 
     async def lookup(
         self, pairs: list[tuple[str, str]], remembered: bool = False, together: bool = False
@@ -403,6 +409,34 @@ class _OneAccount(_Statements):
         cursor = await self._connection.execute(repository.CITUS_SCOPE_LIMITS, params)
         return await cursor.fetchall()
 
+    async def key_accounts(self, pairs: list[tuple[str, str]]) -> dict[str, str]:
+        """The account of each known key of ``pairs`` (``api_keys``, a reference table: read on
+        whichever node)."""
+        params = repository.lookup_params(pairs, POSTGRESQL)
+        cursor = await self._connection.execute(repository.KEY_ACCOUNTS, params)
+        return dict(await cursor.fetchall())
+
+    async def lookup_of_account(self, pairs: list[tuple[str, str]], account_id: str) -> Lookup:
+        """The lookup of ``pairs`` (the keys of ``account_id``: a key of another account is not
+        found), by a call on the account's node."""
+        params = repository.of_account(repository.lookup_params(pairs, POSTGRESQL), account_id)
+        cursor = await self._connection.execute(self.LOOKUP_PAIRS, params)
+        return repository.read_lookup(await cursor.fetchall())
+
+    async def stored(
+        self, keys: list[repository.EventKey], account_id: str
+    ) -> dict[repository.EventKey, tuple[Content, ChargeValues]]:
+        """The content and charge of the stored event of each key (all ``account_id``'s)."""
+        params = repository.of_account(repository.stored_params(keys, POSTGRESQL), account_id)
+        cursor = await self._connection.execute(repository.CITUS_STORED, params)
+        return repository.read_stored(await cursor.fetchall())
+
     def _params(self, event: Event, now: datetime) -> dict[str, Any]:
         assert event.account_id is not None
         return repository.of_account(super()._params(event, now), event.account_id)
+
+    def _gathered_params(self, events: list[Event], now: datetime) -> dict[str, Any]:
+        # Events of one account (an account's part of a batch: metering.usage.sharded).
+        [account_id] = {event.account_id for event in events}
+        assert account_id is not None
+        return repository.of_account(super()._gathered_params(events, now), account_id)

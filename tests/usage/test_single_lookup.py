@@ -98,9 +98,10 @@ def _libpq(api: Api) -> str:
 
 
 def _both(api: Api, setup: Setup, model_key: str) -> tuple[set[Any], set[Any]]:
-    """The rows of the lookup's join for the pair (its one-account form, as a batch on the
-    cluster reads it) and of ``LOOKUP_OF_ACCOUNT``, each a call of its own outside a
-    transaction block, as the single event makes it (delegated to the account's worker)."""
+    """The rows of the lookup's join for the pair (its one-account form) and of
+    ``LOOKUP_OF_ACCOUNT``, each a call of its own outside a transaction block, as the single
+    event makes it (delegated to the account's worker); the join's rows are also what
+    ``LOOKUP_PAIRS_OF_ACCOUNT`` answers (its call, as an account's part of a batch makes it)."""
     params = repository.of_account(
         repository.lookup_params([(setup.key.id, model_key)], p.POSTGRESQL),
         setup.account,
@@ -111,6 +112,8 @@ def _both(api: Api, setup: Setup, model_key: str) -> tuple[set[Any], set[Any]]:
     with psycopg.connect(_libpq(api), autocommit=True) as connection:
         joined = connection.execute(repository.CITUS_LOOKUP, params).fetchall()
         read = connection.execute(LOOKUP_OF_ACCOUNT.call_sql, apart).fetchall()
+        called = connection.execute(repository.LOOKUP_PAIRS_OF_ACCOUNT.call_sql, params).fetchall()
+    assert sorted(called, key=repr) == sorted(joined, key=repr)
     return set(joined), set(read)
 
 
