@@ -88,13 +88,18 @@ def _record_part(
     now: datetime,
     events: Sequence[Event],
     accounts: service.Accounts,
+    refusal: BaseException | None = None,
 ) -> service.BatchOutcome:
     """``events`` (of one account, or of unknown keys) in a transaction of their own; the
     outcome's indices are positions in ``events``, and its quarantined events are left for the
-    caller to keep."""
+    caller to keep. ``refusal``: the database refused them already, for what they hold (they are
+    recorded in parts at once)."""
     mine = [raws[event.index] for event in events]
+    refused = [refusal] if refusal is not None else []
 
     def once() -> service.BatchOutcome:
+        if refused:  # in parts at once (a transient refusal of a part tries it again whole)
+            return isolation.record_apart(database, mine, now, refused.pop(), accounts)
         # Parsed anew at each attempt (recording fills in the parsed results and events).
         parsed: service.Parsed = (
             [None] * len(events),
@@ -137,8 +142,14 @@ async def record_batch_on_nodes(
             service.price_events(part, {}, PriceBook())
             quarantined += service.quarantine_results(results, part)
             continue
-        steps = _part(part, now, account_id)
-        found = await database.run(steps, postgresql=single.OneAccount, sqlite=None)
+        refusal: BaseException | None = None
+        try:
+            steps = _part(part, now, account_id)
+            found = await database.run(steps, postgresql=single.OneAccount, sqlite=None)
+        except isolation.DATABASE_ERRORS as error:
+            # Refused for what it holds (nothing was written): recorded in parts at once, the
+            # whole part being refused again otherwise; any other error: by its transaction.
+            found, refusal = None, error if isolation.refused(error) else None
         if found is not None:
             priced, first, new, stored = found
             # The new events' ids are the call's own (it settled them).
@@ -147,7 +158,7 @@ async def record_batch_on_nodes(
             continue
         try:
             outcome = await database.in_writer_thread(
-                _record_part, database, raws, now, part, accounts
+                _record_part, database, raws, now, part, accounts, refusal
             )
         except isolation.PartFailed as failed:  # the account's other events are in
             failures.append(failed)
@@ -184,8 +195,8 @@ _Found = tuple[list[Event], dict[EventKey, Event], set[EventKey], _Stored]
 def _part(events: list[Event], now: datetime, account_id: str) -> Steps[_Found | None]:
     """An account's part: the account's lookup of its pairs, its events priced, the first of
     each key recorded by one call, then the stored events of the keys that were taken; None
-    when the call was refused (nothing was written) or a taken key's stored event is not
-    found."""
+    when a taken key's stored event is not found. A refusal of the database is raised (the
+    call is one transaction: nothing was written)."""
     pairs = service.lookup_pairs(events)
     keys, book = yield lambda db: db.lookup_of_account(pairs, account_id)
     limited = repository.scope_pairs(keys, pairs)
@@ -198,9 +209,7 @@ def _part(events: list[Event], now: datetime, account_id: str) -> Steps[_Found |
     if first:
         # In the order of their keys, as the batch path inserts them.
         firsts = [first[key] for key in sorted(first)]
-        booked = yield lambda db: db.record_gathered(firsts, now)
-        if booked is None or booked is single.STALE:
-            return None
+        booked = yield lambda db: db.record_part(firsts, now)
         new = {key for key in first if key[1] in booked}
     taken = sorted(key for key in first if key not in new)
     stored: _Stored = {}

@@ -409,6 +409,15 @@ class OneAccount(_Statements):
         cursor = await self._connection.execute(repository.CITUS_SCOPE_LIMITS, params)
         return await cursor.fetchall()
 
+    async def record_part(self, events: list[Event], now: datetime) -> set[str]:
+        """The request ids of those of ``events`` (an account's part of a batch) that were new
+        (recorded), by one call; a refusal of the database raised (nothing was written)."""
+        params = self._gathered_params(events, now)
+        cursor = await self._connection.execute(self.RECORD_GATHERED, params)
+        row = await cursor.fetchone()
+        assert row is not None
+        return set(row[0] or ())
+
     async def key_accounts(self, pairs: list[tuple[str, str]]) -> dict[str, str]:
         """The account of each known key of ``pairs`` (``api_keys``, a reference table: read on
         whichever node)."""

@@ -294,9 +294,9 @@ def _issued(node: str, database: str, since: int, pids: set[int]) -> int:
 
 
 def test_each_gateway_call_runs_on_the_node_holding_its_account(tmp_path: Path) -> None:
-    """Authorizations, their voids and single events through a server on every node: no node
-    sends another a command for them. The same through a server on the coordinator alone sends
-    at least one per call (the check can fail)."""
+    """Authorizations, their voids, single events and batches over several accounts through a
+    server on every node: no node sends another a command for them. The same through a server on
+    the coordinator alone sends at least one per call (the check can fail)."""
     if not CITUS:
         pytest.fail("this test needs Citus (METERING_TEST_BACKENDS excludes it; `make citus`)")
     with fresh_citus_database() as url:
@@ -344,8 +344,9 @@ def test_each_gateway_call_runs_on_the_node_holding_its_account(tmp_path: Path) 
 def gateway_calls(
     base_url: str, keys: dict[str, str], secrets_: dict[str, str], run: str, warm: bool
 ) -> int:
-    """An authorization, its void and a single event for each account (twice, unless
-    ``warm``: once, for the server's pools and remembered reads); the calls made."""
+    """An authorization, its void and a single event for each account, then a batch of two
+    events of each (twice, unless ``warm``: once, for the server's pools and remembered reads);
+    the calls made."""
     made = 0
     occurred = (datetime.now(UTC) - timedelta(minutes=1)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
     with httpx.Client(base_url=base_url, headers=GATEWAY, timeout=30) as client:
@@ -379,4 +380,16 @@ def gateway_calls(
                 assert recorded.status_code == 200, recorded.text
                 assert recorded.json()["data"][0]["status"] == "recorded", recorded.text
                 made += 3
+            # A batch over every account: each account's part two calls (its lookup, its
+            # record) on its account's node.
+            batch = [
+                {**event, "request_id": f"batch-{run}-{warm}-{round_}-{account}-{n}",
+                 "api_key_id": keys[account]}
+                for account in sorted(keys)
+                for n in range(2)
+            ]  # fmt: skip
+            recorded = client.post("/v1/usage/events", json={"events": batch})
+            assert recorded.status_code == 200, recorded.text
+            assert recorded.json()["recorded"] == len(batch), recorded.text
+            made += 2 * len(keys)
     return made
