@@ -1257,6 +1257,34 @@ class TestShardForms:
             finally:
                 engine.dispose()
 
+    def test_a_form_whose_settings_differ_is_made_again(self) -> None:
+        """A shard form whose settings are not its program's (one made before its program had
+        them) is written again by the next ``make``: its body is the same, its settings its
+        program's; then nothing more."""
+        if not CITUS:
+            pytest.fail("this test needs Citus (METERING_TEST_BACKENDS excludes it; `make citus`)")
+        with fresh_citus_database() as url:
+            migrate.upgrade(url)
+            engine = create_engine(url)
+            held = text("SELECT proconfig FROM pg_proc WHERE proname = :name")
+            try:
+                with engine.begin() as connection:
+                    [group, *_] = shard_forms.shard_groups(connection)
+                    name = f"metering_record_usage_of_shard_{group.shard_id}"
+                    assert connection.execute(held, {"name": name}).scalar_one() == [
+                        "plan_cache_mode=force_generic_plan"
+                    ]
+                    connection.execute(text(f"ALTER FUNCTION {name} RESET ALL"))
+                with engine.begin() as connection:
+                    assert shard_forms.make(connection).written == [name]
+                    assert connection.execute(held, {"name": name}).scalar_one() == [
+                        "plan_cache_mode=force_generic_plan"
+                    ]
+                with engine.begin() as connection:
+                    assert shard_forms.make(connection).written == []
+            finally:
+                engine.dispose()
+
     def test_the_gateways_calls_run_the_shard_forms_of_the_accounts_group(
         self, session_tmp: Path
     ) -> None:

@@ -68,7 +68,9 @@ def assert_functions_are_the_programs(url: str) -> None:
     formed = _shard_forms(url) if distributed else {}
     assert sorted(held) == sorted([*(program.name for program in PROGRAMS), *formed])
     for name, function in formed.items():
-        assert held[name] == (_body(function), []), f"{name} is not its program's shard form"
+        assert held[name] == (_body(function), shard_forms.config(function)), (
+            f"{name} is not its program's shard form"
+        )
     # The distribution gives the functions it delegates the settings of the cluster's Citus.
     delegated: dict[str, dict[str, str]] = {}
     if cluster:

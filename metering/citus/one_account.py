@@ -372,6 +372,8 @@ def of_account(program: p.Program, *, delegated: bool = True) -> p.Program:
         form,
         name=f"{program.name}{OF_SHARD}",
         build=build,
+        # Plain tables: the program's own plan cache mode, as on one server.
+        settings=program.settings,
         plpgsql_dialect=_PLPGSQL_OF_SHARD,
     )
     generic = replace(

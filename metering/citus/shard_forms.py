@@ -65,9 +65,11 @@ _SHARDS = text(
     "WHERE a.logicalrelid = to_regclass('accounts')) ORDER BY s.shardid"
 )
 
-# The shard forms and dispatchers made before (their names and bodies), and the question.
+# The shard forms and dispatchers made before (their names, bodies and settings), and the
+# question.
 _MADE = text(
-    "SELECT p.oid::regprocedure::text AS signature, p.proname::text AS name, p.prosrc AS body "
+    "SELECT p.oid::regprocedure::text AS signature, p.proname::text AS name, p.prosrc AS body, "
+    "coalesce(p.proconfig, '{}') AS config "
     "FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace "
     "WHERE n.nspname = 'public' AND (p.proname::text ~ :made OR p.proname = :here)"
 )
@@ -215,8 +217,8 @@ def wanted(groups: Sequence[ShardGroup], names: Collection[str] | None = None) -
 def make(connection: Connection, groups: Sequence[ShardGroup] | None = None) -> Made:
     """Make the cluster's shard forms what its shards (or ``groups``: none, and every call
     runs through Citus) and the programs say now, in the caller's transaction, on the
-    coordinator (Citus propagates each function to every node): each one whose body differs
-    written, each one no longer wanted dropped."""
+    coordinator (Citus propagates each function to every node): each one whose body or
+    settings differ written, each one no longer wanted dropped."""
     # Made for the delegated forms the database holds that ask for them: all or none, since
     # they share the question. None ask (a schema older than them, or taken down to nothing):
     # nothing made, every shard form dropped. One this process has no form of (it did not
@@ -234,19 +236,19 @@ def make(connection: Connection, groups: Sequence[ShardGroup] | None = None) -> 
     # imported by this process, included).
     pattern = f"^metering_[a-z0-9_]+({OF_SHARD}_[0-9]+|{OF_SHARDS})$"
     made = {
-        row["name"]: (row["signature"], row["body"])
+        row["name"]: (row["signature"], row["body"], list(row["config"]))
         for row in connection.execute(_MADE, {"made": pattern, "here": HERE}).mappings()
     }
     done = Made()
     for name, body in functions.items():
         held = made.get(name)
-        if held is not None and _digest(held[1]) == _digest(_body(body)):
+        if held is not None and (_digest(held[1]), held[2]) == (_digest(_body(body)), config(body)):
             continue
         if held is not None:
             connection.execute(text(f"DROP FUNCTION {held[0]}"))
         connection.exec_driver_sql(body)
         done.written.append(name)
-    for name, (signature, _) in sorted(made.items()):
+    for name, (signature, _, _) in sorted(made.items()):
         if name not in functions:
             connection.execute(text(f"DROP FUNCTION {signature}"))
             done.dropped.append(name)
@@ -268,6 +270,15 @@ def remake(url: str) -> Made:
 def _body(function: str) -> str:
     """What ``pg_proc.prosrc`` holds of a ``CREATE FUNCTION``: the text between its ``$$``."""
     return function.split("$$", 2)[1]
+
+
+_SETTING = re.compile(r"^SET (\w+) = (\S+)$", re.MULTILINE)
+
+
+def config(function: str) -> list[str]:
+    """What ``pg_proc.proconfig`` holds of a ``CREATE FUNCTION``: its ``SET`` clauses, each
+    ``name=value``, in order."""
+    return [f"{name}={value}" for name, value in _SETTING.findall(function.split("$$", 1)[0])]
 
 
 def _digest(body: str) -> str:

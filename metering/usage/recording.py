@@ -348,9 +348,12 @@ _BOOKED = p.Rows(
 )
 # What the stored event gives a rollup row (the rest is its ``GATHERED_IN`` row's).
 _BY_EVENT = (*_CHARGE_COLUMNS, LAST_EVENT)
-# The events of ``RECORD_GATHERED``, one JSON document: each one's row (``EVENTS_IN``'s columns)
-# and, beside it, its account's billing and what of its usage in its hour (``HOURLY_IN``'s
-# columns, for that event alone) neither its row nor the stored event gives.
+# The events of ``RECORD_GATHERED``, one array per column: each one's row (``EVENTS_IN``'s
+# columns) and, beside it, its account's billing and what of its usage in its hour
+# (``HOURLY_IN``'s columns, for that event alone) neither its row nor the stored event gives.
+# Arrays, not a JSON document: an account's part of a batch on a cluster takes hundreds of
+# events, whose document PostgreSQL parsed twice (its input, then ``json_to_recordset``), about
+# a quarter of a worker's instructions per event (docs/citus.md).
 GATHERED_IN = p.Records(
     EVENTS_IN.name,
     (
@@ -362,6 +365,7 @@ GATHERED_IN = p.Records(
             if name not in _BY_EVENT and name not in EVENT_COLUMNS
         ),
     ),
+    by_column=True,
 )
 # The request ids of the events that were new (in ``_BOOKED``'s order).
 _BOOKED_REQUESTS = p.Var(_BOOKED.array("request_id"), ARRAY(EVENTS.c.request_id.type))
@@ -419,7 +423,7 @@ RECORD_GATHERED = p.Program(
 RECORD_GATHERED_OF_ACCOUNT = of_account(RECORD_GATHERED)
 
 
-ENCODE_GATHERED = p.records_encoder(GATHERED_IN, p.POSTGRESQL, verbatim=EVENT_VERBATIM)
+ENCODE_GATHERED = p.arrays_encoder(GATHERED_IN)
 # On PostgreSQL each column is read from the charges themselves (``ChargeToSettle``'s fields).
 _CHARGE_ARRAYS = p.arrays_encoder(CHARGES_BY_COLUMN, {name: name for name in CHARGES_IN.names})
 _ENCODE_SQLITE_CHARGES = p.records_encoder(CHARGES_IN, p.SQLITE, verbatim=("request_id",))

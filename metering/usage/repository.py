@@ -375,7 +375,12 @@ def _lookup_rows(on: p.Backend) -> list[p.Step]:
 # every call. Only its one-account form is a function: one server runs the statement.
 LOOKUP_PAIRS_OF_ACCOUNT = one_account.of_account(
     p.Program(
-        "metering_lookup_pairs", params=(PAIRS_IN,), build=_lookup_rows, returns=LOOKUP_COLUMNS
+        "metering_lookup_pairs",
+        params=(PAIRS_IN,),
+        build=_lookup_rows,
+        returns=LOOKUP_COLUMNS,
+        # Its shard form's plan made once per backend, whatever the pairs.
+        settings={"plan_cache_mode": "force_generic_plan"},
     )
 )
 

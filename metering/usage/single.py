@@ -327,7 +327,7 @@ class _Statements:
             "p_now": now,
             # Each event's rollup row alone and its row name some columns alike (its key, its
             # model, its output and reasoning tokens), of the same value: one event's.
-            "p_events": recording.ENCODE_GATHERED(
+            **recording.ENCODE_GATHERED(
                 [
                     {**rollups.rows([(0, event)])[0], **event.row(), "prepaid": event.prepaid}
                     for event in events
