@@ -21,7 +21,7 @@ key, model and hour (``HOURLY_IN``) and spread it over the six rows each hour co
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime
 from typing import Any
@@ -348,12 +348,9 @@ _BOOKED = p.Rows(
 )
 # What the stored event gives a rollup row (the rest is its ``GATHERED_IN`` row's).
 _BY_EVENT = (*_CHARGE_COLUMNS, LAST_EVENT)
-# The events of ``RECORD_GATHERED``, one array per column: each one's row (``EVENTS_IN``'s
-# columns) and, beside it, its account's billing and what of its usage in its hour
-# (``HOURLY_IN``'s columns, for that event alone) neither its row nor the stored event gives.
-# Arrays, not a JSON document: an account's part of a batch on a cluster takes hundreds of
-# events, whose document PostgreSQL parsed twice (its input, then ``json_to_recordset``), about
-# a quarter of a worker's instructions per event (docs/citus.md).
+# The events of ``RECORD_GATHERED``, one JSON document: each one's row (``EVENTS_IN``'s columns)
+# and, beside it, its account's billing and what of its usage in its hour (``HOURLY_IN``'s
+# columns, for that event alone) neither its row nor the stored event gives.
 GATHERED_IN = p.Records(
     EVENTS_IN.name,
     (
@@ -365,16 +362,26 @@ GATHERED_IN = p.Records(
             if name not in _BY_EVENT and name not in EVENT_COLUMNS
         ),
     ),
-    by_column=True,
 )
+# The same, one array per column, for an account's part of a batch on a cluster (hundreds of
+# events), whose document PostgreSQL parsed twice (its input, then ``json_to_recordset``), about
+# a quarter of a worker's instructions per event (docs/citus.md). One server's few events that
+# arrived together keep the document.
+GATHERED_BY_COLUMN = replace(GATHERED_IN, by_column=True)
 # The request ids of the events that were new (in ``_BOOKED``'s order).
 _BOOKED_REQUESTS = p.Var(_BOOKED.array("request_id"), ARRAY(EVENTS.c.request_id.type))
 
 
-def _record_gathered(on: p.Backend) -> list[p.Step]:
-    # The document read once (a CTE read twice is read into a tuplestore once): by the insert,
+def _record_gathered(events: p.Records) -> Callable[[p.Backend], list[p.Step]]:
+    """The program of ``RECORD_GATHERED``, its events given as ``events`` (``GATHERED_IN``, or
+    ``GATHERED_BY_COLUMN``)."""
+    return lambda on: _gathered_steps(on, events)
+
+
+def _gathered_steps(on: p.Backend, events: p.Records) -> list[p.Step]:
+    # The events read once (a CTE read twice is read into a tuplestore once): by the insert,
     # then beside what it returned.
-    gathered = select(on.records(GATHERED_IN, "g")).cte("gathered")
+    gathered = select(on.records(events, "g")).cte("gathered")
     new = insert_events(on, gathered, sort=True).cte("new")
     # Only the events that were new are settled and counted: a request id already taken is
     # none of this program's business (the caller's general path classifies it).
@@ -412,7 +419,7 @@ def _record_gathered(on: p.Backend) -> list[p.Step]:
 RECORD_GATHERED = p.Program(
     "metering_record_gathered",
     params=(NOW, GATHERED_IN, *_LIMITS),
-    build=_record_gathered,
+    build=_record_gathered(GATHERED_IN),
     returns=ARRAY(EVENTS.c.request_id.type),
     # As RECORD_USAGE's, for the same reason: its arrays hold the few events that arrived
     # together at one process (metering.usage.together), never a batch's thousand.
@@ -420,10 +427,18 @@ RECORD_GATHERED = p.Program(
 )
 # On a Citus cluster, an account's part of a batch (metering.usage.sharded): one call on the
 # node that holds the account, its shard form's statements on the shard's own tables.
-RECORD_GATHERED_OF_ACCOUNT = of_account(RECORD_GATHERED)
+# Its events by column (``GATHERED_BY_COLUMN``).
+RECORD_GATHERED_OF_ACCOUNT = of_account(
+    replace(
+        RECORD_GATHERED,
+        params=(NOW, GATHERED_BY_COLUMN, *_LIMITS),
+        build=_record_gathered(GATHERED_BY_COLUMN),
+    )
+)
 
 
-ENCODE_GATHERED = p.arrays_encoder(GATHERED_IN)
+ENCODE_GATHERED = p.records_encoder(GATHERED_IN, p.POSTGRESQL, verbatim=EVENT_VERBATIM)
+ENCODE_GATHERED_BY_COLUMN = p.arrays_encoder(GATHERED_BY_COLUMN)
 # On PostgreSQL each column is read from the charges themselves (``ChargeToSettle``'s fields).
 _CHARGE_ARRAYS = p.arrays_encoder(CHARGES_BY_COLUMN, {name: name for name in CHARGES_IN.names})
 _ENCODE_SQLITE_CHARGES = p.records_encoder(CHARGES_IN, p.SQLITE, verbatim=("request_id",))

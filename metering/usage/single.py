@@ -322,12 +322,16 @@ class _Statements:
         assert row is not None
         return set(row[0] or ())
 
+    @staticmethod
+    def _encode_gathered(rows: list[dict[str, Any]]) -> dict[str, Any]:
+        return {recording.GATHERED_IN.name: recording.ENCODE_GATHERED(rows)}
+
     def _gathered_params(self, events: list[Event], now: datetime) -> dict[str, Any]:
         return {
             "p_now": now,
             # Each event's rollup row alone and its row name some columns alike (its key, its
             # model, its output and reasoning tokens), of the same value: one event's.
-            **recording.ENCODE_GATHERED(
+            **self._encode_gathered(
                 [
                     {**rollups.rows([(0, event)])[0], **event.row(), "prepaid": event.prepaid}
                     for event in events
@@ -443,6 +447,10 @@ class OneAccount(_Statements):
     def _params(self, event: Event, now: datetime) -> dict[str, Any]:
         assert event.account_id is not None
         return repository.of_account(super()._params(event, now), event.account_id)
+
+    @staticmethod
+    def _encode_gathered(rows: list[dict[str, Any]]) -> dict[str, Any]:
+        return recording.ENCODE_GATHERED_BY_COLUMN(rows)
 
     def _gathered_params(self, events: list[Event], now: datetime) -> dict[str, Any]:
         # Events of one account (an account's part of a batch: metering.usage.sharded).
