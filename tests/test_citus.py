@@ -1270,7 +1270,7 @@ class TestShardForms:
             try:
                 with engine.begin() as connection:
                     [group, *_] = shard_forms.shard_groups(connection)
-                    name = f"metering_record_usage_of_shard_{group.shard_id}"
+                    name = f"metering_record_gathered_of_shard_{group.shard_id}"
                     assert connection.execute(held, {"name": name}).scalar_one() == [
                         "plan_cache_mode=force_generic_plan"
                     ]

@@ -331,7 +331,9 @@ def delegated_settings(citus_release: str) -> dict[str, str]:
     return {PLAN_CACHE_MODE: "force_custom_plan"} if citus_release in PLANS_PILE_UP else {}
 
 
-def of_account(program: p.Program, *, delegated: bool = True) -> p.Program:
+def of_account(
+    program: p.Program, *, delegated: bool = True, shard_settings: Mapping[str, str] | None = None
+) -> p.Program:
     """A program's form on a Citus cluster (``…_of_account``): the same program for one
     account's rows, ``ACCOUNT`` first among its parameters, every statement built for
     ``programs.ONE_SHARD`` and limited to the account's shard (see the module); the account's
@@ -355,7 +357,11 @@ def of_account(program: p.Program, *, delegated: bool = True) -> p.Program:
     no plan and counts on the plan cache to choose a custom one (distributed_planner.c,
     ``REPLAN_WITH_BOUND_PARAMETERS``). Forced generic, the statement fails on the worker
     instead ("could not create distributed plan": a single event's delegated call failed, and
-    the event took its account's transaction, metering.usage.single)."""
+    the event took its account's transaction, metering.usage.single). ``shard_settings``: its
+    shard form's (plain tables, planned by PostgreSQL alone), none by default: measured per
+    program (a single event's record costs a worker fewer instructions with the plan cache's
+    default than forced generic, as RECORD_USAGE is on one server; an account's part of a
+    batch fewer forced generic)."""
     build = program.build
     params = (ACCOUNT, *program.params)
     form = replace(
@@ -372,8 +378,7 @@ def of_account(program: p.Program, *, delegated: bool = True) -> p.Program:
         form,
         name=f"{program.name}{OF_SHARD}",
         build=build,
-        # Plain tables: the program's own plan cache mode, as on one server.
-        settings=program.settings,
+        settings=dict(shard_settings or {}),
         plpgsql_dialect=_PLPGSQL_OF_SHARD,
     )
     generic = replace(

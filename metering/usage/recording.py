@@ -433,7 +433,9 @@ RECORD_GATHERED_OF_ACCOUNT = of_account(
         RECORD_GATHERED,
         params=(NOW, GATHERED_BY_COLUMN, *_LIMITS),
         build=_record_gathered(GATHERED_BY_COLUMN),
-    )
+    ),
+    # Its shard form planned once per backend (hundreds of events per call).
+    shard_settings=RECORD_GATHERED.settings,
 )
 
 

@@ -379,9 +379,9 @@ LOOKUP_PAIRS_OF_ACCOUNT = one_account.of_account(
         params=(PAIRS_IN,),
         build=_lookup_rows,
         returns=LOOKUP_COLUMNS,
-        # Its shard form's plan made once per backend, whatever the pairs.
-        settings={"plan_cache_mode": "force_generic_plan"},
-    )
+    ),
+    # Its shard form's plan made once per backend, whatever the pairs.
+    shard_settings={"plan_cache_mode": "force_generic_plan"},
 )
 
 
