@@ -68,18 +68,10 @@ def record_batch(
         except isolation.PartFailed as failed:  # the account's other events are in
             failures.append(failed)
             continue
-        quarantined += outcome.quarantined
-        for result in outcome.results:
-            result.index = part[result.index].index
-            results[result.index] = result
+        quarantined += _taken(outcome, part, results)
     if quarantined:
-        with database.unit_of_work() as session:
-            quarantine.keep(session, quarantined, now)
-            session.commit()
-    if failures:
-        raise isolation.PartFailed(f"{len(failures)} accounts' events could not all be recorded")
-    assert all(r is not None for r in results)
-    return service.BatchOutcome([r for r in results if r is not None])
+        _keep_quarantined(database, quarantined, now)
+    return _answer(results, failures)
 
 
 def _record_part(
@@ -163,12 +155,28 @@ async def record_batch_on_nodes(
         except isolation.PartFailed as failed:  # the account's other events are in
             failures.append(failed)
             continue
-        quarantined += outcome.quarantined
-        for result in outcome.results:
-            result.index = part[result.index].index
-            results[result.index] = result
+        quarantined += _taken(outcome, part, results)
     if quarantined:
         await database.in_writer_thread(_keep_quarantined, database, quarantined, now)
+    return _answer(results, failures)
+
+
+def _taken(
+    outcome: service.BatchOutcome, part: Sequence[Event], results: list[service.Result | None]
+) -> list[Event]:
+    """A part's ``outcome`` (its indices positions in ``part``) into the batch's ``results``;
+    its quarantined events, left for the batch to keep."""
+    for result in outcome.results:
+        result.index = part[result.index].index
+        results[result.index] = result
+    return list(outcome.quarantined)
+
+
+def _answer(
+    results: list[service.Result | None], failures: Sequence[isolation.PartFailed]
+) -> service.BatchOutcome:
+    """The batch's outcome, once every part has its results; refused (500) when a part's events
+    could not all be recorded (the other accounts' are in)."""
     if failures:
         raise isolation.PartFailed(f"{len(failures)} accounts' events could not all be recorded")
     assert all(r is not None for r in results)
@@ -176,6 +184,7 @@ async def record_batch_on_nodes(
 
 
 def _keep_quarantined(database: Database, events: Sequence[Event], now: datetime) -> None:
+    """The batch's quarantined events, in one transaction of their own."""
     with database.unit_of_work() as session:
         quarantine.keep(session, events, now)
         session.commit()

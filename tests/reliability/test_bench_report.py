@@ -180,30 +180,6 @@ class TestLedger:
         p99 = by_name(results)["ledger.p99"]
         assert (p99.target, p99.unit, p99.higher_is_better) == ("<= 10 ms", "ms", False)
 
-    def test_the_counting_counts_the_calls_a_server_on_the_coordinator_sends(
-        self, tmp_path: Path
-    ) -> None:
-        """The control of the figures' 0.00 commands node→node: the same counting, of a server
-        connected to the coordinator alone, finds each gateway call delegated to a worker (a
-        command from the coordinator, naming its one-account function)."""
-        config = bench_citus.Config(
-            **CITUS_SMALL, coordinator_url=CITUS_MAINTENANCE_URL, every_node=False
-        )
-        with (
-            bench_citus.citus_database(config.coordinator_url, config.shard_count) as url,
-            bench_citus._side(config, "cluster", url, [], tmp_path) as side,
-        ):
-            trips, problems = bench_citus.count_round_trips(config, url, side.fixture, tmp_path)
-        assert problems == []
-        auth, single, batch = (
-            trips[kind] for kind in (bench_citus.AUTH, bench_citus.EVENT, bench_citus.BATCH)
-        )
-        assert auth.per(auth.sent) >= 2, auth  # the check-and-hold and the void
-        assert auth.calls.keys() == {"place_holds", "void"}, auth
-        assert single.per(single.sent) >= 1 and "record_usage" in single.calls, single
-        # Each batch's one account's part, in two calls (the test's batches name one account).
-        assert batch.calls.get("record_gathered", 0) >= 2, batch
-
     def test_a_gateway_token_that_no_longer_matches_fails_every_figure(self) -> None:
         """Every authorization 401 (fast ones, too): no figure is met."""
         code = CodeUnderTest(server_env=(("METERING_GATEWAY_TOKENS", "rotated-away"),))
