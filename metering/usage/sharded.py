@@ -54,15 +54,9 @@ def record_batch(
     results, events = parsed
     with database.reading() as session:
         accounts = repository.key_accounts(session, service.lookup_pairs(events))
-    parts: dict[str | None, list[Event]] = {}
-    for event in events:
-        parts.setdefault(accounts.get(event.api_key_id or ""), []).append(event)
     quarantined: list[Event] = []
     failures = []
-    # In byte order of account (as every debit locks accounts); no account's (unknown keys:
-    # no statement) first.
-    for account_id in sorted(parts, key=lambda a: (a is not None, a or "")):
-        part = parts[account_id]
+    for _account_id, part in _by_account(events, accounts):
         try:
             outcome = _record_part(database, raws, now, part, accounts)
         except isolation.PartFailed as failed:  # the account's other events are in
@@ -123,13 +117,9 @@ async def record_batch_on_nodes(
     results, events = service.parse(raws, now)
     pairs = service.lookup_pairs(events)
     accounts = await database.run(_key_accounts(pairs), postgresql=single.OneAccount, sqlite=None)
-    parts: dict[str | None, list[Event]] = {}
-    for event in events:
-        parts.setdefault(accounts.get(event.api_key_id or ""), []).append(event)
     quarantined: list[Event] = []
     failures = []
-    for account_id in sorted(parts, key=lambda a: (a is not None, a or "")):
-        part = parts[account_id]
+    for account_id, part in _by_account(events, accounts):
         if account_id is None:  # unknown keys
             service.price_events(part, {}, PriceBook())
             quarantined += service.quarantine_results(results, part)
@@ -159,6 +149,17 @@ async def record_batch_on_nodes(
     if quarantined:
         await database.in_writer_thread(_keep_quarantined, database, quarantined, now)
     return _answer(results, failures)
+
+
+def _by_account(
+    events: Sequence[Event], accounts: service.Accounts
+) -> list[tuple[str | None, list[Event]]]:
+    """The batch's events by the account of their keys, in byte order of account (as every
+    debit locks accounts), those of no account's key (unknown keys: no statement) first."""
+    parts: dict[str | None, list[Event]] = {}
+    for event in events:
+        parts.setdefault(accounts.get(event.api_key_id or ""), []).append(event)
+    return sorted(parts.items(), key=lambda item: (item[0] is not None, item[0] or ""))
 
 
 def _taken(
@@ -218,7 +219,7 @@ def _part(events: list[Event], now: datetime, account_id: str) -> Steps[_Found |
     if first:
         # In the order of their keys, as the batch path inserts them.
         firsts = [first[key] for key in sorted(first)]
-        booked = yield lambda db: db.record_part(firsts, now)
+        booked = yield lambda db: db.record_new(firsts, now)
         new = {key for key in first if key[1] in booked}
     taken = sorted(key for key in first if key not in new)
     stored: _Stored = {}

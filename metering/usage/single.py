@@ -306,19 +306,25 @@ class _Statements:
         """The request ids of those of ``events`` that were new (recorded); None when the
         database refused them (nothing was written, the program being one transaction).
         ``STALE``: a lookup remembered had changed, nothing was written."""
-        params = self._gathered_params(events, now)
         confirming, self._confirming = self._confirming, None
         try:
             if confirming is None:
-                cursor = await self._connection.execute(self.RECORD_GATHERED, params)
-                row = await cursor.fetchone()
-            else:
-                pairs, confirm = confirming
-                row = await self._confirmed(self.RECORD_GATHERED_CONFIRMED, {**params, **confirm})
-                if row is None:
-                    return _stale(pairs)
+                return await self.record_new(events, now)
+            pairs, confirm = confirming
+            params = {**self._gathered_params(events, now), **confirm}
+            row = await self._confirmed(self.RECORD_GATHERED_CONFIRMED, params)
         except psycopg.DatabaseError:
             return None
+        return _stale(pairs) if row is None else set(row[0] or ())
+
+    async def record_new(self, events: list[Event], now: datetime) -> set[str]:
+        """The request ids of those of ``events`` that were new (recorded), by one call of
+        ``RECORD_GATHERED`` (of its account, on a cluster); a refusal of the database raised
+        (nothing was written, the program being one transaction)."""
+        cursor = await self._connection.execute(
+            self.RECORD_GATHERED, self._gathered_params(events, now)
+        )
+        row = await cursor.fetchone()
         assert row is not None
         return set(row[0] or ())
 
@@ -394,12 +400,9 @@ class OneAccount(_Statements):
             if key is not None and key.account_id == account_id:
                 return keys, book
             _KEY_ACCOUNTS.forget(key_id)
-        params = repository.lookup_params(pairs, POSTGRESQL)
-        cursor = await self._connection.execute(repository.KEY_ACCOUNTS, params)
-        found = await cursor.fetchall()
-        if not found:
+        account_id = (await self.key_accounts(pairs)).get(key_id)
+        if account_id is None:
             return {}, PriceBook()  # an unknown key: the general path quarantines it
-        [(_key, account_id)] = found
         _KEY_ACCOUNTS.keep(key_id, account_id)
         return await self._lookup_of(key_id, model_key, account_id)
 
@@ -412,15 +415,6 @@ class OneAccount(_Statements):
         params = repository.of_account(repository.lookup_params(pairs, POSTGRESQL), account_id)
         cursor = await self._connection.execute(repository.CITUS_SCOPE_LIMITS, params)
         return await cursor.fetchall()
-
-    async def record_part(self, events: list[Event], now: datetime) -> set[str]:
-        """The request ids of those of ``events`` (an account's part of a batch) that were new
-        (recorded), by one call; a refusal of the database raised (nothing was written)."""
-        params = self._gathered_params(events, now)
-        cursor = await self._connection.execute(self.RECORD_GATHERED, params)
-        row = await cursor.fetchone()
-        assert row is not None
-        return set(row[0] or ())
 
     async def key_accounts(self, pairs: list[tuple[str, str]]) -> dict[str, str]:
         """The account of each known key of ``pairs`` (``api_keys``, a reference table: read on
