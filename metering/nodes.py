@@ -9,9 +9,15 @@ own tables. So a process keeps Citus' map of which node holds each hash range of
 (``pg_dist_shard``, ``pg_dist_placement``, ``pg_dist_node``: the same on every node), re-read
 every ``ROUTES_SECONDS``, and hashes each account's id as Citus does (metering.kit.pghash).
 
-Nothing is decided on it. A call sent to a node that no longer holds the account (a shard moved
-since the map was read, or a node the URL does not name) is planned there and delegated, as
-before, exactly; only its hop comes back until the map is read again.
+A call sent to the node that holds its account goes as a statement Citus does not take for a
+call it might delegate (``ON_ITS_NODE``): Citus would plan the call as it is at every call
+(metering.citus.one_account ``not_delegable``), and there it has nowhere to delegate it.
+
+Nothing is decided on the map. A call sent to a node that no longer holds the account (a shard
+moved since the map was read) runs there, its statements sent by Citus to the node that holds the
+shard now, exactly, as a call in a transaction block runs; a call of an account whose node the
+URL does not name goes as it is, to any node, which delegates it. Either pays its hops until the
+map is read again.
 
 ``RoutedConnection`` is what a unit of work's statements run on (``Database.run``): a statement
 whose parameters name an account (``ROUTED_BY``) on a connection to that account's node, any
@@ -40,6 +46,10 @@ log = logging.getLogger(__name__)
 # The parameter by which a one-account statement names its account (metering.citus.one_account's
 # ``ACCOUNT``): what a statement is routed by.
 ROUTED_BY = "p_account_id"
+# Each one-account call that runs whole on the node holding its account (a delegated form of
+# metering.citus.one_account), as sent to that node: a statement Citus plans once per backend
+# there, where it would plan the call as it is at every call, as a call it might delegate.
+ON_ITS_NODE: dict[str, str] = {}
 # How long a process keeps the map before reading it again (a shard moved meanwhile costs its
 # calls a hop, nothing else).
 ROUTES_SECONDS = 10.0
@@ -198,8 +208,11 @@ class RoutedConnection:
             if self._routes.due():
                 await self._routes.refresh(await self._any())
             node = self._routes.node_of(str(account))
-        connection = await self._any() if node is None else await self._on(node)
-        return await connection.execute(query, params)
+        if node is None:
+            return await (await self._any()).execute(query, params)
+        if isinstance(query, str):
+            query = ON_ITS_NODE.get(query, query)
+        return await (await self._on(node)).execute(query, params)
 
     async def _on(self, node: Node | None) -> psycopg.AsyncConnection[Any]:
         connection = self._held.get(node)

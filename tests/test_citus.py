@@ -16,6 +16,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 from alembic.command import upgrade as alembic_upgrade
 from sqlalchemy import Text, bindparam, create_engine, select, text, update
@@ -23,10 +24,11 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.sql.selectable import Exists, ScalarSelect
 from sqlalchemy.sql.visitors import iterate
 
-from metering import citus, migrate
+from metering import citus, migrate, nodes
 from metering import programs as p
 from metering.citus import shard_forms
 from metering.citus.apart import read_apart
+from metering.ledger.placement.program import VOID_OF_ACCOUNT
 from metering.ledger.resolution import AT, MODEL_KEY, SECRET_HASH, resolution_text_apart
 from metering.models import Base
 from metering.notifications import delivery
@@ -1357,6 +1359,42 @@ class TestShardForms:
                 for other, node in workers.items():
                     if other != port:
                         assert _calls_of_shard_forms(node) == {}, other
+
+    def test_a_call_on_its_accounts_node_is_planned_once_per_backend(self) -> None:
+        """A void sent to the worker holding its account as the service sends it there
+        (``nodes.ON_ITS_NODE``): after the plan cache's first calls, no statement of it is
+        planned again, neither the call nor the calls it makes of its dispatcher and shard form
+        (``log_planner_stats``: a line each time the planner runs). The call as it is, which
+        Citus takes for one it might delegate, is planned at every call."""
+        if not CITUS:
+            pytest.fail("this test needs Citus (METERING_TEST_BACKENDS excludes it; `make citus`)")
+        call = VOID_OF_ACCOUNT.call_sql
+        with fresh_citus_database() as url:
+            migrate.upgrade(url)
+            account = "acct_planned_once"
+            _group, port = holder(url, account)
+            worker = make_url(url).set(port=port, drivername="postgresql")
+            params = {"p_account_id": account, "p_hold_id": "auth_none", "p_now": NOW}
+            planned: list[str] = []
+            with psycopg.connect(worker.render_as_string(False), autocommit=True) as connection:
+                connection.add_notice_handler(
+                    lambda notice: planned.append(notice.message_primary or "")
+                )
+                connection.execute("SET log_planner_stats = on")
+                connection.execute("SET client_min_messages = log")
+
+                def plans(statement: str) -> int:
+                    # psycopg prepares it after five executions, the plan cache then plans its
+                    # next five (and each of its statements its first five) for their values.
+                    for _ in range(15):
+                        connection.execute(statement, params).fetchall()
+                    planned.clear()
+                    for _ in range(5):
+                        assert connection.execute(statement, params).fetchall() == []
+                    return sum("PLANNER STATISTICS" in line for line in planned)
+
+                assert plans(nodes.ON_ITS_NODE[call]) == 0
+                assert plans(call) >= 5
 
 
 def _calls_of_shard_forms(url: str) -> dict[str, int]:

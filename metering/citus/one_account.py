@@ -45,7 +45,7 @@ from sqlalchemy.sql.visitors import iterate
 
 from metering import programs as p
 from metering.citus.placement import SCOPE
-from metering.nodes import ROUTED_BY
+from metering.nodes import ON_ITS_NODE, ROUTED_BY
 from metering.programs.plpgsql import PlpgsqlCompiler, PsycopgCompiler, function_params
 
 # The argument a one-account program is sent to the account's node by (its first), by Citus and
@@ -331,6 +331,27 @@ def delegated_settings(citus_release: str) -> dict[str, str]:
     return {PLAN_CACHE_MODE: "force_custom_plan"} if citus_release in PLANS_PILE_UP else {}
 
 
+# A call of a function Citus has propagated (every function ``metering migrate`` makes on a
+# cluster) whose arguments hold a parameter is planned at every call: Citus' planner, taking it
+# for a call it might delegate, makes the plan's cost too high to keep (function_call_delegation
+# .c, ``DissuadePlannerFromUsingPlan``), before it asks whether the function is one it delegates
+# at all. It looks only at a statement's own ``FROM`` (one function) and select list, not into a
+# subquery, so the same call as a subquery that is never pulled up (``OFFSET 0``) is planned
+# once per backend, as on one server; it is then never delegated either (docs/citus.md).
+NOT_DELEGABLE = "not_delegable"
+
+
+def not_delegable(call: Select[Any], name: str = NOT_DELEGABLE) -> Any:
+    """``call`` (a statement of one function call) as a subquery Citus takes for no call it
+    might delegate, named ``name``: planned once per backend."""
+    return call.offset(0).subquery(name)
+
+
+def not_delegable_sql(call_sql: str) -> str:
+    """``not_delegable`` of a call's text (a ``SELECT`` of one function call)."""
+    return f"SELECT * FROM ({call_sql} OFFSET 0) AS {NOT_DELEGABLE}"
+
+
 def of_account(
     program: p.Program, *, delegated: bool = True, shard_settings: Mapping[str, str] | None = None
 ) -> p.Program:
@@ -339,10 +360,13 @@ def of_account(
     ``programs.ONE_SHARD`` and limited to the account's shard (see the module); the account's
     shard locked against a move's switch-over first (``LOCK_ACCOUNT_SHARD``). A delegated form
     then runs its shard form where this node holds the account's shard (metering.citus
-    .shard_forms: the same steps on the shard group's tables, registered in ``SHARD_FORMS``),
-    its own statements otherwise. A shard form's statements are plain PostgreSQL's, so its
-    inserts of a program's rows stay one ``INSERT … SELECT`` each, as one server's (a loop of
-    rows costs a statement per row there), each row's id drawn by the SELECT (``_id_drawn``).
+    .shard_forms: the same steps on the shard group's tables, registered in ``SHARD_FORMS``;
+    called through its dispatcher, each call ``not_delegable``), its own statements otherwise.
+    Its call as the service sends it to the node holding the account is registered in
+    ``nodes.ON_ITS_NODE`` (``not_delegable_sql``). A shard form's statements are plain
+    PostgreSQL's, so its inserts of a program's rows stay one ``INSERT … SELECT`` each, as one
+    server's (a loop of rows costs a statement per row there), each row's id drawn by the
+    SELECT (``_id_drawn``).
 
     ``delegated``: the form is called on its own, so Citus sends the call whole to the account's
     node and its statements run there, where an insert of a program's rows is a loop of
@@ -394,6 +418,7 @@ def of_account(
         ),
     )
     SHARD_FORMS[generic.name] = shard_form
+    ON_ITS_NODE[generic.call_sql] = not_delegable_sql(generic.call_sql)
     return generic
 
 
@@ -423,9 +448,10 @@ def _dispatched(
         return (p.Return(call),)
     into = tuple(p.Var(f"v_sf_{column}", kind) for column, kind in columns)
     rows = call.table_valued(*(column for column, _ in columns), name="shard_form")
+    called = not_delegable(select(*(rows.c[column] for column, _ in columns)), "shard_form")
     return (
         p.ForEach(
-            select(*(rows.c[column] for column, _ in columns)),
+            select(*(called.c[column] for column, _ in columns)),
             into=into,
             steps=(p.Emit(tuple(v.ref for v in into)),),
         ),

@@ -45,7 +45,13 @@ from dataclasses import dataclass, field
 
 from sqlalchemy import Connection, create_engine, text
 
-from metering.citus.one_account import OF_SHARD, OF_SHARDS, SHARD_FORMS, SHARD_MARK
+from metering.citus.one_account import (
+    OF_SHARD,
+    OF_SHARDS,
+    SHARD_FORMS,
+    SHARD_MARK,
+    not_delegable_sql,
+)
 from metering.db import Kind, probe
 from metering.programs import Program
 from metering.programs.plpgsql import function_params, result_type
@@ -137,7 +143,8 @@ def shard_form(generic_name: str, group: ShardGroup) -> str:
 
 def dispatcher(generic_name: str, shard_ids: Sequence[int]) -> str:
     """The ``CREATE OR REPLACE FUNCTION`` of a program's dispatcher over ``shard_ids``: the
-    shard form of the shard it is given called, found by halves; a shard with none refused."""
+    shard form of the shard it is given called, found by halves (``not_delegable``: its plan
+    kept); a shard with none refused."""
     program = forms()[generic_name]
     base = program.name.removesuffix(OF_SHARD)
     params = [pair for param in program.params for pair in function_params(param)]
@@ -146,7 +153,9 @@ def dispatcher(generic_name: str, shard_ids: Sequence[int]) -> str:
 
     def call(shard_id: int) -> str:
         made = f"{program.name}_{shard_id}({arguments})"
-        return f"RETURN {made};" if scalar else f"RETURN QUERY SELECT * FROM {made}; RETURN;"
+        if scalar:
+            return f"RETURN {made};"
+        return f"RETURN QUERY {not_delegable_sql(f'SELECT * FROM {made}')}; RETURN;"
 
     def halves(ids: Sequence[int], depth: int) -> list[str]:
         pad = "    " * depth

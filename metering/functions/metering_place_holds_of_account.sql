@@ -113,7 +113,9 @@ BEGIN
     IF metering_shard_forms_here(v_shard) THEN
         FOR v_sf_hold_id, v_sf_outcome, v_sf_available, v_sf_spent IN
         SELECT shard_form.hold_id, shard_form.outcome, shard_form.available, shard_form.spent
+        FROM (SELECT shard_form.hold_id AS hold_id, shard_form.outcome AS outcome, shard_form.available AS available, shard_form.spent AS spent
         FROM metering_place_holds_of_shards(v_shard, p_account_id, p_now, p_holds) AS shard_form
+         LIMIT ALL OFFSET 0) AS shard_form
         LOOP
             hold_id := v_sf_hold_id;
             outcome := v_sf_outcome;
