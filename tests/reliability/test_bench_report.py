@@ -433,9 +433,15 @@ class TestCitus:
             assert "; 0.00 commands node→node" in label, label
         assert "delegated calls among them: authorizations none" in printed, printed
         assert "The cluster's API server connects to every node" in printed, printed
-        # Both sides' durability the same (the cluster's nodes set to the server's for the run).
-        settings = re.search(r"Settings: one server (.*); cluster nodes (.*)\.", printed)
+        # Both sides' durability the same (the cluster's nodes set to the server's for the run),
+        # and their connections alike: the test's server has no TLS, and the cluster's server
+        # none either (Citus turned ssl on in its nodes).
+        settings = re.search(
+            r"Settings: one server (.*); cluster nodes (.*); the API servers' connections: (.*)\.",
+            printed,
+        )
         assert settings is not None and settings[1] == settings[2], printed
+        assert "sslmode=disable" in settings[3], printed
         assert "webhook message delivered (20 over 2 accounts)" in printed
 
     def test_the_counting_counts_the_calls_a_server_on_the_coordinator_sends(
