@@ -341,10 +341,10 @@ def delegated_settings(citus_release: str) -> dict[str, str]:
 NOT_DELEGABLE = "not_delegable"
 
 
-def not_delegable(call: Select[Any], name: str = NOT_DELEGABLE) -> Any:
+def not_delegable(call: Select[Any]) -> Any:
     """``call`` (a statement of one function call) as a subquery Citus takes for no call it
-    might delegate, named ``name``: planned once per backend."""
-    return call.offset(0).subquery(name)
+    might delegate: planned once per backend."""
+    return call.offset(0).subquery(NOT_DELEGABLE)
 
 
 def not_delegable_sql(call_sql: str) -> str:
@@ -448,7 +448,7 @@ def _dispatched(
         return (p.Return(call),)
     into = tuple(p.Var(f"v_sf_{column}", kind) for column, kind in columns)
     rows = call.table_valued(*(column for column, _ in columns), name="shard_form")
-    called = not_delegable(select(*(rows.c[column] for column, _ in columns)), "shard_form")
+    called = not_delegable(select(*(rows.c[column] for column, _ in columns)))
     return (
         p.ForEach(
             select(*(called.c[column] for column, _ in columns)),

@@ -45,10 +45,10 @@ BEGIN
     PERFORM lock_shard_metadata(5, ARRAY[v_shard]) AS shard_locked;
     IF metering_shard_forms_here(v_shard) THEN
         FOR v_sf_kind, v_sf_a, v_sf_b, v_sf_c, v_sf_at, v_sf_price_version_id, v_sf_input_microcents_per_million, v_sf_output_microcents_per_million, v_sf_cache_read_microcents_per_million, v_sf_project_id, v_sf_member_id, v_sf_spend_limit, v_sf_spend_window, v_sf_scope_limits IN
-        SELECT shard_form.kind, shard_form.a, shard_form.b, shard_form.c, shard_form.at, shard_form.price_version_id, shard_form.input_microcents_per_million, shard_form.output_microcents_per_million, shard_form.cache_read_microcents_per_million, shard_form.project_id, shard_form.member_id, shard_form.spend_limit, shard_form.spend_window, shard_form.scope_limits
+        SELECT not_delegable.kind, not_delegable.a, not_delegable.b, not_delegable.c, not_delegable.at, not_delegable.price_version_id, not_delegable.input_microcents_per_million, not_delegable.output_microcents_per_million, not_delegable.cache_read_microcents_per_million, not_delegable.project_id, not_delegable.member_id, not_delegable.spend_limit, not_delegable.spend_window, not_delegable.scope_limits
         FROM (SELECT shard_form.kind AS kind, shard_form.a AS a, shard_form.b AS b, shard_form.c AS c, shard_form.at AS at, shard_form.price_version_id AS price_version_id, shard_form.input_microcents_per_million AS input_microcents_per_million, shard_form.output_microcents_per_million AS output_microcents_per_million, shard_form.cache_read_microcents_per_million AS cache_read_microcents_per_million, shard_form.project_id AS project_id, shard_form.member_id AS member_id, shard_form.spend_limit AS spend_limit, shard_form.spend_window AS spend_window, shard_form.scope_limits AS scope_limits
         FROM metering_lookup_of_shards(v_shard, p_account_id, p_api_key_id, p_model_key) AS shard_form
-         LIMIT ALL OFFSET 0) AS shard_form
+         LIMIT ALL OFFSET 0) AS not_delegable
         LOOP
             kind := v_sf_kind;
             a := v_sf_a;

@@ -112,10 +112,10 @@ BEGIN
     PERFORM lock_shard_metadata(5, ARRAY[v_shard]) AS shard_locked;
     IF metering_shard_forms_here(v_shard) THEN
         FOR v_sf_hold_id, v_sf_outcome, v_sf_available, v_sf_spent IN
-        SELECT shard_form.hold_id, shard_form.outcome, shard_form.available, shard_form.spent
+        SELECT not_delegable.hold_id, not_delegable.outcome, not_delegable.available, not_delegable.spent
         FROM (SELECT shard_form.hold_id AS hold_id, shard_form.outcome AS outcome, shard_form.available AS available, shard_form.spent AS spent
         FROM metering_place_holds_of_shards(v_shard, p_account_id, p_now, p_holds) AS shard_form
-         LIMIT ALL OFFSET 0) AS shard_form
+         LIMIT ALL OFFSET 0) AS not_delegable
         LOOP
             hold_id := v_sf_hold_id;
             outcome := v_sf_outcome;

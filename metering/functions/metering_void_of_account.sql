@@ -27,10 +27,10 @@ BEGIN
     PERFORM lock_shard_metadata(5, ARRAY[v_shard]) AS shard_locked;
     IF metering_shard_forms_here(v_shard) THEN
         FOR v_sf_id, v_sf_status, v_sf_request_id, v_sf_account_id, v_sf_api_key_id, v_sf_model_id, v_sf_max_tokens, v_sf_estimate_microcents, v_sf_expires_at IN
-        SELECT shard_form.id, shard_form.status, shard_form.request_id, shard_form.account_id, shard_form.api_key_id, shard_form.model_id, shard_form.max_tokens, shard_form.estimate_microcents, shard_form.expires_at
+        SELECT not_delegable.id, not_delegable.status, not_delegable.request_id, not_delegable.account_id, not_delegable.api_key_id, not_delegable.model_id, not_delegable.max_tokens, not_delegable.estimate_microcents, not_delegable.expires_at
         FROM (SELECT shard_form.id AS id, shard_form.status AS status, shard_form.request_id AS request_id, shard_form.account_id AS account_id, shard_form.api_key_id AS api_key_id, shard_form.model_id AS model_id, shard_form.max_tokens AS max_tokens, shard_form.estimate_microcents AS estimate_microcents, shard_form.expires_at AS expires_at
         FROM metering_void_of_shards(v_shard, p_account_id, p_hold_id, p_now) AS shard_form
-         LIMIT ALL OFFSET 0) AS shard_form
+         LIMIT ALL OFFSET 0) AS not_delegable
         LOOP
             id := v_sf_id;
             status := v_sf_status;
