@@ -143,6 +143,9 @@ def test_voids_together_that_meet_in_a_deadlock_are_made_one_by_one(plain_pg_api
         mine = await psycopg.AsyncConnection.connect(conninfo, autocommit=True)
         try:
             await other.execute("SET deadlock_timeout = '30s'")
+            # Its own check two seconds into its wait: the 0.5 s below stays well inside it
+            # on a busy machine (the default, one second, left 0.496 s once).
+            await mine.execute("SET deadlock_timeout = '2s'")
             await other.execute(lock, (high,))
             together = asyncio.create_task(
                 PostgresHolds(mine, cluster=False).void_all([(low, NOW), (high, NOW)])
@@ -151,7 +154,7 @@ def test_voids_together_that_meet_in_a_deadlock_are_made_one_by_one(plain_pg_api
             started = time.monotonic()
             await other.execute(lock, (low,))
             # It waited for the statement's lock on the first hold until the statement's own
-            # deadlock check (after a second) refused the statement: far before its own check.
+            # deadlock check (after two seconds) refused the statement: far before its own.
             assert 0.5 < time.monotonic() - started < 20
             await asyncio.sleep(0.2)
             assert not together.done()  # now waiting, alone, for the second
