@@ -7,8 +7,11 @@ workers; ``scripts/citus.sh start`` when its coordinator does not answer) — ea
 ``metering migrate`` (which distributes the schema on the cluster) and set up the same way
 through the admin API: ``accounts`` prepaid accounts with a key and three grants each (the first
 ``ingest_accounts`` with a second key), a priced model list and a concurrency limit each. Each
-has its own server (``workers`` uvicorn workers). Then, alternated for ``rounds`` rounds (one
-server, the cluster, one server, ...), the same three loads on each:
+has its own server (``workers`` uvicorn workers). Each side first runs each load for
+``warming`` seconds, measured apart and left out of the figures (a service that has run a while:
+its pools full, each database backend past its first calls of each program it runs, which on
+the cluster are each shard's own). Then, alternated for ``rounds`` rounds (one server, the
+cluster, one server, ...), the same three loads on each:
 
 * authorizations: ``clients`` clients over every account, each hold voided before the next
   request (bench_ledger's (a));
@@ -43,9 +46,8 @@ worker, from which each added worker's throughput is projected:
   start is left out with their start).
 
 Run: ``make bench BENCH=citus`` (``python -m bench citus``). Settings: ``BENCH_ROUNDS`` (3),
-``BENCH_CITUS_SECONDS`` (20 per load, after 1 s of warm-up: long enough that what a worker
-backend spends on its first calls of each shard's functions, once in its life, is a small part,
-as in a service that has been running; docs/citus.md), ``BENCH_CITUS_NODES`` (``every``: the
+``BENCH_CITUS_SECONDS`` (20 per load, after 1 s of warm-up), ``BENCH_CITUS_WARMING`` (30: each
+load's seconds on each side before the rounds; docs/citus.md), ``BENCH_CITUS_NODES`` (``every``: the
 cluster's API server connects to every node; ``coordinator``: to the coordinator only),
 ``BENCH_CITUS_WORKERS`` (2),
 ``METERING_TEST_PG_URL`` (the single server), ``CITUS_PORT`` (the coordinator's port, 9700, the
@@ -116,6 +118,9 @@ class Config:
 
     seconds: float = float(os.environ.get("BENCH_CITUS_SECONDS", "20"))
     warmup: float = 1.0
+    # Before the first round, each side runs each load this long, measured apart (the
+    # "warming" figures) and left out of the rounds': a service that has run a while.
+    warming: float = float(os.environ.get("BENCH_CITUS_WARMING", "30"))
     rounds: int = common.ROUNDS
     workers: int = int(os.environ.get("BENCH_CITUS_WORKERS", "2"))
     accounts: int = 100
@@ -420,6 +425,10 @@ class Side:
     loads: dict[str, Measured] = field(
         default_factory=lambda: {AUTH: Measured(), BATCH: Measured(), EVENT: Measured()}
     )
+    # The loads run before the rounds (Config.warming), measured apart.
+    warming: dict[str, Measured] = field(
+        default_factory=lambda: {AUTH: Measured(), BATCH: Measured(), EVENT: Measured()}
+    )
     verify_problems: list[str] = field(default_factory=list)
 
     def tiers(self) -> list[Tier]:
@@ -459,14 +468,46 @@ def _setup(config: Config, url: str, base_url: str, workdir: Path) -> Fixture:
     return Fixture(keys, key_ids, books, accounts)
 
 
-def _measure(side: Side, kind: str, drive: Any, per_operation: int = 1) -> LoadResult:
+def _measure(
+    side: Side, kind: str, drive: Any, per_operation: int = 1, warming: bool = False
+) -> LoadResult:
     tiers = side.tiers()
     before = snapshot(tiers)
     load: LoadResult = drive()
     used = spent(before, snapshot(tiers))
-    side.loads[kind].add(load.rate * per_operation, load.attempted * per_operation, used)
+    measured = (side.warming if warming else side.loads)[kind]
+    measured.add(load.rate * per_operation, load.attempted * per_operation, used)
     side.loads[kind].problems += load.problems(side.name)
     return load
+
+
+def _warm(config: Config, side: Side, bodies: tuple[Bodies, Bodies]) -> None:
+    """Each load for ``config.warming`` seconds, before the rounds, measured apart: what a
+    service that has run a while no longer pays. Its pools have opened their connections; each
+    node's backend has compiled and planned, once in its life, the programs of every shard it
+    has met (on the cluster each worker holds many shards, and each backend meets them all:
+    docs/citus.md). Not measured here, they would be charged to the first round's loads, as
+    many times over as that round is short."""
+    if config.warming <= 0:
+        return
+    headers = {"Authorization": f"Bearer {GATEWAY_TOKEN}"}
+    secrets_ = side.fixture.secrets
+    voids = Load(lambda c, i: secrets_[(c * 7 + i) % len(secrets_)])
+    _measure(
+        side,
+        AUTH,
+        lambda: run_load(side.server.base_url, config.clients, config.warming, voids, headers, 0),
+        warming=True,
+    )
+    ingest = IngestConfig(seconds=config.warming, warmup=0, senders=config.senders)
+    for kind, these in ((BATCH, bodies[0]), (EVENT, bodies[1])):
+        _measure(
+            side,
+            kind,
+            lambda these=these: drive_ingest(ingest, side.server.base_url, these, side.sent),
+            these.size,
+            warming=True,
+        )
 
 
 def _settle(config: Config, side: Side, kind: str, bodies: tuple[Bodies, Bodies]) -> None:
@@ -775,13 +816,23 @@ def count_round_trips(
             except Exception as exc:  # an Unexpected answer: reported, never counted as met
                 problems.append(f"counting: {exc}")
 
-        for kind, operation, count in (
-            (AUTH, authorize, config.counted),
-            (EVENT, lambda i: ingest(singles, i), config.counted),
-            (BATCH, lambda i: ingest(batches, 1_000 + i), 2),
+        # Each kind warmed first, unmeasured: the server's caches, its pools' connections; the
+        # single events' by an event of each (key, model) the counted ones name (the same
+        # template: ``Bodies``), whose lookup the server then remembers, as a server that has
+        # run a while remembers its pairs' (metering.usage.single).
+        same_pair = len(singles.templates) * 1_000
+        for kind, operation, count, warm in (
+            (AUTH, authorize, config.counted, [10_000 + i for i in range(3)]),
+            (
+                EVENT,
+                lambda i: ingest(singles, i),
+                config.counted,
+                [same_pair + i for i in range(config.counted)],
+            ),
+            (BATCH, lambda i: ingest(batches, 1_000 + i), 2, [10_000 + i for i in range(3)]),
         ):
-            for index in range(3):  # warm: the server's caches, its pools' connections
-                operation(10_000 + index)
+            for index in warm:
+                operation(index)
             for log in logs:
                 log.mark()
             opened = [_sessions(node, database) for node in nodes]
@@ -970,6 +1021,8 @@ def run(config: Config | None = None) -> list[Result]:
                 )
                 for side in (single, cluster)
             }
+            for side in (single, cluster):
+                _warm(config, side, bodies[side.name])
             for index in range(config.rounds):
                 for side in (single, cluster):
                     summary = _round(config, side, bodies[side.name], workdir / "cli")
@@ -1057,7 +1110,8 @@ def report(
     print()
     print(
         "   Cost per operation: CPU from /proc over every load of every round, warm-up included, "
-        "each load after a brief unmeasured one of its kind (the API server's processes; on "
+        "each load after a brief unmeasured one of its kind, the rounds after each side's "
+        "warming (below) (the API server's processes; on "
         "each node its backends in the bench's database, and on "
         "the cluster's nodes those that ended meanwhile); an authorization with its void, an "
         "event of a batch, a single-event request. Commands counted from the cluster's logs "
@@ -1105,7 +1159,8 @@ def report(
         if t.connections
     }
     print(
-        "   Connections made meanwhile (one client, after 3 operations of warm-up): "
+        "   Connections made meanwhile (one client, after 3 operations of warm-up, single "
+        "events after one of each pair): "
         + "; ".join(f"{PLURAL[kind]}: {text}" for kind, text in made.items())
     )
     event_trips = trips[EVENT]
@@ -1114,11 +1169,18 @@ def report(
             f"   {len(event_trips.errors)} errors in the coordinator's log while the single events "
             f"were counted, e.g. {event_trips.errors[0][:200]!r}"
         )
-    if event_trips.calls.get("record_usage") == event_trips.operations and not event_trips.errors:
-        path = "one delegated call of metering_record_usage_of_account"
-    elif event_trips.calls.get("record_usage"):
+    # Its record: confirming the lookup the server remembers (after the warm-up's events, every
+    # one), or not.
+    records = event_trips.calls.get("record_usage_confirmed", 0)
+    records += event_trips.calls.get("record_usage", 0)
+    if records == event_trips.operations and not event_trips.errors:
         path = (
-            "a delegated call of metering_record_usage_of_account that failed, then a "
+            "one delegated call of metering_record_usage_confirmed_of_account (the lookup the "
+            "server remembers, confirmed in the call)"
+        )
+    elif records:
+        path = (
+            "a delegated call of its record that failed, then a "
             "per-account transaction of routed statements. Each failed call costs the worker a "
             "connection: the coordinator closes its connection after the error, and the next "
             "operation of that session opens another, whose backend's start is the CPU in "
@@ -1127,8 +1189,9 @@ def report(
         )
     elif not event_trips.sent and not event_trips.errors:
         path = (
-            "one call of metering_record_usage_of_account, sent by the API server to the node "
-            "holding the account and run there (no command from one node to another)"
+            "one call of metering_record_usage_confirmed_of_account (the lookup the server "
+            "remembers, confirmed in the call), sent by the API server to the node holding the "
+            "account and run there (no command from one node to another)"
         )
     else:
         path = "a per-account transaction of routed statements (no delegated call)"
@@ -1181,6 +1244,18 @@ def report(
         "API ceiling per core",
     )
     print("\n".join("   " + line for line in table(header, projection)))
+    if config.warming > 0:
+        warm = [
+            f"{kind} {_ms(cluster.warming[kind].ms_per_operation(workers))} "
+            f"({_ms(single.warming[kind].ms_per_operation(['PostgreSQL']))})"
+            for kind, *_ in kinds
+        ]
+        print(
+            f"   Before the rounds, each side ran each load {config.warming:.0f} s, left out of "
+            "the figures above (a service that has run a while: its pools full, each backend "
+            "past its first calls of the programs of each shard it meets). Worker CPU per "
+            "operation then (one server's PostgreSQL in brackets): " + "; ".join(warm) + "."
+        )
 
     verify = tuple(single.verify_problems + cluster.verify_problems + unfair)
     for kind, what, who in kinds:

@@ -1103,6 +1103,40 @@ class TestRouting:
             copied = {shards.of[int(c[1])][0] for c in map(COPIED_SHARD.match, commands) if c}
             assert "webhook_events" in copied, commands
 
+    def test_a_single_event_of_a_lookup_remembered_is_one_call_confirming_it(
+        self, routed: tuple[Api, Cluster]
+    ) -> None:
+        """A key's next single event, its pair's lookup remembered by the process: one call,
+        sent whole to the worker holding the account, that confirms the lookup and records the
+        event (metering.usage.lookup_apart), every statement on the account's shards; charged
+        as the first."""
+        api, cluster = routed
+        model = priced_model(api, NOW - timedelta(days=1))
+        account = create_account(api)
+        grant(api, account, 10_000)
+        key = create_key(api, account)
+        _group, port = holder(api.url, account)
+        first = api.gateway(
+            "POST", "/v1/usage/events", json={"events": [usage_event(key, model, NOW)]}
+        )
+        assert first.status_code == 200 and first.json()["recorded"] == 1, first.text
+        event = usage_event(key, model, NOW)
+        response, commands = self.assert_routed(
+            api,
+            cluster,
+            account,
+            lambda: api.gateway("POST", "/v1/usage/events", json={"events": [event]}),
+        )
+        assert response.status_code == 200 and response.json()["recorded"] == 1, response.text
+        [call] = sent(Shards.read(api.url), cluster.coordinator.since_mark())
+        assert call.port == port, call
+        assert f"public.metering_record_usage_confirmed_of_account('{account}'" in call.command
+        assert call.transaction is None
+        for table in ("usage_events", "ledger_entries"):
+            assert any(c.startswith(f"INSERT INTO public.{table}_") for c in commands), table
+        credits = api.as_key(key.secret, "GET", "/v1/credits")
+        assert credits.json()["balance_microcents"] == 10_000 * 1_000_000 - 2 * 55_900
+
 
 class TestWorkerMemory:
     def test_a_worker_backend_keeps_no_plan_per_delegated_call(
@@ -1130,7 +1164,7 @@ class TestWorkerMemory:
                         found = connection.execute(
                             call, {"a": account, "k": key.id, "m": model.lower()}
                         ).scalar_one()
-                        assert found == 3  # the key, the model, its price
+                        assert found == 4  # the text of what it reads, the key, model, price
                     sizes.append(connection.execute(used).scalar_one())
         finally:
             engine.dispose()
@@ -1322,10 +1356,13 @@ class TestShardForms:
                 assert held.status_code == 200, held.text
                 voided = api.gateway("DELETE", f"/v1/authorizations/{held.json()['id']}")
                 assert voided.status_code == 200 and voided.json()["status"] == "voided"
-                recorded = api.gateway(
-                    "POST", "/v1/usage/events", json={"events": [usage_event(key, model, NOW)]}
-                )
-                assert recorded.status_code == 200 and recorded.json()["recorded"] == 1
+                # Two single events: the first reads the lookup, the second's record confirms
+                # it (metering.usage.lookup_apart).
+                for _ in range(2):
+                    recorded = api.gateway(
+                        "POST", "/v1/usage/events", json={"events": [usage_event(key, model, NOW)]}
+                    )
+                    assert recorded.status_code == 200 and recorded.json()["recorded"] == 1
                 batch = [usage_event(key, model, NOW) for _ in range(2)]
                 recorded = api.gateway("POST", "/v1/usage/events", json={"events": batch})
                 assert recorded.status_code == 200 and recorded.json()["recorded"] == 2
@@ -1333,7 +1370,7 @@ class TestShardForms:
                 assert credits.status_code == 200, credits.text
                 # 10,000 cents granted, each event's 55,900 microcents charged (as through
                 # Citus: TestRouting), nothing held
-                assert credits.json()["balance_microcents"] == 10_000 * 1_000_000 - 3 * 55_900
+                assert credits.json()["balance_microcents"] == 10_000 * 1_000_000 - 4 * 55_900
                 assert (
                     credits.json()["available_microcents"] == credits.json()["balance_microcents"]
                 )

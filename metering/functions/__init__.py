@@ -26,7 +26,7 @@ from metering.ledger.placement.program import PLACE_HOLDS, PLACE_HOLDS_OF_ACCOUN
 from metering.ledger.spending import SPEND_CREDIT, SPEND_CREDIT_OF_ACCOUNT
 from metering.migrate import FUNCTIONS_DIR, committed_functions
 from metering.programs import Program
-from metering.usage.lookup_apart import LOOKUP_OF_ACCOUNT
+from metering.usage.lookup_apart import LOOKUP_OF_ACCOUNT, RECORD_USAGE_CONFIRMED_OF_ACCOUNT
 from metering.usage.recording import (
     RECORD_GATHERED,
     RECORD_GATHERED_OF_ACCOUNT,
@@ -46,6 +46,7 @@ PROGRAMS: tuple[Program, ...] = (
     PLACE_HOLDS_OF_ACCOUNT,
     SETTLE_USAGE_OF_ACCOUNT,
     RECORD_USAGE_OF_ACCOUNT,
+    RECORD_USAGE_CONFIRMED_OF_ACCOUNT,
     RECORD_GATHERED_OF_ACCOUNT,
     SPEND_CREDIT_OF_ACCOUNT,
     LOOKUP_OF_ACCOUNT,

@@ -67,6 +67,29 @@ BEGIN
             RETURN NEXT;
         END LOOP;
     ELSE
+        kind := 'text';
+        a := p_api_key_id;
+        b := p_model_key;
+        c := (WITH keyed AS
+        (SELECT api_keys.id AS api_key_id, api_keys.account_id AS account_id, accounts.billing AS billing, api_keys.project_id AS project_id, api_keys.member_id AS member_id, api_keys.monthly_spend_limit_microcents AS spend_limit, api_keys.spend_limit_window AS spend_window, accounts.scope_limits AS scope_limits, p_model_key AS model_key, catalog_models.id AS model_id
+        FROM api_keys JOIN (SELECT * FROM accounts WHERE accounts.id = p_account_id) AS accounts ON accounts.id = api_keys.account_id LEFT OUTER JOIN catalog_models ON catalog_models.id_key = p_model_key
+        WHERE api_keys.id = p_api_key_id)
+         SELECT CAST(array_agg(CAST(every AS TEXT) ORDER BY CAST(every AS TEXT)) AS TEXT) AS array_agg_1
+        FROM (SELECT 'keyed' AS source, CAST(keyed AS TEXT) AS row
+        FROM keyed UNION ALL SELECT 'price_versions' AS anon_1, CAST(price_versions AS TEXT) AS price_versions
+        FROM keyed JOIN price_versions ON price_versions.model_id = keyed.model_id UNION ALL SELECT 'account_rates' AS anon_2, CAST(account_rates AS TEXT) AS account_rates
+        FROM keyed JOIN (SELECT * FROM account_rates WHERE account_rates.account_id = p_account_id) AS account_rates ON account_rates.account_id = keyed.account_id AND account_rates.model_id = keyed.model_id) AS every);
+        at := CAST(NULL AS TIMESTAMP WITH TIME ZONE);
+        price_version_id := CAST(NULL AS VARCHAR);
+        input_microcents_per_million := CAST(NULL AS BIGINT);
+        output_microcents_per_million := CAST(NULL AS BIGINT);
+        cache_read_microcents_per_million := CAST(NULL AS BIGINT);
+        project_id := CAST(NULL AS VARCHAR(32));
+        member_id := CAST(NULL AS VARCHAR(32));
+        spend_limit := CAST(NULL AS BIGINT);
+        spend_window := CAST(NULL AS VARCHAR(8));
+        scope_limits := CAST(NULL AS BOOLEAN);
+        RETURN NEXT;
         SELECT true AS anon_1, api_keys.id, api_keys.account_id, api_keys.project_id, api_keys.member_id, api_keys.monthly_spend_limit_microcents, api_keys.spend_limit_window
         FROM api_keys
         WHERE api_keys.id = p_api_key_id

@@ -270,7 +270,7 @@ SETTLE_USAGE_OF_ACCOUNT = of_account(SETTLE_USAGE, delegated=False)
 
 _NEW = p.Rows("v_new", tuple((name, EVENTS.c[name].type) for name in _RETURNED))
 # The newest new event's id (the insert's largest, collected with its rows: no query, no sort).
-_NEWEST = p.Var("v_newest", BigInteger())
+NEWEST = p.Var("v_newest", BigInteger())
 
 
 # A charge's columns (``CHARGES_IN``'s but ``prepaid``) from a new event's (``_NEW``'s).
@@ -293,7 +293,14 @@ def _charge_of_new(
 
 
 def _record_usage(on: p.Backend) -> list[p.Step]:
-    newest = _NEWEST.ref
+    return [*record_usage_steps(on), p.Return(NEWEST.ref)]
+
+
+def record_usage_steps(on: p.Backend) -> list[p.Step]:
+    """``RECORD_USAGE``'s steps but its result: the event inserted, and only if it was new, its
+    charge settled and its hour's usage added; the new event's id in ``NEWEST`` (None when its
+    request id was taken)."""
+    newest = NEWEST.ref
 
     def charges(only: Sequence[str]) -> FromClause:
         """The new event's charge, of the columns ``only`` (the new event's unnested alone)."""
@@ -306,7 +313,7 @@ def _record_usage(on: p.Backend) -> list[p.Step]:
         p.Collect(
             insert_events(on, on.records(EVENTS_IN, "e")),
             into=_NEW,
-            largest=("id", _NEWEST),
+            largest=("id", NEWEST),
             one_row=True,
         ),
         p.When(
@@ -318,7 +325,6 @@ def _record_usage(on: p.Backend) -> list[p.Step]:
                 *spend_limits.threshold_steps(on, NOW.ref),
             ),
         ),
-        p.Return(newest),
     ]
 
 

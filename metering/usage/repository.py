@@ -311,6 +311,29 @@ def _row_text(name: str) -> ColumnElement[str]:
 _PG_INPUTS_TEXT = p.psycopg_text(_inputs_text())
 
 
+def inputs_text(key_id: Any, model_key: Any) -> Any:
+    """The text of the rows the lookup of the pair (``key_id``, ``model_key``: a program's
+    variables) is made of now, as a value: what a Citus cluster's single event reads with its
+    lookup, and its record confirms (metering.usage.lookup_apart)."""
+    return _inputs_text(key_id, model_key).scalar_subquery()
+
+
+def text_row(key_id: Any, model_key: Any, text: Any) -> tuple[Any, ...]:
+    """A 'text' row of ``_KINDS`` (``TEXT_KIND``): a pair and the text of the rows its lookup
+    is made of (``inputs_text``)."""
+    return (literal(TEXT_KIND, String), key_id, model_key, text, _NO_TIME, *_NO_PRICE, *_NO_LIMIT)
+
+
+def lookup_texts(rows: Sequence[Any]) -> dict[tuple[str, str], str]:
+    """The 'text' rows (``text_row``) of a lookup's rows, by pair."""
+    found = {}
+    for row in rows:
+        named = dict(zip(_KINDS, row, strict=True))
+        if named["kind"] == TEXT_KIND and named["c"] is not None:
+            found[(named["a"], named["b"])] = named["c"]
+    return found
+
+
 # One server (metering.usage.single): the lookup's rows, then a 'text' row for each pair (its
 # key id, its model as 'a' and 'b', the text of the rows its lookup is made of last), read in
 # the same statement: what a lookup remembered is confirmed by.
@@ -441,7 +464,7 @@ def lookup(
 
 
 def read_lookup(rows: Sequence[Any]) -> Lookup:
-    """The lookup's rows as keys (``KeyInfo``) and a price book."""
+    """The lookup's rows as keys (``KeyInfo``) and a price book ('text' rows left out)."""
     keys: dict[str, KeyInfo] = {}
     models: dict[str, str] = {}
     points = []
@@ -454,7 +477,7 @@ def read_lookup(rows: Sequence[Any]) -> Lookup:
             keys[a] = KeyInfo(b, named["c"] == "prepaid", scopes, own, bool(named["scope_limits"]))
         elif kind == "model":
             models[a] = b
-        else:
+        elif kind != TEXT_KIND:
             points.append((a, b, named["at"], price_of(named)))
     return keys, PriceBook.from_breakpoints(models, points)
 

@@ -11,13 +11,15 @@ key and model is remembered (``_Lookups``): the next such event is priced from i
 is made only if the rows that lookup was made of still read the same, in the call's own
 statement (``repository.confirming``): one round trip (decision 0025).
 
-On a Citus cluster (docs/citus.md#what-runs-on-a-cluster), two or three: the key's account
-(``api_keys``, a reference table) unless this process read it before (``_KEY_ACCOUNTS``), then
-that account's lookup of the event's pair (``LOOKUP_OF_ACCOUNT``, the lookup read one table at a
-time: metering.usage.lookup_apart), then ``RECORD_USAGE_OF_ACCOUNT``; each call runs whole on the
-worker holding the account (sent there by the service, metering.nodes, or delegated there by
-the node it reached, a call outside a transaction block): the event's transaction is that
-worker's alone.
+On a Citus cluster (docs/citus.md#what-runs-on-a-cluster), the same in calls that each run
+whole on the worker holding the account (sent there by the service, metering.nodes, or
+delegated there by the node it reached, a call outside a transaction block), each event's
+transaction that worker's alone: the lookup this process remembers of the event's pair, confirmed
+by the record's call (``RECORD_USAGE_CONFIRMED_OF_ACCOUNT``: one call); else the key's account
+(``api_keys``, a reference table) unless this process read it before (``_KEY_ACCOUNTS``), that
+account's lookup of the pair with the text of what it is made of (``LOOKUP_OF_ACCOUNT``, the
+lookup read one table at a time: metering.usage.lookup_apart), kept, then
+``RECORD_USAGE_OF_ACCOUNT``.
 
 Several events that arrived together at one process (metering.usage.together, PostgreSQL):
 priced from the lookups this process remembers of each of their pairs, when it has them all,
@@ -50,7 +52,13 @@ from metering.notifications import spend_limits
 from metering.programs import POSTGRESQL, Positional, positional
 from metering.usage import recording, repository, rollups, service
 from metering.usage.events import ChargeValues, Content, Event, is_keyed, parse_event
-from metering.usage.lookup_apart import KEY_ID, LOOKUP_OF_ACCOUNT, MODEL_KEY
+from metering.usage.lookup_apart import (
+    KEY_ID,
+    LOOKUP_OF_ACCOUNT,
+    MODEL_KEY,
+    RECORD_USAGE_CONFIRMED_OF_ACCOUNT,
+    confirm_params,
+)
 from metering.usage.prices import PriceBook
 from metering.usage.repository import Lookup
 
@@ -160,9 +168,10 @@ def _stale(pairs: Sequence[tuple[str, str]]) -> _Stale:
 
 LOOKUPS = REGISTRY.counter(
     "metering_usage_single_lookups_total",
-    "PostgreSQL: how single usage events looked up the key, model and prices of each (key, "
-    "model) pair: read (a lookup), remembered (priced from the lookup this process read "
-    "before), stale (a remembered one the record found changed; it was then read afresh).",
+    "PostgreSQL and Citus: how single usage events looked up the key, model and prices of "
+    "each (key, model) pair: read (a lookup), remembered (priced from the lookup this process "
+    "read before), stale (a remembered one the record found changed; it was then read "
+    "afresh).",
     ("source",),
 )
 
@@ -374,12 +383,14 @@ _KEY_ACCOUNTS: Kept[str, str] = Kept()
 
 
 class OneAccount(_Statements):
-    """On a Citus cluster: the key's account (remembered, or read first), then the lookup of
-    the event's pair read apart and the program, of that account alone (each a call to the
-    node that holds it: metering.nodes; or delegated there); an account's project and member
-    limits by a statement routed to its shard."""
+    """On a Citus cluster: the lookup remembered of the event's pair, confirmed by the record's
+    call; else the key's account (remembered, or read first), then the lookup of the event's
+    pair read apart and the program, of that account alone (each a call to the node that holds
+    it: metering.nodes; or delegated there); an account's project and member limits by a
+    statement routed to its shard."""
 
     RECORD = recording.RECORD_USAGE_OF_ACCOUNT.call_sql
+    RECORD_CONFIRMED_OF_ACCOUNT = RECORD_USAGE_CONFIRMED_OF_ACCOUNT.call_sql
     RECORD_GATHERED = recording.RECORD_GATHERED_OF_ACCOUNT.call_sql
     # The event's one pair read one table at a time, a call delegated to the account's worker.
     LOOKUP = LOOKUP_OF_ACCOUNT.call_sql
@@ -389,13 +400,22 @@ class OneAccount(_Statements):
     async def lookup(
         self, pairs: list[tuple[str, str]], remembered: bool = False, together: bool = False
     ) -> Lookup:
-        """Read at every event (``remembered`` and ``together`` are not used on a cluster): of
-        the account this process read the key's for before, when the key it reads is still
-        that account's; otherwise the key's account read first."""
-        [(key_id, model_key)] = pairs
+        """``remembered`` (one pair, whose record confirms it): the lookup this process read
+        before, when it has it; else read, with the text of what it is made of, and kept
+        (``together`` is not used on a cluster). Read of the account this process read the
+        key's for before, when the key it reads is still that account's; otherwise the key's
+        account read first."""
+        self._confirming = None
+        [pair] = pairs
+        found = _LOOKUPS.get(pair) if remembered else None
+        if found is not None:
+            LOOKUPS.inc("remembered")
+            self._confirming = (pairs, confirm_params(pair, found.text))
+            return found.keys, found.book
+        key_id, model_key = pair
         account_id = _KEY_ACCOUNTS.get(key_id)
         if account_id is not None:
-            keys, book = await self._lookup_of(key_id, model_key, account_id)
+            keys, book = await self._lookup_of(key_id, model_key, account_id, remembered)
             key = keys.get(key_id)
             if key is not None and key.account_id == account_id:
                 return keys, book
@@ -404,12 +424,36 @@ class OneAccount(_Statements):
         if account_id is None:
             return {}, PriceBook()  # an unknown key: the general path quarantines it
         _KEY_ACCOUNTS.keep(key_id, account_id)
-        return await self._lookup_of(key_id, model_key, account_id)
+        return await self._lookup_of(key_id, model_key, account_id, remembered)
 
-    async def _lookup_of(self, key_id: str, model_key: str, account_id: str) -> Lookup:
+    async def _lookup_of(
+        self, key_id: str, model_key: str, account_id: str, keep: bool = False
+    ) -> Lookup:
+        """The account's lookup of the pair; ``keep``: kept for the pair's next event, with the
+        text of what it is made of (when the key is the account's)."""
         params = repository.of_account({KEY_ID.name: key_id, MODEL_KEY.name: model_key}, account_id)
         cursor = await self._connection.execute(self.LOOKUP, params)
-        return repository.read_lookup(await cursor.fetchall())
+        rows = await cursor.fetchall()
+        keys, book = repository.read_lookup(rows)
+        if keep:
+            LOOKUPS.inc("read")
+            pair = (key_id, model_key)
+            key, text = keys.get(key_id), repository.lookup_texts(rows).get(pair)
+            if key is None or text is None or key.account_id != account_id:
+                _LOOKUPS.forget(pair)
+            else:
+                part = book.part(model_key, account_id)
+                _LOOKUPS.keep(pair, _Found.of(pair, {key_id: key}, part, text))
+        return keys, book
+
+    async def _record(self, event: Event, now: datetime) -> int | _Stale | None:
+        if self._confirming is None:
+            return await super()._record(event, now)
+        (pairs, confirm), self._confirming = self._confirming, None
+        params = {**self._params(event, now), **confirm}
+        cursor = await self._connection.execute(self.RECORD_CONFIRMED_OF_ACCOUNT, params)
+        row = await cursor.fetchone()
+        return _stale(pairs) if row is None else row[0]
 
     async def scope_limits(self, pairs: list[tuple[str, str]], account_id: str) -> list[Any]:
         params = repository.of_account(repository.lookup_params(pairs, POSTGRESQL), account_id)

@@ -1,8 +1,9 @@
-"""Remembered lookups (PostgreSQL): an API process prices a single event from the lookup it
-read last for the event's key and model, and the event's record is made only if that lookup
-still holds, in the same statement (``metering.usage.single``). A change made behind the
-process's back, straight in the database, must take effect on the very next event, which is
-recorded once, priced as a fresh lookup prices it."""
+"""Remembered lookups (PostgreSQL, and a Citus cluster's single events): an API process prices
+a single event from the lookup it read last for the event's key and model, and the event's
+record is made only if that lookup still holds, in the same statement (on a cluster in the
+record's call: ``metering.usage.single``). A change made behind the process's back, straight in
+the database, must take effect on the very next event, which is recorded once, priced as a
+fresh lookup prices it."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from metering.kit.timeutil import format_timestamp
 from metering.programs import POSTGRESQL
 from metering.usage import repository, single
 from tests import oracle
-from tests.conftest import NOW, Api, run_on_database, running_api
+from tests.conftest import CITUS, NOW, Api, run_on_database, running_api, server_database
 from tests.factories import (
     GLM_RATES,
     Key,
@@ -45,6 +46,17 @@ AT = NOW - timedelta(minutes=5)
 def pg_api(plain_pg_url: str, tmp_path: Path) -> Iterator[Api]:
     """A PostgreSQL database of its own (``metering verify`` checks all of it)."""
     with running_api("postgresql", plain_pg_url, tmp_path) as api:
+        api.clock.set(NOW)
+        yield api
+
+
+@pytest.fixture
+def citus_api(tmp_path: Path) -> Iterator[Api]:
+    """A database of its own on the Citus cluster; fails, never skips, when Citus is left
+    out."""
+    if not CITUS:
+        pytest.fail("this test needs Citus (METERING_TEST_BACKENDS excludes it; `make citus`)")
+    with server_database("citus", tmp_path) as url, running_api("citus", url, tmp_path) as api:
         api.clock.set(NOW)
         yield api
 
@@ -181,6 +193,63 @@ def test_a_model_no_longer_found_is_quarantined_not_recorded(pg_api: Api) -> Non
     assert result["status"] == "quarantined", result
     assert result["error"]["code"] == "model_not_found"
     assert_books_reconcile(pg_api)
+
+
+def test_on_a_cluster_a_single_events_lookup_is_remembered_and_confirmed_by_its_record(
+    citus_api: Api,
+) -> None:
+    """The same on a Citus cluster, where the lookup is a call of its own and the record
+    confirms the one remembered in its call (metering.usage.lookup_apart), in one database:
+    read once, then remembered; each change to what it read (the list price, an override of
+    the account's, its billing, the key's limit) taken by the next event, which finds it stale
+    and reads it afresh; a model no longer found quarantines the event."""
+    api = citus_api
+    setup = Setup(api)
+    before = _lookups(api)
+    results = [_send(api, setup) for _ in range(4)]
+    assert [r["status"] for r in results] == ["recorded"] * 4
+    assert {r["charge"]["total_microcents"] for r in results} == {_charge(GLM_RATES)}
+    spent = 4 * _charge(GLM_RATES)
+    after = _lookups(api)
+    assert {k: after[k] - before[k] for k in after} == {"read": 1, "remembered": 3, "stale": 0}
+    for change in (_reprice, _override, _unbill):
+        before = _lookups(api)
+        rates = change(api, setup)
+        results = [_send(api, setup) for _ in range(2)]
+        assert [r["charge"]["total_microcents"] for r in results] == [_charge(rates)] * 2, change
+        spent += 2 * _charge(rates)
+        after = _lookups(api)
+        assert {k: after[k] - before[k] for k in after} == {
+            "read": 1,
+            "remembered": 2,
+            "stale": 1,
+        }, change
+    change_in_database(
+        api, "UPDATE accounts SET billing = 'prepaid' WHERE id = :id", id=setup.account
+    )
+    change_in_database(
+        api,
+        "UPDATE api_keys SET monthly_spend_limit_microcents = :limit WHERE id = :id",
+        limit=spent + 1,  # reached by the next event
+        id=setup.key.id,
+    )
+    assert _send(api, setup)["status"] == "recorded"
+    with api.database.reading() as session:
+        percents = session.execute(
+            text("SELECT percent FROM spend_limit_notices WHERE api_key_id = :k"),
+            {"k": setup.key.id},
+        ).scalars()
+        assert 100 in set(percents)
+    change_in_database(
+        api,
+        "UPDATE catalog_models SET id_key = :other WHERE id = :id",
+        other=unique("gone").lower(),
+        id=setup.model,
+    )
+    result = _send(api, setup)
+    assert result["status"] == "quarantined", result
+    assert result["error"]["code"] == "model_not_found"
+    assert_books_reconcile(api)
 
 
 def _read(statement: Any) -> tuple[set[str], set[tuple[str, str]]]:

@@ -114,7 +114,11 @@ def _both(api: Api, setup: Setup, model_key: str) -> tuple[set[Any], set[Any]]:
         read = connection.execute(LOOKUP_OF_ACCOUNT.call_sql, apart).fetchall()
         called = connection.execute(repository.LOOKUP_PAIRS_OF_ACCOUNT.call_sql, params).fetchall()
     assert sorted(called, key=repr) == sorted(joined, key=repr)
-    return set(joined), set(read)
+    # Its first row: the text of the rows the lookup is made of (what a record confirms).
+    assert read[0][0] == repository.TEXT_KIND, read
+    texts = repository.lookup_texts(read)
+    assert bool(texts) == any(row[0] == "key" for row in read), read
+    return set(joined), set(read[1:])
 
 
 @pytest.mark.parametrize("fact", FACTS)
@@ -201,13 +205,19 @@ def test_a_keys_next_event_on_a_cluster_goes_straight_to_its_accounts_lookup(
     first = usage_event(setup.key, setup.model, NOW - timedelta(minutes=1))
     assert ingest(citus_api, first)["recorded"] == 1
     assert single._KEY_ACCOUNTS.get(setup.key.id) == setup.account
-    # The key's account is not read again: a statement that cannot run stands in for it.
+    # The key's account is not read again: a statement that cannot run stands in for it. (The
+    # pair's lookup remembered is forgotten, so that it is read: tests/usage/
+    # test_remembered_lookups.py has the event priced from it.)
+    pair = (setup.key.id, setup.model.lower())
+    single._LOOKUPS.forget(pair)
     reading = repository.KEY_ACCOUNTS
     monkeypatch.setattr(repository, "KEY_ACCOUNTS", "SELECT 1 / 0")
     second = usage_event(setup.key, setup.model, NOW - timedelta(minutes=1))
     assert ingest(citus_api, second)["recorded"] == 1
     monkeypatch.setattr(repository, "KEY_ACCOUNTS", reading)
 
+    # Neither is the lookup remembered (the key's account is not asked for its confirmation).
+    single._LOOKUPS.forget(pair)
     single._KEY_ACCOUNTS.keep(setup.key.id, other.account)
     third = usage_event(setup.key, setup.model, NOW - timedelta(minutes=1))
     assert ingest(citus_api, third)["recorded"] == 1
