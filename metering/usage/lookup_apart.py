@@ -39,6 +39,7 @@ from metering.catalog.prices import price_in_force
 from metering.citus.apart import read_apart
 from metering.citus.one_account import of_account
 from metering.models.base import UTCDateTime
+from metering.usage import repository
 from metering.usage.recording import NEWEST, RECORD_USAGE, record_usage_steps
 from metering.usage.repository import (
     LOOKUP_COLUMNS,
@@ -102,10 +103,10 @@ LOOKUP_OF_ACCOUNT = of_account(
 
 
 # The pair whose lookup a single event's record confirms, and the text of the rows that lookup
-# was made of when it was read (its 'text' row).
-LOOKUP_KEY_ID = p.Var("p_lookup_key_id", String())
-LOOKUP_MODEL_KEY = p.Var("p_lookup_model_key", String())
-LOOKUP_TEXT = p.Var("p_lookup_text", String())
+# was made of when it was read (its 'text' row): ``repository.confirm_params``.
+LOOKUP_KEY_ID = p.Var(repository.LOOKUP_KEY_ID, String())
+LOOKUP_MODEL_KEY = p.Var(repository.LOOKUP_MODEL_KEY, String())
+LOOKUP_TEXT = p.Var(repository.LOOKUP_TEXT, String())
 
 
 def _record_usage_confirmed(on: p.Backend) -> list[p.Step]:
@@ -125,9 +126,3 @@ RECORD_USAGE_CONFIRMED_OF_ACCOUNT = of_account(
         settings=RECORD_USAGE.settings,
     )
 )
-
-
-def confirm_params(pair: tuple[str, str], text: str) -> dict[str, str]:
-    """``RECORD_USAGE_CONFIRMED_OF_ACCOUNT``'s parameters of the lookup it confirms."""
-    key_id, model_key = pair
-    return {LOOKUP_KEY_ID.name: key_id, LOOKUP_MODEL_KEY.name: model_key, LOOKUP_TEXT.name: text}

@@ -271,7 +271,11 @@ PG_LOOKUP = _LOOKUP.postgresql
 # price timelines). A superset: a change to such a row that the lookup does not see (a price
 # version of a postpaid account's model) makes it read afresh, never the reverse.
 
-LOOKUP_KEY_ID, LOOKUP_MODEL_KEY = "lookup_key_id", "lookup_model_key"
+# The parameters of a confirmation: the pair, and the text of the rows its lookup was made of
+# (one server's ``confirming`` statement, a cluster's confirmed record: metering.usage
+# .lookup_apart).
+LOOKUP_KEY_ID, LOOKUP_MODEL_KEY = "p_lookup_key_id", "p_lookup_model_key"
+LOOKUP_TEXT = "p_lookup_text"
 
 
 def _inputs_text(key_id: Any = None, model_key: Any = None) -> Any:
@@ -367,19 +371,19 @@ def confirm_pair(pair: tuple[str, str], text: str) -> str:
     return json.dumps({"api_key_id": key_id, "model_key": model_key, "lookup_text": text})
 
 
-def lookup_text_params(pair: tuple[str, str]) -> dict[str, str]:
-    """The parameters of the text of the rows the lookup of ``pair`` (key id, lower-case model)
-    is made of."""
+def confirm_params(pair: tuple[str, str], text: str) -> dict[str, str]:
+    """The parameters confirming the lookup of ``pair`` (key id, lower-case model) whose rows
+    read as ``text`` when it was read."""
     key_id, model_key = pair
-    return {LOOKUP_KEY_ID: key_id, LOOKUP_MODEL_KEY: model_key}
+    return {LOOKUP_KEY_ID: key_id, LOOKUP_MODEL_KEY: model_key, LOOKUP_TEXT: text}
 
 
 def confirming(call: str) -> str:
-    """``call`` (a program's ``SELECT f(…)``) made only if the rows the lookup of a pair
-    (``lookup_text_params``) is made of still read as ``%(lookup_text)s``
-    (``PG_LOOKUP_WITH_TEXTS``'), in one statement: no row when they do not (nothing was
-    written), the call's one row when they do."""
-    return f"{call} WHERE ({_PG_INPUTS_TEXT}) = %(lookup_text)s"
+    """``call`` (a program's ``SELECT f(…)``) made only if the rows the lookup of a pair is
+    made of still read as the text given (``confirm_params``; ``PG_LOOKUP_WITH_TEXTS``'), in
+    one statement: no row when they do not (nothing was written), the call's one row when they
+    do."""
+    return f"{call} WHERE ({_PG_INPUTS_TEXT}) = %({LOOKUP_TEXT})s"
 
 
 # One account's part of it on a Citus cluster: its pairs, its billing and its rate overrides.

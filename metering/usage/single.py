@@ -57,7 +57,6 @@ from metering.usage.lookup_apart import (
     LOOKUP_OF_ACCOUNT,
     MODEL_KEY,
     RECORD_USAGE_CONFIRMED_OF_ACCOUNT,
-    confirm_params,
 )
 from metering.usage.prices import PriceBook
 from metering.usage.repository import Lookup
@@ -218,6 +217,26 @@ class _Lookups:
 _LOOKUPS = _Lookups()
 
 
+def _keep(
+    pairs: Sequence[tuple[str, str]],
+    keys: dict[str, repository.KeyInfo],
+    book: PriceBook,
+    texts: Mapping[tuple[str, str], str],
+) -> None:
+    """Each pair's part of a lookup read with the text of what each pair's is made of
+    (``texts``), kept for the pair's next event; a pair whose key or text was not read is
+    forgotten."""
+    LOOKUPS.inc("read", amount=len(pairs))
+    for pair in pairs:
+        key_id, model_key = pair
+        key, text = keys.get(key_id), texts.get(pair)
+        if key is None or text is None:
+            _LOOKUPS.forget(pair)
+            continue
+        part = book.part(model_key, key.account_id)
+        _LOOKUPS.keep(pair, _Found.of(pair, {key_id: key}, part, text))
+
+
 class _Statements:
     """The two statements, on an autocommit connection: each its own transaction. A single
     event's lookup remembered (or every pair's of events gathered), one: its record, made only
@@ -258,7 +277,7 @@ class _Statements:
             confirm = {"confirm_pairs": f"[{','.join(each.confirm for each in kept)}]"}
         else:
             [pair], [one] = pairs, kept
-            confirm = {**repository.lookup_text_params(pair), "lookup_text": one.text}
+            confirm = repository.confirm_params(pair, one.text)
         self._confirming = (pairs, confirm)
         if len(kept) == 1:
             return kept[0].keys, kept[0].book
@@ -268,7 +287,6 @@ class _Statements:
     async def _read_and_keep(self, pairs: list[tuple[str, str]]) -> Lookup:
         """The lookup of ``pairs``, read with each pair's text, and each pair's part of it kept
         for the next event of that pair."""
-        LOOKUPS.inc("read", amount=len(pairs))
         params = repository.lookup_params(pairs, POSTGRESQL)
         cursor = await self._connection.execute(repository.PG_LOOKUP_WITH_TEXTS, params)
         read = await cursor.fetchall()
@@ -276,14 +294,7 @@ class _Statements:
         keys, book = repository.read_lookup(
             [row[:-1] for row in read if row[0] != repository.TEXT_KIND]
         )
-        for key_id, model_key in pairs:
-            key, text = keys.get(key_id), texts.get((key_id, model_key))
-            if key is None or text is None:
-                _LOOKUPS.forget((key_id, model_key))
-                continue
-            part = book.part(model_key, key.account_id)
-            pair = (key_id, model_key)
-            _LOOKUPS.keep(pair, _Found.of(pair, {key_id: key}, part, text))
+        _keep(pairs, keys, book, texts)
         return keys, book
 
     async def scope_limits(self, pairs: list[tuple[str, str]], account_id: str) -> list[Any]:
@@ -308,8 +319,13 @@ class _Statements:
             row = await cursor.fetchone()
             return None if row is None else row[0]
         (pairs, confirm), self._confirming = self._confirming, None
-        row = await self._confirmed(self.RECORD_CONFIRMED, {**params, **confirm})
+        row = await self._record_confirmed({**params, **confirm})
         return _stale(pairs) if row is None else row[0]
+
+    async def _record_confirmed(self, params: dict[str, Any]) -> Any:
+        """The one row of the record confirming the lookup remembered (None: it no longer
+        holds, nothing was written)."""
+        return await self._confirmed(self.RECORD_CONFIRMED, params)
 
     async def record_gathered(self, events: list[Event], now: datetime) -> set[str] | _Stale | None:
         """The request ids of those of ``events`` that were new (recorded); None when the
@@ -410,7 +426,7 @@ class OneAccount(_Statements):
         found = _LOOKUPS.get(pair) if remembered else None
         if found is not None:
             LOOKUPS.inc("remembered")
-            self._confirming = (pairs, confirm_params(pair, found.text))
+            self._confirming = (pairs, repository.confirm_params(pair, found.text))
             return found.keys, found.book
         key_id, model_key = pair
         account_id = _KEY_ACCOUNTS.get(key_id)
@@ -436,24 +452,13 @@ class OneAccount(_Statements):
         rows = await cursor.fetchall()
         keys, book = repository.read_lookup(rows)
         if keep:
-            LOOKUPS.inc("read")
-            pair = (key_id, model_key)
-            key, text = keys.get(key_id), repository.lookup_texts(rows).get(pair)
-            if key is None or text is None or key.account_id != account_id:
-                _LOOKUPS.forget(pair)
-            else:
-                part = book.part(model_key, account_id)
-                _LOOKUPS.keep(pair, _Found.of(pair, {key_id: key}, part, text))
+            account_keys = {k: v for k, v in keys.items() if v.account_id == account_id}
+            _keep([(key_id, model_key)], account_keys, book, repository.lookup_texts(rows))
         return keys, book
 
-    async def _record(self, event: Event, now: datetime) -> int | _Stale | None:
-        if self._confirming is None:
-            return await super()._record(event, now)
-        (pairs, confirm), self._confirming = self._confirming, None
-        params = {**self._params(event, now), **confirm}
+    async def _record_confirmed(self, params: dict[str, Any]) -> Any:
         cursor = await self._connection.execute(self.RECORD_CONFIRMED_OF_ACCOUNT, params)
-        row = await cursor.fetchone()
-        return _stale(pairs) if row is None else row[0]
+        return await cursor.fetchone()
 
     async def scope_limits(self, pairs: list[tuple[str, str]], account_id: str) -> list[Any]:
         params = repository.of_account(repository.lookup_params(pairs, POSTGRESQL), account_id)
