@@ -481,6 +481,37 @@ def _measure(
     return load
 
 
+def _voids(side: Side) -> Load:
+    """Authorizations over every account's key, each hold voided before the next."""
+    secrets_ = side.fixture.secrets
+    return Load(lambda c, i: secrets_[(c * 7 + i) % len(secrets_)])
+
+
+def _drive(
+    config: Config,
+    side: Side,
+    kind: str,
+    bodies: tuple[Bodies, Bodies],
+    seconds: float,
+    warmup: float,
+    voids: Load | None = None,
+) -> LoadResult:
+    """One load of ``kind`` for ``seconds`` after ``warmup``: authorizations (``voids``, or
+    fresh ones), or the batches or single events of ``bodies``."""
+    if kind == AUTH:
+        headers = {"Authorization": f"Bearer {GATEWAY_TOKEN}"}
+        voids = voids or _voids(side)
+        return run_load(side.server.base_url, config.clients, seconds, voids, headers, warmup)
+    ingest = IngestConfig(seconds=seconds, warmup=warmup, senders=config.senders)
+    these = bodies[0] if kind == BATCH else bodies[1]
+    return drive_ingest(ingest, side.server.base_url, these, side.sent)
+
+
+def _size(kind: str, bodies: tuple[Bodies, Bodies]) -> int:
+    """Operations per request of ``kind``: an event in a batch is one."""
+    return {AUTH: 1, BATCH: bodies[0].size, EVENT: bodies[1].size}[kind]
+
+
 def _warm(config: Config, side: Side, bodies: tuple[Bodies, Bodies]) -> None:
     """Each load for ``config.warming`` seconds, before the rounds, measured apart: what a
     service that has run a while no longer pays. Its pools have opened their connections; each
@@ -490,22 +521,12 @@ def _warm(config: Config, side: Side, bodies: tuple[Bodies, Bodies]) -> None:
     many times over as that round is short."""
     if config.warming <= 0:
         return
-    headers = {"Authorization": f"Bearer {GATEWAY_TOKEN}"}
-    secrets_ = side.fixture.secrets
-    voids = Load(lambda c, i: secrets_[(c * 7 + i) % len(secrets_)])
-    _measure(
-        side,
-        AUTH,
-        lambda: run_load(side.server.base_url, config.clients, config.warming, voids, headers, 0),
-        warming=True,
-    )
-    ingest = IngestConfig(seconds=config.warming, warmup=0, senders=config.senders)
-    for kind, these in ((BATCH, bodies[0]), (EVENT, bodies[1])):
+    for kind in (AUTH, BATCH, EVENT):
         _measure(
             side,
             kind,
-            lambda these=these: drive_ingest(ingest, side.server.base_url, these, side.sent),
-            these.size,
+            lambda kind=kind: _drive(config, side, kind, bodies, config.warming, 0),
+            _size(kind, bodies),
             warming=True,
         )
 
@@ -516,31 +537,19 @@ def _settle(config: Config, side: Side, kind: str, bodies: tuple[Bodies, Bodies]
     to the workers. A backend's start is costly, and the load before may have cost connections
     (a failed delegated call closes the coordinator's): counted in the next load, they would be
     charged to the wrong operation. The set-up a load causes itself stays in its own figures."""
-    headers = {"Authorization": f"Bearer {GATEWAY_TOKEN}"}
-    if kind == AUTH:
-        secrets_ = side.fixture.secrets
-        voids = Load(lambda c, i: secrets_[(c * 7 + i) % len(secrets_)])
-        load = run_load(side.server.base_url, config.clients, config.warmup, voids, headers, 0.2)
-    else:
-        ingest = IngestConfig(seconds=config.warmup, warmup=0.2, senders=config.senders)
-        these = bodies[0] if kind == BATCH else bodies[1]
-        load = drive_ingest(ingest, side.server.base_url, these, side.sent)
+    load = _drive(config, side, kind, bodies, config.warmup, 0.2)
     side.loads[kind].problems += load.problems(f"{side.name}, settling before the {kind} load")
 
 
 def _round(config: Config, side: Side, bodies: tuple[Bodies, Bodies], workdir: Path) -> str:
     """The three loads on one side, each checked, then ``metering verify``; a one-line
     summary."""
-    secrets_ = side.fixture.secrets
-    headers = {"Authorization": f"Bearer {GATEWAY_TOKEN}"}
-    voids = Load(lambda c, i: secrets_[(c * 7 + i) % len(secrets_)])
+    voids = _voids(side)
     _settle(config, side, AUTH, bodies)
     _measure(
         side,
         AUTH,
-        lambda: run_load(
-            side.server.base_url, config.clients, config.seconds, voids, headers, config.warmup
-        ),
+        lambda: _drive(config, side, AUTH, bodies, config.seconds, config.warmup, voids),
     )
     stored = dict(
         _rows(
@@ -553,15 +562,13 @@ def _round(config: Config, side: Side, bodies: tuple[Bodies, Bodies], workdir: P
         side.loads[AUTH].problems.append(
             f"{side.name}: holds stored {stored}, but {voids.voided} were answered voided"
         )
-    ingest = IngestConfig(seconds=config.seconds, warmup=config.warmup, senders=config.senders)
-    batches, singles = bodies
-    for kind, these in ((BATCH, batches), (EVENT, singles)):
+    for kind in (BATCH, EVENT):
         _settle(config, side, kind, bodies)
         _measure(
             side,
             kind,
-            lambda these=these: drive_ingest(ingest, side.server.base_url, these, side.sent),
-            these.size,
+            lambda kind=kind: _drive(config, side, kind, bodies, config.seconds, config.warmup),
+            _size(kind, bodies),
         )
         count = common.sql_scalar(side.url, "SELECT count(*) FROM usage_events")
         if count != side.sent.events:
