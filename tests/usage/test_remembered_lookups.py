@@ -158,25 +158,31 @@ def test_a_change_to_what_the_lookup_read_prices_the_next_event(
     assert_books_reconcile(pg_api)
 
 
+def _key_limit_reached_by_next_event(api: Api, setup: Setup, limit: int) -> None:
+    """The key's own spend limit set to ``limit`` behind the process, which the next event's
+    charge reaches: that event's record writes the key's notice."""
+    change_in_database(
+        api,
+        "UPDATE api_keys SET monthly_spend_limit_microcents = :limit WHERE id = :id",
+        limit=limit,
+        id=setup.key.id,
+    )
+    assert _send(api, setup)["status"] == "recorded"
+    with api.database.reading() as session:
+        percents = session.execute(
+            text("SELECT percent FROM spend_limit_notices WHERE api_key_id = :k"),
+            {"k": setup.key.id},
+        ).scalars()
+        assert 100 in set(percents)
+
+
 def test_a_key_limit_set_meanwhile_is_counted_by_the_next_event(pg_api: Api) -> None:
     """The key's own spend limit (one of what the lookup reads): set in the database after
     two events, it is reached by the third, whose record writes the key's notice."""
     setup = Setup(pg_api)
     for _ in range(2):
         assert _send(pg_api, setup)["status"] == "recorded"
-    change_in_database(
-        pg_api,
-        "UPDATE api_keys SET monthly_spend_limit_microcents = :limit WHERE id = :id",
-        limit=3 * _charge(GLM_RATES),
-        id=setup.key.id,
-    )
-    assert _send(pg_api, setup)["status"] == "recorded"
-    with pg_api.database.reading() as session:
-        percents = session.execute(
-            text("SELECT percent FROM spend_limit_notices WHERE api_key_id = :k"),
-            {"k": setup.key.id},
-        ).scalars()
-        assert 100 in set(percents)
+    _key_limit_reached_by_next_event(pg_api, setup, 3 * _charge(GLM_RATES))
     assert_books_reconcile(pg_api)
 
 
@@ -233,19 +239,7 @@ def test_on_a_cluster_a_single_events_lookup_is_remembered_and_confirmed_by_its_
     change_in_database(
         api, "UPDATE accounts SET billing = 'prepaid' WHERE id = :id", id=setup.account
     )
-    change_in_database(
-        api,
-        "UPDATE api_keys SET monthly_spend_limit_microcents = :limit WHERE id = :id",
-        limit=spent + 1,  # reached by the next event
-        id=setup.key.id,
-    )
-    assert _send(api, setup)["status"] == "recorded"
-    with api.database.reading() as session:
-        percents = session.execute(
-            text("SELECT percent FROM spend_limit_notices WHERE api_key_id = :k"),
-            {"k": setup.key.id},
-        ).scalars()
-        assert 100 in set(percents)
+    _key_limit_reached_by_next_event(api, setup, spent + 1)
     _model_gone_quarantines(api, setup)
 
 
