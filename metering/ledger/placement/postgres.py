@@ -162,7 +162,7 @@ class PostgresHolds:
     async def place(self, hold: Mapping[str, Any]) -> Placement:
         """Place one hold (a row of ``HOLDS_IN``), together with the holds that this process is
         asked to place meanwhile (``_QUEUE``): of any account, or on Citus of accounts of one
-        node only (``group_of``), so that no call is a transaction across nodes."""
+        node only (``_node_of``), so that no call is a transaction across nodes."""
         group: Hashable = None  # one server: any
         if self._cluster:
             account = str(hold["account_id"])
