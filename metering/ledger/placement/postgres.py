@@ -401,7 +401,7 @@ _REMEMBERED = _Remembered()
 
 
 # Group commit of the check-and-hold within one process (metering.kit.gathering): while a call
-# is in flight, the holds that arrive (of any account; on Citus, of one node: ``group_of``)
+# is in flight, the holds that arrive (of any account; on Citus, of one node: ``_node_of``)
 # wait, then go together in the next call: one round trip, one durable commit and each account's
 # lock taken once for all of them, each hold still decided as if alone, in arrival order.
 _QUEUE: Gathering[Mapping[str, Any], Placement] = Gathering(limit=64)
