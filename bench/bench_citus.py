@@ -66,8 +66,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -522,6 +522,7 @@ def _warm(config: Config, side: Side, bodies: tuple[Bodies, Bodies]) -> None:
     if config.warming <= 0:
         return
     for kind in (AUTH, BATCH, EVENT):
+        _vacuum(side)
         _measure(
             side,
             kind,
@@ -545,6 +546,7 @@ def _round(config: Config, side: Side, bodies: tuple[Bodies, Bodies], workdir: P
     """The three loads on one side, each checked, then ``metering verify``; a one-line
     summary."""
     voids = _voids(side)
+    _vacuum(side)
     _settle(config, side, AUTH, bodies)
     _measure(
         side,
@@ -563,6 +565,7 @@ def _round(config: Config, side: Side, bodies: tuple[Bodies, Bodies], workdir: P
             f"{side.name}: holds stored {stored}, but {voids.voided} were answered voided"
         )
     for kind in (BATCH, EVENT):
+        _vacuum(side)
         _settle(config, side, kind, bodies)
         _measure(
             side,
@@ -629,6 +632,7 @@ def _scheduler_work(
             return measured, 0
         if prepare is not None:
             prepare()
+        _vacuum(side)
         tiers = [tier for tier in side.tiers() if tier.name != "api"]
         before = snapshot(tiers)
         process.stdin.write("go\n")
@@ -902,44 +906,75 @@ DURABILITY = ("fsync", "full_page_writes", "synchronous_commit")
 TRANSPORT = "transport"
 
 
-def durability(url: str) -> dict[str, str]:
-    rows = _rows(
-        url, "SELECT name, setting FROM pg_settings WHERE name = ANY(%s)", list(DURABILITY)
-    )
+def _settings_of(url: str, names: Sequence[str]) -> dict[str, str]:
+    rows = _rows(url, "SELECT name, setting FROM pg_settings WHERE name = ANY(%s)", list(names))
     return {str(name): str(value) for name, value in rows}
 
 
+def durability(url: str) -> dict[str, str]:
+    return _settings_of(url, DURABILITY)
+
+
 def _settings(url: str) -> str:
-    return ", ".join(f"{name}={value}" for name, value in sorted(durability(url).items()))
+    """What the table says of a server's settings: its durability, and its autovacuum (off
+    during the run on both sides: ``without_autovacuum``)."""
+    found = _settings_of(url, (*DURABILITY, "autovacuum"))
+    return ", ".join(f"{name}={value}" for name, value in sorted(found.items()))
 
 
 @contextmanager
-def same_durability(node_urls: Sequence[str], single_url: str) -> Iterator[None]:
-    """Every node of the cluster with the single server's ``DURABILITY`` settings while the
-    block runs (``ALTER SYSTEM``, reloaded; reset after): scripts/citus.sh starts its nodes with
-    fsync off, for the tests' sake, which spares them every WAL flush the server pays."""
-    wanted = durability(single_url)
+def system_settings(wanted: Mapping[str, Mapping[str, str]]) -> Iterator[None]:
+    """Each server (by its maintenance URL) with the settings given for it while the block runs
+    (``ALTER SYSTEM`` of those that differ, reloaded and waited for; reset after)."""
     changed = []
     try:
-        for node in node_urls:
-            differing = {n: v for n, v in wanted.items() if durability(node).get(n) != v}
+        for server, settings in wanted.items():
+            differing = {n: v for n, v in settings.items() if _settings_of(server, [n]).get(n) != v}
             if not differing:
                 continue
-            with psycopg.connect(libpq_url(node), autocommit=True) as connection:
+            with psycopg.connect(libpq_url(server), autocommit=True) as connection:
                 for name, value in differing.items():
                     connection.execute(f"ALTER SYSTEM SET {name} = '{value}'")
                 connection.execute("SELECT pg_reload_conf()")
-            changed.append((node, tuple(differing)))
+            changed.append((server, tuple(differing)))
             deadline = time.monotonic() + 10
-            while durability(node) != wanted and time.monotonic() < deadline:
+            while _settings_of(server, list(settings)) != settings and time.monotonic() < deadline:
                 time.sleep(0.1)
         yield
     finally:
-        for node, names in changed:
-            with psycopg.connect(libpq_url(node), autocommit=True) as connection:
+        for server, names in changed:
+            with psycopg.connect(libpq_url(server), autocommit=True) as connection:
                 for name in names:
                     connection.execute(f"ALTER SYSTEM RESET {name}")
                 connection.execute("SELECT pg_reload_conf()")
+
+
+def same_durability(node_urls: Sequence[str], single_url: str) -> AbstractContextManager[None]:
+    """Every node of the cluster with the single server's ``DURABILITY`` settings while the
+    block runs: scripts/citus.sh starts its nodes with fsync off, for the tests' sake, which
+    spares them every WAL flush the server pays."""
+    wanted = durability(single_url)
+    return system_settings({node: wanted for node in node_urls})
+
+
+def without_autovacuum(server_urls: Sequence[str]) -> AbstractContextManager[None]:
+    """``autovacuum`` off on every server of both sides while the block runs; the bench vacuums
+    each side's database itself before each load (``_vacuum``). An autovacuum worker's CPU would
+    land in whichever load it ends in: on the cluster's nodes, whose ended backends are counted
+    through their postmaster, one ending in a 20 s load charged that load's operations up to
+    0.3 ms each, in a load that changed from run to run; on the shared single server it was not
+    counted at all. Vacuuming is left out of both sides' figures alike."""
+    return system_settings({server: {"autovacuum": "off"} for server in server_urls})
+
+
+def _vacuum(side: Side) -> None:
+    """``VACUUM (ANALYZE)`` of the side's database on each of its nodes (on a Citus node, its
+    shards' tables with the rest), unmeasured, before a load: what autovacuum, off during the
+    bench (``without_autovacuum``), would have done in the meantime."""
+    database = make_url(side.url).database or ""
+    for _name, node, _parent in side.nodes:
+        with psycopg.connect(libpq_url(_in(node, database)), autocommit=True) as connection:
+            connection.execute("VACUUM (ANALYZE)")
 
 
 def same_transport(server_url: str, single_url: str) -> tuple[str, str]:
@@ -1001,6 +1036,7 @@ def run(config: Config | None = None) -> list[Result]:
         bench_database() as single_url,
         citus_database(config.coordinator_url, config.shard_count) as cluster_url,
         same_durability(node_urls, single_url),
+        without_autovacuum([*node_urls, common.PG_MAINTENANCE_URL]),
     ):
         workdir = Path(tmp)
         # A shared server: its backends in the bench's database only (others' sessions end

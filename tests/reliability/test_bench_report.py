@@ -442,6 +442,11 @@ class TestCitus:
             printed,
         )
         assert settings is not None and settings[1] == settings[2], printed
+        # Autovacuum off on both sides during the run (the bench vacuums before each load, so
+        # that no autovacuum worker's CPU falls in a load's figures), and back on after it.
+        assert "autovacuum=off" in settings[1], printed
+        for node in bench_citus._node_urls(CITUS_MAINTENANCE_URL):
+            assert bench_citus._settings_of(node, ["autovacuum"]) == {"autovacuum": "on"}
         assert "sslmode=disable" in settings[3], printed
         assert "webhook message delivered (20 over 2 accounts)" in printed
         # The warming before the rounds, measured apart: each kind's worker CPU beside the one
