@@ -710,14 +710,6 @@ class Database:
         return self.engine.dialect.name
 
     @property
-    def node_routes(self) -> Routes | None:
-        """On a Citus cluster whose every node the URL names, the process's map of which node
-        holds each account (metering.nodes); None elsewhere."""
-        if self.kind is not Kind.CITUS:
-            return None
-        return self._async_driver_pool().routes
-
-    @property
     def reader(self) -> Engine:
         return self.read_engine or self.engine
 

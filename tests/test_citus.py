@@ -51,7 +51,6 @@ from tests.payments.localstripe import (
     running_localstripe,
     sign,
 )
-from tests.reliability.test_citus_rebalance import execute
 from tests.threads import Workers
 
 
@@ -1325,11 +1324,10 @@ class TestShardForms:
     def test_the_gateways_calls_run_the_shard_forms_of_the_accounts_group(
         self, session_tmp: Path
     ) -> None:
-        """An authorization, its void, two single events, a batch and a void as a call of
-        the node's (as voids that arrive together go), on a database with its shard forms:
-        the account's worker runs the forms of the account's shard (PostgreSQL's count of each
-        function's calls, ``track_functions``), the other worker none, and each answer is as
-        before."""
+        """An authorization, its void, a single event and a batch, on a database with its
+        shard forms: the account's worker runs the forms of the account's shard (PostgreSQL's
+        count of each function's calls, ``track_functions``), the other worker none, and each
+        answer is as before."""
         if not CITUS:
             pytest.fail("this test needs Citus (METERING_TEST_BACKENDS excludes it; `make citus`)")
         with fresh_citus_database() as url:
@@ -1358,17 +1356,6 @@ class TestShardForms:
                 assert held.status_code == 200, held.text
                 voided = api.gateway("DELETE", f"/v1/authorizations/{held.json()['id']}")
                 assert voided.status_code == 200 and voided.json()["status"] == "voided"
-                _group, port = holder(url, account)
-                # Voids that arrive together for a node's accounts go as one call on that node
-                # (metering.ledger.placement.postgres): one, as a process sends it there.
-                held = authorize(api, key, model, max_tokens=100)
-                assert held.status_code == 200, held.text
-                asked = [{"account_id": account, "hold_id": held.json()["id"], "now": str(NOW)}]
-                assert execute(
-                    workers[port],
-                    "SELECT status FROM metering_void_holds_of_node(CAST(:asked AS json))",
-                    asked=json.dumps(asked),
-                ) == [("voided",)]
                 # Two single events: the first reads the lookup, the second's record confirms
                 # it (metering.usage.lookup_apart).
                 for _ in range(2):
@@ -1392,6 +1379,7 @@ class TestShardForms:
                     "SELECT get_shard_id_for_distribution_column('accounts', CAST(:a AS text))",
                     a=account,
                 )
+                _group, port = holder(url, account)
                 wanted = {
                     f"{name[: -len('_of_account')]}_of_shard_{shard}"
                     for name in shard_forms.forms()

@@ -18,7 +18,7 @@ from metering.citus.distribution import (
     distribute,
     placements,
 )
-from metering.citus.one_account import ACCOUNT, of_account, of_node, text_of_account
+from metering.citus.one_account import ACCOUNT, of_account, text_of_account
 from metering.citus.operations import (
     EXPORT_DAY_LOCK,
     QUARANTINE_REPROCESS_LOCK,
@@ -50,7 +50,6 @@ __all__ = [
     "facts_of",
     "lock",
     "of_account",
-    "of_node",
     "one_snapshot",
     "per_account",
     "placement",

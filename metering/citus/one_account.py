@@ -35,11 +35,11 @@ from dataclasses import replace
 from itertools import count
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, String, Table, cast, func, literal_column, null, select
-from sqlalchemy.dialects.postgresql import aggregate_order_by, array
+from sqlalchemy import BigInteger, String, Table, func, literal_column, null, select
+from sqlalchemy.dialects.postgresql import array
 from sqlalchemy.dialects.postgresql.psycopg import PGCompiler_psycopg, PGDialect_psycopg
 from sqlalchemy.sql import ClauseElement, Insert, Select, operators
-from sqlalchemy.sql.elements import BinaryExpression, BooleanClauseList, Grouping
+from sqlalchemy.sql.elements import BinaryExpression, BooleanClauseList
 from sqlalchemy.sql.selectable import Alias
 from sqlalchemy.sql.visitors import iterate
 
@@ -249,9 +249,6 @@ class _PlpgsqlOfShardDialect(_PlpgsqlOfAccountDialect):
 
 
 _PLPGSQL_OF_SHARD = _PlpgsqlOfShardDialect(ACCOUNT, SCOPE)
-# A shard form for rows of any accounts of its shard (``of_account``'s ``any_accounts``): its
-# tables marked, none limited (a shard's tables hold the accounts of its range alone).
-_PLPGSQL_OF_SHARD_ANY_ACCOUNTS = _PlpgsqlOfShardDialect(ACCOUNT, {})
 
 
 def text_of_account(statement: ClauseElement) -> str:
@@ -356,11 +353,7 @@ def not_delegable_sql(call_sql: str) -> str:
 
 
 def of_account(
-    program: p.Program,
-    *,
-    delegated: bool = True,
-    shard_settings: Mapping[str, str] | None = None,
-    any_accounts: bool = False,
+    program: p.Program, *, delegated: bool = True, shard_settings: Mapping[str, str] | None = None
 ) -> p.Program:
     """A program's form on a Citus cluster (``…_of_account``): the same program for one
     account's rows, ``ACCOUNT`` first among its parameters, every statement built for
@@ -410,7 +403,7 @@ def of_account(
         name=f"{program.name}{OF_SHARD}",
         build=build,
         settings=dict(shard_settings or {}),
-        plpgsql_dialect=_PLPGSQL_OF_SHARD_ANY_ACCOUNTS if any_accounts else _PLPGSQL_OF_SHARD,
+        plpgsql_dialect=_PLPGSQL_OF_SHARD,
     )
     generic = replace(
         form,
@@ -419,7 +412,7 @@ def of_account(
             LOCK_ACCOUNT_SHARD,
             p.When(
                 func.metering_shard_forms_here(SHARD.ref),
-                _dispatched(program.name, _passed(params), program.returned_columns),
+                _dispatched(program.name, params, program.returned_columns),
                 otherwise=_row_by_row(build(on), count(1)),
             ),
         ),
@@ -441,138 +434,27 @@ OF_SHARDS = "_of_shards"
 SHARD_MARK = "__shard__"
 
 
-def _passed(params: Sequence[p.Var | p.Records]) -> list[Any]:
-    """A call's arguments that pass on a function's own parameters, in order."""
-    return [literal_column(n) for param in params for n, _ in function_params(param)]
-
-
-def _dispatched(name: str, args: Sequence[Any], columns: p.RowColumns | None) -> tuple[p.Step, ...]:
-    """The call of a program's shard form for the shard ``SHARD`` (by the shard's dispatcher,
-    ``<program>_of_shards``), with ``args`` after the shard, its rows emitted or its value
-    returned."""
-    call = getattr(func, f"{name}{OF_SHARDS}")(SHARD.ref, *args)
+def _dispatched(
+    name: str, params: tuple[p.Var | p.Records, ...], columns: p.RowColumns | None
+) -> tuple[p.Step, ...]:
+    """The delegated form's call of its shard form for the account's shard (by the shard's
+    dispatcher, ``<program>_of_shards``), its rows emitted or its value returned."""
+    args = [
+        SHARD.ref,
+        *(literal_column(n) for param in params for n, _ in function_params(param)),
+    ]
+    call = getattr(func, f"{name}{OF_SHARDS}")(*args)
     if columns is None:
         return (p.Return(call),)
-    return (_emitted(call, columns),)
-
-
-def _emitted(call: Any, columns: p.RowColumns, name: str = "shard_form") -> p.ForEach:
-    """Each row of a set-returning function's ``call`` (named ``name``) emitted, the call
-    ``not_delegable``."""
     into = tuple(p.Var(f"v_sf_{column}", kind) for column, kind in columns)
-    rows = call.table_valued(*(column for column, _ in columns), name=name)
+    rows = call.table_valued(*(column for column, _ in columns), name="shard_form")
     called = not_delegable(select(*(rows.c[column] for column, _ in columns)))
-    return p.ForEach(
-        select(*(called.c[column] for column, _ in columns)),
-        into=into,
-        steps=(p.Emit(tuple(v.ref for v in into)),),
-    )
-
-
-# The field of a program's rows that names each row's account (``of_node``).
-ACCOUNT_FIELD = "account_id"
-# What a node's form is named (after its program's name), and its call's part of one shard's
-# rows and of one account's.
-OF_NODE = "_of_node"
-_PART = p.Var("v_part", JSON())
-_ACCOUNT_OF_PART = p.Var("v_account", String())
-_ACCOUNT_PART = p.Var("v_account_part", JSON())
-
-
-def of_node(form: p.Program, rows: p.Records) -> p.Program:
-    """A delegated one-account form's form for rows of several accounts at once, called on
-    the node that holds them (``<program>_of_node``, the account's parameter left out): one
-    round trip and one local transaction for them all, where the one-account form takes a call
-    per account.
-
-    ``form`` is ``of_account``'s, made with ``any_accounts``; ``rows`` its parameter of rows,
-    each naming its account (``ACCOUNT_FIELD``). The call takes the rows apart by the shard of
-    their accounts, and takes each shard's in turn, in the shards' order: its shard locked
-    against a move's switch-over as the one-account form locks it (``LOCK_ACCOUNT_SHARD``);
-    then, where this node holds the shard and its forms were made, one call of its shard form
-    with all of them (their order kept); otherwise each account's rows by a call of the
-    one-account form (its statements sent by Citus to the node holding the shard now: a shard
-    moved since the service read where it was). The rows are decided as that form decides
-    them, each as if alone; accounts are taken in the order of their shards, then as the
-    program orders them, an order every call of this form keeps (two calls cannot deadlock
-    over their accounts). Each row's answers are emitted as the form emits them. Registered in
-    ``nodes.ON_ITS_NODE`` (``not_delegable_sql``), as the one-account form's call is."""
-    assert ACCOUNT_FIELD in rows.names and not rows.by_column, rows
-    assert form.returned_columns is not None and form.name.endswith("_of_account"), form.name
-    columns = form.returned_columns
-    program_name = form.name.removesuffix("_of_account")
-    params = tuple(param for param in form.params if param != ACCOUNT)
-
-    def args(part: Any) -> list[Any]:
-        """The node form's own arguments, ``part`` in place of its rows."""
-        return [
-            part if name == rows.name else literal_column(name)
-            for param in params
-            for name, _ in function_params(param)
-        ]
-
-    shard_parts = _parts(literal_column(rows.name), by_shard=True)
-    each_account = p.ForEach(
-        _parts(_PART.ref, by_shard=False),
-        into=(_ACCOUNT_OF_PART, _ACCOUNT_PART),
-        steps=(
-            _emitted(
-                getattr(func, form.name)(_ACCOUNT_OF_PART.ref, *args(_ACCOUNT_PART.ref)),
-                columns,
-                "account_form",
-            ),
-        ),
-    )
-    steps = (
-        p.ForEach(
-            shard_parts,
-            into=(SHARD, _PART),
-            steps=(
-                LOCK_ACCOUNT_SHARD,
-                p.When(
-                    func.metering_shard_forms_here(SHARD.ref),
-                    # The shard form's account: none (it reads each row's own).
-                    _dispatched(program_name, [cast(null(), String()), *args(_PART.ref)], columns),
-                    otherwise=(each_account,),
-                ),
-            ),
-        ),
-    )
-    node = replace(
-        form,
-        name=f"{program_name}{OF_NODE}",
-        params=params,
-        build=lambda on: steps,
-        settings={},
-        initial={},
-    )
-    ON_ITS_NODE[node.call_sql] = not_delegable_sql(node.call_sql)
-    return node
-
-
-def _parts(document: Any, by_shard: bool) -> Select[Any]:
-    """A JSON array of rows taken apart by the shard of each row's account (``by_shard``), or
-    by its account: each part's shard (or account) and its rows, a JSON array in their order,
-    the parts in the order of their shards (or of their accounts' bytes, as the programs take
-    accounts)."""
-    given = (
-        func.json_array_elements(document)
-        .table_valued("value", with_ordinality="position")
-        .render_derived()
-        .alias("given")
-    )
-    account = given.c.value.op("->>")(literal_column(f"'{ACCOUNT_FIELD}'"))
-    key = (
-        func.get_shard_id_for_distribution_column(literal_column("'accounts'"), account)
-        if by_shard
-        else account
-    )
-    rows = func.json_agg(aggregate_order_by(given.c.value, given.c.position))
     return (
-        select(key.label("part_key"), rows.label("part_rows"))
-        .select_from(given)
-        .group_by(key)
-        .order_by(key if by_shard else p.byte_order(Grouping(key)))
+        p.ForEach(
+            select(*(called.c[column] for column, _ in columns)),
+            into=into,
+            steps=(p.Emit(tuple(v.ref for v in into)),),
+        ),
     )
 
 

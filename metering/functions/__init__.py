@@ -22,14 +22,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from metering.ledger.placement.program import (
-    PLACE_HOLDS,
-    PLACE_HOLDS_OF_ACCOUNT,
-    PLACE_HOLDS_OF_NODE,
-    VOID_HOLDS_OF_ACCOUNT,
-    VOID_HOLDS_OF_NODE,
-    VOID_OF_ACCOUNT,
-)
+from metering.ledger.placement.program import PLACE_HOLDS, PLACE_HOLDS_OF_ACCOUNT, VOID_OF_ACCOUNT
 from metering.ledger.spending import SPEND_CREDIT, SPEND_CREDIT_OF_ACCOUNT
 from metering.migrate import FUNCTIONS_DIR, committed_functions
 from metering.programs import Program
@@ -51,7 +44,6 @@ PROGRAMS: tuple[Program, ...] = (
     RECORD_GATHERED,
     SPEND_CREDIT,
     PLACE_HOLDS_OF_ACCOUNT,
-    PLACE_HOLDS_OF_NODE,
     SETTLE_USAGE_OF_ACCOUNT,
     RECORD_USAGE_OF_ACCOUNT,
     RECORD_USAGE_CONFIRMED_OF_ACCOUNT,
@@ -60,8 +52,6 @@ PROGRAMS: tuple[Program, ...] = (
     LOOKUP_OF_ACCOUNT,
     LOOKUP_PAIRS_OF_ACCOUNT,
     VOID_OF_ACCOUNT,
-    VOID_HOLDS_OF_ACCOUNT,
-    VOID_HOLDS_OF_NODE,
 )
 
 

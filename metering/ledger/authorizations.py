@@ -81,7 +81,7 @@ async def authorize(
 
 def _postgres_holds(database: Database) -> Callable[[Any], PostgresHolds]:
     """The hold statements on a connection of ``database`` (PostgreSQL, or a Citus cluster)."""
-    return partial(PostgresHolds, cluster=database.kind is Kind.CITUS, routes=database.node_routes)
+    return partial(PostgresHolds, cluster=database.kind is Kind.CITUS)
 
 
 def _authorize_steps(

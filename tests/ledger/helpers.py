@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
 from fractions import Fraction
@@ -14,13 +14,11 @@ from typing import Any
 
 import pytest
 from sqlalchemy import func, insert, select
-from sqlalchemy.engine import make_url
 
 from metering.kit.gathering import Gathering
 from metering.models import Account, Authorization, LedgerEntry, UsageRollup
 from tests.conftest import NOW, Api, run_on_database
 from tests.factories import Key, counted_by, create_account, create_key, grant, priced_model
-from tests.test_citus import holder
 
 DAY_BEFORE = NOW - timedelta(days=1)
 
@@ -195,35 +193,3 @@ def resolution_sources(api: Api) -> dict[str, int]:
     """How the app's authorizations resolved so far: read afresh, remembered, found stale."""
     sources = ("read", "remembered", "stale")
     return counted_by(api, "metering_authorization_resolutions_total", "source", sources)
-
-
-def accounts_of_one_node(
-    api: Api, url: str, cents: Any, node: int | None = None
-) -> tuple[int, list[Setup]]:
-    """On a Citus cluster (``url``: its coordinator), four new accounts of one worker
-    (``node``'s, when given), of both its shards, each with ``cents`` of credit; the worker's
-    port."""
-    found: dict[int, list[tuple[Setup, int]]] = {}
-    while True:
-        setup = prepaid(api, cents)
-        shard, port = holder(url, setup.account)
-        if node is not None and port != node:
-            continue
-        accounts = found.setdefault(port, [])
-        accounts.append((setup, shard))
-        shards = {shard for _, shard in accounts}
-        if len(accounts) >= 4 and len(shards) >= 2:
-            firsts = [next(s for s, of in accounts if of == shard) for shard in sorted(shards)]
-            rest = [s for s, _ in accounts if s not in firsts]
-            return port, (firsts + rest)[:4]
-
-
-def send_elsewhere(api: Api, url: str, node: int) -> None:
-    """The app's map of the cluster (metering.nodes) made to send the calls of ``node``'s
-    accounts to the other worker, as after a shard moved, and kept so for the test."""
-    routes = api.database.node_routes
-    assert routes is not None
-    other = next(n for n in routes.nodes if n[1] not in (node, make_url(url).port))
-    moved = [n if n is None or n[1] != node else other for n in routes._map.nodes]
-    routes._map = replace(routes._map, nodes=moved)
-    routes._due = float("inf")  # not read again in this test

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from decimal import Decimal
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,19 +16,9 @@ from metering.ledger import authorizations
 from metering.ledger.placement.postgres import PostgresHolds
 from metering.ledger.schemas import AuthorizationCreate
 from metering.ledger.service import held_counter_mismatches
-from tests.conftest import NOW, Api, running_api, server_database
+from tests.conftest import NOW, Api
 from tests.factories import GLM_RATES
-from tests.ledger.helpers import (
-    HeldBack,
-    Setup,
-    accounts_of_one_node,
-    expected_estimate,
-    holds,
-    pool,
-    prepaid,
-    send_elsewhere,
-)
-from tests.reliability.test_citus_rebalance import every_node_url
+from tests.ledger.helpers import HeldBack, Setup, expected_estimate, holds, pool, prepaid
 
 ESTIMATE = expected_estimate(1000, 100, GLM_RATES)
 
@@ -110,73 +99,22 @@ def test_a_failed_call_fails_its_requests_and_the_next_ones_proceed(
 def test_holds_of_several_accounts_go_together_each_account_decided_alone(
     plain_pg_api: Api, arrivals: Arrivals
 ) -> None:
-    # One server's group commit; on a cluster holds go together per node (below).
+    # One server's group commit; on a cluster holds go together per account only (no
+    # call spans shards), as tests/test_citus.py proves.
+    # Each account has credit for two holds and is asked for three; one retry rides along.
     setups = [prepaid(plain_pg_api, Decimal(2 * ESTIMATE) / 10**6) for _ in range(4)]
-    _several_accounts_together(plain_pg_api, arrivals, setups, "spread")
+    requests = [request(setup, f"spread-{i}") for i in range(3) for setup in setups]
+    requests.append(request(setups[0], "spread-0"))
+    outcomes = arrivals.authorize_at_once(plain_pg_api, requests)
 
-
-def _several_accounts_together(
-    api: Api, arrivals: Arrivals, setups: list[Setup], name: str, retry: bool = True
-) -> None:
-    """Each account has credit for two holds and is asked for three (``retry``: one retry
-    riding along), all at once: the first call alone, the rest together, two holds of each
-    account granted."""
-    requests = [request(setup, f"{name}-{i}") for i in range(3) for setup in setups]
-    if retry:
-        requests.append(request(setups[0], f"{name}-0"))
-    outcomes = arrivals.authorize_at_once(api, requests)
-
-    assert arrivals.sizes[:2] == [1, arrivals.pool(api) - 1], arrivals.sizes
+    assert arrivals.sizes[:2] == [1, arrivals.pool(plain_pg_api) - 1], arrivals.sizes
     refused = [o for o in outcomes if isinstance(o, InsufficientCredits)]
     assert all(e.code == "insufficient_credits" for e in refused)
-    assert len(refused) + sum(isinstance(o, dict) for o in outcomes) == len(outcomes), [
-        repr(o) for o in outcomes if not isinstance(o, dict)
-    ]
+    assert len(refused) + sum(isinstance(o, dict) for o in outcomes) == len(outcomes), outcomes
     for setup in setups:
-        placed = holds(api, setup.account)
+        placed = holds(plain_pg_api, setup.account)
         assert len(placed) == 2, (setup.account, placed)
         assert sum(h.estimate_microcents for h in placed) == 2 * ESTIMATE
-    with api.database.unit_of_work() as session:
+    with plain_pg_api.database.unit_of_work() as session:
         accounts = {setup.account for setup in setups}
         assert [m for m in held_counter_mismatches(session) if any(a in m for a in accounts)] == []
-
-
-def test_on_a_cluster_holds_of_accounts_of_one_node_go_together(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """On a Citus cluster whose every node the server's URL names, holds of several accounts of
-    one worker, of both its shards, go in one call (``metering_place_holds_of_node``), each
-    account decided alone; and when the process's map sends them to the other worker (a shard
-    moved since it was read), that worker's call takes each account's through Citus, as
-    exactly."""
-    calls: list[set[str]] = []
-    place_all = PostgresHolds.place_all
-
-    async def recorded(holds_: PostgresHolds, batch: list[Any]) -> Any:
-        calls.append({hold["account_id"] for hold in batch})
-        return await place_all(holds_, batch)
-
-    monkeypatch.setattr(PostgresHolds, "place_all", recorded)
-    arrivals = Arrivals(monkeypatch)
-    with (
-        server_database("citus", tmp_path) as url,
-        running_api("citus", every_node_url(url), tmp_path) as api,
-    ):
-        api.clock.set(NOW)
-        node, setups = accounts_of_one_node(api, url, Decimal(2 * ESTIMATE) / 10**6)
-        # The process reads its map with its first call.
-        first = prepaid(api, Decimal(ESTIMATE) / 10**6)
-        assert isinstance(arrivals.authorize_at_once(api, [request(first, "map")])[0], dict)
-
-        calls.clear()
-        # (No retry: a cluster's first hold of a key reads the request id, which the retry may find
-        # placed already, and then never reaches the gathering.)
-        _several_accounts_together(api, arrivals, setups, "node", retry=False)
-        assert {a for call in calls for a in call} == {s.account for s in setups}
-        assert len(calls[1]) > 1, calls  # several accounts, of both shards, in one call
-
-        send_elsewhere(api, url, node)
-        node, setups = accounts_of_one_node(api, url, Decimal(2 * ESTIMATE) / 10**6, node)
-        calls.clear()
-        _several_accounts_together(api, arrivals, setups, "moved", retry=False)
-        assert len(calls[1]) > 1, calls

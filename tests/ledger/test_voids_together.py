@@ -10,7 +10,6 @@ import time
 from datetime import timedelta
 from decimal import Decimal
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -21,19 +20,9 @@ from metering.ledger import authorizations
 from metering.ledger.placement.postgres import PostgresHolds
 from metering.ledger.schemas import AuthorizationCreate
 from metering.ledger.service import held_counter_mismatches
-from tests.conftest import NOW, Api, run_on_database, running_api, server_database
+from tests.conftest import NOW, Api, run_on_database
 from tests.factories import GLM_RATES
-from tests.ledger.helpers import (
-    HeldBack,
-    Setup,
-    accounts_of_one_node,
-    expected_estimate,
-    holds,
-    pool,
-    prepaid,
-    send_elsewhere,
-)
-from tests.reliability.test_citus_rebalance import every_node_url
+from tests.ledger.helpers import HeldBack, Setup, expected_estimate, holds, pool, prepaid
 
 ESTIMATE = expected_estimate(1000, 100, GLM_RATES)
 TTL = 3600
@@ -41,10 +30,10 @@ TTL = 3600
 
 class Voids(HeldBack):
     """The first void call held back until the voids that can have queued behind it
-    (``HeldBack``); ``name``: the call's (on a cluster, ``void_all_of_node``)."""
+    (``HeldBack``)."""
 
-    def __init__(self, monkeypatch: pytest.MonkeyPatch, name: str = "void_all") -> None:
-        super().__init__(monkeypatch, PostgresHolds, name)
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        super().__init__(monkeypatch, PostgresHolds, "void_all")
 
     def void_at_once(self, api: Api, asked: list[tuple[str, Any]]) -> list[Any]:
         return self.at_once(
@@ -76,24 +65,6 @@ def place(api: Api, setup: Setup, count: int, prefix: str = "void") -> list[str]
     return run_on_database(api.database, placed())
 
 
-def _first_group(api: Api, ids: list[str]) -> tuple[list[tuple[str, Any]], dict[str, Any]]:
-    """Voids of the first four holds of ``ids``, to be asked for at once, and each hold's
-    request's instant: a first alone, then a group with a hold voided before (here), one past
-    its expiry at its request's instant and one asked for twice."""
-    first, voided_before, past_expiry, twice, *_ = ids
-    run_on_database(api.database, authorizations.void(api.database, voided_before, NOW))
-    late = NOW + timedelta(seconds=TTL)  # the hold's expiry: it reads as expired then
-    stamps = {hold_id: NOW + timedelta(milliseconds=i) for i, hold_id in enumerate(ids)}
-    asked = [
-        (first, stamps[first]),
-        (voided_before, stamps[voided_before]),
-        (past_expiry, late),
-        (twice, stamps[twice]),
-        (twice, stamps[twice]),
-    ]
-    return asked, stamps
-
-
 def test_voids_arriving_together_are_made_together_each_as_if_alone(
     plain_pg_api: Api, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -102,11 +73,22 @@ def test_voids_arriving_together_are_made_together_each_as_if_alone(
     setup = prepaid(plain_pg_api, Decimal((count + 3) * ESTIMATE) / 10**6)
     ids = place(plain_pg_api, setup, count + 3)
     first, voided_before, past_expiry, twice, *rest = ids
-    asked, stamps = _first_group(plain_pg_api, ids)
+    database = plain_pg_api.database
+    run_on_database(database, authorizations.void(database, voided_before, NOW))
+    late = NOW + timedelta(seconds=TTL)  # the hold's expiry: it reads as expired then
+    stamps = {hold_id: NOW + timedelta(milliseconds=i) for i, hold_id in enumerate(ids)}
     voids = Voids(monkeypatch)
 
-    # As many others as the pool lets wait ride along.
-    asked += [(hold_id, stamps[hold_id]) for hold_id in rest[: count - 5]]
+    # A first alone, then a group with a hold voided before, one past its expiry at its
+    # request's instant, one asked for twice, and as many others as the pool lets wait.
+    asked = [
+        (first, stamps[first]),
+        (voided_before, stamps[voided_before]),
+        (past_expiry, late),
+        (twice, stamps[twice]),
+        (twice, stamps[twice]),
+        *((hold_id, stamps[hold_id]) for hold_id in rest[: count - 5]),
+    ]
     outcomes = voids.void_at_once(plain_pg_api, asked)
     assert voids.sizes == [1, count - 1], voids.sizes
     assert all(isinstance(o, dict) for o in outcomes), outcomes
@@ -187,58 +169,3 @@ def test_voids_together_that_meet_in_a_deadlock_are_made_one_by_one(plain_pg_api
         (low, "voided", True),
         (high, "voided", True),
     ]
-
-
-def test_on_a_cluster_voids_of_accounts_of_one_node_are_made_together(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """On a Citus cluster whose every node the server's URL names, the voids of holds of
-    several accounts of one worker, of both its shards, go in one call
-    (``metering_void_holds_of_node``), each answered as if made alone at its own request's
-    instant; and when the process's map sends them to the other worker (a shard moved since
-    it was read), that worker's call voids each account's through Citus, as exactly."""
-    with (
-        server_database("citus", tmp_path) as url,
-        running_api("citus", every_node_url(url), tmp_path) as api,
-    ):
-        api.clock.set(NOW)
-        node, setups = accounts_of_one_node(api, url, Decimal(8 * ESTIMATE) / 10**6)
-        # The process reads its map with its first call.
-        place(api, prepaid(api, Decimal(ESTIMATE) / 10**6), 1, "map")
-        voids = Voids(monkeypatch, "void_all_of_node")
-        _voided_together(api, voids, setups, "node")
-        send_elsewhere(api, url, node)
-        _voided_together(api, voids, setups, "moved")
-
-
-def _voided_together(api: Api, voids: Voids, setups: list[Setup], prefix: str) -> None:
-    """Two holds of each account placed, then voided at once, in two rounds of as many as the
-    pool lets wait: a first alone, then a group with a hold voided before, one past its expiry
-    at its request's instant and one asked for twice (of the first two accounts, one of each
-    shard); then a first alone and a group with an id of no hold of one of the accounts."""
-    assert pool(api) == 5, "the rounds below are five voids each"
-    placed = {s.account: place(api, s, 2, f"{prefix}-{s.account}") for s in setups}
-    ids = [hold_id for pair in placed.values() for hold_id in pair]
-    first, _, past_expiry, twice, *rest = ids
-    asked, stamps = _first_group(api, ids)
-    outcomes = voids.void_at_once(api, asked)
-    assert voids.sizes == [1, 4], voids.sizes
-    assert all(isinstance(o, dict) for o in outcomes), outcomes
-    assert outcomes[1]["status"] == "voided" and outcomes[2]["status"] == "expired"
-    assert outcomes[3] == outcomes[4]
-
-    unknown = rest[0][:-4] + ("aaaa" if not rest[0].endswith("aaaa") else "bbbb")
-    asked = [(rest[0], stamps[rest[0]]), (unknown, NOW), *((h, stamps[h]) for h in rest[1:])]
-    outcomes = voids.void_at_once(api, asked)
-    assert voids.sizes == [1, 4], voids.sizes
-    assert isinstance(outcomes[1], NotFound) and outcomes[1].param == "authorization_id"
-    assert all(isinstance(o, dict) for i, o in enumerate(outcomes) if i != 1), outcomes
-
-    stored = {h.id: h for s in setups for h in holds(api, s.account)}
-    assert stored[past_expiry].status == "active"
-    for hold_id in [first, twice, *rest]:
-        assert stored[hold_id].status == "voided"
-        assert stored[hold_id].closed_at == stamps[hold_id]
-    with api.database.unit_of_work() as session:
-        mismatches = held_counter_mismatches(session)
-        assert [m for m in mismatches if any(s.account in m for s in setups)] == []

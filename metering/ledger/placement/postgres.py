@@ -6,15 +6,14 @@ read before is remembered for the key's next authorization and confirmed by that
 
 On a Citus cluster (docs/citus.md#what-stays-exact) the same statements run for one account's rows
 (their ``text_of_account`` forms): the key is read first (``api_keys`` is on every node), then its
-account's resolution; the check-and-hold gathers the holds of the accounts of one node (where
-the process knows it: metering.nodes), one call for them sent whole to that node:
-``metering_place_holds_of_account`` for one account's, ``metering_place_holds_of_node`` for
-several accounts'; a void finds its hold by the account its id names (metering.states.holds)."""
+account's resolution; the check-and-hold is ``metering_place_holds_of_account``, one call per
+account, sent whole to the account's node; a void finds its hold by the account its id names
+(metering.states.holds)."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable, Hashable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -39,9 +38,7 @@ from metering.ledger.placement.program import (
     INSERT_UNBILLED,
     PLACE_HOLDS,
     PLACE_HOLDS_OF_ACCOUNT,
-    PLACE_HOLDS_OF_NODE,
     VOID,
-    VOID_HOLDS_OF_NODE,
     VOID_OF_ACCOUNT,
     VOID_TOGETHER,
     Outcome,
@@ -58,7 +55,7 @@ from metering.ledger.resolution import (
     resolution,
     stamp_of,
 )
-from metering.nodes import Executes, Node, Routes
+from metering.nodes import Executes
 from metering.programs import psycopg_text
 from metering.states import holds
 
@@ -92,10 +89,8 @@ class _OnCitus:
     KEY_ACCOUNT = psycopg_text(select(KEYS.c.account_id).where(live_key(KEYS, SECRET_HASH)))
     RESOLVE = text_of_account(_RESOLVING)
     PLACE = PLACE_HOLDS_OF_ACCOUNT.call_sql
-    PLACE_OF_NODE = PLACE_HOLDS_OF_NODE.call_sql
     INSERT_UNBILLED = text_of_account(INSERT_UNBILLED)
     VOID = VOID_OF_ACCOUNT.call_sql
-    VOID_OF_NODE = VOID_HOLDS_OF_NODE.call_sql
     BY_ID = text_of_account(BY_ID)
 
 
@@ -105,13 +100,11 @@ _BY_REQUEST_ID_COLUMNS = tuple(c.name for c in BY_REQUEST_ID.selected_columns)
 class PostgresHolds:
     """The statements on one pooled connection in autocommit, awaited on the event loop: each
     statement is its own transaction (one server-side unit of work), so no BEGIN or COMMIT
-    round trips. ``cluster``: the database is a Citus coordinator (its ``Database.kind``);
-    ``routes``: its map of which node holds each account, when the URL names every node."""
+    round trips. ``cluster``: the database is a Citus coordinator (its ``Database.kind``)."""
 
-    def __init__(self, connection: Executes, cluster: bool, routes: Routes | None = None) -> None:
+    def __init__(self, connection: Executes, cluster: bool) -> None:
         self._connection = connection
         self._cluster = cluster
-        self._routes = routes
 
     async def _one(self, sql: str, params: Mapping[str, Any]) -> tuple[Any, ...] | None:
         cursor = await self._connection.execute(sql, params)
@@ -161,26 +154,17 @@ class PostgresHolds:
 
     async def place(self, hold: Mapping[str, Any]) -> Placement:
         """Place one hold (a row of ``HOLDS_IN``), together with the holds that this process is
-        asked to place meanwhile (``_QUEUE``): of any account, or on Citus of accounts of one
-        node only (``_node_of``), so that no call is a transaction across nodes."""
-        group: Hashable = None  # one server: any
-        if self._cluster:
-            account = str(hold["account_id"])
-            group = self._node_of(account) or account
-        return await _QUEUE.record(hold, self.place_all, group)
+        asked to place meanwhile (``_QUEUE``): of any account, or on Citus of its own
+        account only, so that no call is a transaction across shards."""
+        return await _QUEUE.record(hold, self.place_all, self.group_of(hold))
 
-    def _node_of(self, account_id: str) -> Node | None:
-        """On Citus, the node that holds the account, as the process's map says (a shard moved
-        since: a call sent there takes the account's rows through Citus); None where the map
-        names none. What the calls of a node's accounts are gathered by: any number of them in
-        one call, a transaction of that node alone."""
-        return None if self._routes is None else self._routes.node_of(account_id)
+    def group_of(self, hold: Mapping[str, Any]) -> str | None:
+        """Which holds may share a call with this one: any (None), or on Citus its account's."""
+        return str(hold["account_id"]) if self._cluster else None
 
     async def place_all(self, batch: list[Mapping[str, Any]]) -> list[Placement]:
         """One call of ``metering_place_holds`` for the holds, in order (on Citus, holds of one
-        node: ``metering_place_holds_of_account`` for one account's,
-        ``metering_place_holds_of_node`` for several accounts', sent to the first one's
-        node)."""
+        account: ``metering_place_holds_of_account``)."""
         params = {
             "p_now": max(hold["created_at"] for hold in batch),
             # Null fields left out (json_to_recordset reads an absent field as null): less for
@@ -191,10 +175,9 @@ class PostgresHolds:
             ),
         }
         if self._cluster:
-            first = batch[0]["account_id"]
-            alone = all(hold["account_id"] == first for hold in batch)
-            place = _OnCitus.PLACE if alone else _OnCitus.PLACE_OF_NODE
-            cursor = await self._connection.execute(place, {**params, "p_account_id": first})
+            cursor = await self._connection.execute(
+                _OnCitus.PLACE, {**params, "p_account_id": batch[0]["account_id"]}
+            )
         else:
             cursor = await self._connection.execute(_PLACE, params)
         outcomes = {
@@ -217,35 +200,11 @@ class PostgresHolds:
         return int(row[0])
 
     async def void(self, hold_id: str, now: datetime) -> tuple[dict[str, Any] | None, bool]:
-        """Void one hold together with the voids this process is asked for meanwhile
-        (``_VOIDS``): on one server of any holds, on Citus of holds of the accounts of one
-        node (alone where the process knows no node for the account its id names)."""
-        if not self._cluster:
-            return await _VOIDS.record((hold_id, now), self.void_all)
-        account = holds.account_of(hold_id)
-        node = None if account is None else self._node_of(account)
-        if node is None:
+        """Void one hold: on one server together with the voids this process is asked for
+        meanwhile (``_VOIDS``); on Citus alone, on its account's shard."""
+        if self._cluster:
             return await self._void_alone(hold_id, now)
-        return await _VOIDS.record((hold_id, now), self.void_all_of_node, node)
-
-    async def void_all_of_node(self, batch: list[tuple[str, datetime]]) -> list[Voided]:
-        """On Citus, holds of accounts of one node, each one's row and whether it was voided,
-        in order: one alone as ever, several by one call of ``metering_void_holds_of_node`` on
-        that node, then each one it did not void read alone. A hold asked for twice is voided
-        by its first asking (the others find it void). Should the call fail as a deadlock or a
-        serialization failure may (it cannot meet another such call: each locks holds in one
-        order), the holds are voided one by one."""
-        if len(batch) == 1:
-            return [await self._void_alone(*batch[0])]
-        asked = [
-            {"account_id": holds.account_of(hold_id), "hold_id": hold_id, "now": now}
-            for hold_id, now in batch
-        ]
-        params = {
-            "p_voids": json.dumps(asked, default=datetime.isoformat),
-            "p_account_id": asked[0]["account_id"],  # what the call is routed by
-        }
-        return await self._void_together(batch, _OnCitus.VOID_OF_NODE, params, self._read_alone)
+        return await _VOIDS.record((hold_id, now), self.void_all)
 
     async def void_all(self, batch: list[tuple[str, datetime]]) -> list[Voided]:
         """Each hold's row and whether it was voided, in order: one alone as ever, several by
@@ -261,36 +220,8 @@ class PostgresHolds:
             "hold_ids": [hold_id for hold_id, _ in batch],
             "nows": [now for _, now in batch],
         }
-        return await self._void_together(batch, _VOID_TOGETHER, params, self._read_together)
-
-    async def _read_together(self, hold_ids: list[str]) -> dict[str, dict[str, Any]]:
-        """The rows of holds (one server: one statement)."""
-        cursor = await self._connection.execute(_BY_IDS, {"hold_ids": hold_ids})
-        return {row[0]: _body(row) for row in await cursor.fetchall()}
-
-    async def _read_alone(self, hold_ids: list[str]) -> dict[str, dict[str, Any]]:
-        """The rows of holds, each read alone on its account's shard (Citus)."""
-        found = {}
-        for hold_id in hold_ids:
-            params = {"hold_id": hold_id, "p_account_id": holds.account_of(hold_id)}
-            row = await self._one(_OnCitus.BY_ID, params)
-            if row is not None:
-                found[hold_id] = _body(row)
-        return found
-
-    async def _void_together(
-        self,
-        batch: list[tuple[str, datetime]],
-        sql: str,
-        params: Mapping[str, Any],
-        read: Callable[[list[str]], Awaitable[dict[str, dict[str, Any]]]],
-    ) -> list[Voided]:
-        """The holds of ``batch`` voided by one statement (``sql``, whose rows are those it
-        voided), each one's answer in order: the row it voided (for its first asking), else the
-        row ``read`` then finds (None: no such hold). Refused as a deadlock or another transient
-        failure: the holds voided one by one."""
         try:
-            cursor = await self._connection.execute(sql, params)
+            cursor = await self._connection.execute(_VOID_TOGETHER, params)
         except psycopg.Error as error:
             if not transient(error):
                 raise
@@ -299,7 +230,8 @@ class PostgresHolds:
         found: dict[str, dict[str, Any]] = {}
         unchanged = [hold_id for hold_id, _ in batch if hold_id not in voided]
         if unchanged:
-            found = await read(unchanged)
+            cursor = await self._connection.execute(_BY_IDS, {"hold_ids": unchanged})
+            found = {row[0]: _body(row) for row in await cursor.fetchall()}
         answers: list[Voided] = []
         for hold_id, _ in batch:
             if hold_id in voided:
@@ -401,10 +333,9 @@ _REMEMBERED = _Remembered()
 
 
 # Group commit of the check-and-hold within one process (metering.kit.gathering): while a call
-# is in flight, the holds that arrive (of any account; on Citus, of one node: ``_node_of``)
+# is in flight, the holds that arrive (of any account; on Citus, of one account: ``group_of``)
 # wait, then go together in the next call: one round trip, one durable commit and each account's
 # lock taken once for all of them, each hold still decided as if alone, in arrival order.
 _QUEUE: Gathering[Mapping[str, Any], Placement] = Gathering(limit=64)
-# The voids that arrive while one is made (of any holds; on Citus, of one node's accounts): far
-# more than a process has in flight.
+# The voids that arrive while one is made (one server): far more than a process has in flight.
 _VOIDS: Gathering[tuple[str, datetime], Voided] = Gathering(limit=100)

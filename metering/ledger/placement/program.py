@@ -58,7 +58,7 @@ from sqlalchemy.sql.elements import ColumnElement
 from metering import programs as p
 from metering.accounts.access import in_flight_limited
 from metering.accounts.spend import Scope, charges_rows, per_scope
-from metering.citus import of_account, of_node
+from metering.citus import of_account
 from metering.kit.ranges import INT64_MAX, INT64_MIN
 from metering.ledger.resolution import STAMP_NAMES, resolution_text_apart, stamp_broken
 from metering.ledger.spending import without_pending_expiries
@@ -545,10 +545,7 @@ PLACE_HOLDS = p.Program(
     ),
     initial={"v_changed": False},
 )
-# On a Citus cluster (metering.citus): one account's holds in a call sent to its node, and holds
-# of several accounts of one node in a call sent to that node (which takes each shard's at once).
-PLACE_HOLDS_OF_ACCOUNT = of_account(PLACE_HOLDS, any_accounts=True)
-PLACE_HOLDS_OF_NODE = of_node(PLACE_HOLDS_OF_ACCOUNT, HOLDS_IN)
+PLACE_HOLDS_OF_ACCOUNT = of_account(PLACE_HOLDS)  # on a Citus cluster (metering.citus)
 
 
 # -- The other statements of a hold's life: each one statement, the same on both backends. -----
@@ -597,13 +594,12 @@ BY_REQUEST_ID = select(*(HOLDS.c[name] for name in (*BODY_COLUMNS, "request_fing
 )
 
 
-def void(hold_id: Any, now: Any, account_id: Any = None) -> Any:
-    """A void: it releases the active hold ``hold_id`` (of ``account_id``, when given) in force
-    at ``now``; the account's counter is left to its next check."""
-    of_account = () if account_id is None else (HOLDS.c.account_id == account_id,)
+def void(hold_id: Any, now: Any) -> Any:
+    """A void: it releases the active hold ``hold_id`` in force at ``now``; the account's
+    counter is left to its next check."""
     return (
         update(HOLDS)
-        .where(*of_account, HOLDS.c.id == hold_id, holds.in_force(HOLDS, now))
+        .where(HOLDS.c.id == hold_id, holds.in_force(HOLDS, now))
         .values(status=holds.target("void"), closed_at=now)
         .returning(*(HOLDS.c[name] for name in BODY_COLUMNS))
     )
@@ -633,45 +629,6 @@ VOID_OF_ACCOUNT = of_account(
     )
 )
 BY_ID = select(*(HOLDS.c[name] for name in BODY_COLUMNS)).where(HOLDS.c.id == _HOLD_ID)
-
-# On a Citus cluster, the voids that arrive together for accounts of one node (``of_node``):
-# each asked hold voided as VOID voids it, at its own request's instant, in the order of their
-# accounts' bytes, then of their ids' (the order every such call locks holds in: two cannot
-# deadlock), then as asked (a hold asked for twice is voided by its first asking); the holds it
-# voided emitted. Only its forms on a cluster are functions.
-VOIDS_IN = p.Records(
-    "p_voids",
-    (("account_id", HOLDS.c.account_id.type), ("hold_id", String()), ("now", UTCDateTime())),
-)
-
-
-def _void_holds(on: p.Backend) -> list[p.Step]:
-    asked = on.records(VOIDS_IN, "asked")
-    account, hold_id, now = (p.Var(f"v_asked_{name}", kind) for name, kind in VOIDS_IN.columns)
-    return [
-        p.ForEach(
-            select(asked.c.account_id, asked.c.hold_id, asked.c.now).order_by(
-                p.byte_order(asked.c.account_id), p.byte_order(asked.c.hold_id), asked.c.position
-            ),
-            into=(account, hold_id, now),
-            steps=(
-                p.Fetch(void(hold_id.ref, now.ref, account.ref), into=_VOIDED),
-                p.When(_VOIDED[0].ref.is_not(None), (p.Emit(tuple(v.ref for v in _VOIDED)),)),
-            ),
-        )
-    ]
-
-
-VOID_HOLDS_OF_ACCOUNT = of_account(
-    p.Program(
-        "metering_void_holds",
-        params=(VOIDS_IN,),
-        build=_void_holds,
-        returns=tuple((name, HOLDS.c[name].type) for name in BODY_COLUMNS),
-    ),
-    any_accounts=True,
-)
-VOID_HOLDS_OF_NODE = of_node(VOID_HOLDS_OF_ACCOUNT, VOIDS_IN)
 # Voids that arrive together (PostgreSQL, metering.ledger.placement.postgres): each asked hold
 # voided as VOID voids it, at its own request's instant, in one statement; then those it did not
 # void read as BY_ID reads them, by a statement of their own (a snapshot taken after the update,
