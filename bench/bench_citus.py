@@ -537,7 +537,10 @@ def _settle(config: Config, side: Side, kind: str, bodies: tuple[Bodies, Bodies]
     server's pools have their connections, and on the cluster the coordinator's sessions theirs
     to the workers. A backend's start is costly, and the load before may have cost connections
     (a failed delegated call closes the coordinator's): counted in the next load, they would be
-    charged to the wrong operation. The set-up a load causes itself stays in its own figures."""
+    charged to the wrong operation. The set-up a load causes itself stays in its own figures.
+    First the side's database vacuumed (``_vacuum``), so that the brief load replans what the
+    vacuum's analysis invalidated."""
+    _vacuum(side)
     load = _drive(config, side, kind, bodies, config.warmup, 0.2)
     side.loads[kind].problems += load.problems(f"{side.name}, settling before the {kind} load")
 
@@ -546,7 +549,6 @@ def _round(config: Config, side: Side, bodies: tuple[Bodies, Bodies], workdir: P
     """The three loads on one side, each checked, then ``metering verify``; a one-line
     summary."""
     voids = _voids(side)
-    _vacuum(side)
     _settle(config, side, AUTH, bodies)
     _measure(
         side,
@@ -565,7 +567,6 @@ def _round(config: Config, side: Side, bodies: tuple[Bodies, Bodies], workdir: P
             f"{side.name}: holds stored {stored}, but {voids.voided} were answered voided"
         )
     for kind in (BATCH, EVENT):
-        _vacuum(side)
         _settle(config, side, kind, bodies)
         _measure(
             side,
@@ -929,7 +930,8 @@ def system_settings(wanted: Mapping[str, Mapping[str, str]]) -> Iterator[None]:
     changed = []
     try:
         for server, settings in wanted.items():
-            differing = {n: v for n, v in settings.items() if _settings_of(server, [n]).get(n) != v}
+            current = _settings_of(server, list(settings))
+            differing = {n: v for n, v in settings.items() if current.get(n) != v}
             if not differing:
                 continue
             with psycopg.connect(libpq_url(server), autocommit=True) as connection:
